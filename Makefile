@@ -1,0 +1,104 @@
+# loco — one hand-written Makefile. `make` builds build/loco and
+# build/libloco.a; see README.md for run/test/bench/asan/clean/format.
+
+CC      ?= cc
+NVCC    ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+BUILD   ?= build
+# x86-64-v3 (AVX2/FMA) where the CPU has it: the codecs and kernels vectorise.
+ARCH    ?= $(shell grep -q -m1 avx2 /proc/cpuinfo 2>/dev/null && echo x86-64-v3 || echo x86-64-v2)
+OPT     ?= -O3
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-comment \
+           $(OPT) -g -march=$(ARCH) -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
+LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lm -lpthread
+LDFLAGS += -fopenmp
+
+# The single source list: every .c file of the library rooms.
+ROOMS   := core kernels/cpu inner compress net faulttol outer
+SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
+OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
+CLI_SRCS:= $(wildcard cli/*.c bench/*.c)
+CLI_OBJS:= $(CLI_SRCS:%.c=$(BUILD)/%.o)
+TEST_SRCS := $(wildcard tests/*/*.c)
+TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
+CU_SRCS := $(wildcard kernels/cuda/*.cu)
+CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+NVFLAGS ?= -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 \
+           -gencode arch=compute_80,code=compute_80
+
+LIB     := $(BUILD)/libloco.a
+BIN     := $(BUILD)/loco
+TESTBIN := $(BUILD)/tests/loco_tests
+
+.PHONY: all run test test-unit bench asan tsan clean format deps data cuda fuzz
+all: $(BIN) cuda
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(CLI_OBJS) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJS) $(LIB) $(LDLIBS)
+
+# CUDA objects: built where the toolkit is, skipped with a notice elsewhere.
+ifeq ($(NVCC),)
+cuda:
+	@echo "cuda: no CUDA toolkit found (nvcc); skipping kernels/cuda"
+else
+cuda: $(CU_OBJS)
+	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+endif
+
+# One Criterion binary over every tests/<room>/*.c; per-room binaries
+# (build/tests/test_core, ...) for quick iteration.
+$(TESTBIN): $(TEST_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJS) $(LIB) $(LDLIBS) -lcriterion
+
+.SECONDEXPANSION:
+$(BUILD)/tests/test_%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename $$(wildcard tests/$$*/*.c))))
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS) -lcriterion
+
+
+deps:
+	@bash scripts/install-deps.sh
+
+data: $(BIN)
+	@bash scripts/prep-data.sh
+
+run: deps
+	@$(MAKE) --no-print-directory all data
+	$(BIN) train configs/tiny.ini
+
+# Unit and integration tests; `make test` is what CI runs.
+test: deps
+	@$(MAKE) --no-print-directory all data $(TESTBIN)
+	@bash tests/run.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory all data
+	$(BIN) bench step
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
+		LDFLAGS="-fopenmp -fsanitize=address,undefined" build-asan/loco build-asan/tests/loco_tests
+	ASAN_OPTIONS=detect_leaks=1 build-asan/tests/loco_tests --jobs 1
+
+tsan:
+	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -fsanitize=thread" \
+		LDFLAGS="-fopenmp -fsanitize=thread" build-tsan/loco build-tsan/tests/loco_tests
+
+format:
+	clang-format -i $$(find core kernels inner compress net faulttol outer cli tests bench \
+		-name '*.c' -o -name '*.h' -o -name '*.cu' | grep -v config_keys.h)
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d)

@@ -1,0 +1,12 @@
+/* bench/ — benchmarks behind `loco bench NAME`. Each prints a table that
+ * puts loco's figure beside a reference measured in the same run. They
+ * return 0 or a negative LOCO_E* code; argv excludes "bench NAME". */
+#ifndef LOCO_BENCH_H
+#define LOCO_BENCH_H
+
+/* Training step throughput (tiny and GPT-2 124M shapes) against sgemm. */
+int loco_bench_step(int argc, char **argv);
+/* Pseudo-gradient codecs against memcpy and raw libzstd. */
+int loco_bench_compress(int argc, char **argv);
+
+#endif /* LOCO_BENCH_H */

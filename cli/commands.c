@@ -1,0 +1,304 @@
+/* The subcommands: argument parsing and the calls into the library. */
+#include "bench/bench.h"
+#include "cli/cli.h"
+#include "inner/inner.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SETS 256
+
+static int usage_error(const char *cmd, const char *msg, const char *arg) {
+    fprintf(stderr, "loco %s: %s%s%s\n(run `loco help` for usage)\n", cmd, msg, arg ? ": " : "",
+            arg ? arg : "");
+    return CLI_USAGE;
+}
+
+/* Parses a positive integer option value; false when it is not one. */
+static bool parse_count(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+int cli_train(int argc, char **argv) {
+    const char *config = NULL, *resume = NULL;
+    char *sets[MAX_SETS];
+    int nsets = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < MAX_SETS)
+            sets[nsets++] = argv[++i];
+        else if (!strcmp(argv[i], "--resume") && i + 1 < argc)
+            resume = argv[++i];
+        else if (argv[i][0] != '-' && !config)
+            config = argv[i];
+        else
+            return usage_error("train", "unexpected argument", argv[i]);
+    }
+    if (!config)
+        return usage_error("train", "missing CONFIG", NULL);
+    loco_config cfg;
+    int rc = cli_load_config(&cfg, config, nsets, sets);
+    if (rc < 0)
+        return cli_fail(rc);
+    loco_trainer *t;
+    rc = loco_trainer_create(&t, &cfg, resume);
+    if (rc < 0)
+        return cli_fail(rc);
+    rc = loco_trainer_run(t);
+    loco_trainer_destroy(t);
+    return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+/* Loads a model (no optimizer) from a checkpoint for B x T batches. */
+static int load_model(const char *ckpt, const loco_config *cfg, loco_gpt *m, int B, int T) {
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    LOCO_CHECK(loco_gpt_init(m, &mc, B, T));
+    int rc = loco_ckpt_load(ckpt, cfg, m, NULL, NULL);
+    if (rc < 0)
+        loco_gpt_fini(m);
+    return rc;
+}
+
+int cli_eval(int argc, char **argv) {
+    const char *config = NULL, *ckpt = NULL;
+    long long batches = 20;
+    char *sets[MAX_SETS];
+    int nsets = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < MAX_SETS)
+            sets[nsets++] = argv[++i];
+        else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
+            ckpt = argv[++i];
+        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
+            if (!parse_count(argv[++i], 1, 1000000000, &batches))
+                return usage_error("eval", "--batches expects a positive integer", argv[i]);
+        } else if (argv[i][0] != '-' && !config)
+            config = argv[i];
+        else
+            return usage_error("eval", "unexpected argument", argv[i]);
+    }
+    if (!config || !ckpt)
+        return usage_error("eval", "expected CONFIG and --ckpt DIR", NULL);
+    loco_config cfg;
+    int rc = cli_load_config(&cfg, config, nsets, sets);
+    if (rc < 0)
+        return cli_fail(rc);
+    loco_set_threads((int)cfg.run.threads);
+    const int B = (int)cfg.train.batch_size, T = (int)cfg.model.seq_len;
+    loco_gpt m;
+    rc = load_model(ckpt, &cfg, &m, B, T);
+    if (rc < 0)
+        return cli_fail(rc);
+    loco_data *val = NULL;
+    int32_t *in = loco_alloc((size_t)B * T * sizeof(int32_t));
+    int32_t *tg = loco_alloc((size_t)B * T * sizeof(int32_t));
+    double sum = 0;
+    if (!in || !tg)
+        rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
+    if (rc == 0)
+        rc = loco_data_open(&val, cfg.data.val, B, T, 0, 1, (int)cfg.model.vocab_size);
+    for (long long b = 0; b < batches && rc == 0; b++) {
+        float loss;
+        rc = loco_data_next(val, in, tg);
+        if (rc == 0)
+            rc = loco_gpt_forward(&m, in, tg, B, T, &loss);
+        sum += loss;
+    }
+    if (rc == 0)
+        printf("{\"val_loss\": %.6f, \"tokens\": %lld}\n", sum / (double)batches,
+               batches * B * T);
+    loco_data_close(val);
+    loco_free(in);
+    loco_free(tg);
+    loco_gpt_fini(&m);
+    return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+/* Draws a token from logits / temperature, restricted to the top k. */
+static int sample_token(const float *logits, int V, float temperature, int top_k, loco_rng *rng,
+                        float *probs) {
+    float maxv = -INFINITY;
+    for (int v = 0; v < V; v++)
+        maxv = logits[v] > maxv ? logits[v] : maxv;
+    float cutoff = -INFINITY;
+    if (top_k > 0 && top_k < V) { /* k-th largest by repeated selection; V is small here */
+        memcpy(probs, logits, (size_t)V * sizeof(float));
+        for (int k = 0; k < top_k; k++) {
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                best = probs[v] > probs[best] ? v : best;
+            cutoff = probs[best];
+            probs[best] = -INFINITY;
+        }
+    }
+    double sum = 0;
+    for (int v = 0; v < V; v++) {
+        probs[v] = logits[v] >= cutoff ? expf((logits[v] - maxv) / temperature) : 0.0f;
+        sum += probs[v];
+    }
+    double r = loco_rng_uniform_d(rng) * sum, acc = 0;
+    for (int v = 0; v < V; v++) {
+        acc += probs[v];
+        if (r < acc)
+            return v;
+    }
+    return V - 1;
+}
+
+int cli_sample(int argc, char **argv) {
+    const char *ckpt = NULL, *prompt = "";
+    long long ntok = 256, top_k = 0, seed = 1337;
+    double temperature = 1.0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
+            ckpt = argv[++i];
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
+            prompt = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            if (!parse_count(argv[++i], 1, 100000000, &ntok))
+                return usage_error("sample", "--tokens expects a positive integer", argv[i]);
+        } else if (!strcmp(argv[i], "--top-k") && i + 1 < argc) {
+            if (!parse_count(argv[++i], 0, 100000000, &top_k))
+                return usage_error("sample", "--top-k expects an integer >= 0", argv[i]);
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            if (!parse_count(argv[++i], 0, LLONG_MAX, &seed))
+                return usage_error("sample", "--seed expects an integer >= 0", argv[i]);
+        } else if (!strcmp(argv[i], "--temperature") && i + 1 < argc) {
+            char *end;
+            temperature = strtod(argv[++i], &end);
+            if (*end || !(temperature > 0) || !isfinite(temperature))
+                return usage_error("sample", "--temperature expects a number > 0", argv[i]);
+        } else
+            return usage_error("sample", "unexpected argument", argv[i]);
+    }
+    if (!ckpt)
+        return usage_error("sample", "missing --ckpt DIR", NULL);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.ini", ckpt);
+    loco_config cfg;
+    int rc = cli_load_config(&cfg, path, 0, NULL);
+    if (rc < 0)
+        return cli_fail(rc);
+    loco_set_threads((int)cfg.run.threads);
+    const int T = (int)cfg.model.seq_len, V = (int)cfg.model.vocab_size;
+    loco_gpt m;
+    rc = load_model(ckpt, &cfg, &m, 1, T);
+    if (rc < 0)
+        return cli_fail(rc);
+    size_t plen = strlen(prompt);
+    size_t cap = plen + (size_t)ntok + 1;
+    int32_t *ctx = loco_alloc(cap * sizeof(int32_t));
+    float *probs = loco_alloc((size_t)V * sizeof(float));
+    if (!ctx || !probs) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "sampling buffers");
+        goto out;
+    }
+    /* Byte-level prompt; a GPT-2 BPE vocabulary would need its tokenizer. */
+    size_t n = 0;
+    for (size_t i = 0; i < plen; i++)
+        ctx[n++] = (unsigned char)prompt[i] % V;
+    if (n == 0)
+        ctx[n++] = '\n' % V;
+    loco_rng rng;
+    loco_rng_seed(&rng, (uint64_t)seed);
+    fwrite(prompt, 1, plen, stdout);
+    for (long long k = 0; k < ntok; k++) {
+        size_t start = n > (size_t)T ? n - (size_t)T : 0;
+        int len = (int)(n - start);
+        rc = loco_gpt_forward(&m, ctx + start, NULL, 1, len, NULL);
+        if (rc < 0)
+            goto out;
+        int next = sample_token(m.a.logits + (size_t)(len - 1) * V, V, (float)temperature,
+                                (int)top_k, &rng, probs);
+        ctx[n++] = next;
+        if (V <= 256)
+            putchar(next);
+        else
+            printf(" %d", next);
+        fflush(stdout);
+    }
+    putchar('\n');
+out:
+    loco_free(ctx);
+    loco_free(probs);
+    loco_gpt_fini(&m);
+    return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+int cli_prep(int argc, char **argv) {
+    const char *text = NULL, *prefix = NULL;
+    double val_frac = 0.1;
+    long long shard_tokens = 1 << 20;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--val-frac") && i + 1 < argc) {
+            char *end;
+            val_frac = strtod(argv[++i], &end);
+            if (*end || !(val_frac > 0 && val_frac < 1))
+                return usage_error("prep", "--val-frac expects a number in (0, 1)", argv[i]);
+        } else if (!strcmp(argv[i], "--shard-tokens") && i + 1 < argc) {
+            if (!parse_count(argv[++i], 1024, 1LL << 40, &shard_tokens))
+                return usage_error("prep", "--shard-tokens expects an integer >= 1024", argv[i]);
+        } else if (argv[i][0] != '-' && !text)
+            text = argv[i];
+        else if (argv[i][0] != '-' && !prefix)
+            prefix = argv[i];
+        else
+            return usage_error("prep", "unexpected argument", argv[i]);
+    }
+    if (!text || !prefix)
+        return usage_error("prep", "expected TEXT OUT_PREFIX", NULL);
+    int rc = loco_data_prep_bytes(text, prefix, val_frac, (size_t)shard_tokens);
+    return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+int cli_config(int argc, char **argv) {
+    if (argc >= 1 && !strcmp(argv[0], "--help")) {
+        printf("loco configuration keys (INI [section] key = value, or --set "
+               "section.key=value):\n");
+        loco_config_print_help(stdout);
+        return CLI_OK;
+    }
+    if (argc >= 1 && !strcmp(argv[0], "--markdown")) {
+        loco_config_print_markdown(stdout);
+        return CLI_OK;
+    }
+    if (argc >= 1 && !strcmp(argv[0], "--dump")) {
+        const char *config = NULL;
+        char *sets[MAX_SETS];
+        int nsets = 0;
+        for (int i = 1; i < argc; i++) {
+            if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < MAX_SETS)
+                sets[nsets++] = argv[++i];
+            else if (argv[i][0] != '-' && !config)
+                config = argv[i];
+            else
+                return usage_error("config", "unexpected argument", argv[i]);
+        }
+        loco_config cfg;
+        int rc = cli_load_config(&cfg, config, nsets, sets);
+        if (rc < 0)
+            return cli_fail(rc);
+        loco_config_dump(&cfg, stdout);
+        return CLI_OK;
+    }
+    return usage_error("config", "expected --help, --markdown or --dump [CONFIG]", NULL);
+}
+
+int cli_bench(int argc, char **argv) {
+    if (argc < 1)
+        return usage_error("bench", "expected a benchmark name (step, compress)", NULL);
+    int rc;
+    if (!strcmp(argv[0], "step"))
+        rc = loco_bench_step(argc - 1, argv + 1);
+    else if (!strcmp(argv[0], "compress"))
+        rc = loco_bench_compress(argc - 1, argv + 1);
+    else
+        return usage_error("bench", "unknown benchmark (step, compress)", argv[0]);
+    return rc < 0 ? cli_fail(rc) : CLI_OK;
+}

@@ -1,0 +1,79 @@
+/* loco: entry point and subcommand dispatch. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define LOCO_VERSION "0.1.0"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "loco %s — train GPT models across datacenters (single-site mode today)\n\n"
+            "usage: loco COMMAND [ARGS]\n\n"
+            "  train CONFIG [--set section.key=value]... [--resume CKPT_DIR]\n"
+            "                         train; progress, eval and checkpoints per [run]\n"
+            "  eval CONFIG --ckpt DIR [--batches N] [--set k=v]...\n"
+            "                         validation loss of a checkpoint as one JSON line\n"
+            "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature X] [--top-k K] "
+            "[--seed S]\n"
+            "                         generate text from a checkpoint\n"
+            "  prep TEXT OUT_PREFIX [--val-frac F] [--shard-tokens N]\n"
+            "                         byte-level train/val token shards from a text file\n"
+            "  config --help | --markdown | --dump [CONFIG] [--set k=v]...\n"
+            "                         the configuration keys, or a resolved config\n"
+            "  bench step|compress [OPTIONS]\n"
+            "                         benchmarks against a reference measured in the same run\n"
+            "  version                print the version\n",
+            LOCO_VERSION);
+}
+
+int cli_fail(int rc) {
+    fprintf(stderr, "loco: error: %s\n", loco_errmsg()[0] ? loco_errmsg() : loco_strerror(rc));
+    return CLI_FAIL;
+}
+
+int cli_load_config(loco_config *cfg, const char *path, int nsets, char **sets) {
+    loco_config_defaults(cfg);
+    if (path)
+        LOCO_CHECK(loco_config_load(cfg, path));
+    for (int i = 0; i < nsets; i++)
+        LOCO_CHECK(loco_config_set(cfg, sets[i]));
+    LOCO_CHECK(loco_config_validate(cfg));
+    loco_log_level level;
+    LOCO_CHECK(loco_log_parse_level(cfg->run.log_level, &level));
+    loco_log_set_level(level);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    const char *cmd = argv[1];
+    int sub_argc = argc - 2;
+    char **sub_argv = argv + 2;
+    if (!strcmp(cmd, "train"))
+        return cli_train(sub_argc, sub_argv);
+    if (!strcmp(cmd, "eval"))
+        return cli_eval(sub_argc, sub_argv);
+    if (!strcmp(cmd, "sample"))
+        return cli_sample(sub_argc, sub_argv);
+    if (!strcmp(cmd, "prep"))
+        return cli_prep(sub_argc, sub_argv);
+    if (!strcmp(cmd, "config"))
+        return cli_config(sub_argc, sub_argv);
+    if (!strcmp(cmd, "bench"))
+        return cli_bench(sub_argc, sub_argv);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("loco %s\n", LOCO_VERSION);
+        return CLI_OK;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return CLI_OK;
+    }
+    fprintf(stderr, "loco: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return CLI_USAGE;
+}

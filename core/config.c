@@ -1,0 +1,339 @@
+/* Configuration: INI files through libinih, `section.key=value` overrides,
+ * and the key table of config_keys.h as help text and Markdown. */
+#include "core/core.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { K_INT, K_NUM, K_BOOL, K_STR, K_ENUM } key_type;
+
+typedef struct {
+    const char *section, *key, *def, *choices, *desc;
+    key_type type;
+    double lo, hi;
+    size_t offset;
+} key_desc;
+
+#define LOCO_SECTION_BEGIN(sec)
+#define LOCO_SECTION_END(sec)
+#define LOCO_KEY_INT(sec, k, d, l, h, ds)                                      \
+    {#sec, #k, #d, NULL, ds, K_INT, (double)(l), (double)(h), offsetof(loco_config, sec.k)},
+#define LOCO_KEY_NUM(sec, k, d, l, h, ds)                                      \
+    {#sec, #k, #d, NULL, ds, K_NUM, (l), (h), offsetof(loco_config, sec.k)},
+#define LOCO_KEY_BOOL(sec, k, d, ds)                                           \
+    {#sec, #k, #d, NULL, ds, K_BOOL, 0, 1, offsetof(loco_config, sec.k)},
+#define LOCO_KEY_STR(sec, k, d, ds)                                            \
+    {#sec, #k, d, NULL, ds, K_STR, 0, 0, offsetof(loco_config, sec.k)},
+#define LOCO_KEY_ENUM(sec, k, d, ch, ds)                                       \
+    {#sec, #k, d, ch, ds, K_ENUM, 0, 0, offsetof(loco_config, sec.k)},
+static const key_desc keys[] = {
+#include "core/config_keys.h"
+};
+#undef LOCO_SECTION_BEGIN
+#undef LOCO_SECTION_END
+#undef LOCO_KEY_INT
+#undef LOCO_KEY_NUM
+#undef LOCO_KEY_BOOL
+#undef LOCO_KEY_STR
+#undef LOCO_KEY_ENUM
+
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+static const char *type_name(const key_desc *k) {
+    switch (k->type) {
+    case K_INT: return "int";
+    case K_NUM: return "number";
+    case K_BOOL: return "bool";
+    case K_STR: return "string";
+    case K_ENUM: return k->choices;
+    }
+    return "?";
+}
+
+static bool section_known(const char *section) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].section, section))
+            return true;
+    return false;
+}
+
+static const key_desc *find_key(const char *section, const char *key) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].section, section) && !strcmp(keys[i].key, key))
+            return &keys[i];
+    return NULL;
+}
+
+static void expected(const key_desc *k, char *buf, size_t cap) {
+    switch (k->type) {
+    case K_INT: snprintf(buf, cap, "an integer in [%.0f, %.0f]", k->lo, k->hi); break;
+    case K_NUM: snprintf(buf, cap, "a number in [%g, %g]", k->lo, k->hi); break;
+    case K_BOOL: snprintf(buf, cap, "true or false"); break;
+    case K_STR: snprintf(buf, cap, "a string shorter than %d bytes", LOCO_PATH_MAX); break;
+    case K_ENUM: snprintf(buf, cap, "one of %s", k->choices); break;
+    }
+}
+
+static bool enum_has(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && n > 0 && !strncmp(p, v, n))
+            return true;
+        if (!bar)
+            break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+/* Parses value into the field of key k; returns false when it does not fit. */
+static bool parse_value(loco_config *cfg, const key_desc *k, const char *v) {
+    char *field = (char *)cfg + k->offset;
+    char *end;
+    errno = 0;
+    switch (k->type) {
+    case K_INT: {
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end || (double)x < k->lo || (double)x > k->hi)
+            return false;
+        *(int64_t *)field = x;
+        return true;
+    }
+    case K_NUM: {
+        double x = strtod(v, &end);
+        if (errno || end == v || *end || !isfinite(x) || x < k->lo || x > k->hi)
+            return false;
+        *(double *)field = x;
+        return true;
+    }
+    case K_BOOL:
+        if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes") || !strcmp(v, "on"))
+            *(bool *)field = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no") || !strcmp(v, "off"))
+            *(bool *)field = false;
+        else
+            return false;
+        return true;
+    case K_STR:
+        if (strlen(v) >= LOCO_PATH_MAX)
+            return false;
+        snprintf(field, LOCO_PATH_MAX, "%s", v);
+        return true;
+    case K_ENUM:
+        if (!enum_has(k->choices, v) || strlen(v) >= 32)
+            return false;
+        snprintf(field, 32, "%s", v);
+        return true;
+    }
+    return false;
+}
+
+void loco_config_defaults(loco_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const char *d = keys[i].def;
+        char buf[64];
+        if (keys[i].type == K_INT) { /* "9223372036854775807LL" → digits only */
+            snprintf(buf, sizeof buf, "%s", d);
+            buf[strspn(buf, "-0123456789")] = '\0';
+            d = buf;
+        }
+        bool ok = parse_value(cfg, &keys[i], d);
+        (void)ok; /* defaults are checked by tests/core/test_config.c */
+    }
+}
+
+/* Applies one key; `where` is "file:line" or "--set". */
+static int set_key(loco_config *cfg, const char *where, const char *section, const char *key,
+                   const char *value) {
+    if (!section[0])
+        return LOCO_ERR(LOCO_EINVAL, "%s: key '%s' outside any [section]", where, key);
+    if (!section_known(section))
+        return LOCO_ERR(LOCO_EINVAL, "%s: unknown section [%s] (see `loco config --help`)", where,
+                        section);
+    const key_desc *k = find_key(section, key);
+    if (!k)
+        return LOCO_ERR(LOCO_EINVAL, "%s: unknown key '%s.%s' (see `loco config --help`)", where,
+                        section, key);
+    if (!parse_value(cfg, k, value)) {
+        char exp[128];
+        expected(k, exp, sizeof exp);
+        return LOCO_ERR(LOCO_EINVAL, "%s: key '%s.%s': expected %s, got '%s'", where, section, key,
+                        exp, value);
+    }
+    return 0;
+}
+
+typedef struct {
+    loco_config *cfg;
+    FILE *f;
+    const char *path;
+    int line;
+    int rc;
+} load_ctx;
+
+/* libinih calls the reader once per line, so counting here gives the line of
+ * the key the handler sees next. */
+static char *line_reader(char *str, int num, void *stream) {
+    load_ctx *c = stream;
+    char *r = fgets(str, num, c->f);
+    if (r)
+        c->line++;
+    return r;
+}
+
+static int on_ini_key(void *user, const char *section, const char *name, const char *value) {
+    load_ctx *c = user;
+    if (c->rc < 0)
+        return 1; /* keep the first error only */
+    char where[LOCO_PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s:%d", c->path, c->line);
+    c->rc = set_key(c->cfg, where, section, name, value);
+    return c->rc == 0;
+}
+
+int loco_config_load(loco_config *cfg, const char *path) {
+    load_ctx c = {.cfg = cfg, .path = path};
+    c.f = fopen(path, "r");
+    if (!c.f)
+        return LOCO_ERR(LOCO_EIO, "%s: cannot open config: %s", path, strerror(errno));
+    int r = ini_parse_stream(line_reader, &c, on_ini_key, &c);
+    fclose(c.f);
+    if (c.rc < 0)
+        return c.rc;
+    if (r > 0)
+        return LOCO_ERR(LOCO_EINVAL, "%s:%d: syntax error (expected [section] or key = value)",
+                        path, r);
+    if (r < 0)
+        return LOCO_ERR(LOCO_EIO, "%s: cannot parse config", path);
+    return 0;
+}
+
+int loco_config_set(loco_config *cfg, const char *assignment) {
+    const char *eq = strchr(assignment, '=');
+    const char *dot = strchr(assignment, '.');
+    if (!eq || !dot || dot > eq)
+        return LOCO_ERR(LOCO_EINVAL, "--set %s: expected section.key=value", assignment);
+    char section[64], key[64];
+    size_t sl = (size_t)(dot - assignment), kl = (size_t)(eq - dot - 1);
+    if (sl == 0 || kl == 0 || sl >= sizeof section || kl >= sizeof key)
+        return LOCO_ERR(LOCO_EINVAL, "--set %s: expected section.key=value", assignment);
+    memcpy(section, assignment, sl);
+    section[sl] = '\0';
+    memcpy(key, dot + 1, kl);
+    key[kl] = '\0';
+    char where[160];
+    snprintf(where, sizeof where, "--set %.120s", assignment);
+    return set_key(cfg, where, section, key, eq + 1);
+}
+
+int loco_config_validate(const loco_config *cfg) {
+    if (cfg->model.n_embd % cfg->model.n_head != 0)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "model.n_embd (%lld) must be divisible by model.n_head (%lld)",
+                        (long long)cfg->model.n_embd, (long long)cfg->model.n_head);
+    if (cfg->train.warmup_steps > cfg->train.steps && cfg->train.steps > 0)
+        loco_warn("train.warmup_steps (%lld) exceeds train.steps (%lld)",
+                  (long long)cfg->train.warmup_steps, (long long)cfg->train.steps);
+    return 0;
+}
+
+static void format_value(const loco_config *cfg, const key_desc *k, char *buf, size_t cap) {
+    const char *field = (const char *)cfg + k->offset;
+    switch (k->type) {
+    case K_INT: snprintf(buf, cap, "%lld", (long long)*(const int64_t *)field); break;
+    case K_NUM: snprintf(buf, cap, "%.17g", *(const double *)field); break;
+    case K_BOOL: snprintf(buf, cap, "%s", *(const bool *)field ? "true" : "false"); break;
+    case K_STR:
+    case K_ENUM: snprintf(buf, cap, "%s", field); break;
+    }
+}
+
+void loco_config_print_help(FILE *f) {
+    loco_config def;
+    loco_config_defaults(&def);
+    const char *sec = "";
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_desc *k = &keys[i];
+        if (strcmp(sec, k->section)) {
+            sec = k->section;
+            fprintf(f, "\n[%s]\n", sec);
+        }
+        char v[LOCO_PATH_MAX];
+        format_value(&def, k, v, sizeof v);
+        char name[80];
+        snprintf(name, sizeof name, "%s.%s", k->section, k->key);
+        fprintf(f, "  %-24s %-8s %-22s %s\n", name, k->type == K_ENUM ? "enum" : type_name(k), v,
+                k->desc);
+    }
+}
+
+void loco_config_print_markdown(FILE *f) {
+    loco_config def;
+    loco_config_defaults(&def);
+    fprintf(f, "# Configuration keys\n\n"
+               "Generated by `loco config --markdown` from core/config_keys.h; "
+               "a test keeps this file and the table equal.\n"
+               "Set keys in an INI file under their `[section]`, or on the command line with "
+               "`--set section.key=value`.\n");
+    const char *sec = "";
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_desc *k = &keys[i];
+        if (strcmp(sec, k->section)) {
+            sec = k->section;
+            fprintf(f, "\n## [%s]\n\n| key | type | default | range | description |\n"
+                       "|---|---|---|---|---|\n", sec);
+        }
+        char v[LOCO_PATH_MAX], range[96] = "";
+        format_value(&def, k, v, sizeof v);
+        if (k->type == K_INT)
+            snprintf(range, sizeof range, "%.0f – %.0f", k->lo, k->hi);
+        else if (k->type == K_NUM)
+            snprintf(range, sizeof range, "%g – %g", k->lo, k->hi);
+        else if (k->type == K_ENUM)
+            snprintf(range, sizeof range, "%s", k->choices);
+        fprintf(f, "| `%s.%s` | %s | `%s` | %s | %s |\n", k->section, k->key,
+                k->type == K_ENUM ? "enum" : type_name(k), v, range, k->desc);
+    }
+}
+
+static void dump_sections(const loco_config *cfg, FILE *f, const char *const *sections) {
+    const char *sec = "";
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_desc *k = &keys[i];
+        if (sections) {
+            bool want = false;
+            for (int s = 0; sections[s]; s++)
+                want |= !strcmp(sections[s], k->section);
+            if (!want)
+                continue;
+        }
+        if (strcmp(sec, k->section)) {
+            sec = k->section;
+            fprintf(f, "[%s]\n", sec);
+        }
+        char v[LOCO_PATH_MAX];
+        format_value(cfg, k, v, sizeof v);
+        fprintf(f, "%s = %s\n", k->key, v);
+    }
+}
+
+void loco_config_dump(const loco_config *cfg, FILE *f) { dump_sections(cfg, f, NULL); }
+
+uint64_t loco_config_hash(const loco_config *cfg, const char *const *sections) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return 0;
+    dump_sections(cfg, f, sections);
+    fclose(f);
+    uint64_t h = loco_hash64(buf, len);
+    free(buf);
+    return h;
+}

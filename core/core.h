@@ -1,0 +1,259 @@
+/* core/ — the ground floor every other room stands on: error codes with
+ * breadcrumbs, logging, allocation, RNG, checksums, JSONL metrics, tensor
+ * tables over flat buffers, safetensors I/O, configuration and clocks.
+ * Library code returns 0 or a negative LOCO_E* code; only cli/ exits. */
+#ifndef LOCO_CORE_H
+#define LOCO_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---------------------------------------------------------------- errors */
+
+enum {
+    LOCO_OK = 0,
+    LOCO_EINVAL = -1,    /* bad argument, config or input */
+    LOCO_ENOMEM = -2,    /* allocation failed */
+    LOCO_EIO = -3,       /* file or socket I/O failed */
+    LOCO_ETIMEDOUT = -4, /* a deadline passed */
+    LOCO_EPROTO = -5,    /* malformed data: frame, shard, checkpoint */
+    LOCO_EAUTH = -6,     /* authentication refused */
+    LOCO_EPEER = -7,     /* the remote side failed */
+    LOCO_ECUDA = -8,
+    LOCO_ENCCL = -9,
+    LOCO_EMPI = -10,
+    LOCO_ENOTSUP = -11, /* asked for something this build does not do */
+};
+
+/* Name of an error code ("LOCO_EINVAL: invalid argument"). Never NULL. */
+const char *loco_strerror(int rc);
+
+/* Records rc and a formatted message for this thread, prefixed by file:line.
+ * Returns rc, so `return LOCO_ERR(LOCO_EINVAL, "...")` reads naturally. */
+int loco__err_set(int rc, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Appends a breadcrumb "  at file:line (expr)" to this thread's message. */
+void loco__err_trace(const char *file, int line, const char *expr);
+/* This thread's last error message with breadcrumbs ("" when none). */
+const char *loco_errmsg(void);
+void loco_err_clear(void);
+
+#define LOCO_ERR(rc, ...) loco__err_set((rc), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Propagate a failing status, leaving a breadcrumb per frame. */
+#define LOCO_CHECK(call)                                                       \
+    do {                                                                       \
+        int loco_rc_ = (call);                                                 \
+        if (loco_rc_ < 0) {                                                    \
+            loco__err_trace(__FILE__, __LINE__, #call);                        \
+            return loco_rc_;                                                   \
+        }                                                                      \
+    } while (0)
+
+/* Same, but stores the status in `rc` and jumps to a cleanup label. */
+#define LOCO_CHECK_GOTO(call, label)                                           \
+    do {                                                                       \
+        rc = (call);                                                           \
+        if (rc < 0) {                                                          \
+            loco__err_trace(__FILE__, __LINE__, #call);                        \
+            goto label;                                                        \
+        }                                                                      \
+    } while (0)
+
+/* --------------------------------------------------------------- logging */
+
+typedef enum {
+    LOCO_LOG_ERROR = 0,
+    LOCO_LOG_WARN = 1,
+    LOCO_LOG_INFO = 2,
+    LOCO_LOG_DEBUG = 3,
+} loco_log_level;
+
+void loco_log_set_level(loco_log_level level);
+loco_log_level loco_log_get_level(void);
+/* Parses "error|warn|info|debug"; returns LOCO_EINVAL on anything else. */
+int loco_log_parse_level(const char *s, loco_log_level *out);
+void loco_log(loco_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define loco_error(...) loco_log(LOCO_LOG_ERROR, __VA_ARGS__)
+#define loco_warn(...) loco_log(LOCO_LOG_WARN, __VA_ARGS__)
+#define loco_info(...) loco_log(LOCO_LOG_INFO, __VA_ARGS__)
+#define loco_debug(...) loco_log(LOCO_LOG_DEBUG, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- memory */
+
+/* The one allocation wrapper: 64-byte aligned, zero-filled memory, or NULL.
+ * Tests make the Nth call fail with loco_alloc_fail_after(). */
+void *loco_alloc(size_t bytes);
+void loco_free(void *p); /* accepts NULL */
+/* Make the n-th allocation from now fail (n >= 1); n = 0 disarms. */
+void loco_alloc_fail_after(long n);
+
+/* ------------------------------------------------------------------- RNG */
+
+/* xoshiro256** seeded through splitmix64: fast, plain state that
+ * checkpoints copy as four integers. */
+typedef struct {
+    uint64_t s[4];
+} loco_rng;
+
+void loco_rng_seed(loco_rng *rng, uint64_t seed);
+uint64_t loco_rng_u64(loco_rng *rng);
+/* Uniform in [0, 1) with 24 bits (float) or 53 bits (double). */
+float loco_rng_uniform(loco_rng *rng);
+double loco_rng_uniform_d(loco_rng *rng);
+/* Standard normal (Box-Muller, one draw per call). */
+float loco_rng_normal(loco_rng *rng);
+
+/* ------------------------------------------------------------- checksums */
+
+/* XXH3 64-bit hash of a buffer. */
+uint64_t loco_hash64(const void *data, size_t len);
+/* Hex form into buf (17 bytes). */
+void loco_hash_hex(uint64_t h, char buf[17]);
+
+/* ----------------------------------------------------------------- clock */
+
+double loco_now(void); /* monotonic seconds */
+double loco_wall_time(void); /* seconds since the epoch */
+
+/* ----------------------------------------------------------------- files */
+
+/* Reads a whole file into a fresh buffer (caller frees with loco_free). */
+int loco_file_read(const char *path, void **data, size_t *len);
+/* Writes all bytes and fsyncs the file (no rename; see loco_dir_commit). */
+int loco_file_write_sync(const char *path, const void *data, size_t len);
+/* Creates a directory and its parents (mkdir -p). */
+int loco_mkdirs(const char *path);
+/* Removes a directory tree (rm -rf); missing is fine. */
+int loco_rmtree(const char *path);
+/* Atomically publishes directory tmp as final: fsyncs tmp, removes an old
+ * final, renames, fsyncs the parent. A crash leaves either the old or the new
+ * directory under `final`, never a half-written one. */
+int loco_dir_commit(const char *tmp, const char *final);
+
+/* --------------------------------------------------------- tensor tables */
+
+#define LOCO_TENSOR_NAME_MAX 96
+#define LOCO_TENSOR_MAX_DIM 4
+
+/* A named tensor inside a flat fp32 buffer. */
+typedef struct {
+    char name[LOCO_TENSOR_NAME_MAX];
+    int ndim;
+    int64_t shape[LOCO_TENSOR_MAX_DIM];
+    size_t offset; /* in elements from the start of the flat buffer */
+    size_t numel;
+    int split_dim; /* dimension tensor parallelism splits, -1 for none */
+    bool decay;    /* weight decay applies (2-D weights) */
+} loco_tensor;
+
+typedef struct {
+    loco_tensor *t;
+    int n, cap;
+    size_t numel; /* total elements, = end of the last tensor */
+} loco_ttable;
+
+void loco_ttable_init(loco_ttable *tt);
+void loco_ttable_fini(loco_ttable *tt);
+/* Appends a tensor at the current end of the buffer. Names must be unique. */
+int loco_ttable_add(loco_ttable *tt, const char *name, int ndim,
+                    const int64_t *shape, int split_dim, bool decay);
+/* Index of a tensor by name, or -1. */
+int loco_ttable_find(const loco_ttable *tt, const char *name);
+
+/* ----------------------------------------------------------- safetensors */
+
+/* A safetensors file held in memory, header validated on open. */
+typedef struct loco_st loco_st;
+
+/* Opens and validates a safetensors file: header length, JSON, dtypes,
+ * offsets inside the data, shapes matching byte counts. LOCO_EPROTO with the
+ * reason on anything inconsistent; LOCO_EIO when unreadable. */
+int loco_st_open(loco_st **out, const char *path);
+void loco_st_close(loco_st *st); /* accepts NULL */
+/* Looks up an F32 tensor. LOCO_EINVAL when absent or not F32. The data
+ * pointer stays valid until loco_st_close. */
+int loco_st_get(const loco_st *st, const char *name, const float **data,
+                int *ndim, int64_t shape[LOCO_TENSOR_MAX_DIM]);
+/* Value of a __metadata__ string entry, or NULL. */
+const char *loco_st_meta(const loco_st *st, const char *key);
+/* Writes every tensor of tt from base as F32, plus metadata pairs
+ * (NULL-terminated array of key, value strings, may be NULL); fsyncs. If
+ * `rename_prefix` is not NULL, tensor i is stored as prefix + name. */
+int loco_st_write(const char *path, const loco_ttable *tt, const float *base,
+                  const char *rename_prefix, const char *const *meta_kv);
+/* Fills base from a file: every tensor of tt must be present, F32, with the
+ * same shape (name looked up as prefix + name when prefix != NULL). */
+int loco_st_read_into(const loco_st *st, const loco_ttable *tt, float *base,
+                      const char *prefix);
+
+/* --------------------------------------------------------------- metrics */
+
+/* JSONL metrics: one object per line, flushed per record. */
+typedef struct loco_metrics loco_metrics;
+
+int loco_metrics_open(loco_metrics **out, const char *path, bool append);
+void loco_metrics_close(loco_metrics *m); /* accepts NULL */
+/* Builds one record: begin, add fields, end writes the line. */
+void loco_metrics_begin(loco_metrics *m);
+void loco_metrics_int(loco_metrics *m, const char *key, int64_t v);
+void loco_metrics_num(loco_metrics *m, const char *key, double v);
+void loco_metrics_str(loco_metrics *m, const char *key, const char *v);
+int loco_metrics_end(loco_metrics *m);
+
+/* ---------------------------------------------------------------- config */
+
+#define LOCO_PATH_MAX 512
+
+/* Every tunable of loco. Sections mirror the rooms; config_keys.h is the one
+ * table of keys, defaults, ranges and descriptions. */
+typedef struct {
+#define LOCO_SECTION_BEGIN(sec) struct {
+#define LOCO_SECTION_END(sec)                                                  \
+    }                                                                          \
+    sec;
+#define LOCO_KEY_INT(sec, key, def, lo, hi, desc) int64_t key;
+#define LOCO_KEY_NUM(sec, key, def, lo, hi, desc) double key;
+#define LOCO_KEY_BOOL(sec, key, def, desc) bool key;
+#define LOCO_KEY_STR(sec, key, def, desc) char key[LOCO_PATH_MAX];
+#define LOCO_KEY_ENUM(sec, key, def, choices, desc) char key[32];
+#include "core/config_keys.h"
+#undef LOCO_SECTION_BEGIN
+#undef LOCO_SECTION_END
+#undef LOCO_KEY_INT
+#undef LOCO_KEY_NUM
+#undef LOCO_KEY_BOOL
+#undef LOCO_KEY_STR
+#undef LOCO_KEY_ENUM
+} loco_config;
+
+/* Fills every key with its default. */
+void loco_config_defaults(loco_config *cfg);
+/* Reads an INI file over cfg. Errors name file:line, section.key and what
+ * was expected (unknown section or key, wrong type, out of range). */
+int loco_config_load(loco_config *cfg, const char *path);
+/* Applies one "section.key=value" override (from --set). */
+int loco_config_set(loco_config *cfg, const char *assignment);
+/* Checks relations between keys (n_embd divisible by n_head, ...). */
+int loco_config_validate(const loco_config *cfg);
+/* The key table as text (`loco config --help`) or as Markdown (CONFIG.md). */
+void loco_config_print_help(FILE *f);
+void loco_config_print_markdown(FILE *f);
+/* Writes cfg as an INI file that loco_config_load reads back to equal. */
+void loco_config_dump(const loco_config *cfg, FILE *f);
+/* Hash over the canonical dump of the keys of the given sections
+ * (NULL-terminated list, NULL = all): checkpoints store the model hash. */
+uint64_t loco_config_hash(const loco_config *cfg, const char *const *sections);
+
+/* --------------------------------------------------------------- threads */
+
+/* Sets OpenMP and BLAS thread counts; n <= 0 means all cores. Returns the
+ * count used. Same count + same seed = same bits. */
+int loco_set_threads(int n);
+
+#endif /* LOCO_CORE_H */

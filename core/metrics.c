@@ -1,0 +1,68 @@
+/* JSONL metrics: one object per line, flushed per record so a crash loses at
+ * most the record being built. */
+#include "core/core.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+struct loco_metrics {
+    FILE *f;
+    cJSON *rec;
+};
+
+int loco_metrics_open(loco_metrics **out, const char *path, bool append) {
+    *out = NULL;
+    loco_metrics *m = loco_alloc(sizeof *m);
+    if (!m)
+        return LOCO_ERR(LOCO_ENOMEM, "metrics handle");
+    m->f = fopen(path, append ? "a" : "w");
+    if (!m->f) {
+        loco_free(m);
+        return LOCO_ERR(LOCO_EIO, "%s: cannot open metrics: %s", path, strerror(errno));
+    }
+    *out = m;
+    return 0;
+}
+
+void loco_metrics_close(loco_metrics *m) {
+    if (!m)
+        return;
+    cJSON_Delete(m->rec);
+    fclose(m->f);
+    loco_free(m);
+}
+
+void loco_metrics_begin(loco_metrics *m) {
+    cJSON_Delete(m->rec);
+    m->rec = cJSON_CreateObject();
+}
+
+void loco_metrics_int(loco_metrics *m, const char *key, int64_t v) {
+    cJSON_AddNumberToObject(m->rec, key, (double)v);
+}
+
+void loco_metrics_num(loco_metrics *m, const char *key, double v) {
+    if (isfinite(v))
+        cJSON_AddNumberToObject(m->rec, key, v);
+    else
+        cJSON_AddNullToObject(m->rec, key); /* JSON has no NaN */
+}
+
+void loco_metrics_str(loco_metrics *m, const char *key, const char *v) {
+    cJSON_AddStringToObject(m->rec, key, v);
+}
+
+int loco_metrics_end(loco_metrics *m) {
+    if (!m->rec)
+        return LOCO_ERR(LOCO_ENOMEM, "metrics record");
+    char *s = cJSON_PrintUnformatted(m->rec);
+    cJSON_Delete(m->rec);
+    m->rec = NULL;
+    if (!s)
+        return LOCO_ERR(LOCO_ENOMEM, "metrics line");
+    int ok = fprintf(m->f, "%s\n", s) >= 0 && fflush(m->f) == 0;
+    cJSON_free(s);
+    return ok ? 0 : LOCO_ERR(LOCO_EIO, "metrics write failed: %s", strerror(errno));
+}

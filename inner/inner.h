@@ -1,0 +1,235 @@
+/* inner/ — one island: the GPT-2 model over flat buffers, AdamW with its
+ * schedule, the token-shard data loader, checkpoints and the training loop.
+ * Later issues add the mesh, communicators and parallel schedules here. */
+#ifndef LOCO_INNER_H
+#define LOCO_INNER_H
+
+#include "core/core.h"
+
+/* ------------------------------------------------------------------ data */
+
+/* Token shards in llm.c's .bin format: a header of 256 int32 (magic,
+ * version, token count, zeros...), then the tokens: magic 20240520 version 1
+ * holds uint16 tokens, magic 20240801 version 7 holds uint32 tokens. */
+#define LOCO_SHARD_HEADER_INTS 256
+#define LOCO_SHARD_MAGIC_U16 20240520
+#define LOCO_SHARD_VERSION_U16 1
+#define LOCO_SHARD_MAGIC_U32 20240801
+#define LOCO_SHARD_VERSION_U32 7
+
+/* Where the next batch starts; saved in checkpoints. */
+typedef struct {
+    int64_t shard; /* index into the sorted shard list */
+    int64_t pos;   /* token offset of this rank's next window in that shard */
+    int64_t epoch; /* completed passes over all shards */
+} loco_data_pos;
+
+typedef struct loco_data loco_data;
+
+/* Opens the shards named by `pattern` (a glob, or a comma-separated list of
+ * globs/paths; matches sorted by name) and validates every header and file
+ * size before returning: missing file, wrong magic or version, truncated or
+ * oversize shard, a shard shorter than one batch are LOCO_EINVAL/LOCO_EPROTO
+ * errors that name the file. Batches are B rows of T+1 consecutive tokens
+ * (B*T+1 tokens read contiguously, llm.c style); rank r of `world` reads
+ * the r-th window of every world*B*T tokens. Tokens >= vocab_size are
+ * rejected when read (LOCO_EPROTO naming shard and offset). */
+int loco_data_open(loco_data **out, const char *pattern, int B, int T, int rank, int world,
+                   int vocab_size);
+void loco_data_close(loco_data *d); /* accepts NULL */
+/* Fills inputs and targets (B*T each) with the next batch and advances;
+ * moves to the next shard when the current one has no full window left, and
+ * wraps to the first shard (epoch + 1) after the last. */
+int loco_data_next(loco_data *d, int32_t *inputs, int32_t *targets);
+loco_data_pos loco_data_tell(const loco_data *d);
+/* Continues from a saved position (LOCO_EINVAL if it is outside the shards). */
+int loco_data_seek(loco_data *d, loco_data_pos pos);
+int loco_data_num_shards(const loco_data *d);
+int64_t loco_data_num_tokens(const loco_data *d); /* over all shards */
+
+/* Writes one shard: version 1 (uint16) when every token < 65536, else
+ * version 7 (uint32). Written to path.tmp, fsynced, renamed. */
+int loco_data_write_shard(const char *path, const int32_t *tokens, size_t n, int version);
+/* Byte-level (vocab 256) preparation of any text file: the first
+ * (1 - val_frac) of the bytes become OUT_PREFIX_train_NNNNNN.bin shards, the
+ * rest OUT_PREFIX_val_NNNNNN.bin, each shard at most shard_tokens tokens. */
+int loco_data_prep_bytes(const char *text_path, const char *out_prefix, double val_frac,
+                         size_t shard_tokens);
+
+
+/* ----------------------------------------------------------------- model */
+
+typedef struct {
+    int n_layer, n_head, n_embd; /* L, NH, C */
+    int seq_len;                 /* maxT: rows of the position table */
+    int vocab_size;              /* V */
+} loco_gpt_config;
+
+/* Views of one block's tensors inside a flat buffer (HF GPT-2 layouts). */
+typedef struct {
+    float *ln1w, *ln1b;         /* (C) */
+    float *qkvw;                /* (C, 3C)  attn.c_attn.weight */
+    float *qkvb;                /* (3C) */
+    float *attprojw;            /* (C, C)   attn.c_proj.weight */
+    float *attprojb;            /* (C) */
+    float *ln2w, *ln2b;         /* (C) */
+    float *fcw;                 /* (C, 4C)  mlp.c_fc.weight */
+    float *fcb;                 /* (4C) */
+    float *fcprojw;             /* (4C, C)  mlp.c_proj.weight */
+    float *fcprojb;             /* (C) */
+} loco_gpt_block;
+
+typedef struct {
+    float *wte;          /* (V, C), also the tied output head */
+    float *wpe;          /* (maxT, C) */
+    loco_gpt_block *h;   /* (L) */
+    float *lnfw, *lnfb;  /* (C) */
+} loco_gpt_tensors;
+
+/* Activations of one forward pass, kept for backward. */
+typedef struct {
+    float *encoded;            /* (B, T, C) */
+    float *ln1, *ln1_mean, *ln1_rstd;   /* (L, B, T, C), (L, B, T) x2 */
+    float *qkv;                /* (L, B, T, 3C) */
+    float *atty;               /* (L, B, T, C) */
+    float *att;                /* (L, B, NH, T, T) */
+    float *attproj;            /* (L, B, T, C) */
+    float *residual2;          /* (L, B, T, C) */
+    float *ln2, *ln2_mean, *ln2_rstd;   /* (L, B, T, C), (L, B, T) x2 */
+    float *fch;                /* (L, B, T, 4C) */
+    float *fch_gelu;           /* (L, B, T, 4C) */
+    float *fcproj;             /* (L, B, T, C) */
+    float *residual3;          /* (L, B, T, C) */
+    float *lnf, *lnf_mean, *lnf_rstd;   /* (B, T, C), (B, T) x2 */
+    float *logits;             /* (B, T, V); holds dlogits after a training pass */
+    float *losses;             /* (B, T) */
+} loco_gpt_acts;
+
+/* Gradient scratch of one block, reused from layer to layer in backward. */
+typedef struct {
+    float *dres;   /* (B, T, C) gradient of the residual stream */
+    float *dbtc;   /* (B, T, C) */
+    float *dqkv;   /* (B, T, 3C) */
+    float *datt;   /* (B, NH, T, T) */
+    float *dfch;   /* (B, T, 4C) */
+    float *dfchg;  /* (B, T, 4C) */
+} loco_gpt_scratch;
+
+/* GPT-2 (as Hugging Face's GPT2LMHeadModel and llm.c define it) over flat,
+ * layer-major parameter and gradient buffers described by `tt`. Caller owns
+ * the struct: loco_gpt_init / loco_gpt_fini. */
+typedef struct {
+    loco_gpt_config cfg;
+    loco_ttable tt;         /* names, shapes and offsets, HF names */
+    size_t n_params;
+    float *params;          /* (n_params) */
+    float *grads;           /* (n_params) */
+    loco_gpt_tensors p, g;  /* views into params and grads */
+    int B, T;               /* activation capacity */
+    float *act_slab;
+    loco_gpt_acts a;
+    loco_gpt_scratch s;
+} loco_gpt;
+
+/* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg. */
+int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg);
+/* Allocates parameters, gradients and activations for batches up to B x T
+ * (T <= seq_len). Parameters start at zero: call loco_gpt_init_weights or
+ * load a checkpoint. */
+int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T);
+void loco_gpt_fini(loco_gpt *m);
+/* GPT-2 initialisation: N(0, 0.02) weights and embeddings, residual
+ * projections scaled by 1/sqrt(2 L), zero biases, unit LayerNorm weights. */
+void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng);
+/* Forward pass on inputs (B, T). With targets, *mean_loss receives the mean
+ * cross-entropy; without (NULL), only logits are computed (a.logits). */
+int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                     float *mean_loss);
+/* Forward and backward: gradients of loss_scale * mean loss are ADDED to
+ * m->grads (so micro-batches accumulate). */
+int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                              int T, float loss_scale, float *mean_loss);
+void loco_gpt_zero_grad(loco_gpt *m);
+/* Training FLOPs per token, counted as llm.c and PaLM do:
+ * 6 * (matmul parameters) + 12 * L * C * T. */
+double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T);
+/* Model config from the [model] section. */
+loco_gpt_config loco_gpt_config_from(const loco_config *cfg);
+
+/* ------------------------------------------------------------- optimizer */
+
+/* AdamW state over the flat parameter buffer (ZeRO shards it later). */
+typedef struct {
+    float *m, *v;  /* (n) first and second moments */
+    size_t n;
+    int64_t t;     /* updates taken */
+    float beta1, beta2, eps, weight_decay;
+} loco_adamw;
+
+int loco_adamw_init(loco_adamw *opt, size_t n, const loco_config *cfg);
+void loco_adamw_fini(loco_adamw *opt);
+/* One update of every tensor of tt; weight decay only where tt says decay. */
+void loco_adamw_step(loco_adamw *opt, const loco_ttable *tt, float *params, const float *grads,
+                     float lr);
+/* Learning rate of optimizer step `step` (0-based): linear warm-up to
+ * train.lr, then cosine decay to train.lr * train.min_lr_frac. */
+float loco_lr_at(const loco_config *cfg, int64_t step);
+/* Global L2 norm of grads; scales them down to max_norm when above it
+ * (max_norm <= 0: no clipping). Returns the norm before clipping. */
+double loco_clip_grad_norm(float *grads, size_t n, double max_norm);
+
+/* ----------------------------------------------------------- checkpoints */
+
+/* Everything a checkpoint holds besides the tensors. */
+typedef struct {
+    int64_t step;           /* optimizer steps completed */
+    loco_data_pos data;     /* training loader position */
+    loco_rng rng;
+    uint64_t model_hash;    /* loco_config_hash of [model] */
+} loco_ckpt_state;
+
+/* Writes a checkpoint directory atomically (DIR.tmp, fsync, rename):
+ * model.safetensors (HF GPT-2 names), config.json (HF keys), config.ini,
+ * optimizer.safetensors and state.json with checksums of both files. */
+int loco_ckpt_save(const char *dir, const loco_config *cfg, const loco_gpt *m,
+                   const loco_adamw *opt, const loco_ckpt_state *st);
+/* Loads a checkpoint into an initialised model (and optimizer if not NULL).
+ * Every file is checked (presence, checksums, shapes, model hash against
+ * cfg) before anything is overwritten: a corrupt or truncated checkpoint is
+ * LOCO_EPROTO and leaves m and opt untouched. */
+int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_adamw *opt,
+                   loco_ckpt_state *st);
+
+/* -------------------------------------------------------------- training */
+
+typedef struct {
+    int64_t step;      /* 1-based step just completed */
+    float loss;        /* mean over the micro-batches */
+    float lr;
+    double grad_norm;  /* before clipping */
+    double seconds;    /* wall time of the step */
+    double tokens_per_s;
+} loco_step_stats;
+
+typedef struct loco_trainer loco_trainer;
+
+/* Builds model, optimizer and loaders from cfg; initialises weights from
+ * train.seed, or continues from a checkpoint when resume_dir is not NULL. */
+int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *resume_dir);
+void loco_trainer_destroy(loco_trainer *t);
+/* One optimizer step (grad_accum micro-batches, clip, AdamW). */
+int loco_trainer_step(loco_trainer *t, loco_step_stats *stats);
+/* Mean validation loss over the first `batches` sequential batches. */
+int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *tokens);
+int loco_trainer_save(loco_trainer *t, const char *dir);
+/* The whole run: steps until train.steps, logging, evaluating and
+ * checkpointing as [run] says, metrics.jsonl in run.dir. */
+int loco_trainer_run(loco_trainer *t);
+int64_t loco_trainer_steps_done(const loco_trainer *t);
+loco_gpt *loco_trainer_model(loco_trainer *t);
+
+/* Unigram (order-0) cross-entropy of a token stream in nats: the loss of a
+ * model that knows only token frequencies; the baseline to beat. */
+int loco_data_unigram_entropy(const char *pattern, int vocab_size, double *nats);
+
+#endif /* LOCO_INNER_H */

@@ -1,0 +1,326 @@
+/* GPT-2 forward and backward over flat buffers (llm.c's structure, Hugging
+ * Face's names and layouts). Every loop lives in kernels/. */
+#include "inner/inner.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
+    loco_gpt_config c = {
+        .n_layer = (int)cfg->model.n_layer,
+        .n_head = (int)cfg->model.n_head,
+        .n_embd = (int)cfg->model.n_embd,
+        .seq_len = (int)cfg->model.seq_len,
+        .vocab_size = (int)cfg->model.vocab_size,
+    };
+    return c;
+}
+
+int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
+    const int64_t C = cfg->n_embd, V = cfg->vocab_size, maxT = cfg->seq_len;
+    loco_ttable_init(tt);
+    /* split_dim: the dimension Megatron-style tensor parallelism splits —
+     * columns of c_attn/c_fc (dim 1 in Conv1D layout), rows of the output
+     * projections (dim 0), vocabulary rows of wte. */
+    int rc;
+#define ADD1(name, n0, split, decay)                                                               \
+    LOCO_CHECK_GOTO(loco_ttable_add(tt, name, 1, (int64_t[]){n0}, split, decay), out_fail)
+#define ADD2(name, n0, n1, split)                                                                  \
+    LOCO_CHECK_GOTO(loco_ttable_add(tt, name, 2, (int64_t[]){n0, n1}, split, true), out_fail)
+    ADD2("transformer.wte.weight", V, C, 0);
+    ADD2("transformer.wpe.weight", maxT, C, -1);
+    for (int l = 0; l < cfg->n_layer; l++) {
+        char n[LOCO_TENSOR_NAME_MAX];
+#define NAME(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), n)
+        ADD1(NAME("ln_1.weight"), C, -1, false);
+        ADD1(NAME("ln_1.bias"), C, -1, false);
+        ADD2(NAME("attn.c_attn.weight"), C, 3 * C, 1);
+        ADD1(NAME("attn.c_attn.bias"), 3 * C, 0, false);
+        ADD2(NAME("attn.c_proj.weight"), C, C, 0);
+        ADD1(NAME("attn.c_proj.bias"), C, -1, false);
+        ADD1(NAME("ln_2.weight"), C, -1, false);
+        ADD1(NAME("ln_2.bias"), C, -1, false);
+        ADD2(NAME("mlp.c_fc.weight"), C, 4 * C, 1);
+        ADD1(NAME("mlp.c_fc.bias"), 4 * C, 0, false);
+        ADD2(NAME("mlp.c_proj.weight"), 4 * C, C, 0);
+        ADD1(NAME("mlp.c_proj.bias"), C, -1, false);
+#undef NAME
+    }
+    ADD1("transformer.ln_f.weight", C, -1, false);
+    ADD1("transformer.ln_f.bias", C, -1, false);
+#undef ADD1
+#undef ADD2
+    return 0;
+out_fail:
+    loco_ttable_fini(tt);
+    return rc;
+}
+
+/* Points the views at a flat buffer laid out as build_table says. */
+static void bind_views(loco_gpt_tensors *v, float *base, const loco_ttable *tt, int L) {
+    int i = 0;
+    v->wte = base + tt->t[i++].offset;
+    v->wpe = base + tt->t[i++].offset;
+    for (int l = 0; l < L; l++) {
+        loco_gpt_block *b = &v->h[l];
+        b->ln1w = base + tt->t[i++].offset;
+        b->ln1b = base + tt->t[i++].offset;
+        b->qkvw = base + tt->t[i++].offset;
+        b->qkvb = base + tt->t[i++].offset;
+        b->attprojw = base + tt->t[i++].offset;
+        b->attprojb = base + tt->t[i++].offset;
+        b->ln2w = base + tt->t[i++].offset;
+        b->ln2b = base + tt->t[i++].offset;
+        b->fcw = base + tt->t[i++].offset;
+        b->fcb = base + tt->t[i++].offset;
+        b->fcprojw = base + tt->t[i++].offset;
+        b->fcprojb = base + tt->t[i++].offset;
+    }
+    v->lnfw = base + tt->t[i++].offset;
+    v->lnfb = base + tt->t[i++].offset;
+}
+
+/* Carves the activation slab; with base NULL only counts. Returns floats. */
+static size_t carve_acts(loco_gpt *m, float *base) {
+    const size_t L = (size_t)m->cfg.n_layer, B = (size_t)m->B, T = (size_t)m->T;
+    const size_t C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
+    const size_t V = (size_t)m->cfg.vocab_size, BT = B * T;
+    size_t off = 0;
+#define CARVE(field, count)                                                                        \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = base + off;                                                                    \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                 \
+    } while (0)
+    loco_gpt_acts *a = &m->a;
+    CARVE(a->encoded, BT * C);
+    CARVE(a->ln1, L * BT * C);
+    CARVE(a->ln1_mean, L * BT);
+    CARVE(a->ln1_rstd, L * BT);
+    CARVE(a->qkv, L * BT * 3 * C);
+    CARVE(a->atty, L * BT * C);
+    CARVE(a->att, L * B * NH * T * T);
+    CARVE(a->attproj, L * BT * C);
+    CARVE(a->residual2, L * BT * C);
+    CARVE(a->ln2, L * BT * C);
+    CARVE(a->ln2_mean, L * BT);
+    CARVE(a->ln2_rstd, L * BT);
+    CARVE(a->fch, L * BT * 4 * C);
+    CARVE(a->fch_gelu, L * BT * 4 * C);
+    CARVE(a->fcproj, L * BT * C);
+    CARVE(a->residual3, L * BT * C);
+    CARVE(a->lnf, BT * C);
+    CARVE(a->lnf_mean, BT);
+    CARVE(a->lnf_rstd, BT);
+    CARVE(a->logits, BT * V);
+    CARVE(a->losses, BT);
+    loco_gpt_scratch *s = &m->s;
+    CARVE(s->dres, BT * C);
+    CARVE(s->dbtc, BT * C);
+    CARVE(s->dqkv, BT * 3 * C);
+    CARVE(s->datt, B * NH * T * T);
+    CARVE(s->dfch, BT * 4 * C);
+    CARVE(s->dfchg, BT * 4 * C);
+#undef CARVE
+    return off;
+}
+
+int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T) {
+    memset(m, 0, sizeof *m);
+    if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || cfg->vocab_size < 2 ||
+        T < 1 || T > cfg->seq_len || B < 1)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "bad model shape: L=%d NH=%d C=%d V=%d maxT=%d for B=%d T=%d",
+                        cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->seq_len, B,
+                        T);
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    int rc;
+    LOCO_CHECK_GOTO(loco_gpt_build_table(&m->tt, cfg), out_fail);
+    m->n_params = m->tt.numel;
+    m->params = loco_alloc(m->n_params * sizeof(float));
+    m->grads = loco_alloc(m->n_params * sizeof(float));
+    m->p.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
+    m->g.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
+    size_t n_act = carve_acts(m, NULL);
+    m->act_slab = loco_alloc(n_act * sizeof(float));
+    if (!m->params || !m->grads || !m->p.h || !m->g.h || !m->act_slab) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats",
+                      m->n_params, n_act);
+        goto out_fail;
+    }
+    carve_acts(m, m->act_slab);
+    bind_views(&m->p, m->params, &m->tt, cfg->n_layer);
+    bind_views(&m->g, m->grads, &m->tt, cfg->n_layer);
+    return 0;
+out_fail:
+    loco_gpt_fini(m);
+    return rc;
+}
+
+void loco_gpt_fini(loco_gpt *m) {
+    loco_ttable_fini(&m->tt);
+    loco_free(m->params);
+    loco_free(m->grads);
+    loco_free(m->p.h);
+    loco_free(m->g.h);
+    loco_free(m->act_slab);
+    memset(m, 0, sizeof *m);
+}
+
+void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng) {
+    const float std = 0.02f;
+    const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
+    for (int i = 0; i < m->tt.n; i++) {
+        const loco_tensor *t = &m->tt.t[i];
+        float *x = m->params + t->offset;
+        const char *name = t->name;
+        size_t len = strlen(name);
+        bool is_weight = len > 7 && !strcmp(name + len - 7, ".weight");
+        bool is_ln = strstr(name, ".ln_") != NULL;
+        if (t->ndim == 2) {
+            bool residual_proj = strstr(name, "c_proj.weight") != NULL;
+            float s = residual_proj ? proj_std : std;
+            for (size_t j = 0; j < t->numel; j++)
+                x[j] = s * loco_rng_normal(rng);
+        } else {
+            float v = (is_ln && is_weight) ? 1.0f : 0.0f;
+            for (size_t j = 0; j < t->numel; j++)
+                x[j] = v;
+        }
+    }
+}
+
+void loco_gpt_zero_grad(loco_gpt *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+
+static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
+    if (B < 1 || T < 1 || B > m->B || T > m->T)
+        return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the model's capacity %dx%d", B, T, m->B,
+                        m->T);
+    for (int i = 0; i < B * T; i++)
+        if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
+            return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)",
+                            inputs[i], i, m->cfg.vocab_size);
+    return 0;
+}
+
+/* Forward through the blocks and the final LayerNorm and head: a.logits. */
+static void forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
+    const int N = B * T;
+    /* Per-layer activations are strided by the capacity, so that a smaller
+     * batch (eval, sampling) uses the same slab. */
+    const size_t cap = (size_t)m->B * (size_t)m->T;
+    loco_gpt_acts *a = &m->a;
+    loco_encoder_fwd(a->encoded, inputs, m->p.wte, m->p.wpe, B, T, C);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const loco_gpt_block *w = &m->p.h[l];
+        const float *res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * cap * C;
+        float *ln1 = a->ln1 + l * cap * C, *ln1m = a->ln1_mean + l * cap;
+        float *ln1r = a->ln1_rstd + l * cap, *qkv = a->qkv + l * cap * 3 * C;
+        float *atty = a->atty + l * cap * C, *att = a->att + l * cap * NH * m->T;
+        float *attproj = a->attproj + l * cap * C, *res2 = a->residual2 + l * cap * C;
+        float *ln2 = a->ln2 + l * cap * C, *ln2m = a->ln2_mean + l * cap;
+        float *ln2r = a->ln2_rstd + l * cap, *fch = a->fch + l * cap * 4 * C;
+        float *fchg = a->fch_gelu + l * cap * 4 * C, *fcproj = a->fcproj + l * cap * C;
+        float *res3 = a->residual3 + l * cap * C;
+        loco_layernorm_fwd(ln1, ln1m, ln1r, res, w->ln1w, w->ln1b, N, C);
+        loco_matmul_fwd(qkv, ln1, w->qkvw, w->qkvb, N, C, 3 * C, false);
+        loco_attention_fwd(atty, att, qkv, B, T, C, NH);
+        loco_matmul_fwd(attproj, atty, w->attprojw, w->attprojb, N, C, C, false);
+        loco_residual_fwd(res2, res, attproj, (size_t)N * C);
+        loco_layernorm_fwd(ln2, ln2m, ln2r, res2, w->ln2w, w->ln2b, N, C);
+        loco_matmul_fwd(fch, ln2, w->fcw, w->fcb, N, C, 4 * C, false);
+        loco_gelu_fwd(fchg, fch, (size_t)N * 4 * C);
+        loco_matmul_fwd(fcproj, fchg, w->fcprojw, w->fcprojb, N, 4 * C, C, false);
+        loco_residual_fwd(res3, res2, fcproj, (size_t)N * C);
+    }
+    const float *last = a->residual3 + (size_t)(m->cfg.n_layer - 1) * cap * C;
+    loco_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, last, m->p.lnfw, m->p.lnfb, N, C);
+    loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, N, C, V, true);
+}
+
+static float mean_of(const float *x, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    return (float)(s / n);
+}
+
+int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                     float *mean_loss) {
+    LOCO_CHECK(check_batch(m, inputs, B, T));
+    forward_body(m, inputs, B, T);
+    if (targets) {
+        loco_xent_fwd_bwd(m->a.losses, NULL, m->a.logits, targets, B * T, m->cfg.vocab_size, 0.f);
+        if (mean_loss)
+            *mean_loss = mean_of(m->a.losses, B * T);
+    }
+    return 0;
+}
+
+int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                              int T, float loss_scale, float *mean_loss) {
+    LOCO_CHECK(check_batch(m, inputs, B, T));
+    for (int i = 0; i < B * T; i++)
+        if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
+            return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
+    const int N = B * T;
+    const size_t cap = (size_t)m->B * (size_t)m->T;
+    loco_gpt_acts *a = &m->a;
+    loco_gpt_scratch *s = &m->s;
+    forward_body(m, inputs, B, T);
+    /* Fused softmax + cross-entropy turns logits into dlogits in place. */
+    loco_xent_fwd_bwd(a->losses, a->logits, a->logits, targets, N, V, loss_scale / (float)N);
+    if (mean_loss)
+        *mean_loss = mean_of(a->losses, N);
+
+    const size_t nbtc = (size_t)N * C;
+    memset(s->dbtc, 0, nbtc * sizeof(float));
+    loco_matmul_bwd(s->dbtc, m->g.wte, NULL, a->logits, a->lnf, m->p.wte, N, C, V, true);
+    memset(s->dres, 0, nbtc * sizeof(float));
+    const float *last = a->residual3 + (size_t)(m->cfg.n_layer - 1) * cap * C;
+    loco_layernorm_bwd(s->dres, m->g.lnfw, m->g.lnfb, s->dbtc, last, m->p.lnfw, a->lnf_mean,
+                       a->lnf_rstd, N, C);
+    for (int l = m->cfg.n_layer - 1; l >= 0; l--) {
+        const loco_gpt_block *w = &m->p.h[l];
+        loco_gpt_block *g = &m->g.h[l];
+        const float *res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * cap * C;
+        const float *ln1 = a->ln1 + l * cap * C, *ln1m = a->ln1_mean + l * cap;
+        const float *ln1r = a->ln1_rstd + l * cap, *qkv = a->qkv + l * cap * 3 * C;
+        const float *atty = a->atty + l * cap * C, *att = a->att + l * cap * NH * m->T;
+        const float *res2 = a->residual2 + l * cap * C;
+        const float *ln2 = a->ln2 + l * cap * C, *ln2m = a->ln2_mean + l * cap;
+        const float *ln2r = a->ln2_rstd + l * cap, *fch = a->fch + l * cap * 4 * C;
+        const float *fchg = a->fch_gelu + l * cap * 4 * C;
+        /* residual3 = residual2 + fcproj: dres flows to both. */
+        memset(s->dfchg, 0, nbtc * 4 * sizeof(float));
+        loco_matmul_bwd(s->dfchg, g->fcprojw, g->fcprojb, s->dres, fchg, w->fcprojw, N, 4 * C, C,
+                        false);
+        memset(s->dfch, 0, nbtc * 4 * sizeof(float));
+        loco_gelu_bwd(s->dfch, fch, s->dfchg, nbtc * 4);
+        memset(s->dbtc, 0, nbtc * sizeof(float));
+        loco_matmul_bwd(s->dbtc, g->fcw, g->fcb, s->dfch, ln2, w->fcw, N, C, 4 * C, false);
+        loco_layernorm_bwd(s->dres, g->ln2w, g->ln2b, s->dbtc, res2, w->ln2w, ln2m, ln2r, N, C);
+        /* residual2 = res + attproj: dres flows to both. */
+        memset(s->dbtc, 0, nbtc * sizeof(float));
+        loco_matmul_bwd(s->dbtc, g->attprojw, g->attprojb, s->dres, atty, w->attprojw, N, C, C,
+                        false);
+        memset(s->dqkv, 0, nbtc * 3 * sizeof(float));
+        loco_attention_bwd(s->dqkv, s->datt, s->dbtc, qkv, att, B, T, C, NH);
+        memset(s->dbtc, 0, nbtc * sizeof(float));
+        loco_matmul_bwd(s->dbtc, g->qkvw, g->qkvb, s->dqkv, ln1, w->qkvw, N, C, 3 * C, false);
+        loco_layernorm_bwd(s->dres, g->ln1w, g->ln1b, s->dbtc, res, w->ln1w, ln1m, ln1r, N, C);
+    }
+    loco_encoder_bwd(m->g.wte, m->g.wpe, s->dres, inputs, B, T, C);
+    return 0;
+}
+
+double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {
+    const double L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab_size;
+    const double matmul_params = L * 12.0 * C * C + V * C;
+    return 6.0 * matmul_params + 12.0 * L * C * T;
+}
