@@ -152,7 +152,8 @@ int loco_codec_encode_chunk(loco_codec *c, int worker,
 /* Encodes every chunk of the plan on the handle's workers: chunk i is written
  * at dst + i * plan->slot_bytes and described by chunks[i] (plan->n_chunks
  * entries). dst_cap >= loco_compress_bound(plan->n, params). Output does not
- * depend on the number of workers. */
+ * depend on the number of workers. Do not call from inside an OpenMP
+ * parallel region (workers are OpenMP thread numbers). */
 int loco_codec_encode(loco_codec *c, const loco_encode_plan *plan, void *dst,
                       size_t dst_cap, loco_chunk_ref *chunks, const float *src);
 
@@ -189,14 +190,15 @@ int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst,
                             size_t dst_n, float weight, const void *src,
                             size_t len);
 
-/* Decodes n_chunks chunks (chunks[i] inside base) on the handle's workers.
- * Headers, lengths, checksums and overlap between chunks are checked for all
- * chunks before any is applied; a payload that passes its checksum yet fails
- * to decompress leaves dst with the chunks decoded so far (the caller drops
- * the exchange). */
+/* Decodes n_chunks chunks (chunks[i] inside base[0, base_len)) on the
+ * handle's workers. Refs, headers, lengths, checksums, uncompressed payloads
+ * and overlap between chunks are checked for all chunks before any is
+ * applied; a zstd payload that passes its checksum yet fails to decompress
+ * leaves dst with the chunks decoded so far (the caller drops the exchange).
+ * Do not call from inside an OpenMP parallel region. */
 int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight,
-                      const void *base, const loco_chunk_ref *chunks,
-                      size_t n_chunks);
+                      const void *base, size_t base_len,
+                      const loco_chunk_ref *chunks, size_t n_chunks);
 
 /* -------------------------------------------------------------- kernels */
 /* The element loops, in kernels/cpu/quant.c (a CUDA twin takes the same

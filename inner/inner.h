@@ -20,7 +20,8 @@
 /* Where the next batch starts; saved in checkpoints. */
 typedef struct {
     int64_t shard; /* index into the sorted shard list */
-    int64_t pos;   /* token offset of this rank's next window in that shard */
+    int64_t pos;   /* token offset of the next batch in that shard, shared by all
+                    * ranks (rank r reads at pos + r*B*T) */
     int64_t epoch; /* completed passes over all shards */
 } loco_data_pos;
 
@@ -47,8 +48,8 @@ int loco_data_seek(loco_data *d, loco_data_pos pos);
 int loco_data_num_shards(const loco_data *d);
 int64_t loco_data_num_tokens(const loco_data *d); /* over all shards */
 
-/* Writes one shard: version 1 (uint16) when every token < 65536, else
- * version 7 (uint32). Written to path.tmp, fsynced, renamed. */
+/* Writes one shard in version 1 (uint16 tokens, each < 65536) or version 7
+ * (uint32), else LOCO_EINVAL. Written to path.tmp, fsynced, renamed. */
 int loco_data_write_shard(const char *path, const int32_t *tokens, size_t n, int version);
 /* Byte-level (vocab 256) preparation of any text file: the first
  * (1 - val_frac) of the bytes become OUT_PREFIX_train_NNNNNN.bin shards, the

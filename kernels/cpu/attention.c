@@ -12,6 +12,10 @@
 
 #include "kernels/kernels.h"
 
+/* kernels/cpu/vmath.c */
+#pragma omp declare simd notinbranch
+float loco__expf(float x);
+
 enum { ATT_BLOCK = 128 };
 
 /* One past the last key column a BLAS product of row t's block touches. */
@@ -31,8 +35,9 @@ static void softmax_row(float *restrict row, int t, int T)
     for (int j = 0; j <= t; j++)
         m = row[j] > m ? row[j] : m;
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int j = 0; j <= t; j++) {
-        row[j] = expf(row[j] - m);
+        row[j] = loco__expf(row[j] - m);
         s += row[j];
     }
     const float inv = 1.0f / s;

@@ -4,6 +4,10 @@
 
 #include "kernels/kernels.h"
 
+/* kernels/cpu/vmath.c */
+#pragma omp declare simd notinbranch
+float loco__expf(float x);
+
 /* dlogits may equal logits: each element is read before it is written and
  * nothing else is read after that, so neither pointer is restrict. */
 void loco_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
@@ -26,14 +30,17 @@ void loco_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
         for (int j = 0; j < V; j++)
             m = x[j] > m ? x[j] : m;
         double s = 0.0;
+#pragma omp simd reduction(+ : s)
         for (int j = 0; j < V; j++)
-            s += (double)expf(x[j] - m);
+            s += (double)loco__expf(x[j] - m);
         const float lse = m + (float)log(s);
         losses[n] = lse - x[y];
         if (!d)
             continue;
+        /* same-index read then write: safe in place */
+#pragma omp simd
         for (int j = 0; j < V; j++)
-            d[j] = dscale * expf(x[j] - lse);
+            d[j] = dscale * loco__expf(x[j] - lse);
         d[y] -= dscale;
     }
 }
