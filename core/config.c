@@ -15,20 +15,22 @@ typedef struct {
     key_type type;
     double lo, hi;
     size_t offset;
+    long long ilo, ihi; /* K_INT bounds, exact (a double rounds INT64_MAX up) */
 } key_desc;
 
 #define LOCO_SECTION_BEGIN(sec)
 #define LOCO_SECTION_END(sec)
 #define LOCO_KEY_INT(sec, k, d, l, h, ds)                                      \
-    {#sec, #k, #d, NULL, ds, K_INT, (double)(l), (double)(h), offsetof(loco_config, sec.k)},
+    {#sec, #k, #d, NULL, ds, K_INT, (double)(l), (double)(h), offsetof(loco_config, sec.k),  \
+     (l), (h)},
 #define LOCO_KEY_NUM(sec, k, d, l, h, ds)                                      \
-    {#sec, #k, #d, NULL, ds, K_NUM, (l), (h), offsetof(loco_config, sec.k)},
+    {#sec, #k, #d, NULL, ds, K_NUM, (l), (h), offsetof(loco_config, sec.k), 0, 0},
 #define LOCO_KEY_BOOL(sec, k, d, ds)                                           \
-    {#sec, #k, #d, NULL, ds, K_BOOL, 0, 1, offsetof(loco_config, sec.k)},
+    {#sec, #k, #d, NULL, ds, K_BOOL, 0, 1, offsetof(loco_config, sec.k), 0, 0},
 #define LOCO_KEY_STR(sec, k, d, ds)                                            \
-    {#sec, #k, d, NULL, ds, K_STR, 0, 0, offsetof(loco_config, sec.k)},
+    {#sec, #k, d, NULL, ds, K_STR, 0, 0, offsetof(loco_config, sec.k), 0, 0},
 #define LOCO_KEY_ENUM(sec, k, d, ch, ds)                                       \
-    {#sec, #k, d, ch, ds, K_ENUM, 0, 0, offsetof(loco_config, sec.k)},
+    {#sec, #k, d, ch, ds, K_ENUM, 0, 0, offsetof(loco_config, sec.k), 0, 0},
 static const key_desc keys[] = {
 #include "core/config_keys.h"
 };
@@ -69,7 +71,7 @@ static const key_desc *find_key(const char *section, const char *key) {
 
 static void expected(const key_desc *k, char *buf, size_t cap) {
     switch (k->type) {
-    case K_INT: snprintf(buf, cap, "an integer in [%.0f, %.0f]", k->lo, k->hi); break;
+    case K_INT: snprintf(buf, cap, "an integer in [%lld, %lld]", k->ilo, k->ihi); break;
     case K_NUM: snprintf(buf, cap, "a number in [%g, %g]", k->lo, k->hi); break;
     case K_BOOL: snprintf(buf, cap, "true or false"); break;
     case K_STR: snprintf(buf, cap, "a string shorter than %d bytes", LOCO_PATH_MAX); break;
@@ -99,7 +101,7 @@ static bool parse_value(loco_config *cfg, const key_desc *k, const char *v) {
     switch (k->type) {
     case K_INT: {
         long long x = strtoll(v, &end, 10);
-        if (errno || end == v || *end || (double)x < k->lo || (double)x > k->hi)
+        if (errno || end == v || *end || x < k->ilo || x > k->ihi)
             return false;
         *(int64_t *)field = x;
         return true;
@@ -154,8 +156,9 @@ static int set_key(loco_config *cfg, const char *where, const char *section, con
     if (!section[0])
         return LOCO_ERR(LOCO_EINVAL, "%s: key '%s' outside any [section]", where, key);
     if (!section_known(section))
-        return LOCO_ERR(LOCO_EINVAL, "%s: unknown section [%s] (see `loco config --help`)", where,
-                        section);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "%s: key '%s.%s': unknown section [%s] (see `loco config --help`)",
+                        where, section, key, section);
     const key_desc *k = find_key(section, key);
     if (!k)
         return LOCO_ERR(LOCO_EINVAL, "%s: unknown key '%s.%s' (see `loco config --help`)", where,
@@ -178,12 +181,29 @@ typedef struct {
 } load_ctx;
 
 /* libinih calls the reader once per line, so counting here gives the line of
- * the key the handler sees next. */
+ * the key the handler sees next. Leading blanks are dropped: libinih would
+ * take an indented line as the continuation of the previous value, so an
+ * indented `val = b` after `train = a` would set train to "val = b". A line
+ * longer than libinih's buffer is refused: libinih would read its tail as
+ * the next line. */
 static char *line_reader(char *str, int num, void *stream) {
     load_ctx *c = stream;
     char *r = fgets(str, num, c->f);
-    if (r)
-        c->line++;
+    if (!r)
+        return NULL;
+    c->line++;
+    size_t len = strlen(r);
+    if (len == (size_t)num - 1 && r[len - 1] != '\n') {
+        int next = fgetc(c->f);
+        if (next != '\n' && next != EOF) {
+            if (c->rc == 0)
+                c->rc = LOCO_ERR(LOCO_EINVAL, "%s:%d: line longer than %d bytes", c->path,
+                                 c->line, num - 1);
+            return NULL;
+        }
+    }
+    size_t blank = strspn(r, " \t");
+    memmove(r, r + blank, len - blank + 1);
     return r;
 }
 
@@ -273,6 +293,15 @@ void loco_config_print_help(FILE *f) {
     }
 }
 
+/* Text inside a Markdown table cell: a bare '|' would start a new cell. */
+static void md_cell(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (*s == '|')
+            fputc('\\', f);
+        fputc(*s, f);
+    }
+}
+
 void loco_config_print_markdown(FILE *f) {
     loco_config def;
     loco_config_defaults(&def);
@@ -292,13 +321,19 @@ void loco_config_print_markdown(FILE *f) {
         char v[LOCO_PATH_MAX], range[96] = "";
         format_value(&def, k, v, sizeof v);
         if (k->type == K_INT)
-            snprintf(range, sizeof range, "%.0f – %.0f", k->lo, k->hi);
+            snprintf(range, sizeof range, "%lld – %lld", k->ilo, k->ihi);
         else if (k->type == K_NUM)
             snprintf(range, sizeof range, "%g – %g", k->lo, k->hi);
         else if (k->type == K_ENUM)
             snprintf(range, sizeof range, "%s", k->choices);
-        fprintf(f, "| `%s.%s` | %s | `%s` | %s | %s |\n", k->section, k->key,
-                k->type == K_ENUM ? "enum" : type_name(k), v, range, k->desc);
+        fprintf(f, "| `%s.%s` | %s | `", k->section, k->key,
+                k->type == K_ENUM ? "enum" : type_name(k));
+        md_cell(f, v);
+        fputs("` | ", f);
+        md_cell(f, range);
+        fputs(" | ", f);
+        md_cell(f, k->desc);
+        fputs(" |\n", f);
     }
 }
 

@@ -36,6 +36,11 @@ int loco_file_read(const char *path, void **data, size_t *len) {
     if (!f)
         return LOCO_ERR(LOCO_EIO, "%s: cannot open: %s", path, strerror(errno));
     int rc = 0;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen takes directories */
+        rc = LOCO_ERR(LOCO_EIO, "%s: is a directory", path);
+        goto out_close;
+    }
     if (fseeko(f, 0, SEEK_END) != 0) {
         rc = LOCO_ERR(LOCO_EIO, "%s: cannot seek: %s", path, strerror(errno));
         goto out_close;
@@ -104,6 +109,9 @@ int loco_mkdirs(const char *path) {
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
         return LOCO_ERR(LOCO_EIO, "%s: mkdir failed: %s", buf, strerror(errno));
+    struct stat st; /* EEXIST also means a file of that name */
+    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+        return LOCO_ERR(LOCO_EIO, "%s: exists and is not a directory", buf);
     return 0;
 }
 

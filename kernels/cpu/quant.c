@@ -115,16 +115,19 @@ ALWAYS_INLINE uint32_t minifloat_code(float y, uint32_t r, const int M,
     else
         sub = (uint32_t)(int32_t)rintf(steps);
     const uint32_t min_normal_bits = (uint32_t)(127 + 1 - BIAS) << 23;
-    uint32_t c = a < min_normal_bits ? sub : normal;
-    return c > maxcode ? maxcode : c;
+    /* selects as masks so that the loops stay branch-free (vectorised) */
+    const uint32_t is_sub = 0U - (uint32_t)(a < min_normal_bits);
+    const uint32_t c = (sub & is_sub) | (normal & ~is_sub);
+    return c < maxcode ? c : maxcode;
 }
 
 /* Value of a minifloat magnitude code (no sign bit). */
 ALWAYS_INLINE float minifloat_value(uint32_t c, const int M, const int BIAS)
 {
-    const float normal = u2f((c << (23 - M)) + ((uint32_t)(127 - BIAS) << 23));
-    const float sub = (float)c * (1.0f / (float)(1 << (BIAS + M - 1)));
-    return c < (1U << M) ? sub : normal;
+    const uint32_t normal = (c << (23 - M)) + ((uint32_t)(127 - BIAS) << 23);
+    const float sub = (float)(int32_t)c * (1.0f / (float)(1 << (BIAS + M - 1)));
+    const uint32_t is_sub = 0U - (uint32_t)(c < (1U << M));
+    return u2f((f2u(sub) & is_sub) | (normal & ~is_sub));
 }
 
 /* e4m3: M = 3, bias 7, max 448 = code 0x7e; 0x7f is NaN.

@@ -13,19 +13,23 @@
 #pragma omp declare simd notinbranch
 float loco__expf(float x);
 
-/* Range limits: above EXP_HI the result saturates at exp(EXP_HI) ~ 2.4e38,
- * below EXP_LO (~log FLT_MIN) it is 0. */
+/* Input clamps: above EXP_HI the result saturates at exp(EXP_HI) ~ 2.4e38;
+ * below about -87.68 (so at EXP_LO and under) 2^n has a zero exponent field
+ * and the result is exactly 0, where the true value is under 1.2e-38. */
 #define EXP_HI 88.37f
-#define EXP_LO -87.33f
+#define EXP_LO -88.0f
 
 /* exp(x), Cephes' expf reduction and polynomial: x = n ln2 + r with
  * |r| <= ln2/2, exp(r) by a degree-7 polynomial, 2^n built in the exponent
- * bits. Max error ~2 ulp over the normal range. */
+ * bits. Max error about 1 ulp over the normal range. */
 #pragma omp declare simd notinbranch
 float loco__expf(float x)
 {
     const float shifter = 0x1.8p23f; /* adding it rounds to an integer */
-    const float xc = x < EXP_LO ? EXP_LO : (x > EXP_HI ? EXP_HI : x);
+    /* Branch-free apart from the two clamps: GCC will not if-convert (so
+     * not vectorise) a branch arm that might raise an FP exception. */
+    float xc = x > EXP_HI ? EXP_HI : x;
+    xc = xc < EXP_LO ? EXP_LO : xc;
     const float k = fmaf(xc, 1.44269504088896341f, shifter);
     const float n = k - shifter;
     float r = fmaf(n, -0.693359375f, xc); /* ln2 split hi + lo */
@@ -43,5 +47,5 @@ float loco__expf(float x)
     const uint32_t eb = (uint32_t)(kb - sb + 127) << 23; /* 2^n */
     float two_n;
     memcpy(&two_n, &eb, sizeof two_n);
-    return x < EXP_LO ? 0.0f : y * two_n;
+    return y * two_n;
 }
