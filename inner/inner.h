@@ -116,10 +116,33 @@ typedef struct {
     float *dfchg;  /* (B, T, 4C) */
 } loco_gpt_scratch;
 
+typedef struct loco_gpt loco_gpt;
+
+/* A model is cut into units, each a contiguous range of the flat buffer:
+ * unit 0 = embeddings (wte, wpe), units 1..L = blocks, unit L+1 = ln_f.
+ * Parallel code (ZeRO, bucketed reduction) hooks into the passes per unit.
+ * Every hook returns 0 or a negative LOCO_E* code, which aborts the pass. */
+typedef struct {
+    void *ctx;
+    /* Before a pass reads unit's parameters: forward uses units 0, 1..L,
+     * L+1, then 0 again (tied head); backward L+1 (after the head on 0),
+     * L..1, then 0. `backward` tells which pass is asking. */
+    int (*acquire)(void *ctx, loco_gpt *m, int unit, bool backward);
+    /* After the pass is done with unit's parameters. */
+    int (*release)(void *ctx, loco_gpt *m, int unit, bool backward);
+    /* In backward: unit's gradients for this micro-batch are complete. */
+    int (*grads_ready)(void *ctx, loco_gpt *m, int unit);
+} loco_gpt_hooks;
+
+/* Allocation choices for loco_gpt_init_ex: ZeRO-3 keeps no full
+ * parameter buffer, ZeRO-2 and 3 no full gradient buffer; their views are
+ * then bound per unit with loco_gpt_bind_unit. */
+enum { LOCO_GPT_NO_PARAMS = 1, LOCO_GPT_NO_GRADS = 2 };
+
 /* GPT-2 (as Hugging Face's GPT2LMHeadModel and llm.c define it) over flat,
  * layer-major parameter and gradient buffers described by `tt`. Caller owns
  * the struct: loco_gpt_init / loco_gpt_fini. */
-typedef struct {
+struct loco_gpt {
     loco_gpt_config cfg;
     loco_ttable tt;         /* names, shapes and offsets, HF names */
     size_t n_params;
@@ -130,7 +153,9 @@ typedef struct {
     float *act_slab;
     loco_gpt_acts a;
     loco_gpt_scratch s;
-} loco_gpt;
+    loco_gpt_hooks hooks;   /* all NULL: plain single-rank passes */
+    size_t act_bytes;       /* activations and backward scratch allocated */
+};
 
 /* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg. */
 int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg);
@@ -138,7 +163,16 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg);
  * (T <= seq_len). Parameters start at zero: call loco_gpt_init_weights or
  * load a checkpoint. */
 int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T);
+/* Same, with LOCO_GPT_NO_* flags. */
+int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags);
 void loco_gpt_fini(loco_gpt *m);
+int loco_gpt_num_units(const loco_gpt *m);
+/* Flat-buffer range [*lo, *hi) of a unit. */
+void loco_gpt_unit_range(const loco_gpt *m, int unit, size_t *lo, size_t *hi);
+/* Points a unit's parameter (and, if grads != NULL, gradient) views at
+ * buffers laid out like the unit's flat range. */
+void loco_gpt_bind_unit(loco_gpt *m, int unit, float *params, float *grads);
+void loco_gpt_set_hooks(loco_gpt *m, const loco_gpt_hooks *hooks);
 /* GPT-2 initialisation: N(0, 0.02) weights and embeddings, residual
  * projections scaled by 1/sqrt(2 L), zero biases, unit LayerNorm weights. */
 void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng);

@@ -57,28 +57,78 @@ out_fail:
     return rc;
 }
 
-/* Points the views at a flat buffer laid out as build_table says. */
-static void bind_views(loco_gpt_tensors *v, float *base, const loco_ttable *tt, int L) {
-    int i = 0;
-    v->wte = base + tt->t[i++].offset;
-    v->wpe = base + tt->t[i++].offset;
-    for (int l = 0; l < L; l++) {
-        loco_gpt_block *b = &v->h[l];
-        b->ln1w = base + tt->t[i++].offset;
-        b->ln1b = base + tt->t[i++].offset;
-        b->qkvw = base + tt->t[i++].offset;
-        b->qkvb = base + tt->t[i++].offset;
-        b->attprojw = base + tt->t[i++].offset;
-        b->attprojb = base + tt->t[i++].offset;
-        b->ln2w = base + tt->t[i++].offset;
-        b->ln2b = base + tt->t[i++].offset;
-        b->fcw = base + tt->t[i++].offset;
-        b->fcb = base + tt->t[i++].offset;
-        b->fcprojw = base + tt->t[i++].offset;
-        b->fcprojb = base + tt->t[i++].offset;
+int loco_gpt_num_units(const loco_gpt *m) { return m->cfg.n_layer + 2; }
+
+/* Tensor indices [*first, *last) of a unit in the table. */
+static void unit_tensors(const loco_gpt *m, int unit, int *first, int *last) {
+    const int L = m->cfg.n_layer;
+    if (unit == 0) {
+        *first = 0, *last = 2;
+    } else if (unit <= L) {
+        *first = 2 + 12 * (unit - 1), *last = *first + 12;
+    } else {
+        *first = 2 + 12 * L, *last = *first + 2;
     }
-    v->lnfw = base + tt->t[i++].offset;
-    v->lnfb = base + tt->t[i++].offset;
+}
+
+void loco_gpt_unit_range(const loco_gpt *m, int unit, size_t *lo, size_t *hi) {
+    int first, last;
+    unit_tensors(m, unit, &first, &last);
+    *lo = m->tt.t[first].offset;
+    *hi = m->tt.t[last - 1].offset + m->tt.t[last - 1].numel;
+}
+
+/* Points one unit's views of `v` at base, which holds the unit's range. */
+static void bind_views(loco_gpt *m, loco_gpt_tensors *v, int unit, float *base) {
+    int i, last;
+    unit_tensors(m, unit, &i, &last);
+    const size_t lo = m->tt.t[i].offset;
+#define NEXT (base + (m->tt.t[i++].offset - lo))
+    if (unit == 0) {
+        v->wte = NEXT;
+        v->wpe = NEXT;
+    } else if (unit <= m->cfg.n_layer) {
+        loco_gpt_block *b = &v->h[unit - 1];
+        b->ln1w = NEXT;
+        b->ln1b = NEXT;
+        b->qkvw = NEXT;
+        b->qkvb = NEXT;
+        b->attprojw = NEXT;
+        b->attprojb = NEXT;
+        b->ln2w = NEXT;
+        b->ln2b = NEXT;
+        b->fcw = NEXT;
+        b->fcb = NEXT;
+        b->fcprojw = NEXT;
+        b->fcprojb = NEXT;
+    } else {
+        v->lnfw = NEXT;
+        v->lnfb = NEXT;
+    }
+#undef NEXT
+}
+
+void loco_gpt_bind_unit(loco_gpt *m, int unit, float *params, float *grads) {
+    bind_views(m, &m->p, unit, params);
+    if (grads)
+        bind_views(m, &m->g, unit, grads);
+}
+
+void loco_gpt_set_hooks(loco_gpt *m, const loco_gpt_hooks *hooks) {
+    if (hooks)
+        m->hooks = *hooks;
+    else
+        memset(&m->hooks, 0, sizeof m->hooks);
+}
+
+static int acquire(loco_gpt *m, int unit, bool backward) {
+    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, m, unit, backward) : 0;
+}
+static int release(loco_gpt *m, int unit, bool backward) {
+    return m->hooks.release ? m->hooks.release(m->hooks.ctx, m, unit, backward) : 0;
+}
+static int grads_ready(loco_gpt *m, int unit) {
+    return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : 0;
 }
 
 /* Carves the activation slab; with base NULL only counts. Returns floats. */
@@ -127,6 +177,10 @@ static size_t carve_acts(loco_gpt *m, float *base) {
 }
 
 int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T) {
+    return loco_gpt_init_ex(m, cfg, B, T, 0);
+}
+
+int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags) {
     memset(m, 0, sizeof *m);
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || cfg->vocab_size < 2 ||
         T < 1 || T > cfg->seq_len || B < 1)
@@ -140,20 +194,30 @@ int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T) {
     int rc;
     LOCO_CHECK_GOTO(loco_gpt_build_table(&m->tt, cfg), out_fail);
     m->n_params = m->tt.numel;
-    m->params = loco_alloc(m->n_params * sizeof(float));
-    m->grads = loco_alloc(m->n_params * sizeof(float));
+    bool want_p = !(flags & LOCO_GPT_NO_PARAMS), want_g = !(flags & LOCO_GPT_NO_GRADS);
+    if (want_p)
+        m->params = loco_alloc(m->n_params * sizeof(float));
+    if (want_g)
+        m->grads = loco_alloc(m->n_params * sizeof(float));
     m->p.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
     m->g.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
     size_t n_act = carve_acts(m, NULL);
-    m->act_slab = loco_alloc(n_act * sizeof(float));
-    if (!m->params || !m->grads || !m->p.h || !m->g.h || !m->act_slab) {
+    m->act_bytes = n_act * sizeof(float);
+    m->act_slab = loco_alloc(m->act_bytes);
+    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->act_slab) {
         rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats",
                       m->n_params, n_act);
         goto out_fail;
     }
     carve_acts(m, m->act_slab);
-    bind_views(&m->p, m->params, &m->tt, cfg->n_layer);
-    bind_views(&m->g, m->grads, &m->tt, cfg->n_layer);
+    for (int u = 0; u < loco_gpt_num_units(m); u++) {
+        size_t lo, hi;
+        loco_gpt_unit_range(m, u, &lo, &hi);
+        if (m->params)
+            bind_views(m, &m->p, u, m->params + lo);
+        if (m->grads)
+            bind_views(m, &m->g, u, m->grads + lo);
+    }
     return 0;
 out_fail:
     loco_gpt_fini(m);
@@ -193,7 +257,10 @@ void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng) {
     }
 }
 
-void loco_gpt_zero_grad(loco_gpt *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+void loco_gpt_zero_grad(loco_gpt *m) {
+    if (m->grads)
+        memset(m->grads, 0, m->n_params * sizeof(float));
+}
 
 static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
     if (B < 1 || T < 1 || B > m->B || T > m->T)
@@ -207,15 +274,18 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
 }
 
 /* Forward through the blocks and the final LayerNorm and head: a.logits. */
-static void forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
+static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
     const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
     const int N = B * T;
     /* Per-layer activations are strided by the capacity, so that a smaller
      * batch (eval, sampling) uses the same slab. */
     const size_t cap = (size_t)m->B * (size_t)m->T;
     loco_gpt_acts *a = &m->a;
+    const int L = m->cfg.n_layer;
+    LOCO_CHECK(acquire(m, 0, false));
     loco_encoder_fwd(a->encoded, inputs, m->p.wte, m->p.wpe, B, T, C);
-    for (int l = 0; l < m->cfg.n_layer; l++) {
+    for (int l = 0; l < L; l++) {
+        LOCO_CHECK(acquire(m, l + 1, false));
         const loco_gpt_block *w = &m->p.h[l];
         const float *res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * cap * C;
         float *ln1 = a->ln1 + l * cap * C, *ln1m = a->ln1_mean + l * cap;
@@ -236,10 +306,14 @@ static void forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
         loco_gelu_fwd(fchg, fch, (size_t)N * 4 * C);
         loco_matmul_fwd(fcproj, fchg, w->fcprojw, w->fcprojb, N, 4 * C, C, false);
         loco_residual_fwd(res3, res2, fcproj, (size_t)N * C);
+        LOCO_CHECK(release(m, l + 1, false));
     }
-    const float *last = a->residual3 + (size_t)(m->cfg.n_layer - 1) * cap * C;
+    const float *last = a->residual3 + (size_t)(L - 1) * cap * C;
+    LOCO_CHECK(acquire(m, L + 1, false));
     loco_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, last, m->p.lnfw, m->p.lnfb, N, C);
+    LOCO_CHECK(release(m, L + 1, false));
     loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, N, C, V, true);
+    return release(m, 0, false);
 }
 
 static float mean_of(const float *x, int n) {
@@ -252,7 +326,7 @@ static float mean_of(const float *x, int n) {
 int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *mean_loss) {
     LOCO_CHECK(check_batch(m, inputs, B, T));
-    forward_body(m, inputs, B, T);
+    LOCO_CHECK(forward_body(m, inputs, B, T));
     if (targets) {
         loco_xent_fwd_bwd(m->a.losses, NULL, m->a.logits, targets, B * T, m->cfg.vocab_size, 0.f);
         if (mean_loss)
@@ -272,7 +346,8 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     const size_t cap = (size_t)m->B * (size_t)m->T;
     loco_gpt_acts *a = &m->a;
     loco_gpt_scratch *s = &m->s;
-    forward_body(m, inputs, B, T);
+    LOCO_CHECK(forward_body(m, inputs, B, T));
+    const int L = m->cfg.n_layer;
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
     loco_xent_fwd_bwd(a->losses, a->logits, a->logits, targets, N, V, loss_scale / (float)N);
     if (mean_loss)
@@ -280,12 +355,17 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
 
     const size_t nbtc = (size_t)N * C;
     memset(s->dbtc, 0, nbtc * sizeof(float));
+    LOCO_CHECK(acquire(m, 0, true));
     loco_matmul_bwd(s->dbtc, m->g.wte, NULL, a->logits, a->lnf, m->p.wte, N, C, V, true);
     memset(s->dres, 0, nbtc * sizeof(float));
-    const float *last = a->residual3 + (size_t)(m->cfg.n_layer - 1) * cap * C;
+    const float *last = a->residual3 + (size_t)(L - 1) * cap * C;
+    LOCO_CHECK(acquire(m, L + 1, true));
     loco_layernorm_bwd(s->dres, m->g.lnfw, m->g.lnfb, s->dbtc, last, m->p.lnfw, a->lnf_mean,
                        a->lnf_rstd, N, C);
-    for (int l = m->cfg.n_layer - 1; l >= 0; l--) {
+    LOCO_CHECK(release(m, L + 1, true));
+    LOCO_CHECK(grads_ready(m, L + 1));
+    for (int l = L - 1; l >= 0; l--) {
+        LOCO_CHECK(acquire(m, l + 1, true));
         const loco_gpt_block *w = &m->p.h[l];
         loco_gpt_block *g = &m->g.h[l];
         const float *res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * cap * C;
@@ -314,9 +394,12 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
         memset(s->dbtc, 0, nbtc * sizeof(float));
         loco_matmul_bwd(s->dbtc, g->qkvw, g->qkvb, s->dqkv, ln1, w->qkvw, N, C, 3 * C, false);
         loco_layernorm_bwd(s->dres, g->ln1w, g->ln1b, s->dbtc, res, w->ln1w, ln1m, ln1r, N, C);
+        LOCO_CHECK(release(m, l + 1, true));
+        LOCO_CHECK(grads_ready(m, l + 1));
     }
     loco_encoder_bwd(m->g.wte, m->g.wpe, s->dres, inputs, B, T, C);
-    return 0;
+    LOCO_CHECK(release(m, 0, true));
+    return grads_ready(m, 0);
 }
 
 double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {
