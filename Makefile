@@ -32,16 +32,22 @@ TESTBIN := $(BUILD)/tests/loco_tests
 .PHONY: all run test test-unit bench asan tsan clean format deps data cuda fuzz
 all: $(BIN) cuda
 
+# V=1 shows full commands.
+Q := $(if $(V),,@)
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(OBJS)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BIN): $(CLI_OBJS) $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJS) $(LIB) $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(CLI_OBJS) $(LIB) $(LDLIBS)
 
 # CUDA objects: built where the toolkit is, skipped with a notice elsewhere.
 ifeq ($(NVCC),)
@@ -52,18 +58,21 @@ cuda: $(CU_OBJS)
 	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVFLAGS) -c $< -o $@
 endif
 
 # One Criterion binary over every tests/<room>/*.c; per-room binaries
 # (build/tests/test_core, ...) for quick iteration.
 $(TESTBIN): $(TEST_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJS) $(LIB) $(LDLIBS) -lcriterion
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(TEST_OBJS) $(LIB) $(LDLIBS) -lcriterion
 
 .SECONDEXPANSION:
 $(BUILD)/tests/test_%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename $$(wildcard tests/$$*/*.c))))
-	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS) -lcriterion
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS) -lcriterion
 
 
 deps:

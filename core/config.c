@@ -253,6 +253,9 @@ int loco_config_set(loco_config *cfg, const char *assignment) {
 }
 
 int loco_config_validate(const loco_config *cfg) {
+    if (cfg->model.n_head < 1) /* a struct filled by hand has had no range check */
+        return LOCO_ERR(LOCO_EINVAL, "model.n_head (%lld) must be at least 1",
+                        (long long)cfg->model.n_head);
     if (cfg->model.n_embd % cfg->model.n_head != 0)
         return LOCO_ERR(LOCO_EINVAL,
                         "model.n_embd (%lld) must be divisible by model.n_head (%lld)",

@@ -41,6 +41,17 @@ LOCO_KEY_INT(run, threads, 0, 0, 4096, "CPU threads for kernels and BLAS (0 = al
 LOCO_KEY_ENUM(run, log_level, "info", "error|warn|info|debug", "logging level")
 LOCO_SECTION_END(run)
 
+LOCO_SECTION_BEGIN(parallel)
+LOCO_KEY_ENUM(parallel, backend, "auto", "auto|self|mpi", "island communicator: mpi under mpirun/srun, else self (one rank)")
+LOCO_KEY_INT(parallel, dp, 1, 1, 65536, "data-parallel ranks (dp x tp x pp x cp x ep = world size)")
+LOCO_KEY_INT(parallel, tp, 1, 1, 65536, "tensor-parallel ranks (fastest-varying in rank order)")
+LOCO_KEY_INT(parallel, pp, 1, 1, 65536, "pipeline stages (slowest-varying in rank order)")
+LOCO_KEY_INT(parallel, cp, 1, 1, 65536, "context-parallel ranks")
+LOCO_KEY_INT(parallel, ep, 1, 1, 65536, "expert-parallel ranks")
+LOCO_KEY_INT(parallel, zero_stage, 0, 0, 3, "0 DDP, 1 shard optimizer state, 2 and gradients, 3 and parameters")
+LOCO_KEY_NUM(parallel, bucket_mb, 25, 0.001, 65536, "gradient bucket size for overlapped reduction, MB")
+LOCO_SECTION_END(parallel)
+
 LOCO_SECTION_BEGIN(compress)
 LOCO_KEY_ENUM(compress, codec, "int8", "none|bf16|int8|int4|fp8|fp4", "pseudo-gradient codec (fp8 = e4m3, fp4 = e2m1)")
 LOCO_KEY_INT(compress, block, 128, 32, 4096, "elements per absmax scale block (multiple of 8)")

@@ -131,8 +131,9 @@ int loco_file_write_sync(const char *path, const void *data, size_t len);
 int loco_mkdirs(const char *path);
 /* Removes a directory tree (rm -rf); missing is fine. */
 int loco_rmtree(const char *path);
-/* Atomically publishes directory tmp as final: fsyncs tmp, removes an old
- * final, renames, fsyncs the parent. A crash leaves either the old or the new
+/* Atomically publishes directory tmp as final: fsyncs tmp, swaps it with an
+ * existing final (renameat2 RENAME_EXCHANGE) or renames it, fsyncs the
+ * parent, removes the old one. A crash leaves either the old or the new
  * directory under `final`, never a half-written one. */
 int loco_dir_commit(const char *tmp, const char *final);
 

@@ -21,7 +21,7 @@ int loco_log_parse_level(const char *s, loco_log_level *out) {
 }
 
 void loco_log(loco_log_level level, const char *fmt, ...) {
-    if (level > log_level)
+    if (level > log_level || level < LOCO_LOG_ERROR)
         return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

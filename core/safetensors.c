@@ -80,6 +80,9 @@ static int parse_entry(loco_st *st, const char *path, cJSON *it, const unsigned 
                         "%s: tensor '%s' data_offsets [%.0f, %.0f] outside the %zu data bytes "
                         "(truncated file?)",
                         path, it->string, b, en, data_len);
+    if (b != (double)(size_t)b || en != (double)(size_t)en) /* in range, so the casts are safe */
+        return LOCO_ERR(LOCO_EPROTO, "%s: tensor '%s' data_offsets [%g, %g] are not whole bytes",
+                        path, it->string, b, en);
     if (numel * (double)esize != en - b)
         return LOCO_ERR(LOCO_EPROTO, "%s: tensor '%s' shape needs %.0f bytes, offsets give %.0f",
                         path, it->string, numel * (double)esize, en - b);
@@ -157,6 +160,9 @@ int loco_st_get(const loco_st *st, const char *name, const float **data, int *nd
             continue;
         if (strcmp(e->dtype, "F32") != 0)
             return LOCO_ERR(LOCO_EINVAL, "tensor '%s' is %s, expected F32", name, e->dtype);
+        if ((uintptr_t)e->data % _Alignof(float) != 0)
+            return LOCO_ERR(LOCO_EPROTO, "tensor '%s' data is not 4-byte aligned in the file",
+                            name);
         *data = (const float *)e->data;
         if (ndim)
             *ndim = e->ndim;

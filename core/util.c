@@ -153,33 +153,45 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
-int loco_dir_commit(const char *tmp, const char *final) {
-    LOCO_CHECK(fsync_path(tmp));
-    /* Move an old final aside first: rename(2) cannot replace a non-empty
-     * directory, and removing it before the rename would open a window with
-     * no checkpoint at all. */
-    char old[PATH_MAX];
-    snprintf(old, sizeof old, "%s.old", final);
-    struct stat st;
-    bool had_old = stat(final, &st) == 0;
-    if (had_old) {
-        LOCO_CHECK(loco_rmtree(old));
-        if (rename(final, old) != 0)
-            return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", final, old, strerror(errno));
-    }
-    if (rename(tmp, final) != 0)
-        return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", tmp, final, strerror(errno));
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", final);
-    char *slash = strrchr(parent, '/');
-    if (slash)
+static void parent_dir(const char *path, char *out, size_t cap) {
+    snprintf(out, cap, "%s", path);
+    char *slash = strrchr(out, '/');
+    if (slash == out)
+        slash[1] = '\0'; /* "/x" lives in "/" */
+    else if (slash)
         *slash = '\0';
     else
-        snprintf(parent, sizeof parent, ".");
+        snprintf(out, cap, ".");
+}
+
+int loco_dir_commit(const char *tmp, const char *final) {
+    LOCO_CHECK(fsync_path(tmp));
+    char parent[PATH_MAX], old[PATH_MAX];
+    parent_dir(final, parent, sizeof parent);
+    snprintf(old, sizeof old, "%s.old", final);
+    LOCO_CHECK(loco_rmtree(old)); /* left by a crash of the fallback below */
+    struct stat st;
+    if (stat(final, &st) != 0) {
+        if (rename(tmp, final) != 0)
+            return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", tmp, final, strerror(errno));
+        return fsync_path(parent);
+    }
+    /* Replace an existing directory by swapping the two names atomically:
+     * at every instant `final` names a complete directory. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        LOCO_CHECK(fsync_path(parent));
+        return loco_rmtree(tmp); /* now the old directory */
+    }
+    if (errno != EINVAL && errno != ENOSYS)
+        return LOCO_ERR(LOCO_EIO, "exchange %s <-> %s: %s", tmp, final, strerror(errno));
+    /* Filesystems without RENAME_EXCHANGE: move the old one aside first. A
+     * crash between the renames leaves it as final.old. */
+    if (rename(final, old) != 0)
+        return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", final, old, strerror(errno));
+    if (rename(tmp, final) != 0)
+        return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", tmp, final, strerror(errno));
     LOCO_CHECK(fsync_path(parent));
-    if (had_old)
-        LOCO_CHECK(loco_rmtree(old));
-    return 0;
+    return loco_rmtree(old);
 }
 
 int loco_set_threads(int n) {

@@ -11,10 +11,8 @@
 #include <math.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/vmath.h"
 
-/* kernels/cpu/vmath.c */
-#pragma omp declare simd notinbranch
-float loco__expf(float x);
 
 enum { ATT_BLOCK = 128 };
 

@@ -2,10 +2,8 @@
 #include <math.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/vmath.h"
 
-/* kernels/cpu/vmath.c */
-#pragma omp declare simd notinbranch
-float loco__expf(float x);
 
 /* tanh through the vectorised exp; odd-symmetric so exp never overflows. */
 static inline float tanh_fast(float u)

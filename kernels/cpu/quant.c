@@ -9,6 +9,7 @@
  * bits, random bits from a counter hash so no state crosses elements. */
 #include "compress/compress.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -186,11 +187,10 @@ ALWAYS_INLINE uint32_t quant_bf16_loop(uint8_t *restrict out,
         const uint32_t au = u & 0x7fffffffU;
         mx = au > mx ? au : mx;
         const uint32_t r = stochastic ? sr_bits(k0, k1, (uint32_t)i) : 0;
-        /* a finite value near FLT_MAX may round to inf: caught by the
-         * non-finite check on the rounded bits below */
-        const uint32_t h = bf16_round(u, r, stochastic);
-        const uint32_t ah = (h << 16) & 0x7fffffffU;
-        mx = ah > mx ? ah : mx;
+        uint32_t h = bf16_round(u, r, stochastic);
+        /* a finite value near FLT_MAX that rounds to inf saturates at the
+         * largest bf16 (a non-finite input is refused through mx anyway) */
+        h -= (h & 0x7fffU) == 0x7f80U;
         if (has_ef)
             ef[i] = v - u2f(h << 16);
         if (planes) {
@@ -349,8 +349,11 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
         if (mb >= 0x7f800000U)
             return LOCO_EINVAL;
         const float amax = u2f(mb);
-        const float scale = amax / qmax;
-        const float inv = mb ? qmax / amax : 0.0f;
+        float scale = amax / qmax, inv = qmax / amax;
+        if (!(inv <= FLT_MAX)) { /* all zero, or too tiny to scale: flush */
+            scale = 0.0f;
+            inv = 0.0f;
+        }
         store_f32(scales + 4 * b, scale);
         const uint32_t base = (uint32_t)s;
         switch (k) {

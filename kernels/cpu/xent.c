@@ -3,10 +3,8 @@
 #include <math.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/vmath.h"
 
-/* kernels/cpu/vmath.c */
-#pragma omp declare simd notinbranch
-float loco__expf(float x);
 
 /* dlogits may equal logits: each element is read before it is written and
  * nothing else is read after that, so neither pointer is restrict. */

@@ -373,9 +373,27 @@ Test(quant, non_finite_input_refused)
         x[257] = 1.0f;
         cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), 0);
     }
-    x[0] = FLT_MAX; /* rounds to inf in bf16 */
+    /* FLT_MAX would round to inf in bf16: saturates at the largest bf16 */
+    x[0] = FLT_MAX;
+    x[1] = -FLT_MAX;
     loco_quant_args a = {.block = 128};
-    cr_assert_eq(loco_quant(LOCO_CODEC_BF16, p, x, NULL, 300, &a), LOCO_EINVAL);
+    cr_assert_eq(loco_quant(LOCO_CODEC_BF16, p, x, NULL, 300, &a), 0);
+    cr_assert_eq(p[1], 0x7f);
+    cr_assert_eq(p[0], 0x7f);
+    cr_assert_eq(p[3], 0xff);
+    cr_assert_eq(p[2], 0x7f);
+    /* a block too tiny to scale decodes to zero, not to garbage */
+    for (int i = 0; i < 300; i++)
+        x[i] = (i & 1) ? 1e-45f : 0.0f;
+    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
+        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), 0);
+        cr_assert(loco_quant_payload_ok((loco_codec_kind)k, p, 300, 128));
+        float y[300] = {0};
+        loco_dequant_acc((loco_codec_kind)k, y, p, 300, 128, false, 1.0f);
+        for (int i = 0; i < 300; i++)
+            cr_assert(fabsf(y[i] - x[i]) <= 1e-45f, "%s element %d: %g",
+                      loco_codec_name((loco_codec_kind)k), i, (double)y[i]);
+    }
 }
 
 /* ---- stochastic rounding ---- */

@@ -227,9 +227,9 @@ Test(config, indented_key_is_not_a_continuation) {
 /* ----------------------------------------------------------- load errors */
 
 typedef struct {
-    const char *line;      /* the bad line, placed at line 4 */
-    const char *section;   /* section header placed at line 2 ("" for none) */
-    const char *parts[4];  /* the message must contain each */
+    const char *line;     /* the bad line, placed at line 4 */
+    const char *section;  /* section header placed at line 2 ("" for none) */
+    const char *parts[4]; /* the message must contain each */
 } bad_case;
 
 static void check_bad(const bad_case *b) {
@@ -313,8 +313,8 @@ Test(config, number_out_of_range) {
 }
 
 Test(config, enum_not_in_choices) {
-    bad_case b = {"log_level = loud", "run", {"run.log_level", "one of error|warn|info|debug",
-                                              "'loud'"}};
+    bad_case b = {
+        "log_level = loud", "run", {"run.log_level", "one of error|warn|info|debug", "'loud'"}};
     check_bad(&b);
     bad_case prefix = {"log_level = inf", "run", {"run.log_level", "one of"}};
     check_bad(&prefix);
@@ -363,9 +363,9 @@ Test(config, set_applies_one_key) {
 }
 
 Test(config, set_errors_name_the_flag) {
-    const char *bad[] = {"nodot=1", "model.n_layer", "model.nope=1", "model.n_layer=x",
-                         ".n_layer=1", "model.=1", "=1", "", "a=b.c", "model.n_layer=0",
-                         "bogus.key=1"};
+    const char *bad[] = {"nodot=1",    "model.n_layer",   "model.nope=1", "model.n_layer=x",
+                         ".n_layer=1", "model.=1",        "=1",           "",
+                         "a=b.c",      "model.n_layer=0", "bogus.key=1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         loco_config c, before;
         loco_config_defaults(&c);
@@ -396,6 +396,14 @@ Test(config, validate_embd_divisible_by_head) {
     assert_has(loco_errmsg(), "model.n_head");
     cr_assert_eq(loco_config_set(&c, "model.n_head=4"), 0);
     cr_expect_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
+}
+
+Test(config, validate_refuses_zero_heads_without_crashing) {
+    loco_config c;
+    loco_config_defaults(&c);
+    c.model.n_head = 0; /* set by hand: no range check ran */
+    cr_expect_eq(loco_config_validate(&c), LOCO_EINVAL);
+    assert_has(loco_errmsg(), "model.n_head");
 }
 
 Test(config, validate_warmup_longer_than_run_is_only_a_warning) {
@@ -463,8 +471,10 @@ Test(config, docs_config_md_matches_the_table) {
     void *doc;
     size_t doc_len;
     int rc = loco_file_read("docs/CONFIG.md", &doc, &doc_len);
-    cr_assert_eq(rc, 0, "cannot read docs/CONFIG.md (%s); run "
-                        "`build/loco config --markdown > docs/CONFIG.md`", loco_errmsg());
+    cr_assert_eq(rc, 0,
+                 "cannot read docs/CONFIG.md (%s); run "
+                 "`build/loco config --markdown > docs/CONFIG.md`",
+                 loco_errmsg());
     bool same = doc_len == len && memcmp(doc, md, len) == 0;
     loco_free(doc);
     free(md);
@@ -498,13 +508,12 @@ Test(config, help_names_every_required_key) {
     cr_assert(f);
     loco_config_print_help(f);
     fclose(f);
-    const char *keys[] = {"model.n_layer",     "model.n_head",       "model.n_embd",
-                          "model.seq_len",     "model.vocab_size",   "train.batch_size",
-                          "train.grad_accum",  "train.steps",        "train.lr",
-                          "train.warmup_steps", "train.weight_decay", "train.grad_clip",
-                          "train.seed",        "data.train",         "data.val",
-                          "run.dir",           "run.log_every",      "run.eval_every",
-                          "run.ckpt_every"};
+    const char *keys[] = {
+        "model.n_layer",    "model.n_head",       "model.n_embd",       "model.seq_len",
+        "model.vocab_size", "train.batch_size",   "train.grad_accum",   "train.steps",
+        "train.lr",         "train.warmup_steps", "train.weight_decay", "train.grad_clip",
+        "train.seed",       "data.train",         "data.val",           "run.dir",
+        "run.log_every",    "run.eval_every",     "run.ckpt_every"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         cr_expect(strstr(buf, keys[i]), "help lacks %s", keys[i]);
     free(buf);

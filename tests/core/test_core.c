@@ -56,12 +56,18 @@ Test(errors, strerror_names_every_code) {
     static const struct {
         int rc;
         const char *name;
-    } codes[] = {{LOCO_OK, "LOCO_OK"},           {LOCO_EINVAL, "LOCO_EINVAL"},
-                 {LOCO_ENOMEM, "LOCO_ENOMEM"},   {LOCO_EIO, "LOCO_EIO"},
-                 {LOCO_ETIMEDOUT, "LOCO_ETIMEDOUT"}, {LOCO_EPROTO, "LOCO_EPROTO"},
-                 {LOCO_EAUTH, "LOCO_EAUTH"},     {LOCO_EPEER, "LOCO_EPEER"},
-                 {LOCO_ECUDA, "LOCO_ECUDA"},     {LOCO_ENCCL, "LOCO_ENCCL"},
-                 {LOCO_EMPI, "LOCO_EMPI"},       {LOCO_ENOTSUP, "LOCO_ENOTSUP"}};
+    } codes[] = {{LOCO_OK, "LOCO_OK"},
+                 {LOCO_EINVAL, "LOCO_EINVAL"},
+                 {LOCO_ENOMEM, "LOCO_ENOMEM"},
+                 {LOCO_EIO, "LOCO_EIO"},
+                 {LOCO_ETIMEDOUT, "LOCO_ETIMEDOUT"},
+                 {LOCO_EPROTO, "LOCO_EPROTO"},
+                 {LOCO_EAUTH, "LOCO_EAUTH"},
+                 {LOCO_EPEER, "LOCO_EPEER"},
+                 {LOCO_ECUDA, "LOCO_ECUDA"},
+                 {LOCO_ENCCL, "LOCO_ENCCL"},
+                 {LOCO_EMPI, "LOCO_EMPI"},
+                 {LOCO_ENOTSUP, "LOCO_ENOTSUP"}};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *s = loco_strerror(codes[i].rc);
         cr_assert(s);
@@ -73,8 +79,18 @@ Test(errors, strerror_names_every_code) {
     cr_expect(strstr(loco_strerror(7), "unknown"));
 }
 
+/* __LINE__ inside a macro is the line of the invocation, so these record
+ * the line LOCO_ERR / LOCO_CHECK see, whatever a formatter does. */
+#define ERR_AT(line_out, ...) (*(line_out) = __LINE__, LOCO_ERR(__VA_ARGS__))
+#define CHECK_AT(line_out, call)                                                                   \
+    do {                                                                                           \
+        *(line_out) = __LINE__;                                                                    \
+        LOCO_CHECK(call);                                                                          \
+    } while (0)
+
 Test(errors, err_prefixes_file_and_line) {
-    int line = __LINE__; int rc = LOCO_ERR(LOCO_EIO, "boom %d %s", 7, "x");
+    int line;
+    int rc = ERR_AT(&line, LOCO_EIO, "boom %d %s", 7, "x");
     cr_assert_eq(rc, LOCO_EIO);
     char want[128];
     snprintf(want, sizeof want, "test_core.c:%d: boom 7 x", line);
@@ -84,9 +100,11 @@ Test(errors, err_prefixes_file_and_line) {
 }
 
 static int check_line;
-static int leaf(void) { return LOCO_ERR(LOCO_EPROTO, "bad frame"); }
+static int leaf(void) {
+    return LOCO_ERR(LOCO_EPROTO, "bad frame");
+}
 static int middle(void) {
-    check_line = __LINE__; LOCO_CHECK(leaf());
+    CHECK_AT(&check_line, leaf());
     return 0;
 }
 static int top_goto(bool *cleaned) {
@@ -112,7 +130,9 @@ Test(errors, check_leaves_breadcrumbs) {
     cr_expect_lt(strstr(msg, "(leaf())"), strstr(msg, "(middle())"));
 }
 
-static int succeeds(void) { return 3; }
+static int succeeds(void) {
+    return 3;
+}
 static int check_passes_nonnegative(void) {
     LOCO_CHECK(succeeds());
     return 0;
@@ -216,7 +236,9 @@ static uint64_t ref_splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t ref_rotl(const uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t ref_rotl(const uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t ref_next(uint64_t s[4]) {
     const uint64_t result = ref_rotl(s[1] * 5, 7) * 9;
@@ -307,8 +329,8 @@ static uint64_t inv_odd(uint64_t a) {
 
 /* A state whose next loco_rng_u64 output is exactly `out`. */
 static loco_rng state_giving(uint64_t out) {
-    uint64_t y = out * inv_odd(9);         /* = rotl(s1 * 5, 7) */
-    uint64_t z = (y >> 7) | (y << 57);     /* = s1 * 5 */
+    uint64_t y = out * inv_odd(9);     /* = rotl(s1 * 5, 7) */
+    uint64_t z = (y >> 7) | (y << 57); /* = s1 * 5 */
     loco_rng r = {{0x1234, z * inv_odd(5), 0x5678, 0x9abc}};
     return r;
 }
@@ -383,7 +405,9 @@ Test(hash, covers_every_byte) {
 
 /* ================================================================= alloc */
 
-static void disarm(void) { loco_alloc_fail_after(0); }
+static void disarm(void) {
+    loco_alloc_fail_after(0);
+}
 
 TestSuite(alloc, .fini = disarm);
 
@@ -622,4 +646,234 @@ Test(files, set_threads) {
     int all = loco_set_threads(0);
     cr_expect_eq(all, (int)sysconf(_SC_NPROCESSORS_ONLN));
     cr_expect_eq(omp_get_max_threads(), all);
+}
+
+/* ========================================================= tensor tables */
+
+TestSuite(ttable, .fini = disarm);
+
+Test(ttable, offsets_are_cumulative) {
+    loco_ttable tt;
+    loco_ttable_init(&tt);
+    const int64_t a[2] = {3, 5}, b[1] = {7}, c[4] = {2, 1, 3, 2};
+    cr_assert_eq(loco_ttable_add(&tt, "a", 2, a, 0, true), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_ttable_add(&tt, "b", 1, b, -1, false), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_ttable_add(&tt, "c", 4, c, 3, false), 0, "%s", loco_errmsg());
+    cr_expect_eq(tt.n, 3);
+    cr_expect_eq(tt.t[0].offset, 0);
+    cr_expect_eq(tt.t[0].numel, 15);
+    cr_expect_eq(tt.t[1].offset, 15);
+    cr_expect_eq(tt.t[1].numel, 7);
+    cr_expect_eq(tt.t[2].offset, 22);
+    cr_expect_eq(tt.t[2].numel, 12);
+    cr_expect_eq(tt.numel, 34);
+    cr_expect_str_eq(tt.t[2].name, "c");
+    cr_expect_eq(tt.t[2].ndim, 4);
+    cr_expect(tt.t[2].shape[0] == 2 && tt.t[2].shape[1] == 1 && tt.t[2].shape[2] == 3 &&
+              tt.t[2].shape[3] == 2);
+    cr_expect_eq(tt.t[0].split_dim, 0);
+    cr_expect_eq(tt.t[0].decay, true);
+    cr_expect_eq(tt.t[1].split_dim, -1);
+    cr_expect_eq(tt.t[1].decay, false);
+    cr_expect_eq(loco_ttable_find(&tt, "a"), 0);
+    cr_expect_eq(loco_ttable_find(&tt, "c"), 2);
+    cr_expect_eq(loco_ttable_find(&tt, "d"), -1);
+    cr_expect_eq(loco_ttable_find(&tt, ""), -1);
+    loco_ttable_fini(&tt);
+    cr_expect_eq(tt.n, 0);
+    cr_expect_eq(tt.numel, 0);
+    cr_expect_null(tt.t);
+    loco_ttable_fini(&tt); /* twice is harmless */
+}
+
+Test(ttable, grows_past_its_first_capacity) {
+    loco_ttable tt;
+    loco_ttable_init(&tt);
+    size_t want = 0;
+    for (int i = 0; i < 300; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%d", i);
+        const int64_t shape[2] = {i % 7 + 1, i % 3 + 1};
+        cr_assert_eq(loco_ttable_add(&tt, name, 2, shape, -1, false), 0, "%s", loco_errmsg());
+        want += (size_t)(shape[0] * shape[1]);
+    }
+    cr_expect_eq(tt.numel, want);
+    size_t off = 0;
+    for (int i = 0; i < 300; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%d", i);
+        cr_assert_eq(loco_ttable_find(&tt, name), i);
+        cr_assert_eq(tt.t[i].offset, off, "t%d", i);
+        off += tt.t[i].numel;
+    }
+    loco_ttable_fini(&tt);
+}
+
+/* Each refused add leaves the table as it was. */
+static void expect_refused(loco_ttable *tt, const char *name, int ndim, const int64_t *shape,
+                           int rc_want, const char *phrase) {
+    int n = tt->n;
+    size_t numel = tt->numel;
+    loco_err_clear();
+    cr_expect_eq(loco_ttable_add(tt, name, ndim, shape, -1, false), rc_want, "%s", phrase);
+    cr_expect_eq(tt->n, n, "%s changed the count", phrase);
+    cr_expect_eq(tt->numel, numel, "%s changed numel", phrase);
+    cr_expect(strstr(loco_errmsg(), phrase), "lacks \"%s\": %s", phrase, loco_errmsg());
+}
+
+Test(ttable, bad_adds_are_refused) {
+    loco_ttable tt;
+    loco_ttable_init(&tt);
+    const int64_t ok[2] = {2, 3};
+    cr_assert_eq(loco_ttable_add(&tt, "w", 2, ok, -1, true), 0);
+    expect_refused(&tt, "w", 2, ok, LOCO_EINVAL, "w added twice");
+    const int64_t five[5] = {1, 1, 1, 1, 1};
+    expect_refused(&tt, "x0", 0, five, LOCO_EINVAL, "0 dims");
+    expect_refused(&tt, "x5", 5, five, LOCO_EINVAL, "5 dims");
+    const int64_t zero[2] = {2, 0}, neg[2] = {-3, 2};
+    expect_refused(&tt, "xz", 2, zero, LOCO_EINVAL, "dim 1 is 0");
+    expect_refused(&tt, "xn", 2, neg, LOCO_EINVAL, "dim 0 is -3");
+    char longname[LOCO_TENSOR_NAME_MAX + 8];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    expect_refused(&tt, longname, 2, ok, LOCO_EINVAL, "too long");
+    /* Names refused above were never recorded. */
+    cr_expect_eq(loco_ttable_find(&tt, "xz"), -1);
+    cr_expect_eq(loco_ttable_add(&tt, "xz", 2, ok, -1, false), 0, "%s", loco_errmsg());
+    cr_expect_eq(tt.t[1].offset, 6);
+    loco_ttable_fini(&tt);
+}
+
+Test(ttable, failed_allocation_is_enomem) {
+    loco_ttable tt;
+    loco_ttable_init(&tt);
+    const int64_t s[1] = {4};
+    loco_alloc_fail_after(1);
+    expect_refused(&tt, "a", 1, s, LOCO_ENOMEM, "entries");
+    loco_alloc_fail_after(0);
+    cr_expect_eq(loco_ttable_add(&tt, "a", 1, s, -1, false), 0);
+    loco_ttable_fini(&tt);
+}
+
+/* =============================================================== metrics */
+
+TestSuite(metrics, .init = setup, .fini = teardown);
+
+/* The lines of a file, each parsed with cJSON (caller deletes). */
+static int read_jsonl(const char *path, cJSON **rec, int cap) {
+    void *data;
+    size_t len;
+    cr_assert_eq(loco_file_read(path, &data, &len), 0, "%s", loco_errmsg());
+    int n = 0;
+    char *save = NULL;
+    cr_expect(len == 0 || ((char *)data)[len - 1] == '\n', "last line ends with a newline");
+    for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cr_assert_lt(n, cap);
+        rec[n] = cJSON_Parse(line);
+        cr_assert(cJSON_IsObject(rec[n]), "line %d is not a JSON object: %s", n + 1, line);
+        n++;
+    }
+    loco_free(data);
+    return n;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    cr_assert(cJSON_IsNumber(v), "%s is not a number", k);
+    return v->valuedouble;
+}
+
+Test(metrics, records_are_json_lines) {
+    char path[512];
+    in_dir(path, "metrics.jsonl");
+    loco_metrics *m;
+    cr_assert_eq(loco_metrics_open(&m, path, false), 0, "%s", loco_errmsg());
+    loco_metrics_begin(m);
+    loco_metrics_int(m, "step", 1);
+    loco_metrics_num(m, "loss", 2.5);
+    loco_metrics_str(m, "phase", "train");
+    cr_assert_eq(loco_metrics_end(m), 0, "%s", loco_errmsg());
+    loco_metrics_begin(m);
+    loco_metrics_int(m, "step", 2);
+    loco_metrics_num(m, "loss", NAN);
+    loco_metrics_num(m, "lr", INFINITY);
+    loco_metrics_num(m, "tiny", 1e-300);
+    cr_assert_eq(loco_metrics_end(m), 0, "%s", loco_errmsg());
+    loco_metrics_begin(m);
+    loco_metrics_int(m, "step", 3);
+    loco_metrics_int(m, "tokens", 1LL << 40);
+    loco_metrics_str(m, "note", "say \"hi\"\nnext line\t\\");
+    cr_assert_eq(loco_metrics_end(m), 0, "%s", loco_errmsg());
+    /* Flushed per record: readable before close. */
+    cJSON *rec[8];
+    int n = read_jsonl(path, rec, 8);
+    cr_assert_eq(n, 3);
+    cr_expect_eq(num(rec[0], "step"), 1);
+    cr_expect_eq(num(rec[0], "loss"), 2.5);
+    cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rec[0], "phase")),
+                     "train");
+    cr_expect_eq(num(rec[1], "step"), 2);
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(rec[1], "loss")), "NaN -> null");
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(rec[1], "lr")), "inf -> null");
+    cr_expect_eq(num(rec[1], "tiny"), 1e-300);
+    cr_expect_eq(num(rec[2], "tokens"), 1099511627776.0);
+    cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rec[2], "note")),
+                     "say \"hi\"\nnext line\t\\");
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(rec[i]);
+    loco_metrics_close(m);
+    loco_metrics_close(NULL);
+}
+
+Test(metrics, append_keeps_and_truncate_drops) {
+    char path[512];
+    in_dir(path, "m.jsonl");
+    loco_metrics *m;
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq(loco_metrics_open(&m, path, true), 0, "%s", loco_errmsg());
+        loco_metrics_begin(m);
+        loco_metrics_int(m, "round", round);
+        cr_assert_eq(loco_metrics_end(m), 0);
+        loco_metrics_close(m);
+    }
+    cJSON *rec[4];
+    int n = read_jsonl(path, rec, 4);
+    cr_expect_eq(n, 2);
+    for (int i = 0; i < n; i++) {
+        cr_expect_eq(num(rec[i], "round"), i);
+        cJSON_Delete(rec[i]);
+    }
+    cr_assert_eq(loco_metrics_open(&m, path, false), 0);
+    loco_metrics_begin(m);
+    loco_metrics_int(m, "round", 9);
+    cr_assert_eq(loco_metrics_end(m), 0);
+    loco_metrics_close(m);
+    n = read_jsonl(path, rec, 4);
+    cr_expect_eq(n, 1);
+    cJSON_Delete(rec[0]);
+}
+
+Test(metrics, failures) {
+    char path[512];
+    in_dir(path, "no/dir/m.jsonl");
+    loco_metrics *m = (loco_metrics *)1;
+    cr_expect_eq(loco_metrics_open(&m, path, false), LOCO_EIO);
+    cr_expect_null(m);
+    assert_has(loco_errmsg(), path);
+
+    in_dir(path, "m.jsonl");
+    loco_alloc_fail_after(1);
+    cr_expect_eq(loco_metrics_open(&m, path, false), LOCO_ENOMEM);
+    loco_alloc_fail_after(0);
+    cr_expect_null(m);
+
+    /* end without begin is an error, not a crash or an empty line */
+    cr_assert_eq(loco_metrics_open(&m, path, false), 0);
+    cr_expect_lt(loco_metrics_end(m), 0);
+    loco_metrics_close(m);
+    void *data;
+    size_t len;
+    cr_assert_eq(loco_file_read(path, &data, &len), 0);
+    cr_expect_eq(len, 0);
+    loco_free(data);
 }

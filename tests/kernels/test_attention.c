@@ -184,7 +184,7 @@ static void ref_attention_bwd(double *dqkv, const double *dout,
     free(dp);
 }
 
-Test(attention, reference_vs_finite_differences)
+Test(kernels, attention_reference_vs_finite_differences)
 {
     enum { B = 2, T = 5, C = 8, NH = 2 };
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
@@ -260,14 +260,14 @@ static void check_attention(int B, int T, int C, int NH, double tol,
     free(dout); free(g); free(g0); free(datt); free(ddout); free(G); free(r);
 }
 
-Test(attention, t17_nh3) { check_attention(3, 17, 36, 3, 1e-5, 22); }
-Test(attention, t7_nh4) { check_attention(3, 7, 20, 4, 1e-5, 23); }
-Test(attention, t1_single_token) { check_attention(2, 1, 12, 3, 1e-5, 24); }
+Test(kernels, attention_t17_nh3) { check_attention(3, 17, 36, 3, 1e-5, 22); }
+Test(kernels, attention_t7_nh4) { check_attention(3, 7, 20, 4, 1e-5, 23); }
+Test(kernels, attention_t1_single_token) { check_attention(2, 1, 12, 3, 1e-5, 24); }
 /* spans several query blocks of the implementation, with a ragged last one */
-Test(attention, t300_multiblock) { check_attention(1, 300, 16, 2, 1e-5, 25); }
-Test(attention, t129_block_edge) { check_attention(2, 129, 24, 3, 1e-5, 26); }
+Test(kernels, attention_t300_multiblock) { check_attention(1, 300, 16, 2, 1e-5, 25); }
+Test(kernels, attention_t129_block_edge) { check_attention(2, 129, 24, 3, 1e-5, 26); }
 
-Test(attention, repeatable_bitwise)
+Test(kernels, attention_repeatable_bitwise)
 {
     enum { B = 2, T = 200, C = 64, NH = 4 };
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
@@ -322,7 +322,7 @@ static void ref_xent(double *loss, double *d, const double *x, const int32_t *y,
     }
 }
 
-Test(xent, reference_vs_finite_differences)
+Test(kernels, xent_reference_vs_finite_differences)
 {
     enum { N = 4, V = 6 };
     const int32_t y[N] = {2, -1, 0, 5};
@@ -395,10 +395,10 @@ static void check_xent(int N, int V, double logit_scale, uint64_t seed)
     free(loss2); free(buf);
 }
 
-Test(xent, small) { check_xent(51, 37, 3.0, 32); }
-Test(xent, gpt2_vocab_large_logits) { check_xent(9, 50257, 30.0, 33); }
+Test(kernels, xent_small) { check_xent(51, 37, 3.0, 32); }
+Test(kernels, xent_gpt2_vocab_large_logits) { check_xent(9, 50257, 30.0, 33); }
 
-Test(xent, repeatable_bitwise)
+Test(kernels, xent_repeatable_bitwise)
 {
     enum { N = 256, V = 1001 };
     uint64_t s = 34;
