@@ -9,11 +9,15 @@ ARCH    ?= $(shell grep -q -m1 avx2 /proc/cpuinfo 2>/dev/null && echo x86-64-v3 
 OPT     ?= -O3
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-comment \
            $(OPT) -g -march=$(ARCH) -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lm -lpthread
+# OpenMPI, through its compiler wrapper's flags (Debian's libopenmpi-dev).
+MPI_CFLAGS ?= $(shell mpicc -showme:compile 2>/dev/null)
+MPI_LIBS   ?= $(shell mpicc -showme:link 2>/dev/null)
+CFLAGS  += $(MPI_CFLAGS)
+LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd $(MPI_LIBS) -lm -lpthread
 LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.
-ROOMS   := core kernels/cpu inner compress net faulttol outer
+ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer
 SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)

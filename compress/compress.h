@@ -210,7 +210,9 @@ int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight,
  *   fp8   scales, then n e4m3 codes
  *   fp4   scales, then ceil(n/2) bytes of e2m1 codes, packed as int4
  * little-endian, any alignment. A block's scale is absmax / qmax (qmax 127,
- * 7, 448, 6); code q decodes to value(q) * scale. */
+ * 7, 448, 6), rounded down when needed so that qmax * scale <= absmax; a
+ * block whose qmax / absmax overflows is all zero with scale 0. Code q
+ * decodes to value(q) * scale. */
 
 typedef struct {
     int block;        /* elements per scale block (multiple of 8) */
@@ -230,8 +232,9 @@ int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef,
  * n elements (none/bf16: fmaf(value_i, weight, dst[i])). */
 void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload,
                       size_t n, int block, bool planes, float weight);
-/* True when the payload can be decoded safely: every scale finite and >= 0,
- * no fp8 NaN code. (none/bf16 values are not checked.) */
+/* True when the payload can be decoded safely: every scale in
+ * [0, FLT_MAX / qmax] (so nothing decodes to infinity or NaN), no fp8 NaN
+ * code. (none/bf16 values are not checked.) */
 bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n,
                            int block);
 

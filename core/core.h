@@ -200,7 +200,8 @@ typedef struct loco_metrics loco_metrics;
 
 int loco_metrics_open(loco_metrics **out, const char *path, bool append);
 void loco_metrics_close(loco_metrics *m); /* accepts NULL */
-/* Builds one record: begin, add fields, end writes the line. */
+/* Builds one record: begin, add fields, end writes the line. A NULL
+ * handle (metrics off, e.g. on ranks other than 0) makes them no-ops. */
 void loco_metrics_begin(loco_metrics *m);
 void loco_metrics_int(loco_metrics *m, const char *key, int64_t v);
 void loco_metrics_num(loco_metrics *m, const char *key, double v);

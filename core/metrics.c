@@ -35,15 +35,21 @@ void loco_metrics_close(loco_metrics *m) {
 }
 
 void loco_metrics_begin(loco_metrics *m) {
+    if (!m)
+        return;
     cJSON_Delete(m->rec);
     m->rec = cJSON_CreateObject();
 }
 
 void loco_metrics_int(loco_metrics *m, const char *key, int64_t v) {
+    if (!m)
+        return;
     cJSON_AddNumberToObject(m->rec, key, (double)v);
 }
 
 void loco_metrics_num(loco_metrics *m, const char *key, double v) {
+    if (!m)
+        return;
     if (isfinite(v))
         cJSON_AddNumberToObject(m->rec, key, v);
     else
@@ -51,10 +57,14 @@ void loco_metrics_num(loco_metrics *m, const char *key, double v) {
 }
 
 void loco_metrics_str(loco_metrics *m, const char *key, const char *v) {
+    if (!m)
+        return;
     cJSON_AddStringToObject(m->rec, key, v);
 }
 
 int loco_metrics_end(loco_metrics *m) {
+    if (!m)
+        return 0;
     if (!m->rec)
         return LOCO_ERR(LOCO_ENOMEM, "metrics record");
     char *s = cJSON_PrintUnformatted(m->rec);

@@ -67,83 +67,37 @@ static void hex_item(cJSON *obj, const char *key, uint64_t v) {
     cJSON_AddStringToObject(obj, key, h);
 }
 
-int loco_ckpt_save(const char *dir, const loco_config *cfg, const loco_gpt *m,
-                   const loco_adamw *opt, const loco_ckpt_state *st) {
-    char tmp[PATH_MAX], path[PATH_MAX + 64];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
-        return LOCO_ERR(LOCO_EINVAL, "checkpoint path too long: %s", dir);
-    int rc = 0;
-    char *json = NULL;
-    cJSON *j = NULL;
-    LOCO_CHECK(loco_rmtree(tmp));
-    LOCO_CHECK(loco_mkdirs(tmp));
+/* Bytes of config.ini for cfg (caller frees with free()). */
+static int dump_config(const loco_config *cfg, char **text, size_t *len) {
+    FILE *f = open_memstream(text, len);
+    if (!f)
+        return LOCO_ERR(LOCO_ENOMEM, "config dump");
+    loco_config_dump(cfg, f);
+    fclose(f);
+    return 0;
+}
 
-    char nl[16], nh[16], ne[16], nv[16], np[16];
-    snprintf(nl, sizeof nl, "%d", m->cfg.n_layer);
-    snprintf(nh, sizeof nh, "%d", m->cfg.n_head);
-    snprintf(ne, sizeof ne, "%d", m->cfg.n_embd);
-    snprintf(nv, sizeof nv, "%d", m->cfg.vocab_size);
-    snprintf(np, sizeof np, "%d", m->cfg.seq_len);
-    const char *meta[] = {"n_layer", nl, "n_head", nh, "n_embd", ne, "vocab_size", nv,
-                          "n_positions", np, "producer", "loco", NULL};
-    snprintf(path, sizeof path, "%s/" MODEL_FILE, tmp);
-    LOCO_CHECK_GOTO(loco_st_write(path, &m->tt, m->params, NULL, meta), out);
-    uint64_t h_model, h_optim = 0;
-    LOCO_CHECK_GOTO(file_hash(path, &h_model), out);
-    if (opt) {
-        snprintf(path, sizeof path, "%s/" OPTIM_FILE, tmp);
-        /* Both moments in one file, prefixed like PyTorch's state names. */
-        loco_ttable both;
-        loco_ttable_init(&both);
-        for (int pass = 0; pass < 2 && rc == 0; pass++)
-            for (int i = 0; i < m->tt.n && rc == 0; i++) {
-                char n[LOCO_TENSOR_NAME_MAX + 16];
-                snprintf(n, sizeof n, "%s%.80s", pass ? "exp_avg_sq." : "exp_avg.",
-                         m->tt.t[i].name);
-                rc = loco_ttable_add(&both, n, m->tt.t[i].ndim, m->tt.t[i].shape, -1, false);
-            }
-        float *mv = NULL;
-        if (rc == 0) {
-            mv = loco_alloc(2 * opt->n * sizeof(float));
-            if (!mv)
-                rc = LOCO_ERR(LOCO_ENOMEM, "optimizer checkpoint buffer");
-        }
-        if (rc == 0) {
-            memcpy(mv, opt->m, opt->n * sizeof(float));
-            memcpy(mv + opt->n, opt->v, opt->n * sizeof(float));
-            rc = loco_st_write(path, &both, mv, NULL, NULL);
-        }
-        loco_free(mv);
-        loco_ttable_fini(&both);
-        if (rc < 0)
-            goto out;
-        LOCO_CHECK_GOTO(file_hash(path, &h_optim), out);
-    }
+/* config.json and config.ini into tmp. */
+static int write_configs(const char *tmp, const loco_config *cfg, const loco_gpt_config *mc) {
+    char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/config.json", tmp);
-    LOCO_CHECK_GOTO(write_hf_config(path, &m->cfg), out);
-
+    LOCO_CHECK(write_hf_config(path, mc));
     snprintf(path, sizeof path, "%s/config.ini", tmp);
-    {
-        char *ini = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&ini, &len);
-        if (!f) {
-            rc = LOCO_ERR(LOCO_ENOMEM, "config dump");
-            goto out;
-        }
-        loco_config_dump(cfg, f);
-        fclose(f);
-        rc = loco_file_write_sync(path, ini, len);
-        free(ini);
-        if (rc < 0)
-            goto out;
-    }
+    char *ini = NULL;
+    size_t len = 0;
+    LOCO_CHECK(dump_config(cfg, &ini, &len));
+    int rc = loco_file_write_sync(path, ini, len);
+    free(ini);
+    return rc;
+}
 
-    j = cJSON_CreateObject();
+/* The fields both layouts share in state.json. */
+static cJSON *state_json(const loco_ckpt_state *st, int64_t adam_t) {
+    cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "format", CKPT_FORMAT);
     cJSON_AddNumberToObject(j, "version", CKPT_VERSION);
     cJSON_AddNumberToObject(j, "step", (double)st->step);
-    cJSON_AddNumberToObject(j, "adam_t", opt ? (double)opt->t : 0);
+    cJSON_AddNumberToObject(j, "adam_t", (double)adam_t);
     cJSON *d = cJSON_AddObjectToObject(j, "data");
     cJSON_AddNumberToObject(d, "shard", (double)st->data.shard);
     cJSON_AddNumberToObject(d, "pos", (double)st->data.pos);
@@ -155,25 +109,168 @@ int loco_ckpt_save(const char *dir, const loco_config *cfg, const loco_gpt *m,
         cJSON_AddItemToArray(r, cJSON_CreateString(h));
     }
     hex_item(j, "model_hash", st->model_hash);
+    return j;
+}
+
+/* state.json goes last: a directory without it is not a checkpoint. */
+static int write_state(const char *tmp, cJSON *j) {
+    char *json = cJSON_Print(j);
+    if (!json)
+        return LOCO_ERR(LOCO_ENOMEM, "state.json");
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/" STATE_FILE, tmp);
+    int rc = write_text(path, json);
+    cJSON_free(json);
+    return rc;
+}
+
+/* The AdamW moments as one table: exp_avg.NAME then exp_avg_sq.NAME. */
+static int moments_table(loco_ttable *both, const loco_ttable *tt) {
+    loco_ttable_init(both);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < tt->n; i++) {
+            char n[LOCO_TENSOR_NAME_MAX + 16];
+            snprintf(n, sizeof n, "%s%.80s", pass ? "exp_avg_sq." : "exp_avg.", tt->t[i].name);
+            int rc = loco_ttable_add(both, n, tt->t[i].ndim, tt->t[i].shape, -1, false);
+            if (rc < 0) {
+                loco_ttable_fini(both);
+                return rc;
+            }
+        }
+    return 0;
+}
+
+int loco_ckpt_save_view(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
+                        const loco_ckpt_state *st) {
+    const size_t P = v->tt->numel;
+    if (v->p_lo != 0 || v->p_hi != P || (v->m && (v->o_lo != 0 || v->o_hi != P)))
+        return LOCO_ERR(LOCO_EINVAL, "single-file checkpoints need every parameter");
+    char tmp[PATH_MAX], path[PATH_MAX + 64];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
+        return LOCO_ERR(LOCO_EINVAL, "checkpoint path too long: %s", dir);
+    int rc = 0;
+    cJSON *j = NULL;
+    float *mv = NULL;
+    loco_ttable both = {0};
+    LOCO_CHECK(loco_rmtree(tmp));
+    LOCO_CHECK(loco_mkdirs(tmp));
+
+    const loco_gpt_config *c = &v->model;
+    char nl[16], nh[16], ne[16], nv[16], np[16];
+    snprintf(nl, sizeof nl, "%d", c->n_layer);
+    snprintf(nh, sizeof nh, "%d", c->n_head);
+    snprintf(ne, sizeof ne, "%d", c->n_embd);
+    snprintf(nv, sizeof nv, "%d", c->vocab_size);
+    snprintf(np, sizeof np, "%d", c->seq_len);
+    const char *meta[] = {"n_layer", nl, "n_head", nh, "n_embd", ne, "vocab_size", nv,
+                          "n_positions", np, "producer", "loco", NULL};
+    snprintf(path, sizeof path, "%s/" MODEL_FILE, tmp);
+    LOCO_CHECK_GOTO(loco_st_write(path, v->tt, v->params, NULL, meta), out);
+    uint64_t h_model, h_optim = 0;
+    LOCO_CHECK_GOTO(file_hash(path, &h_model), out);
+    if (v->m) {
+        snprintf(path, sizeof path, "%s/" OPTIM_FILE, tmp);
+        LOCO_CHECK_GOTO(moments_table(&both, v->tt), out);
+        mv = loco_alloc(2 * P * sizeof(float));
+        if (!mv) {
+            rc = LOCO_ERR(LOCO_ENOMEM, "optimizer checkpoint buffer");
+            goto out;
+        }
+        memcpy(mv, v->m, P * sizeof(float));
+        memcpy(mv + P, v->v, P * sizeof(float));
+        LOCO_CHECK_GOTO(loco_st_write(path, &both, mv, NULL, NULL), out);
+        LOCO_CHECK_GOTO(file_hash(path, &h_optim), out);
+    }
+    LOCO_CHECK_GOTO(write_configs(tmp, cfg, c), out);
+    j = state_json(st, v->m ? v->adam_t : 0);
     cJSON *files = cJSON_AddObjectToObject(j, "xxh3");
     hex_item(files, MODEL_FILE, h_model);
-    if (opt)
+    if (v->m)
         hex_item(files, OPTIM_FILE, h_optim);
-    json = cJSON_Print(j);
-    if (!json) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "state.json");
-        goto out;
-    }
-    /* state.json is written last: a directory without it is not a checkpoint. */
-    snprintf(path, sizeof path, "%s/" STATE_FILE, tmp);
-    LOCO_CHECK_GOTO(write_text(path, json), out);
+    LOCO_CHECK_GOTO(write_state(tmp, j), out);
     LOCO_CHECK_GOTO(loco_dir_commit(tmp, dir), out);
 out:
-    cJSON_free(json);
+    loco_ttable_fini(&both);
+    loco_free(mv);
     cJSON_Delete(j);
     if (rc < 0)
         loco_rmtree(tmp);
     return rc;
+}
+
+static loco_ckpt_view model_view(const loco_gpt *m, const loco_adamw *opt) {
+    loco_ckpt_view v = {
+        .tt = &m->tt, .model = m->cfg, .params = m->params, .p_lo = 0, .p_hi = m->n_params,
+        .m = opt ? opt->m : NULL, .v = opt ? opt->v : NULL, .o_lo = 0,
+        .o_hi = opt ? m->n_params : 0, .adam_t = opt ? opt->t : 0};
+    return v;
+}
+
+int loco_ckpt_save(const char *dir, const loco_config *cfg, const loco_gpt *m,
+                   const loco_adamw *opt, const loco_ckpt_state *st) {
+    loco_ckpt_view v = model_view(m, opt);
+    return loco_ckpt_save_view(dir, cfg, &v, st);
+}
+
+int loco_ckpt_write_shard(const char *tmpdir, int index, const loco_ckpt_view *v, size_t lo,
+                          size_t hi, uint64_t *hash) {
+    if (lo < v->p_lo || hi > v->p_hi || (v->m && (lo < v->o_lo || hi > v->o_hi)))
+        return LOCO_ERR(LOCO_EINVAL, "shard [%zu, %zu) is not held by this rank", lo, hi);
+    const size_t n = hi - lo;
+    loco_ttable tt;
+    loco_ttable_init(&tt);
+    int rc = 0;
+    float *buf = loco_alloc((n ? 3 * n : 1) * sizeof(float));
+    if (!buf) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "shard buffer of %zu elements", 3 * n);
+        goto out;
+    }
+    /* Zero-length shards (more ranks than parameters) carry one padding
+     * element so every tensor has a shape; lo == hi says it is empty. */
+    int64_t len = n ? (int64_t)n : 1;
+    LOCO_CHECK_GOTO(loco_ttable_add(&tt, "params", 1, &len, -1, false), out);
+    LOCO_CHECK_GOTO(loco_ttable_add(&tt, "exp_avg", 1, &len, -1, false), out);
+    LOCO_CHECK_GOTO(loco_ttable_add(&tt, "exp_avg_sq", 1, &len, -1, false), out);
+    memcpy(buf, v->params + (lo - v->p_lo), n * sizeof(float));
+    if (v->m) {
+        memcpy(buf + len, v->m + (lo - v->o_lo), n * sizeof(float));
+        memcpy(buf + 2 * len, v->v + (lo - v->o_lo), n * sizeof(float));
+    }
+    char slo[24], shi[24], path[PATH_MAX + 64];
+    snprintf(slo, sizeof slo, "%zu", lo);
+    snprintf(shi, sizeof shi, "%zu", hi);
+    const char *meta[] = {"lo", slo, "hi", shi, NULL};
+    snprintf(path, sizeof path, "%s/shard_%05d.safetensors", tmpdir, index);
+    LOCO_CHECK_GOTO(loco_st_write(path, &tt, buf, NULL, meta), out);
+    LOCO_CHECK_GOTO(file_hash(path, hash), out);
+out:
+    loco_free(buf);
+    loco_ttable_fini(&tt);
+    return rc;
+}
+
+int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_config *cfg,
+                             const loco_ckpt_view *v, int n_shards, const size_t *los,
+                             const size_t *his, const uint64_t *hashes,
+                             const loco_ckpt_state *st) {
+    LOCO_CHECK(write_configs(tmpdir, cfg, &v->model));
+    cJSON *j = state_json(st, v->adam_t);
+    cJSON_AddNumberToObject(j, "n_params", (double)v->tt->numel);
+    cJSON *arr = cJSON_AddArrayToObject(j, "shards");
+    for (int i = 0; i < n_shards; i++) {
+        cJSON *e = cJSON_CreateObject();
+        char name[64];
+        snprintf(name, sizeof name, "shard_%05d.safetensors", i);
+        cJSON_AddStringToObject(e, "file", name);
+        cJSON_AddNumberToObject(e, "lo", (double)los[i]);
+        cJSON_AddNumberToObject(e, "hi", (double)his[i]);
+        hex_item(e, "xxh3", hashes[i]);
+        cJSON_AddItemToArray(arr, e);
+    }
+    int rc = write_state(tmpdir, j);
+    cJSON_Delete(j);
+    LOCO_CHECK(rc);
+    return loco_dir_commit(tmpdir, dir);
 }
 
 static int parse_hex(const cJSON *item, uint64_t *out) {
@@ -192,14 +289,11 @@ static int get_int(const cJSON *obj, const char *key, int64_t *out) {
     return 0;
 }
 
-/* Reads a file named in state.json and checks its XXH3 against it. */
-static int verify_file(const char *dir, const char *name, const cJSON *sums) {
+/* Reads a file and checks its XXH3 against the expected value. */
+static int verify_hash(const char *dir, const char *name, uint64_t want) {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    uint64_t want, got;
-    if (parse_hex(cJSON_GetObjectItemCaseSensitive(sums, name), &want) < 0)
-        return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: state.json has no checksum for %s", dir,
-                        name);
+    uint64_t got;
     int rc = file_hash(path, &got);
     if (rc < 0)
         return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: cannot read %s (%s)", dir, name,
@@ -212,17 +306,173 @@ static int verify_file(const char *dir, const char *name, const cJSON *sums) {
     return 0;
 }
 
-int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_adamw *opt,
-                   loco_ckpt_state *st) {
+/* Checks the checksum state.json gives for a file of the single layout. */
+static int verify_file(const char *dir, const char *name, const cJSON *sums) {
+    uint64_t want;
+    if (parse_hex(cJSON_GetObjectItemCaseSensitive(sums, name), &want) < 0)
+        return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: state.json has no checksum for %s", dir,
+                        name);
+    return verify_hash(dir, name, want);
+}
+
+/* Copies the part of src's flat range [a, b) that falls in [lo, hi) to dst
+ * (which holds [lo, hi)). */
+static void copy_overlap(float *dst, size_t lo, size_t hi, const float *src, size_t a, size_t b) {
+    size_t x = a > lo ? a : lo, y = b < hi ? b : hi;
+    if (x < y)
+        memcpy(dst + (x - lo), src + (x - a), (y - x) * sizeof(float));
+}
+
+static bool overlaps(size_t a, size_t b, size_t lo, size_t hi) { return a < hi && lo < b; }
+
+/* Single layout: per tensor, checked on the first pass, copied on the
+ * second. */
+static int load_single(const char *dir, const cJSON *sums, loco_ckpt_view *v) {
+    int rc = 0;
+    loco_st *sm = NULL, *so = NULL;
+    loco_ttable both = {0};
+    char path[PATH_MAX + 64];
+    LOCO_CHECK_GOTO(verify_file(dir, MODEL_FILE, sums), out);
+    snprintf(path, sizeof path, "%s/" MODEL_FILE, dir);
+    LOCO_CHECK_GOTO(loco_st_open(&sm, path), out);
+    if (v->m) {
+        LOCO_CHECK_GOTO(verify_file(dir, OPTIM_FILE, sums), out);
+        snprintf(path, sizeof path, "%s/" OPTIM_FILE, dir);
+        LOCO_CHECK_GOTO(loco_st_open(&so, path), out);
+        LOCO_CHECK_GOTO(moments_table(&both, v->tt), out);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < v->tt->n; i++) {
+            const loco_tensor *t = &v->tt->t[i];
+            const float *src[3] = {NULL, NULL, NULL};
+            const char *names[3] = {t->name, v->m ? both.t[i].name : NULL,
+                                    v->m ? both.t[v->tt->n + i].name : NULL};
+            for (int k = 0; k < 3; k++) {
+                if (!names[k])
+                    continue;
+                int ndim;
+                int64_t shape[LOCO_TENSOR_MAX_DIM];
+                LOCO_CHECK_GOTO(loco_st_get(k ? so : sm, names[k], &src[k], &ndim, shape), out);
+                bool same = ndim == t->ndim;
+                for (int d = 0; same && d < ndim; d++)
+                    same = shape[d] == t->shape[d];
+                if (!same) {
+                    rc = LOCO_ERR(LOCO_EPROTO,
+                                  "checkpoint %s: tensor '%s' has another shape than the model's",
+                                  dir, names[k]);
+                    goto out;
+                }
+            }
+            if (pass == 0)
+                continue;
+            size_t a = t->offset, b = t->offset + t->numel;
+            copy_overlap(v->params, v->p_lo, v->p_hi, src[0], a, b);
+            if (v->m) {
+                copy_overlap(v->m, v->o_lo, v->o_hi, src[1], a, b);
+                copy_overlap(v->v, v->o_lo, v->o_hi, src[2], a, b);
+            }
+        }
+    }
+out:
+    loco_ttable_fini(&both);
+    loco_st_close(sm);
+    loco_st_close(so);
+    return rc;
+}
+
+/* Sharded layout: every shard a range needs is verified and opened, the
+ * shards must tile [0, P) in order, then the overlaps are copied. */
+static int load_sharded(const char *dir, const cJSON *j, loco_ckpt_view *v) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "shards");
+    const int n = cJSON_GetArraySize(arr);
+    int64_t P;
+    if (get_int(j, "n_params", &P) || n < 1 || n > 1 << 20)
+        return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: state.json has a bad shard list", dir);
+    if ((size_t)P != v->tt->numel)
+        return LOCO_ERR(LOCO_EPROTO, "checkpoint %s holds %lld parameters, the model has %zu",
+                        dir, (long long)P, v->tt->numel);
+    loco_st **st = loco_alloc((size_t)n * sizeof *st);
+    size_t *los = loco_alloc((size_t)n * sizeof(size_t) * 2);
+    if (!st || !los) {
+        loco_free(st);
+        loco_free(los);
+        return LOCO_ERR(LOCO_ENOMEM, "shard handles");
+    }
+    size_t *his = los + n;
+    int rc = 0;
+    size_t expect = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        for (int i = 0; i < n; i++) {
+            const cJSON *e = cJSON_GetArrayItem(arr, i);
+            const cJSON *file = cJSON_GetObjectItemCaseSensitive(e, "file");
+            int64_t lo, hi;
+            uint64_t h;
+            if (pass == 0) {
+                if (!cJSON_IsString(file) || strchr(file->valuestring, '/') || get_int(e, "lo", &lo) ||
+                    get_int(e, "hi", &hi) || parse_hex(cJSON_GetObjectItemCaseSensitive(e, "xxh3"), &h) ||
+                    (size_t)lo != expect || hi < lo || hi > P) {
+                    rc = LOCO_ERR(LOCO_EPROTO,
+                                  "checkpoint %s: shard %d of state.json is malformed or the "
+                                  "shards do not tile the parameters",
+                                  dir, i);
+                    goto out;
+                }
+                los[i] = (size_t)lo, his[i] = (size_t)hi;
+                expect = (size_t)hi;
+                bool need = overlaps(los[i], his[i], v->p_lo, v->p_hi) ||
+                            (v->m && overlaps(los[i], his[i], v->o_lo, v->o_hi));
+                if (!need)
+                    continue;
+                LOCO_CHECK_GOTO(verify_hash(dir, file->valuestring, h), out);
+                char path[PATH_MAX + 64];
+                snprintf(path, sizeof path, "%s/%s", dir, file->valuestring);
+                LOCO_CHECK_GOTO(loco_st_open(&st[i], path), out);
+                const float *x;
+                int64_t shape[LOCO_TENSOR_MAX_DIM];
+                int ndim;
+                const char *names[3] = {"params", "exp_avg", "exp_avg_sq"};
+                for (int k = 0; k < 3; k++) {
+                    LOCO_CHECK_GOTO(loco_st_get(st[i], names[k], &x, &ndim, shape), out);
+                    size_t len = his[i] - los[i];
+                    if (ndim != 1 || (size_t)shape[0] != (len ? len : 1)) {
+                        rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s has a bad %s tensor", dir,
+                                      file->valuestring, names[k]);
+                        goto out;
+                    }
+                }
+            } else if (st[i]) {
+                const float *p, *m1, *m2;
+                loco_st_get(st[i], "params", &p, NULL, NULL);
+                loco_st_get(st[i], "exp_avg", &m1, NULL, NULL);
+                loco_st_get(st[i], "exp_avg_sq", &m2, NULL, NULL);
+                copy_overlap(v->params, v->p_lo, v->p_hi, p, los[i], his[i]);
+                if (v->m) {
+                    copy_overlap(v->m, v->o_lo, v->o_hi, m1, los[i], his[i]);
+                    copy_overlap(v->v, v->o_lo, v->o_hi, m2, los[i], his[i]);
+                }
+            }
+        }
+        if (pass == 0 && expect != (size_t)P) {
+            rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: shards end at %zu of %lld parameters", dir,
+                          expect, (long long)P);
+            goto out;
+        }
+    }
+out:
+    for (int i = 0; i < n; i++)
+        loco_st_close(st[i]);
+    loco_free(st);
+    loco_free(los);
+    return rc;
+}
+
+int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
+                        loco_ckpt_state *st) {
     char path[PATH_MAX + 64];
     void *text = NULL;
     size_t len;
     int rc = 0;
     cJSON *j = NULL;
-    loco_st *sm = NULL, *so = NULL;
-    float *params = NULL, *mv = NULL;
-    loco_ttable both;
-    loco_ttable_init(&both);
 
     snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
     rc = loco_file_read(path, &text, &len);
@@ -242,12 +492,13 @@ int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_ad
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "data");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rng");
     const cJSON *sums = cJSON_GetObjectItemCaseSensitive(j, "xxh3");
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(j, "shards");
     uint64_t model_hash, rng[4];
     if (get_int(j, "version", &version) || get_int(j, "step", &step) ||
         get_int(j, "adam_t", &adam_t) || get_int(d, "shard", &shard) || get_int(d, "pos", &pos) ||
         get_int(d, "epoch", &epoch) || !cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4 ||
         parse_hex(cJSON_GetObjectItemCaseSensitive(j, "model_hash"), &model_hash) ||
-        !cJSON_IsObject(sums)) {
+        !(cJSON_IsObject(sums) || cJSON_IsArray(shards))) {
         rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s lacks or mangles a field", dir, STATE_FILE);
         goto out;
     }
@@ -261,49 +512,18 @@ int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_ad
                       (long long)version, CKPT_VERSION);
         goto out;
     }
-    uint64_t want_hash = loco_config_hash(cfg, model_sections);
-    if (model_hash != want_hash) {
+    if (model_hash != loco_config_hash(cfg, model_sections)) {
         rc = LOCO_ERR(LOCO_EINVAL,
                       "checkpoint %s was written for another [model] section than the config's "
                       "(see %s/config.ini)",
                       dir, dir);
         goto out;
     }
-    LOCO_CHECK_GOTO(verify_file(dir, MODEL_FILE, sums), out);
-    snprintf(path, sizeof path, "%s/" MODEL_FILE, dir);
-    LOCO_CHECK_GOTO(loco_st_open(&sm, path), out);
-    params = loco_alloc(m->n_params * sizeof(float));
-    if (!params) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "checkpoint load buffer");
-        goto out;
-    }
-    LOCO_CHECK_GOTO(loco_st_read_into(sm, &m->tt, params, NULL), out);
-    if (opt) {
-        LOCO_CHECK_GOTO(verify_file(dir, OPTIM_FILE, sums), out);
-        snprintf(path, sizeof path, "%s/" OPTIM_FILE, dir);
-        LOCO_CHECK_GOTO(loco_st_open(&so, path), out);
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < m->tt.n; i++) {
-                char n[LOCO_TENSOR_NAME_MAX + 16];
-                snprintf(n, sizeof n, "%s%.80s", pass ? "exp_avg_sq." : "exp_avg.",
-                         m->tt.t[i].name);
-                LOCO_CHECK_GOTO(
-                    loco_ttable_add(&both, n, m->tt.t[i].ndim, m->tt.t[i].shape, -1, false), out);
-            }
-        mv = loco_alloc(2 * m->n_params * sizeof(float));
-        if (!mv) {
-            rc = LOCO_ERR(LOCO_ENOMEM, "checkpoint load buffer");
-            goto out;
-        }
-        LOCO_CHECK_GOTO(loco_st_read_into(so, &both, mv, NULL), out);
-    }
-    /* Everything checked: only now touch the caller's model and optimizer. */
-    memcpy(m->params, params, m->n_params * sizeof(float));
-    if (opt) {
-        memcpy(opt->m, mv, m->n_params * sizeof(float));
-        memcpy(opt->v, mv + m->n_params, m->n_params * sizeof(float));
-        opt->t = adam_t;
-    }
+    if (cJSON_IsArray(shards))
+        LOCO_CHECK_GOTO(load_sharded(dir, j, v), out);
+    else
+        LOCO_CHECK_GOTO(load_single(dir, sums, v), out);
+    v->adam_t = adam_t;
     if (st) {
         st->step = step;
         st->data = (loco_data_pos){.shard = shard, .pos = pos, .epoch = epoch};
@@ -311,12 +531,47 @@ int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_ad
         st->model_hash = model_hash;
     }
 out:
-    loco_ttable_fini(&both);
-    loco_free(params);
-    loco_free(mv);
-    loco_st_close(sm);
-    loco_st_close(so);
     cJSON_Delete(j);
     loco_free(text);
+    return rc;
+}
+
+int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_adamw *opt,
+                   loco_ckpt_state *st) {
+    loco_ckpt_view v = model_view(m, opt);
+    LOCO_CHECK(loco_ckpt_load_view(dir, cfg, &v, st));
+    if (opt)
+        opt->t = v.adam_t;
+    return 0;
+}
+
+int loco_ckpt_export(const char *dir, const char *out) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/config.ini", dir);
+    loco_config cfg;
+    loco_config_defaults(&cfg);
+    int rc = loco_config_load(&cfg, path);
+    if (rc < 0)
+        return LOCO_ERR(LOCO_EPROTO, "%s is not a complete checkpoint (config.ini: %s)", dir,
+                        loco_strerror(rc));
+    loco_gpt_config mc = loco_gpt_config_from(&cfg);
+    loco_ttable tt;
+    LOCO_CHECK(loco_gpt_build_table(&tt, &mc));
+    float *params = loco_alloc(tt.numel * sizeof(float));
+    if (!params) {
+        loco_ttable_fini(&tt);
+        return LOCO_ERR(LOCO_ENOMEM, "export buffer of %zu parameters", tt.numel);
+    }
+    loco_ckpt_view v = {.tt = &tt, .model = mc, .params = params, .p_lo = 0, .p_hi = tt.numel};
+    LOCO_CHECK_GOTO(loco_ckpt_load_view(dir, &cfg, &v, NULL), out);
+    LOCO_CHECK_GOTO(loco_mkdirs(out), out);
+    snprintf(path, sizeof path, "%s/" MODEL_FILE, out);
+    const char *meta[] = {"producer", "loco ckpt export", NULL};
+    LOCO_CHECK_GOTO(loco_st_write(path, &tt, params, NULL, meta), out);
+    snprintf(path, sizeof path, "%s/config.json", out);
+    LOCO_CHECK_GOTO(write_hf_config(path, &mc), out);
+out:
+    loco_free(params);
+    loco_ttable_fini(&tt);
     return rc;
 }

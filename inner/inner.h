@@ -176,6 +176,11 @@ void loco_gpt_set_hooks(loco_gpt *m, const loco_gpt_hooks *hooks);
 /* GPT-2 initialisation: N(0, 0.02) weights and embeddings, residual
  * projections scaled by 1/sqrt(2 L), zero biases, unit LayerNorm weights. */
 void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng);
+/* The values loco_gpt_init_weights draws, keeping only flat indices in
+ * [lo, hi) (written to dst[0 .. hi-lo)); the RNG advances as for the whole
+ * model, so every shard of a ZeRO-3 run matches a single-rank init. */
+void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, size_t lo,
+                                 size_t hi);
 /* Forward pass on inputs (B, T). With targets, *mean_loss receives the mean
  * cross-entropy; without (NULL), only logits are computed (a.logits). */
 int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -206,6 +211,10 @@ void loco_adamw_fini(loco_adamw *opt);
 /* One update of every tensor of tt; weight decay only where tt says decay. */
 void loco_adamw_step(loco_adamw *opt, const loco_ttable *tt, float *params, const float *grads,
                      float lr);
+/* The same update restricted to the flat range [lo, hi): params and grads
+ * point at element lo, and opt covers exactly that range (ZeRO shards). */
+void loco_adamw_step_range(loco_adamw *opt, const loco_ttable *tt, float *params,
+                           const float *grads, size_t lo, size_t hi, float lr);
 /* Learning rate of optimizer step `step` (0-based): linear warm-up to
  * train.lr, then cosine decay to train.lr * train.min_lr_frac. */
 float loco_lr_at(const loco_config *cfg, int64_t step);
@@ -231,9 +240,45 @@ int loco_ckpt_save(const char *dir, const loco_config *cfg, const loco_gpt *m,
 /* Loads a checkpoint into an initialised model (and optimizer if not NULL).
  * Every file is checked (presence, checksums, shapes, model hash against
  * cfg) before anything is overwritten: a corrupt or truncated checkpoint is
- * LOCO_EPROTO and leaves m and opt untouched. */
+ * LOCO_EPROTO and leaves m and opt untouched. Reads both layouts below. */
 int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_adamw *opt,
                    loco_ckpt_state *st);
+
+/* Ranges of the flat buffers a rank holds, for checkpoints of sharded
+ * state: parameters of [p_lo, p_hi) at params, AdamW moments of
+ * [o_lo, o_hi) at m and v (both may be NULL to skip the optimizer). */
+typedef struct {
+    const loco_ttable *tt;
+    loco_gpt_config model;
+    float *params;
+    size_t p_lo, p_hi;
+    float *m, *v;
+    size_t o_lo, o_hi;
+    int64_t adam_t;
+} loco_ckpt_view;
+
+/* The single-file layout above, from a view holding every range. */
+int loco_ckpt_save_view(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
+                        const loco_ckpt_state *st);
+/* Sharded layout, written by each rank into the same temporary directory:
+ * shard_NNNNN.safetensors holds flat ranges "params", "exp_avg",
+ * "exp_avg_sq" of [lo, hi); *hash receives its XXH3. */
+int loco_ckpt_write_shard(const char *tmpdir, int index, const loco_ckpt_view *v, size_t lo,
+                          size_t hi, uint64_t *hash);
+/* Then one rank writes state.json (the manifest: every shard's range and
+ * checksum), config.json and config.ini, and publishes tmpdir as dir. */
+int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_config *cfg,
+                             const loco_ckpt_view *v, int n_shards, const size_t *los,
+                             const size_t *his, const uint64_t *hashes,
+                             const loco_ckpt_state *st);
+/* Fills the view's ranges from a checkpoint of either layout, whatever the
+ * number of shards it was written with (resharding), after checking every
+ * file it needs; on error the view is untouched. */
+int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
+                        loco_ckpt_state *st);
+/* Writes OUT/model.safetensors + OUT/config.json (Hugging Face) from a
+ * checkpoint of either layout, using the checkpoint's own config.ini. */
+int loco_ckpt_export(const char *dir, const char *out);
 
 /* -------------------------------------------------------------- training */
 

@@ -234,27 +234,31 @@ void loco_gpt_fini(loco_gpt *m) {
     memset(m, 0, sizeof *m);
 }
 
-void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng) {
+void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, size_t lo,
+                                 size_t hi) {
     const float std = 0.02f;
     const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
     for (int i = 0; i < m->tt.n; i++) {
         const loco_tensor *t = &m->tt.t[i];
-        float *x = m->params + t->offset;
         const char *name = t->name;
         size_t len = strlen(name);
         bool is_weight = len > 7 && !strcmp(name + len - 7, ".weight");
         bool is_ln = strstr(name, ".ln_") != NULL;
-        if (t->ndim == 2) {
-            bool residual_proj = strstr(name, "c_proj.weight") != NULL;
-            float s = residual_proj ? proj_std : std;
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = s * loco_rng_normal(rng);
-        } else {
-            float v = (is_ln && is_weight) ? 1.0f : 0.0f;
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = v;
+        for (size_t j = 0; j < t->numel; j++) {
+            float v;
+            if (t->ndim == 2) /* every 2-D tensor draws, kept or not */
+                v = (strstr(name, "c_proj.weight") ? proj_std : std) * loco_rng_normal(rng);
+            else
+                v = (is_ln && is_weight) ? 1.0f : 0.0f;
+            size_t k = t->offset + j;
+            if (k >= lo && k < hi)
+                dst[k - lo] = v;
         }
     }
+}
+
+void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng) {
+    loco_gpt_init_weights_range(m, rng, m->params, 0, m->n_params);
 }
 
 void loco_gpt_zero_grad(loco_gpt *m) {

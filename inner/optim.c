@@ -39,6 +39,22 @@ void loco_adamw_step(loco_adamw *opt, const loco_ttable *tt, float *params, cons
     }
 }
 
+void loco_adamw_step_range(loco_adamw *opt, const loco_ttable *tt, float *params,
+                           const float *grads, size_t lo, size_t hi, float lr) {
+    opt->t++;
+    for (int i = 0; i < tt->n; i++) {
+        const loco_tensor *t = &tt->t[i];
+        size_t a = t->offset > lo ? t->offset : lo;
+        size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= b)
+            continue;
+        float wd = t->decay ? opt->weight_decay : 0.0f;
+        loco_adamw_update(params + (a - lo), grads + (a - lo), opt->m + (a - lo),
+                          opt->v + (a - lo), b - a, lr, opt->beta1, opt->beta2, opt->eps, wd,
+                          opt->t);
+    }
+}
+
 float loco_lr_at(const loco_config *cfg, int64_t step) {
     const double lr = cfg->train.lr, min_lr = lr * cfg->train.min_lr_frac;
     const int64_t warm = cfg->train.warmup_steps, total = cfg->train.steps;

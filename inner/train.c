@@ -1,6 +1,8 @@
 /* The single-island training loop: micro-batches, clipping, AdamW, logging,
  * evaluation and checkpoints. */
 #include "inner/inner.h"
+#include "inner/mesh/mesh.h"
+#include "inner/parallel/parallel.h"
 
 #include <limits.h>
 #include <math.h>
@@ -8,8 +10,12 @@
 
 struct loco_trainer {
     loco_config cfg;
+    loco_comm *world;
+    loco_mesh mesh;
+    loco_comm *dp;   /* the mesh's dp group (not owned) */
+    bool root;       /* rank 0 of the world logs, evaluates and writes metrics */
     loco_gpt model;
-    loco_adamw opt;
+    loco_zero *zero;
     loco_data *train, *val;
     loco_metrics *metrics;
     loco_rng rng;
@@ -22,14 +28,27 @@ struct loco_trainer {
 void loco_trainer_destroy(loco_trainer *t) {
     if (!t)
         return;
+    loco_zero_destroy(t->zero);
     loco_gpt_fini(&t->model);
-    loco_adamw_fini(&t->opt);
     loco_data_close(t->train);
     loco_data_close(t->val);
     loco_metrics_close(t->metrics);
     loco_free(t->inputs);
     loco_free(t->targets);
+    loco_mesh_fini(&t->mesh);
+    loco_comm_destroy(t->world);
     loco_free(t);
+}
+
+/* The flat ranges this rank holds, as a checkpoint sees them. */
+static loco_ckpt_view trainer_view(loco_trainer *t) {
+    loco_ckpt_view v = {.tt = &t->model.tt, .model = t->model.cfg};
+    loco_zero_held_params(t->zero, &v.p_lo, &v.p_hi, &v.params);
+    loco_adamw *opt = loco_zero_optimizer(t->zero, &v.o_lo, &v.o_hi);
+    v.m = opt->m;
+    v.v = opt->v;
+    v.adam_t = opt->t;
+    return v;
 }
 
 int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *resume_dir) {
@@ -44,16 +63,24 @@ int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *
     t->T = (int)cfg->model.seq_len;
     t->unigram = NAN;
     loco_set_threads((int)cfg->run.threads);
+    LOCO_CHECK_GOTO(loco_comm_world(&t->world, cfg->parallel.backend), out_fail);
+    LOCO_CHECK_GOTO(loco_mesh_init(&t->mesh, cfg, t->world), out_fail);
+    t->dp = t->mesh.group[LOCO_DIM_DP];
+    t->root = loco_comm_rank(t->world) == 0;
+    if (!t->root && loco_log_get_level() > LOCO_LOG_WARN)
+        loco_log_set_level(LOCO_LOG_WARN);
     loco_gpt_config mc = loco_gpt_config_from(cfg);
-    LOCO_CHECK_GOTO(loco_gpt_init(&t->model, &mc, t->B, t->T), out_fail);
-    LOCO_CHECK_GOTO(loco_adamw_init(&t->opt, t->model.n_params, cfg), out_fail);
+    unsigned flags = loco_zero_model_flags((int)cfg->parallel.zero_stage);
+    LOCO_CHECK_GOTO(loco_gpt_init_ex(&t->model, &mc, t->B, t->T, flags), out_fail);
+    LOCO_CHECK_GOTO(loco_zero_create(&t->zero, &t->model, t->dp, cfg), out_fail);
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     if (!t->inputs || !t->targets) {
         rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
         goto out_fail;
     }
-    LOCO_CHECK_GOTO(loco_data_open(&t->train, cfg->data.train, t->B, t->T, 0, 1, mc.vocab_size),
+    LOCO_CHECK_GOTO(loco_data_open(&t->train, cfg->data.train, t->B, t->T,
+                                   loco_comm_rank(t->dp), loco_comm_size(t->dp), mc.vocab_size),
                     out_fail);
     if (cfg->data.val[0])
         LOCO_CHECK_GOTO(loco_data_open(&t->val, cfg->data.val, t->B, t->T, 0, 1, mc.vocab_size),
@@ -61,13 +88,15 @@ int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *
     loco_rng_seed(&t->rng, (uint64_t)cfg->train.seed);
     if (resume_dir) {
         loco_ckpt_state st;
-        LOCO_CHECK_GOTO(loco_ckpt_load(resume_dir, cfg, &t->model, &t->opt, &st), out_fail);
+        loco_ckpt_view v = trainer_view(t);
+        LOCO_CHECK_GOTO(loco_ckpt_load_view(resume_dir, cfg, &v, &st), out_fail);
+        loco_zero_optimizer(t->zero, NULL, NULL)->t = v.adam_t;
         LOCO_CHECK_GOTO(loco_data_seek(t->train, st.data), out_fail);
         t->step = st.step;
         t->rng = st.rng;
         loco_info("resumed from %s at step %lld", resume_dir, (long long)t->step);
     } else {
-        loco_gpt_init_weights(&t->model, &t->rng);
+        loco_zero_init_weights(t->zero, &t->rng);
     }
     *out = t;
     return 0;
@@ -86,26 +115,31 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     double loss_sum = 0;
     for (int micro = 0; micro < accum; micro++) {
         LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));
+        loco_zero_micro_begin(t->zero, micro == 0, micro == accum - 1);
         float loss;
         LOCO_CHECK(loco_gpt_forward_backward(&t->model, t->inputs, t->targets, t->B, t->T,
                                              1.0f / (float)accum, &loss));
         loss_sum += loss;
     }
-    double norm = loco_clip_grad_norm(t->model.grads, t->model.n_params, t->cfg.train.grad_clip);
+    float lr = loco_lr_at(&t->cfg, t->step);
+    double norm;
+    LOCO_CHECK(loco_zero_step(t->zero, lr, t->cfg.train.grad_clip, &norm));
     if (!isfinite(norm))
         return LOCO_ERR(LOCO_EINVAL, "step %lld: gradient norm is %g (training diverged)",
                         (long long)t->step + 1, norm);
-    float lr = loco_lr_at(&t->cfg, t->step);
-    loco_adamw_step(&t->opt, &t->model.tt, t->model.params, t->model.grads, lr);
+    double loss = loss_sum / accum;
+    if (loco_comm_size(t->dp) > 1)
+        LOCO_CHECK(loco_comm_allreduce(t->dp, &loss, 1, LOCO_DT_F64, LOCO_OP_AVG));
     t->step++;
     double dt = loco_now() - t0;
     if (stats) {
         stats->step = t->step;
-        stats->loss = (float)(loss_sum / accum);
+        stats->loss = (float)loss;
         stats->lr = lr;
         stats->grad_norm = norm;
         stats->seconds = dt;
-        stats->tokens_per_s = (double)t->B * t->T * accum / dt;
+        stats->tokens_per_s =
+            (double)t->B * t->T * accum * loco_comm_size(t->dp) / dt;
     }
     return 0;
 }
@@ -135,7 +169,67 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
         .rng = t->rng,
         .model_hash = loco_config_hash(&t->cfg, model_sections),
     };
-    return loco_ckpt_save(dir, &t->cfg, &t->model, &t->opt, &st);
+    loco_ckpt_view v = trainer_view(t);
+    const int n = loco_comm_size(t->dp), r = loco_comm_rank(t->dp);
+    if (n == 1)
+        return t->root ? loco_ckpt_save_view(dir, &t->cfg, &v, &st) : 0;
+    /* Sharded: every dp rank writes its owned range into DIR.tmp, rank 0
+     * ties them with the manifest and publishes. Ranks share a file system. */
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
+        return LOCO_ERR(LOCO_EINVAL, "checkpoint path too long: %s", dir);
+    int rc = 0;
+    if (r == 0) {
+        rc = loco_rmtree(tmp);
+        if (rc == 0)
+            rc = loco_mkdirs(tmp);
+    }
+    int ok = rc == 0;
+    LOCO_CHECK(loco_comm_allreduce(t->dp, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM));
+    if (ok != n)
+        return rc < 0 ? rc : LOCO_ERR(LOCO_EIO, "rank 0 could not create %s", tmp);
+    size_t lo, hi;
+    loco_zero_range(t->zero, &lo, &hi);
+    uint64_t h = 0;
+    rc = loco_ckpt_write_shard(tmp, r, &v, lo, hi, &h);
+    /* Every rank learns every shard's range, checksum and success. */
+    int64_t *all = loco_alloc((size_t)n * 4 * sizeof(int64_t));
+    if (!all)
+        return LOCO_ERR(LOCO_ENOMEM, "shard table");
+    int64_t mine[4] = {(int64_t)lo, (int64_t)hi, (int64_t)h, rc == 0};
+    size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
+    size_t *los = loco_alloc((size_t)n * 2 * sizeof(size_t));
+    uint64_t *hashes = loco_alloc((size_t)n * sizeof(uint64_t));
+    int rc2 = 0;
+    if (!counts || !los || !hashes)
+        rc2 = LOCO_ERR(LOCO_ENOMEM, "shard table");
+    for (int i = 0; counts && i < n; i++)
+        counts[i] = 4;
+    if (rc2 == 0)
+        rc2 = loco_comm_allgather(t->dp, mine, all, counts, LOCO_DT_I64);
+    bool all_ok = rc2 == 0;
+    for (int i = 0; all_ok && i < n; i++) {
+        all_ok = all[4 * i + 3] == 1;
+        los[i] = (size_t)all[4 * i];
+        los[n + i] = (size_t)all[4 * i + 1];
+        hashes[i] = (uint64_t)all[4 * i + 2];
+    }
+    if (rc == 0 && rc2 == 0 && !all_ok)
+        rc = LOCO_ERR(LOCO_EIO, "another rank failed to write its checkpoint shard");
+    if (rc == 0 && rc2 == 0 && r == 0)
+        rc = loco_ckpt_write_manifest(tmp, dir, &t->cfg, &v, n, los, los + n, hashes, &st);
+    loco_free(all);
+    loco_free(counts);
+    loco_free(los);
+    loco_free(hashes);
+    if (rc2 < 0)
+        return rc2;
+    /* The directory is published (or not) before any rank goes on. */
+    int pub = rc == 0;
+    LOCO_CHECK(loco_comm_allreduce(t->dp, &pub, 1, LOCO_DT_I32, LOCO_OP_SUM));
+    if (rc == 0 && pub != n)
+        rc = LOCO_ERR(LOCO_EIO, "checkpoint %s was not published: another rank failed", dir);
+    return rc;
 }
 
 static void format_eta(double s, char *buf, size_t cap) {
@@ -179,17 +273,21 @@ int loco_trainer_run(loco_trainer *t) {
     LOCO_CHECK(loco_mkdirs(c->run.dir));
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", c->run.dir);
-    LOCO_CHECK(loco_metrics_open(&t->metrics, path, t->step > 0));
-    if (t->val && c->data.val[0])
+    if (t->root)
+        LOCO_CHECK(loco_metrics_open(&t->metrics, path, t->step > 0));
+    if (t->root && t->val && c->data.val[0])
         if (loco_data_unigram_entropy(c->data.val, (int)c->model.vocab_size, &t->unigram) < 0)
             t->unigram = NAN;
-    const int64_t tokens_per_step = (int64_t)t->B * t->T * c->train.grad_accum;
+    const int dp = loco_comm_size(t->dp);
+    const int64_t tokens_per_step = (int64_t)t->B * t->T * c->train.grad_accum * dp;
     loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters",
               t->model.cfg.n_layer, t->model.cfg.n_head, t->model.cfg.n_embd, t->model.cfg.seq_len,
               t->model.cfg.vocab_size, t->model.n_params);
-    loco_info("training %lld steps of %lld tokens on %d threads; run dir %s",
-              (long long)c->train.steps, (long long)tokens_per_step, loco_set_threads((int)c->run.threads),
-              c->run.dir);
+    loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, ZeRO-%d) x %d "
+              "threads; run dir %s",
+              (long long)c->train.steps, (long long)tokens_per_step,
+              loco_comm_size(t->world), loco_comm_backend(t->world), dp,
+              loco_zero_stage(t->zero), loco_set_threads((int)c->run.threads), c->run.dir);
     double t_start = loco_now();
     int64_t first = t->step;
     while (t->step < c->train.steps) {

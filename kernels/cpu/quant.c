@@ -353,6 +353,10 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
         if (!(inv <= FLT_MAX)) { /* all zero, or too tiny to scale: flush */
             scale = 0.0f;
             inv = 0.0f;
+        } else if ((double)scale * qmax > (double)amax) {
+            /* round the scale down so that qmax * scale never exceeds the
+             * block's absmax (nor FLT_MAX: no decoded infinity) */
+            scale = u2f(f2u(scale) - 1);
         }
         store_f32(scales + 4 * b, scale);
         const uint32_t base = (uint32_t)s;
@@ -528,6 +532,16 @@ void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload,
 
 /* ---------------------------------------------------------------- checks */
 
+/* Bits of the largest scale s with qmax * s <= FLT_MAX: larger ones would
+ * decode to infinity. Non-negative floats order like their bits. */
+static uint32_t max_scale_bits(double qmax)
+{
+    float s = FLT_MAX / (float)qmax;
+    while ((double)s * qmax > (double)FLT_MAX)
+        s = u2f(f2u(s) - 1);
+    return f2u(s);
+}
+
 bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n,
                            int block)
 {
@@ -535,12 +549,15 @@ bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n,
         return true;
     if (k >= LOCO_CODEC_COUNT || block <= 0)
         return false;
+    const double qmax = k == LOCO_CODEC_INT8 ? 127 : k == LOCO_CODEC_INT4 ? 7
+                      : k == LOCO_CODEC_FP8  ? 448 : 6;
+    const uint32_t max_bits = max_scale_bits(qmax);
     const size_t nb = div_up(n, (size_t)block);
     uint32_t bad = 0;
-    for (size_t b = 0; b < nb; b++) { /* finite and >= 0: bits <= FLT_MAX */
+    for (size_t b = 0; b < nb; b++) { /* 0 <= scale <= max: sign bit set is big */
         uint32_t u;
         memcpy(&u, payload + 4 * b, 4);
-        bad |= u > 0x7f7fffffU;
+        bad |= u > max_bits;
     }
     if (k == LOCO_CODEC_FP8) {
         const uint8_t *q = payload + 4 * nb;

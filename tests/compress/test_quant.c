@@ -382,6 +382,18 @@ Test(quant, non_finite_input_refused)
     cr_assert_eq(p[0], 0x7f);
     cr_assert_eq(p[3], 0xff);
     cr_assert_eq(p[2], 0x7f);
+    /* a block at the top of the range decodes finite: the scale is rounded
+     * down so that qmax * scale stays <= absmax */
+    for (int i = 0; i < 300; i++)
+        x[i] = (i & 1) ? -FLT_MAX : FLT_MAX / (float)(1 + i % 5);
+    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
+        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), 0);
+        cr_assert(loco_quant_payload_ok((loco_codec_kind)k, p, 300, 128));
+        float y[300] = {0};
+        loco_dequant_acc((loco_codec_kind)k, y, p, 300, 128, false, 1.0f);
+        for (int i = 0; i < 300; i++)
+            cr_assert(isfinite(y[i]), "%s element %d", loco_codec_name((loco_codec_kind)k), i);
+    }
     /* a block too tiny to scale decodes to zero, not to garbage */
     for (int i = 0; i < 300; i++)
         x[i] = (i & 1) ? 1e-45f : 0.0f;
@@ -534,8 +546,8 @@ Test(quant, payload_ok_rejects_bad_scales_and_nan_codes)
     for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
         uint8_t *p = quantize((loco_codec_kind)k, x, NULL, 256, 128, false, 0);
         cr_assert(loco_quant_payload_ok((loco_codec_kind)k, p, 256, 128));
-        const float bad[] = {NAN, INFINITY, -1.0f};
-        for (int j = 0; j < 3; j++) {
+        const float bad[] = {NAN, INFINITY, -1.0f, FLT_MAX, FLT_MAX / 5.9f};
+        for (int j = 0; j < 5; j++) {
             float keep;
             memcpy(&keep, p + 4, 4);
             memcpy(p + 4, &bad[j], 4);
