@@ -6,6 +6,9 @@
 
 /* Training step throughput (tiny and GPT-2 124M shapes) against sgemm. */
 int loco_bench_step(int argc, char **argv);
+/* Bytes per rank of parameters, gradients, optimizer state, unit buffers
+ * and activations beside the ZeRO formula (run under mpirun). */
+int loco_bench_memory(int argc, char **argv);
 /* Pseudo-gradient codecs against memcpy and raw libzstd. */
 int loco_bench_compress(int argc, char **argv);
 

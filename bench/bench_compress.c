@@ -151,9 +151,10 @@ static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, i
         for (size_t i = 0; i < nc; i++) {
             size_t z = ZSTD_compressCCtx(cc[omp_get_thread_num()], b->zraw + i * zstride,
                                          zstride, b->raw + i * stride, len[i], level);
-            if (ZSTD_isError(z))
+            if (ZSTD_isError(z)) {
 #pragma omp atomic write
                 failed = 1;
+            }
             zlen[i] = z;
         }
         out->enc_s = best_of(out->enc_s, loco_now() - t0);
@@ -162,9 +163,10 @@ static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, i
         for (size_t i = 0; i < nc; i++) {
             size_t d = ZSTD_decompressDCtx(dc[omp_get_thread_num()], b->raw + i * stride,
                                            len[i], b->zraw + i * zstride, zlen[i]);
-            if (ZSTD_isError(d) || d != len[i])
+            if (ZSTD_isError(d) || d != len[i]) {
 #pragma omp atomic write
                 failed = 1;
+            }
         }
         out->dec_s = best_of(out->dec_s, loco_now() - t0);
     }
@@ -188,29 +190,29 @@ typedef struct {
     bool auto_zstd;
 } row_result;
 
-static loco_codec_params row_params(const row_cfg *rc, const bench_opts *o, int threads,
+static loco_codec_params row_params(const row_cfg *cfg, const bench_opts *o, int threads,
                                     size_t n)
 {
     loco_codec_params p;
     loco_codec_params_default(&p);
-    p.codec = rc->codec;
-    p.zstd = rc->zstd ? LOCO_ZSTD_ON : LOCO_ZSTD_OFF;
+    p.codec = cfg->codec;
+    p.zstd = cfg->zstd ? LOCO_ZSTD_ON : LOCO_ZSTD_OFF;
     p.zstd_level = o->level;
-    p.error_feedback = rc->ef;
-    p.stochastic = rc->stochastic;
+    p.error_feedback = cfg->ef;
+    p.stochastic = cfg->stochastic;
     p.chunk_bytes = (size_t)o->chunk_mb << 20;
     p.threads = threads;
-    p.n_state = rc->ef ? n : 0;
+    p.n_state = cfg->ef ? n : 0;
     return p;
 }
 
-static int run_row(bufs *b, const row_cfg *rc, const bench_opts *o, int threads,
+static int run_row(bufs *b, const row_cfg *cfg, const bench_opts *o, int threads,
                    row_result *res)
 {
-    loco_codec_params p = row_params(rc, o, threads, b->n);
+    loco_codec_params p = row_params(cfg, o, threads, b->n);
     loco_codec *c;
     LOCO_CHECK(loco_codec_create(&c, &p));
-    int rc_ = 0;
+    int rc = 0;
     loco_encode_plan plan;
     res->enc_s = res->dec_s = 1e30;
     for (int r = 0; r < o->reps; r++) {
@@ -249,15 +251,15 @@ static int run_row(bufs *b, const row_cfg *rc, const bench_opts *o, int threads,
     res->auto_zstd = plan.zstd;
 out:
     loco_codec_destroy(c);
-    return rc_;
+    return rc;
 }
 
 /* Raw payloads of a codec as the zstd stage sees them (planes for fp32 and
  * bf16, nearest rounding, no EF), chunk by chunk, for raw libzstd. */
-static int fill_raw(bufs *b, const row_cfg *rc, const bench_opts *o, size_t *len, size_t *nc,
+static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *len, size_t *nc,
                     size_t *stride)
 {
-    loco_codec_params p = row_params(rc, o, 1, b->n);
+    loco_codec_params p = row_params(cfg, o, 1, b->n);
     const size_t ce = loco_compress_chunk_elems(&p);
     *nc = loco_compress_chunk_count(b->n, &p);
     *stride = loco_quant_payload_bytes(p.codec, ce, p.block);
@@ -269,9 +271,10 @@ static int fill_raw(bufs *b, const row_cfg *rc, const bench_opts *o, size_t *len
     for (size_t i = 0; i < *nc; i++) {
         const size_t first = i * ce, m = b->n - first < ce ? b->n - first : ce;
         len[i] = loco_quant_payload_bytes(p.codec, m, p.block);
-        if (loco_quant(p.codec, b->raw + i * *stride, b->x + first, NULL, m, &qa) < 0)
+        if (loco_quant(p.codec, b->raw + i * *stride, b->x + first, NULL, m, &qa) < 0) {
 #pragma omp atomic write
             failed = 1;
+        }
     }
     return failed ? LOCO_ERR(LOCO_EINVAL, "bench: non-finite data") : 0;
 }

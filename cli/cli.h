@@ -21,5 +21,6 @@ int cli_sample(int argc, char **argv);
 int cli_prep(int argc, char **argv);
 int cli_config(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_ckpt(int argc, char **argv);
 
 #endif /* LOCO_CLI_H */

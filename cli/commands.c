@@ -292,13 +292,26 @@ int cli_config(int argc, char **argv) {
 
 int cli_bench(int argc, char **argv) {
     if (argc < 1)
-        return usage_error("bench", "expected a benchmark name (step, compress)", NULL);
+        return usage_error("bench", "expected a benchmark name (step, memory, compress)", NULL);
     int rc;
     if (!strcmp(argv[0], "step"))
         rc = loco_bench_step(argc - 1, argv + 1);
+    else if (!strcmp(argv[0], "memory"))
+        rc = loco_bench_memory(argc - 1, argv + 1);
     else if (!strcmp(argv[0], "compress"))
         rc = loco_bench_compress(argc - 1, argv + 1);
     else
-        return usage_error("bench", "unknown benchmark (step, compress)", argv[0]);
+        return usage_error("bench", "unknown benchmark (step, memory, compress)", argv[0]);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+int cli_ckpt(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[0], "export")) {
+        int rc = loco_ckpt_export(argv[1], argv[2]);
+        if (rc < 0)
+            return cli_fail(rc);
+        printf("wrote %s/model.safetensors and %s/config.json\n", argv[2], argv[2]);
+        return CLI_OK;
+    }
+    return usage_error("ckpt", "expected: ckpt export CKPT_DIR OUT_DIR", NULL);
 }

@@ -9,6 +9,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "loco %s — train GPT models across datacenters (single-site mode today)\n\n"
+            "Under mpirun -np N, train runs N ranks of one island (parallel.dp, zero_stage).\n\n"
             "usage: loco COMMAND [ARGS]\n\n"
             "  train CONFIG [--set section.key=value]... [--resume CKPT_DIR]\n"
             "                         train; progress, eval and checkpoints per [run]\n"
@@ -21,7 +22,10 @@ static void usage(FILE *f) {
             "                         byte-level train/val token shards from a text file\n"
             "  config --help | --markdown | --dump [CONFIG] [--set k=v]...\n"
             "                         the configuration keys, or a resolved config\n"
-            "  bench step|compress [OPTIONS]\n"
+            "  ckpt export CKPT_DIR OUT_DIR\n"
+            "                         one Hugging Face model.safetensors + config.json from any\n"
+            "                         checkpoint, sharded or not\n"
+            "  bench step|memory|compress [OPTIONS]\n"
             "                         benchmarks against a reference measured in the same run\n"
             "  version                print the version\n",
             LOCO_VERSION);
@@ -65,6 +69,8 @@ int main(int argc, char **argv) {
         return cli_config(sub_argc, sub_argv);
     if (!strcmp(cmd, "bench"))
         return cli_bench(sub_argc, sub_argv);
+    if (!strcmp(cmd, "ckpt"))
+        return cli_ckpt(sub_argc, sub_argv);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loco %s\n", LOCO_VERSION);
         return CLI_OK;

@@ -92,6 +92,8 @@ void *loco_alloc(size_t bytes);
 void loco_free(void *p); /* accepts NULL */
 /* Make the n-th allocation from now fail (n >= 1); n = 0 disarms. */
 void loco_alloc_fail_after(long n);
+/* Bytes currently allocated through loco_alloc by this process. */
+size_t loco_alloc_live_bytes(void);
 
 /* ------------------------------------------------------------------- RNG */
 

@@ -268,6 +268,38 @@ Test(quant, bf16_nearest_even)
     free(x);
 }
 
+/* Exact ties with scale 1 (the block's absmax is qmax): half to even. */
+static void check_ties(loco_codec_kind k, const float *x, const double *want, int n)
+{
+    float b[128] = {0};
+    b[0] = (float)qmax_of(k); /* scale exactly 1 */
+    memcpy(b + 1, x, (size_t)n * sizeof *x);
+    uint8_t *p = quantize(k, b, NULL, 128, 128, false, 0);
+    cr_assert_eq(scale_of(p, 0), 1.0);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(ref_value(k, p, 128, 128, (size_t)i + 1), want[i], "%s: %.9g -> %.9g, want %.9g",
+                     loco_codec_name(k), (double)x[i], ref_value(k, p, 128, 128, (size_t)i + 1),
+                     want[i]);
+    free(p);
+}
+
+Test(quant, ties_round_to_even)
+{
+    const float i8[] = {2.5f, 3.5f, -2.5f, -3.5f, 0.5f, 126.5f};
+    const double i8w[] = {2, 4, -2, -4, 0, 126};
+    check_ties(LOCO_CODEC_INT8, i8, i8w, 6);
+    const float i4[] = {0.5f, 1.5f, 2.5f, -6.5f};
+    const double i4w[] = {0, 2, 2, -6};
+    check_ties(LOCO_CODEC_INT4, i4, i4w, 4);
+    const float f8[] = {1.0625f, 1.1875f, -1.0625f, 0x1p-10f, 3 * 0x1p-10f, 15 * 0x1p-10f,
+                        400.0f, 0.9375f * 0x1p-6f};
+    const double f8w[] = {1.0, 1.25, -1.0, 0, 0x1p-8, 0x1p-6, 384.0, 0x1p-6};
+    check_ties(LOCO_CODEC_FP8, f8, f8w, 8);
+    const float f4[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f};
+    const double f4w[] = {0, 1, 1, 2, 2, 4, 4, -4};
+    check_ties(LOCO_CODEC_FP4, f4, f4w, 8);
+}
+
 Test(quant, fp8_extremes)
 {
     /* one block spanning the whole e4m3 range, subnormals included */
