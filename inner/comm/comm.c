@@ -7,11 +7,12 @@
 #include <string.h>
 
 /* Environment variables a launcher sets in each rank: OpenMPI's mpirun,
- * MPICH/Hydra and srun --mpi=pmi2 (PMI_SIZE), PMIx launchers (PMIX_RANK),
+ * MPICH/Hydra, Intel MPI and srun --mpi=pmi2 (PMI_SIZE), MVAPICH2,
+ * PMIx launchers (PMIX_RANK),
  * srun itself (SLURM_STEP_NUM_TASKS, only inside a job step, so a plain
  * process in an sbatch script stays one rank). The first gives the size. */
 static const char *const launch_size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                               "SLURM_STEP_NUM_TASKS"};
+                                               "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"};
 static const char *const launch_flag_vars[] = {"PMIX_RANK", "PMI_RANK"};
 
 static const struct {
@@ -38,8 +39,8 @@ const char *loco_comm_op_name(loco_comm_op op) {
 
 /* ---------------------------------------------------------------- helpers */
 
-int loco__comm_new(loco_comm **out, const loco__comm_ops *ops, int rank, int size,
-                   size_t chunk_max, loco_comm_thread_level threads, void *be) {
+int loco__comm_new(loco_comm **out, const loco__comm_ops *ops, int rank, int size, size_t chunk_max,
+                   loco_comm_thread_level threads, void *be) {
     *out = NULL;
     loco_comm *c = loco_alloc(sizeof *c);
     if (!c)
@@ -59,24 +60,46 @@ int loco__comm_new(loco_comm **out, const loco__comm_ops *ops, int rank, int siz
     return 0;
 }
 
-/* Below this many elements threads cost more than the division. */
-#define DIVIDE_PARALLEL_MIN 65536
+/* Elements per thread's block of the AVG division: below one block threads
+ * cost more than the division. */
+#define DIVIDE_BLOCK ((size_t)65536)
 
-#define DIVIDE(T)                                                                              \
-    _Pragma("omp parallel for schedule(static) if (count >= DIVIDE_PARALLEL_MIN)")            \
-    for (size_t i = 0; i < count; i++)                                                         \
-        ((T *)buf)[i] = (T)(((T *)buf)[i] / (T)n)
+/* n stays an int: (uint8_t)256 would be a division by zero. */
+static void divide_range(void *buf, size_t lo, size_t hi, loco_comm_dtype dt, int n) {
+    switch (dt) {
+    case LOCO_DT_F32:
+        for (size_t i = lo; i < hi; i++)
+            ((float *)buf)[i] /= (float)n;
+        break;
+    case LOCO_DT_F64:
+        for (size_t i = lo; i < hi; i++)
+            ((double *)buf)[i] /= n;
+        break;
+    case LOCO_DT_I32:
+        for (size_t i = lo; i < hi; i++)
+            ((int32_t *)buf)[i] /= n;
+        break;
+    case LOCO_DT_I64:
+        for (size_t i = lo; i < hi; i++)
+            ((int64_t *)buf)[i] /= n;
+        break;
+    case LOCO_DT_U8:
+        for (size_t i = lo; i < hi; i++)
+            ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / n);
+        break;
+    default: break;
+    }
+}
 
 void loco__comm_divide(void *buf, size_t count, loco_comm_dtype dt, int n) {
     if (n <= 1 || count == 0)
         return;
-    switch (dt) {
-    case LOCO_DT_F32: DIVIDE(float); break;
-    case LOCO_DT_F64: DIVIDE(double); break;
-    case LOCO_DT_I32: DIVIDE(int32_t); break;
-    case LOCO_DT_I64: DIVIDE(int64_t); break;
-    case LOCO_DT_U8: DIVIDE(uint8_t); break;
-    default: break;
+    size_t blocks = (count - 1) / DIVIDE_BLOCK + 1;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t lo = b * DIVIDE_BLOCK;
+        size_t hi = count - lo < DIVIDE_BLOCK ? count : lo + DIVIDE_BLOCK;
+        divide_range(buf, lo, hi, dt, n);
     }
 }
 
@@ -140,8 +163,8 @@ static int check_peer(const loco_comm *c, int peer, int tag, const char *what) {
         return LOCO_ERR(LOCO_EINVAL, "%s: the %s communicator has one rank: no peers", what,
                         c->ops->name);
     if (peer < 0 || peer >= c->size)
-        return LOCO_ERR(LOCO_EINVAL, "%s: peer %d outside the communicator's %d ranks", what,
-                        peer, c->size);
+        return LOCO_ERR(LOCO_EINVAL, "%s: peer %d outside the communicator's %d ranks", what, peer,
+                        c->size);
     if (peer == c->rank)
         return LOCO_ERR(LOCO_EINVAL, "%s: peer %d is this rank (no messages to self)", what, peer);
     if (tag < 0 || tag > LOCO_COMM_TAG_MAX)
@@ -165,21 +188,22 @@ static void req_finish_avg(loco_comm_req *r) {
 /* Blocking form of an operation: the backend's call with req = NULL. A
  * backend that sums on the host divides for AVG itself in that case, so the
  * request path alone needs the front end's help. */
-#define START(c, what, reqp, call)                                                             \
-    do {                                                                                       \
-        *(reqp) = NULL;                                                                        \
-        loco_comm_req *r_ = req_new(c);                                                        \
-        if (!r_)                                                                               \
-            return LOCO_ERR(LOCO_ENOMEM, "%s: no memory for a request", what);                 \
-        loco_comm_req *req = r_;                                                               \
-        int rc_ = (call);                                                                      \
-        if (rc_ < 0) {                                                                         \
-            loco_free(r_);                                                                     \
-            loco__err_trace(__FILE__, __LINE__, #call);                                        \
-            return rc_;                                                                        \
-        }                                                                                      \
-        *(reqp) = r_;                                                                          \
-        return 0;                                                                              \
+#define START(c, what, reqp, call)                                                                 \
+    do {                                                                                           \
+        *(reqp) = NULL;                                                                            \
+        loco_comm_req *r_ = req_new(c);                                                            \
+        if (!r_)                                                                                   \
+            return LOCO_ERR(LOCO_ENOMEM, "%s: no memory for a request", what);                     \
+        loco_comm_req *req = r_;                                                                   \
+        int rc_ = (call);                                                                          \
+        if (rc_ < 0) {                                                                             \
+            loco_free(r_);                                                                         \
+            loco__err_trace(__FILE__, __LINE__, #call);                                            \
+            return rc_;                                                                            \
+        }                                                                                          \
+        (c)->pending++;                                                                            \
+        *(reqp) = r_;                                                                              \
+        return 0;                                                                                  \
     } while (0)
 
 /* ------------------------------------------------------------- lifecycle */
@@ -237,6 +261,9 @@ int loco_comm_world(loco_comm **out, const char *backend) {
 void loco_comm_destroy(loco_comm *c) {
     if (!c)
         return;
+    if (c->pending > 0)
+        loco_warn("comm: destroying a %s communicator with %d request(s) not waited on",
+                  c->ops->name, c->pending);
     c->ops->destroy(c);
     loco_free(c->eq_counts);
     loco_free(c);
@@ -247,9 +274,15 @@ int loco_comm_abort(loco_comm *c, int exit_code) {
     return c->ops->abort(c, exit_code);
 }
 
-int loco_comm_rank(const loco_comm *c) { return c ? c->rank : 0; }
-int loco_comm_size(const loco_comm *c) { return c ? c->size : 0; }
-const char *loco_comm_backend(const loco_comm *c) { return c ? c->ops->name : "none"; }
+int loco_comm_rank(const loco_comm *c) {
+    return c ? c->rank : 0;
+}
+int loco_comm_size(const loco_comm *c) {
+    return c ? c->size : 0;
+}
+const char *loco_comm_backend(const loco_comm *c) {
+    return c ? c->ops->name : "none";
+}
 
 loco_comm_thread_level loco_comm_thread_support(const loco_comm *c) {
     return c ? c->threads : LOCO_COMM_THREAD_SINGLE;
@@ -264,7 +297,9 @@ int loco_comm_set_chunk(loco_comm *c, size_t n) {
     return 0;
 }
 
-size_t loco_comm_chunk(const loco_comm *c) { return c ? c->chunk : 0; }
+size_t loco_comm_chunk(const loco_comm *c) {
+    return c ? c->chunk : 0;
+}
 
 int loco_comm_split(loco_comm *c, int color, int key, loco_comm **out) {
     static const char what[] = "loco_comm_split";
@@ -323,8 +358,8 @@ static int args_broadcast(const loco_comm *c, const void *buf, size_t count, loc
     return 0;
 }
 
-static int args_p2p(const loco_comm *c, const void *buf, size_t count, loco_comm_dtype dt,
-                    int peer, int tag, const char *what) {
+static int args_p2p(const loco_comm *c, const void *buf, size_t count, loco_comm_dtype dt, int peer,
+                    int tag, const char *what) {
     LOCO_CHECK(check_comm(c, what));
     LOCO_CHECK(check_dtype(dt, what));
     LOCO_CHECK(check_peer(c, peer, tag, what));
@@ -401,8 +436,7 @@ int loco_comm_recv(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, in
 
 int loco_comm_alltoallv(loco_comm *c, const void *send, const size_t *sendcounts, void *recv,
                         const size_t *recvcounts, loco_comm_dtype dt) {
-    LOCO_CHECK(
-        args_alltoallv(c, send, sendcounts, recv, recvcounts, dt, "loco_comm_alltoallv"));
+    LOCO_CHECK(args_alltoallv(c, send, sendcounts, recv, recvcounts, dt, "loco_comm_alltoallv"));
     LOCO_CHECK(c->ops->alltoallv(c, send, sendcounts, recv, recvcounts, dt, NULL));
     return 0;
 }
@@ -431,8 +465,8 @@ static int check_reqp(loco_comm_req **reqp, const char *what) {
     return 0;
 }
 
-int loco_comm_iallreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt,
-                         loco_comm_op op, loco_comm_req **reqp) {
+int loco_comm_iallreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, loco_comm_op op,
+                         loco_comm_req **reqp) {
     static const char what[] = "loco_comm_iallreduce";
     LOCO_CHECK(check_reqp(reqp, what));
     LOCO_CHECK(args_allreduce(c, buf, count, dt, op, what));
@@ -507,6 +541,7 @@ int loco_comm_wait(loco_comm_req *req) {
     } else if (req->be) {
         req->comm->ops->wait(req); /* only releases: test saw it finish */
     }
+    req->comm->pending--;
     loco_free(req);
     if (rc < 0)
         loco__err_trace(__FILE__, __LINE__, "loco_comm_wait");

@@ -44,12 +44,7 @@ typedef enum {
  * (x / size: IEEE division for floats, C division truncating toward zero for
  * integers); integer sums wrap as MPI's do, so keep integer AVG/SUM inputs
  * small enough not to overflow. */
-typedef enum {
-    LOCO_OP_SUM = 0,
-    LOCO_OP_AVG = 1,
-    LOCO_OP_MAX = 2,
-    LOCO_OP_COUNT
-} loco_comm_op;
+typedef enum { LOCO_OP_SUM = 0, LOCO_OP_AVG = 1, LOCO_OP_MAX = 2, LOCO_OP_COUNT } loco_comm_op;
 
 /* Thread support the backend provides (MPI's levels, in order). */
 typedef enum {
@@ -118,8 +113,7 @@ int loco_comm_split(loco_comm *c, int color, int key, loco_comm **out);
 
 /* In place over buf (count elements): every rank ends with op over all
  * ranks' buffers. */
-int loco_comm_allreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt,
-                        loco_comm_op op);
+int loco_comm_allreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, loco_comm_op op);
 
 /* send holds sum(counts) elements, ranks' blocks in rank order; rank r
  * receives in recv the op over all ranks of block r (counts[r] elements).
@@ -142,7 +136,8 @@ int loco_comm_broadcast(loco_comm *c, void *buf, size_t count, loco_comm_dtype d
 /* Point to point with another rank of c (peer != own rank: LOCO_EINVAL,
  * also on the self backend, which has no peers). Messages between two ranks
  * with one tag (0..LOCO_COMM_TAG_MAX) arrive in order. recv must name the
- * exact count sent: a different size is LOCO_EPROTO (mpi). */
+ * exact count sent: a shorter message is LOCO_EPROTO, a longer one LOCO_EMPI
+ * (MPI_ERR_TRUNCATE). A blocking send may wait for the matching recv. */
 int loco_comm_send(loco_comm *c, const void *buf, size_t count, loco_comm_dtype dt, int peer,
                    int tag);
 int loco_comm_recv(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, int peer, int tag);
@@ -166,8 +161,8 @@ int loco_comm_barrier(loco_comm *c);
  * NULL) that loco_comm_wait completes and frees; on failure *req = NULL and
  * nothing is pending. For AVG the division happens at completion, so buf
  * holds partial sums until then. */
-int loco_comm_iallreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt,
-                         loco_comm_op op, loco_comm_req **req);
+int loco_comm_iallreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, loco_comm_op op,
+                         loco_comm_req **req);
 int loco_comm_ireduce_scatter(loco_comm *c, const void *send, void *recv, const size_t *counts,
                               loco_comm_dtype dt, loco_comm_op op, loco_comm_req **req);
 int loco_comm_iallgather(loco_comm *c, const void *send, void *recv, const size_t *counts,

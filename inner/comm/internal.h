@@ -53,6 +53,7 @@ struct loco_comm {
     size_t chunk_max; /* the backend's limit (and default) */
     loco_comm_thread_level threads;
     size_t *eq_counts; /* (size) scratch: alltoall's equal counts */
+    int pending;       /* requests started and not yet waited on */
     void *be;          /* backend state */
 };
 
@@ -70,8 +71,8 @@ struct loco_comm_req {
 
 /* Makes a communicator around backend state `be` (taken over: on failure
  * the caller still owns be). chunk_max is also the initial chunk. */
-int loco__comm_new(loco_comm **out, const loco__comm_ops *ops, int rank, int size,
-                   size_t chunk_max, loco_comm_thread_level threads, void *be);
+int loco__comm_new(loco_comm **out, const loco__comm_ops *ops, int rank, int size, size_t chunk_max,
+                   loco_comm_thread_level threads, void *be);
 
 /* buf[i] /= n for count elements of dt (the host side of AVG). */
 void loco__comm_divide(void *buf, size_t count, loco_comm_dtype dt, int n);

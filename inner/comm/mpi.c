@@ -49,11 +49,11 @@ typedef struct {
  * operation, one for a v-operation) and what completion checks. */
 typedef struct {
     int n;
-    bool done;        /* completed by test; wait only releases */
-    bool recv;        /* check every piece arrived whole */
-    int peer, tag;    /* recv: for the message */
-    size_t count;     /* recv: elements expected in all */
-    size_t chunk;     /* recv: elements per piece */
+    bool done;     /* completed by test; wait only releases */
+    bool recv;     /* check every piece arrived whole */
+    int peer, tag; /* recv: for the message */
+    size_t count;  /* recv: elements expected in all */
+    size_t chunk;  /* recv: elements per piece */
     MPI_Datatype type;
     MPI_Request *r; /* (n) */
     MPI_Status *st; /* (n) */
@@ -72,21 +72,21 @@ static int mpi_fail(int mrc, const char *call, const char *file, int line) {
 }
 
 /* Translates a failing MPI call into LOCO_EMPI "MPI_Xxx: <MPI's message>". */
-#define MPI_CHECK(call)                                                                        \
-    do {                                                                                       \
-        int mpi_rc_ = (call);                                                                  \
-        if (mpi_rc_ != MPI_SUCCESS)                                                            \
-            return mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);                               \
+#define MPI_CHECK(call)                                                                            \
+    do {                                                                                           \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS)                                                                \
+            return mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);                                   \
     } while (0)
 
 /* Same, storing the status in `rc` and jumping to a cleanup label. */
-#define MPI_CHECK_GOTO(call, label)                                                            \
-    do {                                                                                       \
-        int mpi_rc_ = (call);                                                                  \
-        if (mpi_rc_ != MPI_SUCCESS) {                                                          \
-            rc = mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);                                 \
-            goto label;                                                                        \
-        }                                                                                      \
+#define MPI_CHECK_GOTO(call, label)                                                                \
+    do {                                                                                           \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS) {                                                              \
+            rc = mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);                                     \
+            goto label;                                                                            \
+        }                                                                                          \
     } while (0)
 
 /* The failure of a Waitall/Testall: the first request that failed. */
@@ -115,7 +115,9 @@ static MPI_Datatype mpi_type(loco_comm_dtype dt) {
 }
 
 /* AVG sums in MPI and divides on the host at completion. */
-static MPI_Op mpi_op(loco_comm_op op) { return op == LOCO_OP_MAX ? MPI_MAX : MPI_SUM; }
+static MPI_Op mpi_op(loco_comm_op op) {
+    return op == LOCO_OP_MAX ? MPI_MAX : MPI_SUM;
+}
 
 static loco_comm_thread_level thread_level(int provided) {
     if (provided >= MPI_THREAD_MULTIPLE)
@@ -127,7 +129,9 @@ static loco_comm_thread_level thread_level(int provided) {
     return LOCO_COMM_THREAD_SINGLE;
 }
 
-static MPI_Comm comm_of(const loco_comm *c) { return ((const mpi_comm *)c->be)->comm; }
+static MPI_Comm comm_of(const loco_comm *c) {
+    return ((const mpi_comm *)c->be)->comm;
+}
 
 /* Counts (and displacements = prefix sums, when displs is not NULL) as the
  * ints MPI takes. Every count and the total must fit an int. */
@@ -152,8 +156,8 @@ static int to_ints(const loco_comm *c, const size_t *counts, int *icounts, int *
 
 static mpi_req *req_alloc(int n, int nints) {
     size_t head = (sizeof(mpi_req) + 15) & ~(size_t)15;
-    size_t bytes = head + (size_t)n * (sizeof(MPI_Request) + sizeof(MPI_Status)) +
-                   (size_t)nints * sizeof(int);
+    size_t bytes =
+        head + (size_t)n * (sizeof(MPI_Request) + sizeof(MPI_Status)) + (size_t)nints * sizeof(int);
     char *p = loco_alloc(bytes);
     if (!p)
         return NULL;
@@ -194,8 +198,7 @@ static void req_avg(loco_comm_req *req, const loco_comm *c, void *buf, size_t co
     req->avg_div = c->size;
 }
 
-static int check_recv_count(MPI_Status *st, MPI_Datatype type, size_t expected, int peer,
-                            int tag) {
+static int check_recv_count(MPI_Status *st, MPI_Datatype type, size_t expected, int peer, int tag) {
     int got = 0;
     MPI_CHECK(MPI_Get_count(st, type, &got));
     if (got < 0 || (size_t)got != expected)
@@ -346,8 +349,8 @@ static int run_pieces(loco_comm *c, const piece_args *a, loco_comm_req *req, con
 
 /* ----------------------------------------------------------- operations */
 
-static int mpi_allreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt,
-                         loco_comm_op op, loco_comm_req *req) {
+static int mpi_allreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, loco_comm_op op,
+                         loco_comm_req *req) {
     piece_args a = {.kind = PIECE_ALLREDUCE, .buf = buf, .count = count, .dt = dt, .op = op};
     LOCO_CHECK(run_pieces(c, &a, req, "allreduce"));
     return 0;
@@ -545,8 +548,7 @@ static int wrap(MPI_Comm mc, loco_comm **out) {
         rc = LOCO_ERR(LOCO_ENOMEM, "comm: no memory for counts of %d ranks", size);
         goto out_free;
     }
-    LOCO_CHECK_GOTO(loco__comm_new(out, &mpi_ops, rank, size, INT_MAX, g_mpi.threads, m),
-                    out_free);
+    LOCO_CHECK_GOTO(loco__comm_new(out, &mpi_ops, rank, size, INT_MAX, g_mpi.threads, m), out_free);
     g_mpi.live++;
     return 0;
 out_free:
@@ -555,7 +557,9 @@ out_free:
     return rc;
 }
 
-bool loco__comm_mpi_built(void) { return true; }
+bool loco__comm_mpi_built(void) {
+    return true;
+}
 
 int loco__comm_mpi_world(loco_comm **out) {
     int inited = 0, finalized = 0;
@@ -591,7 +595,9 @@ int loco__comm_mpi_world(loco_comm **out) {
 
 #else /* !LOCO_HAVE_MPI */
 
-bool loco__comm_mpi_built(void) { return false; }
+bool loco__comm_mpi_built(void) {
+    return false;
+}
 
 int loco__comm_mpi_world(loco_comm **out) {
     *out = NULL;

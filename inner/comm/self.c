@@ -48,13 +48,16 @@ static int self_recv(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, 
 static int self_alltoallv(loco_comm *c, const void *send, const size_t *sendcounts, void *recv,
                           const size_t *recvcounts, loco_comm_dtype dt, loco_comm_req *req) {
     if (sendcounts[0] != recvcounts[0])
-        return LOCO_ERR(LOCO_EINVAL, "alltoallv: rank 0 sends %zu elements to itself but expects %zu",
+        return LOCO_ERR(LOCO_EINVAL,
+                        "alltoallv: rank 0 sends %zu elements to itself but expects %zu",
                         sendcounts[0], recvcounts[0]);
     copy(recv, send, sendcounts[0], dt);
     return 0;
 }
 
-static int self_barrier(loco_comm *c) { return 0; }
+static int self_barrier(loco_comm *c) {
+    return 0;
+}
 
 static int self_split(loco_comm *c, int color, int key, loco_comm **out) {
     if (color == LOCO_COMM_COLOR_NONE)
@@ -63,14 +66,18 @@ static int self_split(loco_comm *c, int color, int key, loco_comm **out) {
     return 0;
 }
 
-static int self_wait(loco_comm_req *req) { return 0; }
+static int self_wait(loco_comm_req *req) {
+    return 0;
+}
 
 static int self_test(loco_comm_req *req, bool *done) {
     *done = true;
     return 0;
 }
 
-static int self_abort(loco_comm *c, int exit_code) { return 0; }
+static int self_abort(loco_comm *c, int exit_code) {
+    return 0;
+}
 
 static void self_destroy(loco_comm *c) {}
 

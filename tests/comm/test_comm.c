@@ -28,8 +28,8 @@ static loco_comm *c;
 static void setup(void) {
     loco_err_clear();
     /* Not under a launcher: "auto" must be self. */
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK",
-                                       "PMIX_RANK", "SLURM_STEP_NUM_TASKS"};
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
+                                       "SLURM_STEP_NUM_TASKS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         unsetenv(vars[i]);
     cr_assert_eq(loco_comm_world(&c, "self"), 0, "%s", loco_errmsg());
@@ -46,13 +46,13 @@ static void assert_has(const char *msg, const char *part) {
 }
 
 /* `call` fails with `rc`, leaving `part` in the message. */
-#define assert_fails(call, rc, part)                                                           \
-    do {                                                                                       \
-        loco_err_clear();                                                                      \
-        int rc_ = (call);                                                                      \
-        cr_assert_eq(rc_, (rc), "%s -> %s, wanted %s\n%s", #call, loco_strerror(rc_),          \
-                     loco_strerror(rc), loco_errmsg());                                        \
-        assert_has(loco_errmsg(), (part));                                                     \
+#define assert_fails(call, rc, part)                                                               \
+    do {                                                                                           \
+        loco_err_clear();                                                                          \
+        int rc_ = (call);                                                                          \
+        cr_assert_eq(rc_, (rc), "%s -> %s, wanted %s\n%s", #call, loco_strerror(rc_),              \
+                     loco_strerror(rc), loco_errmsg());                                            \
+        assert_has(loco_errmsg(), (part));                                                         \
     } while (0)
 
 /* n bytes of a recognisable pattern. */
@@ -268,8 +268,7 @@ Test(comm_errors, bad_peer) {
     /* Every peer of a one-rank communicator is bad, whatever its number. */
     static const int peers[] = {-1, 0, 1, 1000};
     for (size_t i = 0; i < sizeof peers / sizeof *peers; i++)
-        assert_fails(loco_comm_send(s, x, 4, LOCO_DT_F32, peers[i], 1), LOCO_EINVAL,
-                     "one rank");
+        assert_fails(loco_comm_send(s, x, 4, LOCO_DT_F32, peers[i], 1), LOCO_EINVAL, "one rank");
     loco_comm_destroy(s);
 }
 
@@ -315,8 +314,7 @@ Test(comm_errors, counts_overflow) {
     assert_fails(loco_comm_reduce_scatter(c, x, x, huge, LOCO_DT_F64, LOCO_OP_SUM), LOCO_EINVAL,
                  "counts total");
     assert_fails(loco_comm_allgather(c, x, x, huge, LOCO_DT_I64), LOCO_EINVAL, "counts total");
-    assert_fails(loco_comm_alltoall(c, x, x, SIZE_MAX / 2, LOCO_DT_I32), LOCO_EINVAL,
-                 "overflows");
+    assert_fails(loco_comm_alltoall(c, x, x, SIZE_MAX / 2, LOCO_DT_I32), LOCO_EINVAL, "overflows");
     const size_t big[1] = {SIZE_MAX / 2 + 1};
     assert_fails(loco_comm_alltoallv(c, x, big, x, big, LOCO_DT_I32), LOCO_EINVAL,
                  "sendcounts total");
@@ -393,12 +391,15 @@ static void run_mpi_check(int np) {
     }
     out[len] = '\0';
     int status = pclose(p);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "%s exited with status %d:\n%s", cmd, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-              out);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s exited with status %d:\n%s", cmd,
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
     cr_assert(strstr(out, " passed, 0 failed"), "no tally from the check:\n%s", out);
 }
 
-Test(comm_mpi, check_under_mpirun_np3, .timeout = 90) { run_mpi_check(3); }
+Test(comm_mpi, check_under_mpirun_np3, .timeout = 90) {
+    run_mpi_check(3);
+}
 
-Test(comm_mpi, check_under_mpirun_np4, .timeout = 90) { run_mpi_check(4); }
+Test(comm_mpi, check_under_mpirun_np4, .timeout = 90) {
+    run_mpi_check(4);
+}

@@ -21,32 +21,32 @@
 static long n_pass, n_fail;
 static int g_rank; /* in the world, for messages */
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (cond) {                                                                            \
-            n_pass++;                                                                          \
-        } else {                                                                               \
-            n_fail++;                                                                          \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);             \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fputc('\n', stderr);                                                               \
-        }                                                                                      \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            n_pass++;                                                                              \
+        } else {                                                                                   \
+            n_fail++;                                                                              \
+            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* A call that must succeed; the message names the call and loco's error. */
-#define CHECK_OK(call)                                                                         \
-    do {                                                                                       \
-        int rc_ = (call);                                                                      \
-        CHECK(rc_ == 0, "%s -> %s\n%s", #call, loco_strerror(rc_), loco_errmsg());             \
+#define CHECK_OK(call)                                                                             \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        CHECK(rc_ == 0, "%s -> %s\n%s", #call, loco_strerror(rc_), loco_errmsg());                 \
     } while (0)
 
 /* A call that must fail with `want`, and leave `part` in the message. */
-#define CHECK_FAILS(call, want, part)                                                          \
-    do {                                                                                       \
-        loco_err_clear();                                                                      \
-        int rc_ = (call);                                                                      \
-        CHECK(rc_ == (want) && strstr(loco_errmsg(), (part)), "%s -> %s (wanted %s, \"%s\")\n%s", \
-              #call, loco_strerror(rc_), loco_strerror(want), (part), loco_errmsg());          \
+#define CHECK_FAILS(call, want, part)                                                              \
+    do {                                                                                           \
+        loco_err_clear();                                                                          \
+        int rc_ = (call);                                                                          \
+        CHECK(rc_ == (want) && strstr(loco_errmsg(), (part)), "%s -> %s (wanted %s, \"%s\")\n%s",  \
+              #call, loco_strerror(rc_), loco_strerror(want), (part), loco_errmsg());              \
     } while (0)
 
 static const loco_comm_dtype all_dts[] = {LOCO_DT_F32, LOCO_DT_F64, LOCO_DT_I32, LOCO_DT_I64,
@@ -94,19 +94,19 @@ static double get(const void *buf, loco_comm_dtype dt, size_t i) {
 }
 
 /* op over ranks 0..n-1 of fval(dt, r, i), in dt's own arithmetic. */
-#define REDUCE_AS(T)                                                                           \
-    do {                                                                                       \
-        T s = 0, m = (T)fval(dt, 0, i);                                                        \
-        for (int r = 0; r < n; r++) {                                                          \
-            T v = (T)fval(dt, r, i);                                                           \
-            s = (T)(s + v);                                                                    \
-            m = v > m ? v : m;                                                                 \
-        }                                                                                      \
-        if (op == LOCO_OP_MAX)                                                                 \
-            return (double)m;                                                                  \
-        if (op == LOCO_OP_AVG)                                                                 \
-            return (double)(T)(s / (T)n);                                                      \
-        return (double)s;                                                                      \
+#define REDUCE_AS(T)                                                                               \
+    do {                                                                                           \
+        T s = 0, m = (T)fval(dt, 0, i);                                                            \
+        for (int r = 0; r < n; r++) {                                                              \
+            T v = (T)fval(dt, r, i);                                                               \
+            s = (T)(s + v);                                                                        \
+            m = v > m ? v : m;                                                                     \
+        }                                                                                          \
+        if (op == LOCO_OP_MAX)                                                                     \
+            return (double)m;                                                                      \
+        if (op == LOCO_OP_AVG)                                                                     \
+            return (double)(T)(s / n);                                                             \
+        return (double)s;                                                                          \
     } while (0)
 
 static double expect_reduce(loco_comm_dtype dt, loco_comm_op op, int n, size_t i) {
@@ -153,7 +153,9 @@ static size_t prefix(const size_t *counts, int upto) {
 }
 
 /* Completes a non-blocking call's request, or nothing for a blocking one. */
-static void finish(loco_comm_req *req) { CHECK_OK(loco_comm_wait(req)); }
+static void finish(loco_comm_req *req) {
+    CHECK_OK(loco_comm_wait(req));
+}
 
 /* -------------------------------------------------------------- allreduce */
 
@@ -189,8 +191,8 @@ static void check_allreduce(loco_comm *c, const char *where, size_t count, bool 
             }
             size_t first = 0, bad = mismatches_reduce(buf, dt, op, n, count, &first);
             CHECK(bad == 0, "%s: %sallreduce %s %s count %zu: %zu wrong, first [%zu] = %g want %g",
-                  where, nb ? "i" : "", loco_comm_dtype_name(dt), loco_comm_op_name(op), count,
-                  bad, first, bad ? get(buf, dt, first) : 0.0,
+                  where, nb ? "i" : "", loco_comm_dtype_name(dt), loco_comm_op_name(op), count, bad,
+                  first, bad ? get(buf, dt, first) : 0.0,
                   bad ? expect_reduce(dt, op, n, first) : 0.0);
             free(buf);
         }
@@ -199,8 +201,7 @@ static void check_allreduce(loco_comm *c, const char *where, size_t count, bool 
 
 /* --------------------------------------------------------- reduce_scatter */
 
-static void check_reduce_scatter(loco_comm *c, const char *where, int pat, bool nb,
-                                 bool in_place) {
+static void check_reduce_scatter(loco_comm *c, const char *where, int pat, bool nb, bool in_place) {
     int rank = loco_comm_rank(c), n = loco_comm_size(c);
     size_t *counts = calloc((size_t)n, sizeof *counts);
     make_counts(counts, n, pat);
@@ -274,8 +275,8 @@ static void check_allgather(loco_comm *c, const char *where, int pat, bool nb, b
             }
         }
         CHECK(bad == 0, "%s: %sallgather%s %s %s: %zu wrong, first [%zu] = %g", where,
-              nb ? "i" : "", in_place ? " in place" : "", pat_names[pat],
-              loco_comm_dtype_name(dt), bad, first, bad ? get(recv, dt, first) : 0.0);
+              nb ? "i" : "", in_place ? " in place" : "", pat_names[pat], loco_comm_dtype_name(dt),
+              bad, first, bad ? get(recv, dt, first) : 0.0);
         if (!in_place)
             free(send);
         free(recv);
@@ -298,8 +299,10 @@ static void check_broadcast(loco_comm *c, const char *where, size_t count, bool 
                 CHECK_OK(loco_comm_ibroadcast(c, buf, count, dt, root, &req));
                 /* Poll with test until done, then wait returns at once. */
                 bool done = false;
-                for (int spin = 0; !done; spin++)
-                    CHECK_OK(loco_comm_test(req, &done));
+                int trc = 0;
+                while (!done && trc == 0)
+                    trc = loco_comm_test(req, &done);
+                CHECK(trc == 0, "loco_comm_test: %s", loco_errmsg());
                 finish(req);
             } else {
                 CHECK_OK(loco_comm_broadcast(c, buf, count, dt, root));
@@ -307,8 +310,8 @@ static void check_broadcast(loco_comm *c, const char *where, size_t count, bool 
             size_t bad = 0;
             for (size_t i = 0; i < count; i++)
                 bad += get(buf, dt, i) != fval(dt, root, i);
-            CHECK(bad == 0, "%s: %sbroadcast root %d %s count %zu: %zu wrong", where,
-                  nb ? "i" : "", root, loco_comm_dtype_name(dt), count, bad);
+            CHECK(bad == 0, "%s: %sbroadcast root %d %s count %zu: %zu wrong", where, nb ? "i" : "",
+                  root, loco_comm_dtype_name(dt), count, bad);
             free(buf);
         }
     }
@@ -317,9 +320,13 @@ static void check_broadcast(loco_comm *c, const char *where, size_t count, bool 
 /* -------------------------------------------------------------- alltoallv */
 
 /* Elements rank r sends to rank j (uneven, some empty). */
-static size_t a2a_count(int r, int j) { return (size_t)((r + 2 * j) % 4) * 3; }
+static size_t a2a_count(int r, int j) {
+    return (size_t)((r + 2 * j) % 4) * 3;
+}
 /* Value of the k-th element r sends to j: fits every dtype. */
-static double a2a_val(int r, int j, size_t k) { return (double)((r * 31 + j * 7 + (int)k) % 127); }
+static double a2a_val(int r, int j, size_t k) {
+    return (double)((r * 31 + j * 7 + (int)k) % 127);
+}
 
 static void check_alltoallv(loco_comm *c, const char *where, bool nb, bool equal) {
     int rank = loco_comm_rank(c), n = loco_comm_size(c);
@@ -453,8 +460,7 @@ static void check_split(loco_comm *w) {
     }
     CHECK(loco_comm_size(sub) == members, "split size %d, want %d", loco_comm_size(sub), members);
     CHECK(loco_comm_rank(sub) == below, "split rank %d, want %d", loco_comm_rank(sub), below);
-    CHECK(strcmp(loco_comm_backend(sub), "mpi") == 0, "split backend %s",
-          loco_comm_backend(sub));
+    CHECK(strcmp(loco_comm_backend(sub), "mpi") == 0, "split backend %s", loco_comm_backend(sub));
     char where[64];
     snprintf(where, sizeof where, "split color %d", rank % 2);
     check_collectives(sub, where);
@@ -506,18 +512,18 @@ static void check_overlap(loco_comm *c) {
     /* Work while the collectives progress. */
     double acc = 0;
     bool done = false;
-    for (int step = 0; step < 200 || !done; step++) {
+    int trc = 0;
+    for (int step = 0; (step < 200 || !done) && trc == 0; step++) {
         for (int i = 0; i < 2000; i++)
             acc += sin(i * 0.001 + step);
-        CHECK_OK(loco_comm_test(reqs[0], &done));
+        trc = loco_comm_test(reqs[0], &done);
     }
+    CHECK(trc == 0, "loco_comm_test: %s", loco_errmsg());
     CHECK(isfinite(acc), "overlap computation");
     CHECK_OK(loco_comm_waitall(reqs, 2));
-    size_t first = 0,
-           bad = mismatches_reduce(grad, LOCO_DT_F32, LOCO_OP_AVG, n, big, &first);
+    size_t first = 0, bad = mismatches_reduce(grad, LOCO_DT_F32, LOCO_OP_AVG, n, big, &first);
     CHECK(bad == 0, "overlap: iallreduce avg: %zu wrong, first [%zu] = %g want %g", bad, first,
-          bad ? grad[first] : 0.0,
-          bad ? expect_reduce(LOCO_DT_F32, LOCO_OP_AVG, n, first) : 0.0);
+          bad ? grad[first] : 0.0, bad ? expect_reduce(LOCO_DT_F32, LOCO_OP_AVG, n, first) : 0.0);
     bad = 0;
     for (size_t g = 0, j = 0, k = 0; g < total; g++, k++) {
         while (k >= counts[j]) {
@@ -554,8 +560,8 @@ static void check_errors(loco_comm *c) {
     size_t *counts = calloc((size_t)n, sizeof *counts);
     counts[0] = (size_t)2147483647;
     counts[n - 1] += 1;
-    CHECK_FAILS(loco_comm_reduce_scatter(c, x, x + 4, counts, LOCO_DT_U8, LOCO_OP_SUM),
-                LOCO_EINVAL, "INT_MAX");
+    CHECK_FAILS(loco_comm_reduce_scatter(c, x, x + 4, counts, LOCO_DT_U8, LOCO_OP_SUM), LOCO_EINVAL,
+                "INT_MAX");
     req = NULL;
     CHECK_FAILS(loco_comm_iallgather(c, x, x + 4, counts, LOCO_DT_U8, &req), LOCO_EINVAL,
                 "INT_MAX");
