@@ -22,7 +22,8 @@ SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)
 CLI_OBJS:= $(CLI_SRCS:%.c=$(BUILD)/%.o)
-TEST_SRCS := $(wildcard tests/*/*.c)
+# tests/mpi/ holds programs run under mpirun by Criterion tests, not tests.
+TEST_SRCS := $(filter-out tests/mpi/%,$(wildcard tests/*/*.c))
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 CU_SRCS := $(wildcard kernels/cuda/*.cu)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
@@ -79,6 +80,14 @@ $(BUILD)/tests/test_%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS) -lcriterion
 
 
+# Checks that need several ranks: standalone programs that the Criterion
+# tests start under mpirun.
+MPI_CHECK := $(BUILD)/tests/mpi_comm_check
+$(MPI_CHECK): tests/mpi/mpi_comm_check.c inner/comm/comm.h $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -DLOCO_MPI_CHECK_MAIN $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
 deps:
 	@bash scripts/install-deps.sh
 
@@ -91,7 +100,7 @@ run: deps
 
 # Unit and integration tests; `make test` is what CI runs.
 test: deps
-	@$(MAKE) --no-print-directory all data $(TESTBIN)
+	@$(MAKE) --no-print-directory all data $(TESTBIN) $(MPI_CHECK)
 	@bash tests/run.sh
 
 bench: deps
@@ -100,7 +109,8 @@ bench: deps
 
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-		LDFLAGS="-fopenmp -fsanitize=address,undefined" build-asan/loco build-asan/tests/loco_tests
+		LDFLAGS="-fopenmp -fsanitize=address,undefined" build-asan/loco build-asan/tests/loco_tests \
+		build-asan/tests/mpi_comm_check
 	ASAN_OPTIONS=detect_leaks=1 build-asan/tests/loco_tests --jobs 1
 
 tsan:

@@ -103,25 +103,6 @@ static void fill(float *x, size_t n)
 
 static double best_of(double a, double b) { return a < b ? a : b; }
 
-static double time_memcpy(const bufs *b, int threads, int reps)
-{
-    double best = 1e30;
-    uint8_t *dst = (uint8_t *)b->y;
-    const uint8_t *src = (const uint8_t *)b->x;
-    const size_t bytes = b->n * sizeof(float);
-    for (int r = 0; r < reps; r++) {
-        const double t0 = loco_now();
-#pragma omp parallel num_threads(threads)
-        {
-            const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-            const size_t lo = bytes * t / nt, hi = bytes * (t + 1) / nt;
-            memcpy(dst + lo, src + lo, hi - lo);
-        }
-        best = best_of(best, loco_now() - t0);
-    }
-    return (double)bytes / best / 1e9;
-}
-
 typedef struct {
     double enc_s, dec_s; /* seconds */
     size_t out_bytes;
@@ -129,8 +110,8 @@ typedef struct {
 
 /* Raw libzstd on nc payloads (payload i at raw + i * stride, len[i]): one
  * context per thread, one frame per chunk, dynamic schedule. */
-static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, int threads,
-                         int level, int reps, raw_zstd *out)
+static int time_raw_zstd_once(bufs *b, const size_t *len, size_t nc, size_t stride,
+                              int threads, int level, raw_zstd *out)
 {
     size_t *zlen = calloc(nc, sizeof *zlen);
     ZSTD_CCtx *cc[64] = {0};
@@ -145,7 +126,7 @@ static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, i
     const size_t zstride = ZSTD_compressBound(stride);
     out->enc_s = out->dec_s = 1e30;
     int failed = 0;
-    for (int r = 0; r < reps; r++) {
+    {
         double t0 = loco_now();
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (size_t i = 0; i < nc; i++) {
@@ -183,8 +164,25 @@ static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, i
     return rc;
 }
 
+static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, int threads,
+                         int level, int reps, raw_zstd *out)
+{
+    raw_zstd best = {1e30, 1e30, 0};
+    for (int r = 0; r < reps; r++) {
+        raw_zstd one;
+        LOCO_CHECK(time_raw_zstd_once(b, len, nc, stride, threads, level, &one));
+        best.enc_s = best_of(best.enc_s, one.enc_s);
+        best.dec_s = best_of(best.dec_s, one.dec_s);
+        best.out_bytes = one.out_bytes;
+    }
+    *out = best;
+    return 0;
+}
+
 typedef struct {
-    double enc_s, dec_s, err;
+    double enc_s, dec_s;         /* best times of the codec */
+    double raw_enc_s, raw_dec_s; /* zstd rows: raw libzstd on the same payloads */
+    double err;
     size_t wire;
     double sampled_ratio; /* zstd=auto's sample of this codec */
     bool auto_zstd;
@@ -206,7 +204,9 @@ static loco_codec_params row_params(const row_cfg *cfg, const bench_opts *o, int
     return p;
 }
 
-static int run_row(bufs *b, const row_cfg *cfg, const bench_opts *o, int threads,
+/* One timed encode and decode of a row; the first call also measures error,
+ * bytes and what zstd=auto would pick. */
+static int run_row(bufs *b, const row_cfg *cfg, const bench_opts *o, int threads, bool first,
                    row_result *res)
 {
     loco_codec_params p = row_params(cfg, o, threads, b->n);
@@ -214,25 +214,21 @@ static int run_row(bufs *b, const row_cfg *cfg, const bench_opts *o, int threads
     LOCO_CHECK(loco_codec_create(&c, &p));
     int rc = 0;
     loco_encode_plan plan;
-    res->enc_s = res->dec_s = 1e30;
-    for (int r = 0; r < o->reps; r++) {
-        loco_codec_ef_reset(c);
-        const double t0 = loco_now();
-        LOCO_CHECK_GOTO(loco_codec_plan(c, &plan, b->x, b->n, 0, (uint64_t)r), out);
-        LOCO_CHECK_GOTO(loco_codec_encode(c, &plan, b->enc, b->enc_cap, b->chunks, b->x), out);
-        res->enc_s = best_of(res->enc_s, loco_now() - t0);
-    }
+    double t0 = loco_now();
+    LOCO_CHECK_GOTO(loco_codec_plan(c, &plan, b->x, b->n, 0, 0), out);
+    LOCO_CHECK_GOTO(loco_codec_encode(c, &plan, b->enc, b->enc_cap, b->chunks, b->x), out);
+    res->enc_s = best_of(res->enc_s, loco_now() - t0);
+    memset(b->y, 0, b->n * sizeof(float));
+    t0 = loco_now();
+    LOCO_CHECK_GOTO(loco_codec_decode(c, b->y, b->n, 1.0f, b->enc, b->enc_cap, b->chunks,
+                                      plan.n_chunks),
+                    out);
+    res->dec_s = best_of(res->dec_s, loco_now() - t0);
+    if (!first)
+        goto out;
     res->wire = 0;
     for (size_t i = 0; i < plan.n_chunks; i++)
         res->wire += b->chunks[i].len;
-    for (int r = 0; r < o->reps; r++) {
-        memset(b->y, 0, b->n * sizeof(float));
-        const double t0 = loco_now();
-        LOCO_CHECK_GOTO(loco_codec_decode(c, b->y, b->n, 1.0f, b->enc, b->enc_cap, b->chunks,
-                                          plan.n_chunks),
-                        out);
-        res->dec_s = best_of(res->dec_s, loco_now() - t0);
-    }
     double e = 0, s = 0;
 #pragma omp parallel for reduction(+ : e, s) num_threads(threads)
     for (size_t i = 0; i < b->n; i++) {
@@ -286,52 +282,77 @@ static const char *row_name(const row_cfg *r, char *buf, size_t cap)
     return buf;
 }
 
-static int bench_threads(bufs *b, const bench_opts *o, int threads, double *int8_enc_gbs,
-                         row_result *results)
+/* Everything measured for one thread count. */
+typedef struct {
+    int threads;
+    double memcpy_s;
+    raw_zstd fp32; /* raw libzstd on the plain fp32 buffer */
+    row_result row[N_ROWS];
+} thread_result;
+
+/* One repetition of every measurement at one thread count, keeping the best
+ * times. Repetitions go round the whole table, so that a burst of other work
+ * on a shared machine spoils one sample of each cell, not all of one. */
+static int measure(bufs *b, const bench_opts *o, bool first, size_t *len, thread_result *tr)
 {
-    const double gb = (double)b->n * sizeof(float) / 1e9;
-    const double memcpy_gbs = time_memcpy(b, threads, o->reps);
-    size_t *len = calloc(b->n / 32 + 2, sizeof *len);
-    if (!len)
-        return LOCO_ERR(LOCO_ENOMEM, "bench: chunk lengths");
-    int rc = 0;
+    const int threads = tr->threads;
+    const size_t bytes = b->n * sizeof(float);
+    double t0 = loco_now();
+    uint8_t *dst = (uint8_t *)b->y;
+    const uint8_t *src = (const uint8_t *)b->x;
+#pragma omp parallel num_threads(threads)
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        const size_t lo = bytes * t / nt, hi = bytes * (t + 1) / nt;
+        memcpy(dst + lo, src + lo, hi - lo);
+    }
+    tr->memcpy_s = best_of(tr->memcpy_s, loco_now() - t0);
     /* raw libzstd on the plain fp32 buffer, same level and chunking */
     const size_t ce = ((size_t)o->chunk_mb << 20) / 4, nc = (b->n + ce - 1) / ce;
     for (size_t i = 0; i < nc; i++)
         len[i] = (b->n - i * ce < ce ? b->n - i * ce : ce) * sizeof(float);
-    memcpy(b->raw, b->x, b->n * sizeof(float));
-    raw_zstd rz;
-    LOCO_CHECK_GOTO(time_raw_zstd(b, len, nc, ce * sizeof(float), threads, o->level, o->reps,
-                                  &rz),
-                    out);
-    printf("\n### %d thread%s\n\n", threads, threads > 1 ? "s" : "");
+    memcpy(b->raw, b->x, bytes);
+    raw_zstd one;
+    LOCO_CHECK(time_raw_zstd(b, len, nc, ce * sizeof(float), threads, o->level, 1, &one));
+    tr->fp32.enc_s = best_of(tr->fp32.enc_s, one.enc_s);
+    tr->fp32.dec_s = best_of(tr->fp32.dec_s, one.dec_s);
+    tr->fp32.out_bytes = one.out_bytes;
+    for (size_t r = 0; r < N_ROWS; r++) {
+        row_result *res = &tr->row[r];
+        LOCO_CHECK(run_row(b, &rows[r], o, threads, first, res));
+        if (!rows[r].zstd)
+            continue;
+        size_t n_raw, stride;
+        LOCO_CHECK(fill_raw(b, &rows[r], o, len, &n_raw, &stride));
+        LOCO_CHECK(time_raw_zstd(b, len, n_raw, stride, threads, o->level, 1, &one));
+        res->raw_enc_s = best_of(res->raw_enc_s, one.enc_s);
+        res->raw_dec_s = best_of(res->raw_dec_s, one.dec_s);
+    }
+    return 0;
+}
+
+static void print_threads(const bufs *b, const bench_opts *o, const thread_result *tr)
+{
+    const double gb = (double)b->n * sizeof(float) / 1e9;
+    printf("\n### %d thread%s\n\n", tr->threads, tr->threads > 1 ? "s" : "");
     printf("memcpy: %.2f GB/s. raw libzstd level %d on the fp32 buffer (%d MiB frames): "
            "compress %.2f GB/s, decompress %.2f GB/s, ratio %.3f\n\n",
-           memcpy_gbs, o->level, o->chunk_mb, gb / rz.enc_s, gb / rz.dec_s,
-           (double)b->n * 4 / (double)rz.out_bytes);
+           gb / tr->memcpy_s, o->level, o->chunk_mb, gb / tr->fp32.enc_s, gb / tr->fp32.dec_s,
+           (double)b->n * 4 / (double)tr->fp32.out_bytes);
     printf("| codec | zstd | encode GB/s | decode GB/s | ratio | rel. error | "
            "zstd stage / raw libzstd (enc, dec) | auto picks (sampled ratio) |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     for (size_t r = 0; r < N_ROWS; r++) {
-        row_result *res = &results[r];
-        LOCO_CHECK_GOTO(run_row(b, &rows[r], o, threads, res), out);
-        char name[32], stage[64] = "";
+        const row_result *res = &tr->row[r];
+        char name[32], stage[64] = "", picks[48] = "";
         if (rows[r].zstd) {
             /* the same codec without zstd is the row before */
-            const row_result *plain = &results[r - 1];
-            size_t n_raw, stride;
-            LOCO_CHECK_GOTO(fill_raw(b, &rows[r], o, len, &n_raw, &stride), out);
-            raw_zstd q;
-            LOCO_CHECK_GOTO(time_raw_zstd(b, len, n_raw, stride, threads, o->level, o->reps,
-                                          &q),
-                            out);
-            const double enc_stage = res->enc_s - plain->enc_s;
-            const double dec_stage = res->dec_s - plain->dec_s;
+            const row_result *plain = &tr->row[r - 1];
             snprintf(stage, sizeof stage, "%.0f%%, %.0f%% (raw %.2f, %.2f GB/s)",
-                     100 * q.enc_s / enc_stage, 100 * q.dec_s / dec_stage,
-                     gb / q.enc_s, gb / q.dec_s);
+                     100 * res->raw_enc_s / (res->enc_s - plain->enc_s),
+                     100 * res->raw_dec_s / (res->dec_s - plain->dec_s), gb / res->raw_enc_s,
+                     gb / res->raw_dec_s);
         }
-        char picks[48] = "";
         if (!rows[r].zstd && !rows[r].ef && !rows[r].stochastic)
             snprintf(picks, sizeof picks, "%s (%.3f)", res->auto_zstd ? "zstd" : "no zstd",
                      res->sampled_ratio);
@@ -339,14 +360,7 @@ static int bench_threads(bufs *b, const bench_opts *o, int threads, double *int8
                row_name(&rows[r], name, sizeof name), rows[r].zstd ? "on" : "off",
                gb / res->enc_s, gb / res->dec_s, (double)b->n * 4 / (double)res->wire,
                100 * res->err, stage, picks);
-        fflush(stdout);
-        if (rows[r].codec == LOCO_CODEC_INT8 && !rows[r].zstd && !rows[r].ef &&
-            !rows[r].stochastic)
-            *int8_enc_gbs = gb / res->enc_s;
     }
-out:
-    free(len);
-    return rc;
 }
 
 int loco_bench_compress(int argc, char **argv)
@@ -369,38 +383,52 @@ int loco_bench_compress(int argc, char **argv)
     b.chunks = loco_alloc((nc + 1) * sizeof *b.chunks);
     b.raw = loco_alloc(b.raw_cap);
     b.zraw = loco_alloc(b.zraw_cap);
-    row_result *results = loco_alloc(o.n_threads * N_ROWS * sizeof *results);
-    double *int8_gbs = loco_alloc(o.n_threads * sizeof *int8_gbs);
+    size_t *len = loco_alloc((nc + 1) * sizeof *len);
+    thread_result *tr = loco_alloc((size_t)o.n_threads * sizeof *tr);
     int rc = 0;
-    if (!b.x || !b.y || !b.enc || !b.chunks || !b.raw || !b.zraw || !results || !int8_gbs) {
+    if (!b.x || !b.y || !b.enc || !b.chunks || !b.raw || !b.zraw || !len || !tr) {
         rc = LOCO_ERR(LOCO_ENOMEM, "bench compress: cannot allocate %zu MiB buffers", o.mb);
         goto out;
+    }
+    for (int t = 0; t < o.n_threads; t++) {
+        tr[t].threads = o.threads[t];
+        tr[t].memcpy_s = tr[t].fp32.enc_s = tr[t].fp32.dec_s = 1e30;
+        for (size_t r = 0; r < N_ROWS; r++)
+            tr[t].row[r] = (row_result){.enc_s = 1e30, .dec_s = 1e30, .raw_enc_s = 1e30,
+                                        .raw_dec_s = 1e30};
     }
     fill(b.x, b.n);
     printf("loco bench compress: %zu MiB of fp32 pseudo-gradient-like data (Gaussian "
            "tensors of 2^20, sigma = 1e-3 exp(N(0,1))), block 128, %d MiB chunks, zstd level "
-           "%d, best of %d\n",
+           "%d, best of %d rounds over the whole table\n",
            o.mb, o.chunk_mb, o.level, o.reps);
     printf("GB/s are of fp32 elements (4 bytes each) in for encode and out for decode; "
            "ratio = fp32 bytes / bytes on the wire (headers included)\n");
+    fflush(stdout);
+    for (int r = 0; r < o.reps; r++)
+        for (int t = 0; t < o.n_threads; t++)
+            LOCO_CHECK_GOTO(measure(&b, &o, r == 0, len, &tr[t]), out);
     for (int t = 0; t < o.n_threads; t++)
-        LOCO_CHECK_GOTO(bench_threads(&b, &o, o.threads[t], &int8_gbs[t],
-                                      results + (size_t)t * N_ROWS),
-                        out);
+        print_threads(&b, &o, &tr[t]);
     if (o.n_threads > 1) {
-        printf("\nscaling %d → %d threads (encode, decode):", o.threads[0],
-               o.threads[o.n_threads - 1]);
-        const row_result *a = results, *z = results + (size_t)(o.n_threads - 1) * N_ROWS;
+        const thread_result *a = &tr[0], *z = &tr[o.n_threads - 1];
+        printf("\nscaling %d -> %d threads (encode, decode): memcpy %.2fx", a->threads,
+               z->threads, a->memcpy_s / z->memcpy_s);
         for (size_t r = 0; r < N_ROWS; r++) {
             char name[32];
-            printf("%s %s%s %.2fx, %.2fx", r ? "," : "", row_name(&rows[r], name, sizeof name),
-                   rows[r].zstd ? "+zstd" : "", a[r].enc_s / z[r].enc_s,
-                   a[r].dec_s / z[r].dec_s);
+            printf(", %s%s %.2fx, %.2fx", row_name(&rows[r], name, sizeof name),
+                   rows[r].zstd ? "+zstd" : "", a->row[r].enc_s / z->row[r].enc_s,
+                   a->row[r].dec_s / z->row[r].dec_s);
         }
         printf("\n");
     }
-    printf("\ngoal: int8 quantize >= 3.5 GB/s of fp32 per core: %.2f GB/s on %d thread%s\n",
-           int8_gbs[0], o.threads[0], o.threads[0] > 1 ? "s" : "");
+    for (size_t r = 0; r < N_ROWS; r++)
+        if (rows[r].codec == LOCO_CODEC_INT8 && !rows[r].zstd && !rows[r].ef &&
+            !rows[r].stochastic)
+            printf("\ngoal: int8 quantize >= 3.5 GB/s of fp32 per core: %.2f GB/s on %d "
+                   "thread%s\n",
+                   (double)b.n * 4 / 1e9 / tr[0].row[r].enc_s, tr[0].threads,
+                   tr[0].threads > 1 ? "s" : "");
 out:
     loco_free(b.x);
     loco_free(b.y);
@@ -408,7 +436,7 @@ out:
     loco_free(b.chunks);
     loco_free(b.raw);
     loco_free(b.zraw);
-    loco_free(results);
-    loco_free(int8_gbs);
+    loco_free(len);
+    loco_free(tr);
     return rc;
 }

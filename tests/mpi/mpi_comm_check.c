@@ -10,7 +10,14 @@
  *
  * Not a Criterion test: a plain program. Each rank prints its own failures
  * to stderr; rank 0 prints "N passed, N failed" over all ranks; the exit
- * status is 0 only when nothing failed anywhere. */
+ * status is 0 only when nothing failed anywhere.
+ *
+ * Build with -DLOCO_MPI_CHECK_MAIN (the Makefile's rule for
+ * build/tests/mpi_comm_check does). Without it this file compiles to
+ * nothing, so a wildcard over tests/x/x.c that pulls it into the Criterion
+ * binary cannot replace Criterion's main. */
+#ifdef LOCO_MPI_CHECK_MAIN
+
 #include "inner/comm/comm.h"
 
 #include <math.h>
@@ -638,3 +645,5 @@ int main(void) {
     loco_comm_destroy(w);
     return tally[1] == 0 ? 0 : 1;
 }
+
+#endif /* LOCO_MPI_CHECK_MAIN */
