@@ -179,8 +179,26 @@ static int prefetch(loco_zero *z, int unit) {
     return start_gather(z, s, unit);
 }
 
+/* MPI moves non-blocking collectives forward only inside MPI calls; testing
+ * the pending requests from every hook lets them progress while backward
+ * computes the next unit. */
+static int progress(loco_zero *z) {
+    bool done;
+    for (int i = 0; i < z->n_buckets; i++)
+        LOCO_CHECK(loco_comm_test(z->buckets[i], &done));
+    slot *all[4] = {&z->blocks[0], &z->blocks[1], &z->embed, &z->lnf};
+    for (int i = 0; i < 4; i++) {
+        if (all[i]->reduce)
+            LOCO_CHECK(loco_comm_test(all[i]->reduce, &done));
+        if (all[i]->gather)
+            LOCO_CHECK(loco_comm_test(all[i]->gather, &done));
+    }
+    return 0;
+}
+
 static int hook_acquire(void *ctx, loco_gpt *m, int unit, bool backward) {
     loco_zero *z = ctx;
+    LOCO_CHECK(progress(z));
     const int L = m->cfg.n_layer;
     if (z->stage >= 3) {
         if (unit == 0 || unit == L + 1) {
@@ -221,6 +239,7 @@ static int hook_grads_ready(void *ctx, loco_gpt *m, int unit) {
     loco_zero *z = ctx;
     if (z->n == 1 && z->stage < 2)
         return 0;
+    LOCO_CHECK(progress(z));
     if (z->stage >= 2)
         return start_reduce(z, unit_slot(z, unit), unit);
     if (!z->last_micro)
