@@ -88,6 +88,11 @@ $(MPI_CHECK): tests/mpi/mpi_comm_check.c inner/comm/comm.h $(LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -DLOCO_MPI_CHECK_MAIN $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
+# libFuzzer targets of fuzz/ (clang, ASan+UBSan), FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 60
+fuzz:
+	BUILD=$(BUILD) bash fuzz/run.sh $(FUZZ_SECONDS)
+
 deps:
 	@bash scripts/install-deps.sh
 

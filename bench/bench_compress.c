@@ -39,18 +39,17 @@ static const row_cfg rows[] = {
 /* Buffers shared by every measurement of one run. */
 typedef struct {
     size_t n;
-    float *x, *y;        /* input, decode target */
-    uint8_t *enc;        /* encoded chunks */
+    float *x, *y; /* input, decode target */
+    uint8_t *enc; /* encoded chunks */
     size_t enc_cap;
     loco_chunk_ref *chunks;
     uint8_t *raw, *zraw; /* raw payloads for raw libzstd, and its frames */
     size_t raw_cap, zraw_cap;
 } bufs;
 
-static int parse_opts(int argc, char **argv, bench_opts *o)
-{
-    *o = (bench_opts){.mb = 256, .threads = {1, 2}, .n_threads = 2, .level = 1, .reps = 3,
-                      .chunk_mb = 4};
+static int parse_opts(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){
+        .mb = 256, .threads = {1, 2}, .n_threads = 2, .level = 1, .reps = 3, .chunk_mb = 4};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--mb") && v) {
@@ -76,7 +75,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
         } else {
             return LOCO_ERR(LOCO_EINVAL,
                             "bench compress: unknown option '%s' (--mb N, --threads 1,2, "
-                            "--level L, --reps R, --chunk-mb M)", a);
+                            "--level L, --reps R, --chunk-mb M)",
+                            a);
         }
         i++;
     }
@@ -88,8 +88,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
 /* Pseudo-gradient-like data: tensors of 2^20 elements, each Gaussian with a
  * standard deviation of 1e-3 * exp(N(0, 1)) (outer deltas of different
  * layers differ in scale by orders of magnitude). */
-static void fill(float *x, size_t n)
-{
+static void fill(float *x, size_t n) {
     const size_t seg = (size_t)1 << 20, nseg = (n + seg - 1) / seg;
 #pragma omp parallel for schedule(static)
     for (size_t s = 0; s < nseg; s++) {
@@ -101,7 +100,9 @@ static void fill(float *x, size_t n)
     }
 }
 
-static double best_of(double a, double b) { return a < b ? a : b; }
+static double best_of(double a, double b) {
+    return a < b ? a : b;
+}
 
 typedef struct {
     double enc_s, dec_s; /* seconds */
@@ -110,9 +111,8 @@ typedef struct {
 
 /* Raw libzstd on nc payloads (payload i at raw + i * stride, len[i]): one
  * context per thread, one frame per chunk, dynamic schedule. */
-static int time_raw_zstd_once(bufs *b, const size_t *len, size_t nc, size_t stride,
-                              int threads, int level, raw_zstd *out)
-{
+static int time_raw_zstd_once(bufs *b, const size_t *len, size_t nc, size_t stride, int threads,
+                              int level, raw_zstd *out) {
     size_t *zlen = calloc(nc, sizeof *zlen);
     ZSTD_CCtx *cc[64] = {0};
     ZSTD_DCtx *dc[64] = {0};
@@ -130,8 +130,8 @@ static int time_raw_zstd_once(bufs *b, const size_t *len, size_t nc, size_t stri
         double t0 = loco_now();
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (size_t i = 0; i < nc; i++) {
-            size_t z = ZSTD_compressCCtx(cc[omp_get_thread_num()], b->zraw + i * zstride,
-                                         zstride, b->raw + i * stride, len[i], level);
+            size_t z = ZSTD_compressCCtx(cc[omp_get_thread_num()], b->zraw + i * zstride, zstride,
+                                         b->raw + i * stride, len[i], level);
             if (ZSTD_isError(z)) {
 #pragma omp atomic write
                 failed = 1;
@@ -142,8 +142,8 @@ static int time_raw_zstd_once(bufs *b, const size_t *len, size_t nc, size_t stri
         t0 = loco_now();
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (size_t i = 0; i < nc; i++) {
-            size_t d = ZSTD_decompressDCtx(dc[omp_get_thread_num()], b->raw + i * stride,
-                                           len[i], b->zraw + i * zstride, zlen[i]);
+            size_t d = ZSTD_decompressDCtx(dc[omp_get_thread_num()], b->raw + i * stride, len[i],
+                                           b->zraw + i * zstride, zlen[i]);
             if (ZSTD_isError(d) || d != len[i]) {
 #pragma omp atomic write
                 failed = 1;
@@ -165,8 +165,7 @@ static int time_raw_zstd_once(bufs *b, const size_t *len, size_t nc, size_t stri
 }
 
 static int time_raw_zstd(bufs *b, const size_t *len, size_t nc, size_t stride, int threads,
-                         int level, int reps, raw_zstd *out)
-{
+                         int level, int reps, raw_zstd *out) {
     raw_zstd best = {1e30, 1e30, 0};
     for (int r = 0; r < reps; r++) {
         raw_zstd one;
@@ -189,8 +188,7 @@ typedef struct {
 } row_result;
 
 static loco_codec_params row_params(const row_cfg *cfg, const bench_opts *o, int threads,
-                                    size_t n)
-{
+                                    size_t n) {
     loco_codec_params p;
     loco_codec_params_default(&p);
     p.codec = cfg->codec;
@@ -207,8 +205,7 @@ static loco_codec_params row_params(const row_cfg *cfg, const bench_opts *o, int
 /* One timed encode and decode of a row; the first call also measures error,
  * bytes and what zstd=auto would pick. */
 static int run_row(bufs *b, const row_cfg *cfg, const bench_opts *o, int threads, bool first,
-                   row_result *res)
-{
+                   row_result *res) {
     loco_codec_params p = row_params(cfg, o, threads, b->n);
     loco_codec *c;
     LOCO_CHECK(loco_codec_create(&c, &p));
@@ -220,9 +217,8 @@ static int run_row(bufs *b, const row_cfg *cfg, const bench_opts *o, int threads
     res->enc_s = best_of(res->enc_s, loco_now() - t0);
     memset(b->y, 0, b->n * sizeof(float));
     t0 = loco_now();
-    LOCO_CHECK_GOTO(loco_codec_decode(c, b->y, b->n, 1.0f, b->enc, b->enc_cap, b->chunks,
-                                      plan.n_chunks),
-                    out);
+    LOCO_CHECK_GOTO(
+        loco_codec_decode(c, b->y, b->n, 1.0f, b->enc, b->enc_cap, b->chunks, plan.n_chunks), out);
     res->dec_s = best_of(res->dec_s, loco_now() - t0);
     if (!first)
         goto out;
@@ -253,15 +249,13 @@ out:
 /* Raw payloads of a codec as the zstd stage sees them (planes for fp32 and
  * bf16, nearest rounding, no EF), chunk by chunk, for raw libzstd. */
 static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *len, size_t *nc,
-                    size_t *stride)
-{
+                    size_t *stride) {
     loco_codec_params p = row_params(cfg, o, 1, b->n);
     const size_t ce = loco_compress_chunk_elems(&p);
     *nc = loco_compress_chunk_count(b->n, &p);
     *stride = loco_quant_payload_bytes(p.codec, ce, p.block);
     const loco_quant_args qa = {.block = p.block,
-                                .planes = p.codec == LOCO_CODEC_NONE ||
-                                          p.codec == LOCO_CODEC_BF16};
+                                .planes = p.codec == LOCO_CODEC_NONE || p.codec == LOCO_CODEC_BF16};
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < *nc; i++) {
@@ -275,8 +269,7 @@ static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *le
     return failed ? LOCO_ERR(LOCO_EINVAL, "bench: non-finite data") : 0;
 }
 
-static const char *row_name(const row_cfg *r, char *buf, size_t cap)
-{
+static const char *row_name(const row_cfg *r, char *buf, size_t cap) {
     snprintf(buf, cap, "%s%s%s", loco_codec_name(r->codec), r->ef ? " +EF" : "",
              r->stochastic ? " stoch" : "");
     return buf;
@@ -293,8 +286,7 @@ typedef struct {
 /* One repetition of every measurement at one thread count, keeping the best
  * times. Repetitions go round the whole table, so that a burst of other work
  * on a shared machine spoils one sample of each cell, not all of one. */
-static int measure(bufs *b, const bench_opts *o, bool first, size_t *len, thread_result *tr)
-{
+static int measure(bufs *b, const bench_opts *o, bool first, size_t *len, thread_result *tr) {
     const int threads = tr->threads;
     const size_t bytes = b->n * sizeof(float);
     double t0 = loco_now();
@@ -331,8 +323,7 @@ static int measure(bufs *b, const bench_opts *o, bool first, size_t *len, thread
     return 0;
 }
 
-static void print_threads(const bufs *b, const bench_opts *o, const thread_result *tr)
-{
+static void print_threads(const bufs *b, const bench_opts *o, const thread_result *tr) {
     const double gb = (double)b->n * sizeof(float) / 1e9;
     printf("\n### %d thread%s\n\n", tr->threads, tr->threads > 1 ? "s" : "");
     printf("memcpy: %.2f GB/s. raw libzstd level %d on the fp32 buffer (%d MiB frames): "
@@ -357,14 +348,12 @@ static void print_threads(const bufs *b, const bench_opts *o, const thread_resul
             snprintf(picks, sizeof picks, "%s (%.3f)", res->auto_zstd ? "zstd" : "no zstd",
                      res->sampled_ratio);
         printf("| %s | %s | %.2f | %.2f | %.3f | %.3f%% | %s | %s |\n",
-               row_name(&rows[r], name, sizeof name), rows[r].zstd ? "on" : "off",
-               gb / res->enc_s, gb / res->dec_s, (double)b->n * 4 / (double)res->wire,
-               100 * res->err, stage, picks);
+               row_name(&rows[r], name, sizeof name), rows[r].zstd ? "on" : "off", gb / res->enc_s,
+               gb / res->dec_s, (double)b->n * 4 / (double)res->wire, 100 * res->err, stage, picks);
     }
 }
 
-int loco_bench_compress(int argc, char **argv)
-{
+int loco_bench_compress(int argc, char **argv) {
     bench_opts o;
     LOCO_CHECK(parse_opts(argc, argv, &o));
     bufs b = {.n = o.mb * ((size_t)1 << 20) / sizeof(float)};
@@ -394,8 +383,8 @@ int loco_bench_compress(int argc, char **argv)
         tr[t].threads = o.threads[t];
         tr[t].memcpy_s = tr[t].fp32.enc_s = tr[t].fp32.dec_s = 1e30;
         for (size_t r = 0; r < N_ROWS; r++)
-            tr[t].row[r] = (row_result){.enc_s = 1e30, .dec_s = 1e30, .raw_enc_s = 1e30,
-                                        .raw_dec_s = 1e30};
+            tr[t].row[r] =
+                (row_result){.enc_s = 1e30, .dec_s = 1e30, .raw_enc_s = 1e30, .raw_dec_s = 1e30};
     }
     fill(b.x, b.n);
     printf("loco bench compress: %zu MiB of fp32 pseudo-gradient-like data (Gaussian "
@@ -412,8 +401,8 @@ int loco_bench_compress(int argc, char **argv)
         print_threads(&b, &o, &tr[t]);
     if (o.n_threads > 1) {
         const thread_result *a = &tr[0], *z = &tr[o.n_threads - 1];
-        printf("\nscaling %d -> %d threads (encode, decode): memcpy %.2fx", a->threads,
-               z->threads, a->memcpy_s / z->memcpy_s);
+        printf("\nscaling %d -> %d threads (encode, decode): memcpy %.2fx", a->threads, z->threads,
+               a->memcpy_s / z->memcpy_s);
         for (size_t r = 0; r < N_ROWS; r++) {
             char name[32];
             printf(", %s%s %.2fx, %.2fx", row_name(&rows[r], name, sizeof name),
@@ -423,8 +412,7 @@ int loco_bench_compress(int argc, char **argv)
         printf("\n");
     }
     for (size_t r = 0; r < N_ROWS; r++)
-        if (rows[r].codec == LOCO_CODEC_INT8 && !rows[r].zstd && !rows[r].ef &&
-            !rows[r].stochastic)
+        if (rows[r].codec == LOCO_CODEC_INT8 && !rows[r].zstd && !rows[r].ef && !rows[r].stochastic)
             printf("\ngoal: int8 quantize >= 3.5 GB/s of fp32 per core: %.2f GB/s on %d "
                    "thread%s\n",
                    (double)b.n * 4 / 1e9 / tr[0].row[r].enc_s, tr[0].threads,

@@ -11,8 +11,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 #else
-static int omp_get_thread_num(void) { return 0; }
-static int omp_get_max_threads(void) { return 1; }
+static int omp_get_thread_num(void) {
+    return 0;
+}
+static int omp_get_max_threads(void) {
+    return 1;
+}
 #endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -52,11 +56,11 @@ struct loco_codec {
     size_t raw_cap;     /* scratch bytes: any codec's payload of chunk_elems */
     size_t slot_bytes;
     int n_workers;
-    worker_ws *ws;      /* [n_workers] */
-    float *ef;          /* [n_state] with error feedback, else NULL */
+    worker_ws *ws; /* [n_workers] */
+    float *ef;     /* [n_state] with error feedback, else NULL */
     double link_gbps;
     ZSTD_CCtx *plan_cctx;
-    bool plan_warm;     /* plan_cctx has compressed once (timing is fair) */
+    bool plan_warm;  /* plan_cctx has compressed once (timing is fair) */
     float *sample_x; /* zstd=auto: the gathered sample */
     uint8_t *sample_raw, *sample_z;
     size_t sample_raw_cap, sample_z_cap;
@@ -70,8 +74,7 @@ typedef struct {
     char msg[512];
 } par_err;
 
-static void par_err_note(par_err *e, int rc, size_t chunk)
-{
+static void par_err_note(par_err *e, int rc, size_t chunk) {
 #pragma omp critical(loco_compress_err)
     if (e->rc == 0 || chunk < e->chunk) {
         e->rc = rc;
@@ -80,8 +83,7 @@ static void par_err_note(par_err *e, int rc, size_t chunk)
     }
 }
 
-static int par_err_raise(const par_err *e, const char *what)
-{
+static int par_err_raise(const par_err *e, const char *what) {
     if (e->rc == 0)
         return 0;
     return LOCO_ERR(e->rc, "%s chunk %zu: %s", what, e->chunk, e->msg);
@@ -89,36 +91,31 @@ static int par_err_raise(const par_err *e, const char *what)
 
 /* ----------------------------------------------------------- byte packing */
 
-static void put32(uint8_t *p, uint32_t v)
-{
+static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void put64(uint8_t *p, uint64_t v)
-{
+static void put64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static uint32_t get32(const uint8_t *p)
-{
+static uint32_t get32(const uint8_t *p) {
     uint32_t v = 0;
     for (int i = 0; i < 4; i++)
         v |= (uint32_t)p[i] << (8 * i);
     return v;
 }
 
-static uint64_t get64(const uint8_t *p)
-{
+static uint64_t get64(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
         v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
-static uint64_t mix64(uint64_t z)
-{
+static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
@@ -126,22 +123,19 @@ static uint64_t mix64(uint64_t z)
 
 /* Stochastic stream of the chunk starting at state position pos: depends on
  * seed, nonce and position only, never on threads or chunk sizes. */
-static uint64_t chunk_key(uint64_t seed, uint64_t nonce, uint64_t pos)
-{
+static uint64_t chunk_key(uint64_t seed, uint64_t nonce, uint64_t pos) {
     uint64_t k = mix64(seed + 0x9e3779b97f4a7c15ULL);
     k = mix64(k ^ (nonce + 0x632be59bd9b4e019ULL));
     return mix64(k ^ (pos + 0x2545f4914f6cdd1dULL));
 }
 
-static bool planes_apply(loco_codec_kind k, bool zstd)
-{
+static bool planes_apply(loco_codec_kind k, bool zstd) {
     return zstd && (k == LOCO_CODEC_NONE || k == LOCO_CODEC_BF16);
 }
 
 /* ------------------------------------------------------------- lifecycle */
 
-void loco_codec_destroy(loco_codec *c)
-{
+void loco_codec_destroy(loco_codec *c) {
     if (!c)
         return;
     if (c->ws)
@@ -159,8 +153,7 @@ void loco_codec_destroy(loco_codec *c)
     loco_free(c);
 }
 
-int loco_codec_create(loco_codec **out, const loco_codec_params *p)
-{
+int loco_codec_create(loco_codec **out, const loco_codec_params *p) {
     *out = NULL;
     LOCO_CHECK(loco_codec_params_check(p));
     loco_codec *c = loco_alloc(sizeof *c);
@@ -184,8 +177,8 @@ int loco_codec_create(loco_codec **out, const loco_codec_params *p)
         w->dctx = ZSTD_createDCtx();
         w->raw = loco_alloc(c->raw_cap);
         if (!w->cctx || !w->dctx || !w->raw) {
-            rc = LOCO_ERR(LOCO_ENOMEM, "compress: cannot allocate workspace %d (%zu bytes)",
-                          i, c->raw_cap);
+            rc = LOCO_ERR(LOCO_ENOMEM, "compress: cannot allocate workspace %d (%zu bytes)", i,
+                          c->raw_cap);
             goto out_destroy;
         }
     }
@@ -197,9 +190,9 @@ int loco_codec_create(loco_codec **out, const loco_codec_params *p)
             goto out_destroy;
         }
     }
-    const size_t piece = (size_t)p->block * (SAMPLE_PIECE / (size_t)p->block > 0
-                                                 ? SAMPLE_PIECE / (size_t)p->block
-                                                 : 1);
+    const size_t piece =
+        (size_t)p->block *
+        (SAMPLE_PIECE / (size_t)p->block > 0 ? SAMPLE_PIECE / (size_t)p->block : 1);
     c->sample_raw_cap = loco_quant_payload_bytes(p->codec, SAMPLE_PIECES * piece, p->block);
     c->sample_z_cap = ZSTD_compressBound(c->sample_raw_cap);
     c->plan_cctx = ZSTD_createCCtx();
@@ -217,18 +210,22 @@ out_destroy:
     return rc;
 }
 
-const loco_codec_params *loco_codec_get_params(const loco_codec *c) { return &c->p; }
-int loco_codec_workers(const loco_codec *c) { return c->n_workers; }
-float *loco_codec_ef(loco_codec *c) { return c->ef; }
+const loco_codec_params *loco_codec_get_params(const loco_codec *c) {
+    return &c->p;
+}
+int loco_codec_workers(const loco_codec *c) {
+    return c->n_workers;
+}
+float *loco_codec_ef(loco_codec *c) {
+    return c->ef;
+}
 
-void loco_codec_ef_reset(loco_codec *c)
-{
+void loco_codec_ef_reset(loco_codec *c) {
     if (c->ef)
         memset(c->ef, 0, c->p.n_state * sizeof(float));
 }
 
-void loco_codec_set_link_gbps(loco_codec *c, double gbps)
-{
+void loco_codec_set_link_gbps(loco_codec *c, double gbps) {
     c->link_gbps = gbps > 0 && isfinite(gbps) ? gbps : 0;
 }
 
@@ -237,14 +234,11 @@ void loco_codec_set_link_gbps(loco_codec *c, double gbps)
 /* zstd=auto: quantizes SAMPLE_PIECES evenly spaced pieces (nearest, no
  * error feedback) and compresses them as one buffer. Returns the ratio and
  * the compressor speed in payload bytes per second of one worker. */
-static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio,
-                       double *bps)
-{
+static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio, double *bps) {
     const loco_codec_params *p = &c->p;
     const size_t B = (size_t)p->block;
     const size_t piece = B * (SAMPLE_PIECE / B > 0 ? SAMPLE_PIECE / B : 1);
-    const loco_quant_args qa = {.block = p->block,
-                                .planes = planes_apply(p->codec, true)};
+    const loco_quant_args qa = {.block = p->block, .planes = planes_apply(p->codec, true)};
     /* The pieces are gathered and quantized as one small chunk, so that the
      * sample has the layout (scales, codes, byte planes) of a real one. */
     const float *xs = src;
@@ -273,8 +267,7 @@ static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio,
             const size_t r = ZSTD_compressCCtx(c->plan_cctx, c->sample_z, c->sample_z_cap,
                                                c->sample_raw + k * seg, seg, p->zstd_level);
             if (ZSTD_isError(r))
-                return LOCO_ERR(LOCO_EIO, "compress: zstd on the sample: %s",
-                                ZSTD_getErrorName(r));
+                return LOCO_ERR(LOCO_EIO, "compress: zstd on the sample: %s", ZSTD_getErrorName(r));
             z += r;
         }
         dt = loco_now() - t0;
@@ -285,9 +278,8 @@ static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio,
     return 0;
 }
 
-int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src,
-                    size_t n, size_t state_offset, uint64_t nonce)
-{
+int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, size_t n,
+                    size_t state_offset, uint64_t nonce) {
     const loco_codec_params *p = &c->p;
     if (n > 0 && !src)
         return LOCO_ERR(LOCO_EINVAL, "compress: NULL source for %zu elements", n);
@@ -295,7 +287,8 @@ int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src,
         (state_offset > p->n_state || n > p->n_state - state_offset))
         return LOCO_ERR(LOCO_EINVAL,
                         "compress: range [%zu, %zu) outside the error-feedback state of "
-                        "%zu elements", state_offset, state_offset + n, p->n_state);
+                        "%zu elements",
+                        state_offset, state_offset + n, p->n_state);
     *plan = (loco_encode_plan){
         .n = n,
         .state_offset = state_offset,
@@ -313,17 +306,15 @@ int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src,
     const double link_bps = c->link_gbps * 1e9 / 8;
     /* Streaming hides the slower of compressor and link: zstd pays when it
      * shrinks enough and the compressors outrun the link. */
-    plan->zstd = ratio >= p->auto_min_ratio &&
-                 (link_bps <= 0 || bps * c->n_workers > link_bps);
+    plan->zstd = ratio >= p->auto_min_ratio && (link_bps <= 0 || bps * c->n_workers > link_bps);
     return 0;
 }
 
 /* --------------------------------------------------------------- encoding */
 
-static void write_header(uint8_t *h, const loco_codec_params *p, uint32_t flags,
-                         size_t chunk, uint64_t first, uint64_t count, uint64_t raw_len,
-                         uint64_t enc_len, uint64_t payload_hash)
-{
+static void write_header(uint8_t *h, const loco_codec_params *p, uint32_t flags, size_t chunk,
+                         uint64_t first, uint64_t count, uint64_t raw_len, uint64_t enc_len,
+                         uint64_t payload_hash) {
     put32(h + 0, CHUNK_MAGIC);
     h[4] = CHUNK_VERSION;
     h[5] = (uint8_t)p->codec;
@@ -339,15 +330,12 @@ static void write_header(uint8_t *h, const loco_codec_params *p, uint32_t flags,
     put64(h + 56, loco_hash64(h, HDR_HASHED));
 }
 
-int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *plan,
-                            void *dst, size_t dst_cap, size_t *dst_len, const float *src,
-                            size_t chunk)
-{
+int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
+                            size_t dst_cap, size_t *dst_len, const float *src, size_t chunk) {
     const loco_codec_params *p = &c->p;
     *dst_len = 0;
     if (worker < 0 || worker >= c->n_workers)
-        return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker,
-                        c->n_workers);
+        return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker, c->n_workers);
     if (chunk >= plan->n_chunks || plan->chunk_elems != c->chunk_elems)
         return LOCO_ERR(LOCO_EINVAL, "compress: chunk %zu of a plan with %zu chunks", chunk,
                         plan->n_chunks);
@@ -366,19 +354,18 @@ int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *p
         .planes = planes,
         .key = chunk_key(p->seed, plan->nonce, plan->state_offset + first),
     };
-    float *ef = c->ef && p->codec != LOCO_CODEC_NONE ? c->ef + plan->state_offset + first
-                                                      : NULL;
+    float *ef = c->ef && p->codec != LOCO_CODEC_NONE ? c->ef + plan->state_offset + first : NULL;
     uint8_t *out = dst, *payload = out + HDR;
     worker_ws *w = &c->ws[worker];
     uint32_t flags = planes ? FLAG_PLANES : 0;
     size_t enc_len = raw_len;
     if (loco_quant(p->codec, plan->zstd ? w->raw : payload, src + first, ef, count, &qa) < 0)
-        return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)",
-                        first, first + count);
+        return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
+                        first + count);
     if (plan->zstd) {
         /* Capacity raw_len - 1: a chunk zstd cannot shrink goes raw. */
-        const size_t z = ZSTD_compressCCtx(w->cctx, payload, raw_len - 1, w->raw, raw_len,
-                                           p->zstd_level);
+        const size_t z =
+            ZSTD_compressCCtx(w->cctx, payload, raw_len - 1, w->raw, raw_len, p->zstd_level);
         if (!ZSTD_isError(z)) {
             enc_len = z;
             flags |= FLAG_ZSTD;
@@ -395,21 +382,20 @@ int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *p
 }
 
 int loco_codec_encode(loco_codec *c, const loco_encode_plan *plan, void *dst, size_t dst_cap,
-                      loco_chunk_ref *chunks, const float *src)
-{
+                      loco_chunk_ref *chunks, const float *src) {
     const size_t nc = plan->n_chunks, slot = plan->slot_bytes;
     if (slot != c->slot_bytes || (nc > 0 && (!dst || !chunks)))
         return LOCO_ERR(LOCO_EINVAL, "compress: encode with a plan of another codec");
     if (nc > 0 && dst_cap / nc < slot)
-        return LOCO_ERR(LOCO_EINVAL, "compress: %zu bytes of output, %zu chunks need %zu",
-                        dst_cap, nc, nc * slot);
+        return LOCO_ERR(LOCO_EINVAL, "compress: %zu bytes of output, %zu chunks need %zu", dst_cap,
+                        nc, nc * slot);
     par_err err = {0};
     uint8_t *out = dst;
 #pragma omp parallel for num_threads(c->n_workers) schedule(dynamic, 1) if (nc > 1)
     for (size_t i = 0; i < nc; i++) {
         size_t len = 0;
-        int rc = loco_codec_encode_chunk(c, omp_get_thread_num(), plan, out + i * slot, slot,
-                                         &len, src, i);
+        int rc = loco_codec_encode_chunk(c, omp_get_thread_num(), plan, out + i * slot, slot, &len,
+                                         src, i);
         chunks[i] = (loco_chunk_ref){.offset = i * slot, .len = len};
         if (rc < 0)
             par_err_note(&err, rc, i);
@@ -419,12 +405,10 @@ int loco_codec_encode(loco_codec *c, const loco_encode_plan *plan, void *dst, si
 
 /* --------------------------------------------------------------- decoding */
 
-int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info)
-{
+int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
     const uint8_t *h = src;
     if (!src || len < HDR)
-        return LOCO_ERR(LOCO_EPROTO, "chunk: %zu bytes, shorter than the %d-byte header", len,
-                        HDR);
+        return LOCO_ERR(LOCO_EPROTO, "chunk: %zu bytes, shorter than the %d-byte header", len, HDR);
     if (get32(h) != CHUNK_MAGIC)
         return LOCO_ERR(LOCO_EPROTO, "chunk: bad magic 0x%08x", get32(h));
     if (h[4] != CHUNK_VERSION)
@@ -477,16 +461,14 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info)
  * length, destination range, size limit, payload checksum, and for an
  * uncompressed payload its scales and codes. */
 static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_t len,
-                       loco_chunk_info *info)
-{
+                       loco_chunk_info *info) {
     LOCO_CHECK(loco_chunk_parse(src, len, info));
     if (len != info->total_len)
         return LOCO_ERR(LOCO_EPROTO, "chunk: %zu bytes, header says %llu", len,
                         (unsigned long long)info->total_len);
     if (info->first > dst_n || info->count > dst_n - info->first)
         return LOCO_ERR(LOCO_EPROTO, "chunk: elements [%llu, +%llu) outside a range of %zu",
-                        (unsigned long long)info->first, (unsigned long long)info->count,
-                        dst_n);
+                        (unsigned long long)info->first, (unsigned long long)info->count, dst_n);
     if (info->count > c->chunk_elems)
         return LOCO_ERR(LOCO_EPROTO, "chunk: %llu elements, this codec's chunks hold %zu",
                         (unsigned long long)info->count, c->chunk_elems);
@@ -502,16 +484,14 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
 
 /* Decompresses (when needed), checks the payload, then accumulates. */
 static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, const void *src,
-                       const loco_chunk_info *info)
-{
+                       const loco_chunk_info *info) {
     const uint8_t *payload = (const uint8_t *)src + HDR;
     if (info->zstd) {
         worker_ws *w = &c->ws[worker];
         const unsigned long long fcs = ZSTD_getFrameContentSize(payload, info->enc_len);
         if (fcs != info->raw_len)
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd frame content size %lld, header %llu",
-                            info->chunk_index, (long long)fcs,
-                            (unsigned long long)info->raw_len);
+                            info->chunk_index, (long long)fcs, (unsigned long long)info->raw_len);
         const size_t fsz = ZSTD_findFrameCompressedSize(payload, info->enc_len);
         if (ZSTD_isError(fsz) || fsz != info->enc_len)
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd payload is not exactly one frame",
@@ -519,8 +499,8 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
         if (info->raw_len > c->raw_cap)
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: raw payload over the scratch buffer",
                             info->chunk_index);
-        const size_t got = ZSTD_decompressDCtx(w->dctx, w->raw, info->raw_len, payload,
-                                               info->enc_len);
+        const size_t got =
+            ZSTD_decompressDCtx(w->dctx, w->raw, info->raw_len, payload, info->enc_len);
         if (ZSTD_isError(got) || got != info->raw_len)
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd: %s", info->chunk_index,
                             ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
@@ -534,12 +514,10 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
     return 0;
 }
 
-int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst, size_t dst_n,
-                            float weight, const void *src, size_t len)
-{
+int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst, size_t dst_n, float weight,
+                            const void *src, size_t len) {
     if (worker < 0 || worker >= c->n_workers)
-        return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker,
-                        c->n_workers);
+        return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker, c->n_workers);
     if (!isfinite(weight) || (dst_n > 0 && !dst))
         return LOCO_ERR(LOCO_EINVAL, "compress: decode with weight %g into %p", weight,
                         (void *)dst);
@@ -554,20 +532,18 @@ typedef struct {
     size_t chunk;
 } span;
 
-static int span_cmp(const void *a, const void *b)
-{
+static int span_cmp(const void *a, const void *b) {
     const span *x = a, *y = b;
     return x->first < y->first ? -1 : x->first > y->first;
 }
 
 int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight, const void *base,
-                      size_t base_len, const loco_chunk_ref *chunks, size_t n_chunks)
-{
+                      size_t base_len, const loco_chunk_ref *chunks, size_t n_chunks) {
     if (n_chunks == 0)
         return 0;
     if (!isfinite(weight) || !base || !chunks || (dst_n > 0 && !dst))
-        return LOCO_ERR(LOCO_EINVAL, "compress: decode with weight %g, base %p, chunks %p",
-                        weight, base, (const void *)chunks);
+        return LOCO_ERR(LOCO_EINVAL, "compress: decode with weight %g, base %p, chunks %p", weight,
+                        base, (const void *)chunks);
     for (size_t i = 0; i < n_chunks; i++)
         if (chunks[i].offset > base_len || chunks[i].len > base_len - chunks[i].offset)
             return LOCO_ERR(LOCO_EPROTO, "chunk %zu: [%zu, +%zu) outside %zu bytes", i,
@@ -599,8 +575,7 @@ int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight, con
         }
 #pragma omp parallel for num_threads(c->n_workers) schedule(dynamic, 1) if (n_chunks > 1)
     for (size_t i = 0; i < n_chunks; i++) {
-        int r = apply_chunk(c, omp_get_thread_num(), dst, weight, b + chunks[i].offset,
-                            &info[i]);
+        int r = apply_chunk(c, omp_get_thread_num(), dst, weight, b + chunks[i].offset, &info[i]);
         if (r < 0)
             par_err_note(&err, r, i);
     }

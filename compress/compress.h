@@ -50,17 +50,17 @@ typedef enum {
 /* Everything that decides the bytes of an encoded range. */
 typedef struct {
     loco_codec_kind codec;
-    int block;            /* elements per scale block, 32..4096, multiple of 8 */
-    bool stochastic;      /* stochastic rounding instead of nearest-even */
-    bool error_feedback;  /* add back what earlier rounds lost */
+    int block;           /* elements per scale block, 32..4096, multiple of 8 */
+    bool stochastic;     /* stochastic rounding instead of nearest-even */
+    bool error_feedback; /* add back what earlier rounds lost */
     loco_zstd_mode zstd;
-    int zstd_level;       /* any libzstd level, negative ones too */
-    size_t chunk_bytes;   /* fp32 input bytes per chunk (rounded to blocks) */
+    int zstd_level;        /* any libzstd level, negative ones too */
+    size_t chunk_bytes;    /* fp32 input bytes per chunk (rounded to blocks) */
     double auto_min_ratio; /* zstd=auto: skip zstd below this sampled ratio */
-    double link_gbps;     /* zstd=auto: link speed, 0 = unknown */
-    int threads;          /* workers for encode/decode, 0 = OpenMP's count */
-    uint64_t seed;        /* stochastic rounding stream */
-    size_t n_state;       /* elements of error-feedback state (the shard) */
+    double link_gbps;      /* zstd=auto: link speed, 0 = unknown */
+    int threads;           /* workers for encode/decode, 0 = OpenMP's count */
+    uint64_t seed;         /* stochastic rounding stream */
+    size_t n_state;        /* elements of error-feedback state (the shard) */
 } loco_codec_params;
 
 /* Defaults: int8, block 128, nearest, error feedback on, zstd auto at level
@@ -114,10 +114,10 @@ void loco_codec_set_link_gbps(loco_codec *c, double gbps);
 
 /* How one range is encoded, decided once by loco_codec_plan. */
 typedef struct {
-    size_t n;             /* elements in the range */
-    size_t state_offset;  /* index of the range's first element in the EF state */
-    uint64_t nonce;       /* stochastic rounding: e.g. the outer step */
-    size_t chunk_elems;   /* elements per chunk (the last may be shorter) */
+    size_t n;            /* elements in the range */
+    size_t state_offset; /* index of the range's first element in the EF state */
+    uint64_t nonce;      /* stochastic rounding: e.g. the outer step */
+    size_t chunk_elems;  /* elements per chunk (the last may be shorter) */
     size_t n_chunks;
     size_t slot_bytes;    /* bound of one encoded chunk */
     bool zstd;            /* the zstd stage runs for this range */
@@ -136,33 +136,32 @@ typedef struct {
  * not exceed n_state when error feedback is on. With a link speed set, the
  * decision depends on measured compressor speed, so the bytes (never the
  * decoded values) may differ between runs. */
-int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src,
-                    size_t n, size_t state_offset, uint64_t nonce);
+int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, size_t n,
+                    size_t state_offset, uint64_t nonce);
 
 /* Encodes chunk `chunk` of the planned range (src is the range's first
  * element) into dst, using worker `worker`'s workspace. dst_cap must be at
- * least plan->slot_bytes; *dst_len receives the chunk's size. Updates the
+ * least plan->slot_bytes (enough for any chunk of the plan); *dst_len
+ * receives the chunk's size. Updates the
  * chunk's error-feedback state. LOCO_EINVAL for a non-finite input (the EF
  * state of the chunk is then unspecified: reset it). */
-int loco_codec_encode_chunk(loco_codec *c, int worker,
-                            const loco_encode_plan *plan, void *dst,
-                            size_t dst_cap, size_t *dst_len, const float *src,
-                            size_t chunk);
+int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
+                            size_t dst_cap, size_t *dst_len, const float *src, size_t chunk);
 
 /* Encodes every chunk of the plan on the handle's workers: chunk i is written
  * at dst + i * plan->slot_bytes and described by chunks[i] (plan->n_chunks
  * entries). dst_cap >= loco_compress_bound(plan->n, params). Output does not
  * depend on the number of workers. Do not call from inside an OpenMP
  * parallel region (workers are OpenMP thread numbers). */
-int loco_codec_encode(loco_codec *c, const loco_encode_plan *plan, void *dst,
-                      size_t dst_cap, loco_chunk_ref *chunks, const float *src);
+int loco_codec_encode(loco_codec *c, const loco_encode_plan *plan, void *dst, size_t dst_cap,
+                      loco_chunk_ref *chunks, const float *src);
 
 /* ------------------------------------------------------------- decoding */
 
 /* What a chunk header says. */
 typedef struct {
     loco_codec_kind codec;
-    bool zstd, planes;  /* payload is a zstd frame; bytes split in planes */
+    bool zstd, planes; /* payload is a zstd frame; bytes split in planes */
     int block;
     uint32_t chunk_index;
     uint64_t first;     /* element offset of the chunk in its range */
@@ -181,14 +180,14 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info);
 /* Decodes one chunk and accumulates dst[first + i] += weight * value[i], where
  * dst is the receiving range of dst_n elements. Checks first (header, exact
  * length len == total_len, range inside dst_n, count within this handle's
- * chunk size, payload checksum, zstd frame sizes, scales finite, no fp8 NaN
- * code), then touches dst: on any error dst is unchanged and the result is
- * LOCO_EPROTO. Uses worker `worker`'s workspace. The accumulation is
+ * chunk size, payload checksum, zstd frame sizes, scales in [0, FLT_MAX /
+ * qmax], no fp8 NaN code), then touches dst: on any error dst is unchanged
+ * and the result is LOCO_EPROTO (LOCO_EINVAL for a bad worker, weight or
+ * dst). Uses worker `worker`'s workspace. The accumulation is
  * dst = fmaf(code_value, weight * scale, dst) per element, the same on every
  * receiver. */
-int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst,
-                            size_t dst_n, float weight, const void *src,
-                            size_t len);
+int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst, size_t dst_n, float weight,
+                            const void *src, size_t len);
 
 /* Decodes n_chunks chunks (chunks[i] inside base[0, base_len)) on the
  * handle's workers. Refs, headers, lengths, checksums, uncompressed payloads
@@ -196,9 +195,8 @@ int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst,
  * applied; a zstd payload that passes its checksum yet fails to decompress
  * leaves dst with the chunks decoded so far (the caller drops the exchange).
  * Do not call from inside an OpenMP parallel region. */
-int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight,
-                      const void *base, size_t base_len,
-                      const loco_chunk_ref *chunks, size_t n_chunks);
+int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight, const void *base,
+                      size_t base_len, const loco_chunk_ref *chunks, size_t n_chunks);
 
 /* -------------------------------------------------------------- kernels */
 /* The element loops, in kernels/cpu/quant.c (a CUDA twin takes the same
@@ -215,10 +213,10 @@ int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight,
  * decodes to value(q) * scale. */
 
 typedef struct {
-    int block;        /* elements per scale block (multiple of 8) */
-    bool stochastic;  /* round up with probability = the fraction */
-    bool planes;      /* none/bf16: byte-plane layout */
-    uint64_t key;     /* stochastic stream: element i draws hash(key, i) */
+    int block;       /* elements per scale block (multiple of 8) */
+    bool stochastic; /* round up with probability = the fraction */
+    bool planes;     /* none/bf16: byte-plane layout */
+    uint64_t key;    /* stochastic stream: element i draws hash(key, i) */
 } loco_quant_args;
 
 /* Payload bytes of n elements. */
@@ -226,16 +224,15 @@ size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block);
 /* Quantizes x[0, n) (plus ef when not NULL, which then receives what this
  * rounding lost) into payload. Returns 0, or LOCO_EINVAL when x (+ ef) holds
  * a non-finite value (nothing is recorded; the caller reports). */
-int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef,
-               size_t n, const loco_quant_args *a);
+int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+               const loco_quant_args *a);
 /* dst[i] = fmaf(value_i, weight * scale_of_block(i), dst[i]) for a payload of
  * n elements (none/bf16: fmaf(value_i, weight, dst[i])). */
-void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload,
-                      size_t n, int block, bool planes, float weight);
+void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n, int block,
+                      bool planes, float weight);
 /* True when the payload can be decoded safely: every scale in
  * [0, FLT_MAX / qmax] (so nothing decodes to infinity or NaN), no fp8 NaN
  * code. (none/bf16 values are not checked.) */
-bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n,
-                           int block);
+bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block);
 
 #endif /* LOCO_COMPRESS_H */

@@ -7,18 +7,15 @@
 #include <zstd.h>
 
 static const char *const codec_names[LOCO_CODEC_COUNT] = {
-    [LOCO_CODEC_NONE] = "none", [LOCO_CODEC_BF16] = "bf16",
-    [LOCO_CODEC_INT8] = "int8", [LOCO_CODEC_INT4] = "int4",
-    [LOCO_CODEC_FP8] = "fp8",   [LOCO_CODEC_FP4] = "fp4",
+    [LOCO_CODEC_NONE] = "none", [LOCO_CODEC_BF16] = "bf16", [LOCO_CODEC_INT8] = "int8",
+    [LOCO_CODEC_INT4] = "int4", [LOCO_CODEC_FP8] = "fp8",   [LOCO_CODEC_FP4] = "fp4",
 };
 
-const char *loco_codec_name(loco_codec_kind k)
-{
+const char *loco_codec_name(loco_codec_kind k) {
     return (unsigned)k < LOCO_CODEC_COUNT ? codec_names[k] : "?";
 }
 
-int loco_codec_parse(const char *name, loco_codec_kind *out)
-{
+int loco_codec_parse(const char *name, loco_codec_kind *out) {
     for (int k = 0; k < LOCO_CODEC_COUNT; k++)
         if (name && !strcmp(name, codec_names[k])) {
             *out = (loco_codec_kind)k;
@@ -28,8 +25,7 @@ int loco_codec_parse(const char *name, loco_codec_kind *out)
                     name ? name : "(null)");
 }
 
-void loco_codec_params_default(loco_codec_params *p)
-{
+void loco_codec_params_default(loco_codec_params *p) {
     *p = (loco_codec_params){
         .codec = LOCO_CODEC_INT8,
         .block = 128,
@@ -46,8 +42,7 @@ void loco_codec_params_default(loco_codec_params *p)
     };
 }
 
-int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg)
-{
+int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg) {
     loco_codec_params_default(p);
     LOCO_CHECK(loco_codec_parse(cfg->compress.codec, &p->codec));
     p->block = (int)cfg->compress.block;
@@ -69,25 +64,23 @@ int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg)
     return 0;
 }
 
-int loco_codec_params_check(const loco_codec_params *p)
-{
+int loco_codec_params_check(const loco_codec_params *p) {
     if ((unsigned)p->codec >= LOCO_CODEC_COUNT)
         return LOCO_ERR(LOCO_EINVAL, "compress: unknown codec %d", (int)p->codec);
     if (p->block < LOCO_COMPRESS_BLOCK_MIN || p->block > LOCO_COMPRESS_BLOCK_MAX ||
         p->block % 8 != 0)
-        return LOCO_ERR(LOCO_EINVAL,
-                        "compress.block = %d: expected a multiple of 8 in [%d, %d]",
+        return LOCO_ERR(LOCO_EINVAL, "compress.block = %d: expected a multiple of 8 in [%d, %d]",
                         p->block, LOCO_COMPRESS_BLOCK_MIN, LOCO_COMPRESS_BLOCK_MAX);
     if (p->chunk_bytes < 4 * (size_t)p->block || p->chunk_bytes > LOCO_COMPRESS_CHUNK_MAX)
         return LOCO_ERR(LOCO_EINVAL,
                         "compress: chunk of %zu bytes: expected one block (%d bytes) "
-                        "to %zu bytes", p->chunk_bytes, 4 * p->block,
-                        LOCO_COMPRESS_CHUNK_MAX);
+                        "to %zu bytes",
+                        p->chunk_bytes, 4 * p->block, LOCO_COMPRESS_CHUNK_MAX);
     if ((unsigned)p->zstd > LOCO_ZSTD_AUTO)
         return LOCO_ERR(LOCO_EINVAL, "compress: unknown zstd mode %d", (int)p->zstd);
     if (p->zstd_level < ZSTD_minCLevel() || p->zstd_level > ZSTD_maxCLevel())
-        return LOCO_ERR(LOCO_EINVAL, "compress.zstd_level = %d: expected [%d, %d]",
-                        p->zstd_level, ZSTD_minCLevel(), ZSTD_maxCLevel());
+        return LOCO_ERR(LOCO_EINVAL, "compress.zstd_level = %d: expected [%d, %d]", p->zstd_level,
+                        ZSTD_minCLevel(), ZSTD_maxCLevel());
     if (!(p->auto_min_ratio >= 0) || !isfinite(p->auto_min_ratio))
         return LOCO_ERR(LOCO_EINVAL, "compress.auto_min_ratio = %g: expected >= 0",
                         p->auto_min_ratio);
@@ -98,27 +91,22 @@ int loco_codec_params_check(const loco_codec_params *p)
     return 0;
 }
 
-size_t loco_compress_chunk_elems(const loco_codec_params *p)
-{
+size_t loco_compress_chunk_elems(const loco_codec_params *p) {
     const size_t B = (size_t)p->block;
     size_t blocks = p->chunk_bytes / 4 / B;
     return (blocks ? blocks : 1) * B;
 }
 
-size_t loco_compress_chunk_count(size_t n, const loco_codec_params *p)
-{
+size_t loco_compress_chunk_count(size_t n, const loco_codec_params *p) {
     const size_t ce = loco_compress_chunk_elems(p);
     return n / ce + (n % ce != 0);
 }
 
-size_t loco_compress_slot_bytes(const loco_codec_params *p)
-{
-    const size_t raw =
-        loco_quant_payload_bytes(p->codec, loco_compress_chunk_elems(p), p->block);
+size_t loco_compress_slot_bytes(const loco_codec_params *p) {
+    const size_t raw = loco_quant_payload_bytes(p->codec, loco_compress_chunk_elems(p), p->block);
     return (LOCO_CHUNK_HEADER_BYTES + raw + 63) & ~(size_t)63;
 }
 
-size_t loco_compress_bound(size_t n, const loco_codec_params *p)
-{
+size_t loco_compress_bound(size_t n, const loco_codec_params *p) {
     return loco_compress_chunk_count(n, p) * loco_compress_slot_bytes(p);
 }

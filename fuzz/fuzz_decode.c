@@ -18,8 +18,7 @@ static float dst[DST_N], dst0[DST_N];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!codec) {
         loco_codec_params p;
         loco_codec_params_default(&p);

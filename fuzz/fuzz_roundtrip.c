@@ -16,8 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Largest |error| / scale of one element: nearest rounds to half a grid
  * step; the widest step of each grid, in units of the scale, is 1 (int), 64
  * (e4m3 448 - 384 ... at the top binade: 32), 2 (e2m1 4 -> 6). */
-static double max_step(loco_codec_kind k)
-{
+static double max_step(loco_codec_kind k) {
     switch (k) {
     case LOCO_CODEC_INT8:
     case LOCO_CODEC_INT4: return 1.0;
@@ -27,8 +26,7 @@ static double max_step(loco_codec_kind k)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 + 4)
         return 0;
     const uint8_t mode = data[0];
@@ -90,8 +88,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const size_t b0 = i / 32 * 32;
         for (size_t j = b0; j < b0 + 32 && j < n; j++)
             amax = fmax(amax, fabs((double)x[j]));
-        const double qmax = p.codec == LOCO_CODEC_INT8 ? 127 : p.codec == LOCO_CODEC_INT4 ? 7
-                          : p.codec == LOCO_CODEC_FP8 ? 448 : 6;
+        const double qmax = p.codec == LOCO_CODEC_INT8   ? 127
+                            : p.codec == LOCO_CODEC_INT4 ? 7
+                            : p.codec == LOCO_CODEC_FP8  ? 448
+                                                         : 6;
         const double step = max_step(p.codec) * amax / qmax;
         double tol = (p.stochastic ? 1.0 : 0.5) * step * (1 + 1e-5) + 1e-44;
         if (amax < 1e-30) /* subnormal scales lose precision; tiny blocks flush to 0 */

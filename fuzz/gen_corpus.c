@@ -7,8 +7,7 @@
 
 #include "compress/compress.h"
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s DIR\n", argv[0]);
         return 2;
@@ -36,8 +35,8 @@ int main(int argc, char **argv)
             for (size_t ci = 0; ci < plan.n_chunks; ci++) {
                 unsigned char *buf = malloc(plan.slot_bytes);
                 size_t len;
-                if (!buf || loco_codec_encode_chunk(c, 0, &plan, buf, plan.slot_bytes, &len, x,
-                                                    ci)) {
+                if (!buf ||
+                    loco_codec_encode_chunk(c, 0, &plan, buf, plan.slot_bytes, &len, x, ci)) {
                     fprintf(stderr, "gen_corpus: %s\n", loco_errmsg());
                     return 1;
                 }

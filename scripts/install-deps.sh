@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PKGS=(
-  build-essential pkg-config clang libclang-rt-14-dev clang-format
+  build-essential pkg-config clang libclang-rt-14-dev libomp-14-dev clang-format
   libopenblas-dev libopenmpi-dev openmpi-bin
   libssl-dev libzstd-dev libcurl4-openssl-dev
   libinih-dev libcjson-dev libxxhash-dev libcriterion-dev

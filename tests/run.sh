@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # The whole suite: every Criterion test (unit, model against PyTorch
-# fixtures, training, CLI), then the brief fuzz runs. Called by `make test`.
+# fixtures, training, CLI, mpirun runs), then brief fuzz runs. `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# OpenMPI refuses root unless told; CI and containers run as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 # Criterion runs each test in its own process; two at a time on two cores.
-build/tests/loco_tests --jobs "${LOCO_TEST_JOBS:-2}"
+status=0
+build/tests/loco_tests --jobs "${LOCO_TEST_JOBS:-2}" 2>&1 | tee "$log" || status=$?
 if [ -x tests/fuzz.sh ]; then
-  bash tests/fuzz.sh
+  bash tests/fuzz.sh || status=$?
 fi
+# One closing line with the counts, after everything.
+line=$(grep -a "Synthesis: Tested:" "$log" | tail -n 1)
+passed=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")
+failing=$(sed -n 's/.*Failing: \([0-9]*\).*/\1/p' <<<"$line")
+crashing=$(sed -n 's/.*Crashing: \([0-9]*\).*/\1/p' <<<"$line")
+echo "tests: ${passed:-0} passed, $(( ${failing:-0} + ${crashing:-0} )) failed"
+exit "$status"

@@ -15,32 +15,30 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE uint32_t f2u(float f)
-{
+ALWAYS_INLINE uint32_t f2u(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-ALWAYS_INLINE float u2f(uint32_t u)
-{
+ALWAYS_INLINE float u2f(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
 
-ALWAYS_INLINE float load_f32(const uint8_t *p)
-{
+ALWAYS_INLINE float load_f32(const uint8_t *p) {
     float f;
     memcpy(&f, p, sizeof f);
     return f;
 }
 
-ALWAYS_INLINE void store_f32(uint8_t *p, float f) { memcpy(p, &f, sizeof f); }
+ALWAYS_INLINE void store_f32(uint8_t *p, float f) {
+    memcpy(p, &f, sizeof f);
+}
 
 /* lowbias32 (Wellons): a 32-bit mixer with good avalanche. */
-ALWAYS_INLINE uint32_t mix32(uint32_t x)
-{
+ALWAYS_INLINE uint32_t mix32(uint32_t x) {
     x ^= x >> 16;
     x *= 0x7feb352dU;
     x ^= x >> 15;
@@ -50,20 +48,19 @@ ALWAYS_INLINE uint32_t mix32(uint32_t x)
 }
 
 /* 32 random bits for element i of a stream keyed by (k0, k1). */
-ALWAYS_INLINE uint32_t sr_bits(uint32_t k0, uint32_t k1, uint32_t i)
-{
+ALWAYS_INLINE uint32_t sr_bits(uint32_t k0, uint32_t k1, uint32_t i) {
     return mix32(mix32(i ^ k0) + k1);
 }
 
 /* Uniform in [0, 1) from the top 24 bits. */
-ALWAYS_INLINE float sr_unit(uint32_t r) { return (float)(r >> 8) * 0x1p-24f; }
+ALWAYS_INLINE float sr_unit(uint32_t r) {
+    return (float)(r >> 8) * 0x1p-24f;
+}
 
 /* Largest |x + ef| of a block as fp32 bits (positive floats order like
  * their bits). >= 0x7f800000 means a non-finite value. */
-ALWAYS_INLINE uint32_t absmax_bits(const float *restrict x,
-                                   const float *restrict ef, size_t m,
-                                   const bool has_ef)
-{
+ALWAYS_INLINE uint32_t absmax_bits(const float *restrict x, const float *restrict ef, size_t m,
+                                   const bool has_ef) {
     uint32_t mx = 0;
     for (size_t i = 0; i < m; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
@@ -73,10 +70,11 @@ ALWAYS_INLINE uint32_t absmax_bits(const float *restrict x,
     return mx;
 }
 
-static size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+static size_t div_up(size_t a, size_t b) {
+    return (a + b - 1) / b;
+}
 
-size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block)
-{
+size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block) {
     const size_t scales = 4 * div_up(n, (size_t)block);
     switch (k) {
     case LOCO_CODEC_NONE: return 4 * n;
@@ -96,10 +94,8 @@ size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block)
  * stochastic with random bits r: the discarded fp32 mantissa bits get r
  * added, which rounds up with probability equal to the discarded fraction.
  * Below the smallest normal the grid is uniform (step 2^(1-BIAS-M)). */
-ALWAYS_INLINE uint32_t minifloat_code(float y, uint32_t r, const int M,
-                                      const int BIAS, const uint32_t maxcode,
-                                      const bool stochastic)
-{
+ALWAYS_INLINE uint32_t minifloat_code(float y, uint32_t r, const int M, const int BIAS,
+                                      const uint32_t maxcode, const bool stochastic) {
     const int sh = 23 - M;
     const uint32_t a = f2u(y);
     uint32_t t;
@@ -123,8 +119,7 @@ ALWAYS_INLINE uint32_t minifloat_code(float y, uint32_t r, const int M,
 }
 
 /* Value of a minifloat magnitude code (no sign bit). */
-ALWAYS_INLINE float minifloat_value(uint32_t c, const int M, const int BIAS)
-{
+ALWAYS_INLINE float minifloat_value(uint32_t c, const int M, const int BIAS) {
     const uint32_t normal = (c << (23 - M)) + ((uint32_t)(127 - BIAS) << 23);
     const float sub = (float)(int32_t)c * (1.0f / (float)(1 << (BIAS + M - 1)));
     const uint32_t is_sub = 0U - (uint32_t)(c < (1U << M));
@@ -142,9 +137,7 @@ ALWAYS_INLINE float minifloat_value(uint32_t c, const int M, const int BIAS)
 
 /* ------------------------------------------------------------ fp32 / bf16 */
 
-static int quant_f32(uint8_t *restrict out, const float *restrict x, size_t n,
-                     bool planes)
-{
+static int quant_f32(uint8_t *restrict out, const float *restrict x, size_t n, bool planes) {
     uint32_t mx = 0;
     if (!planes) {
         for (size_t i = 0; i < n; i++) {
@@ -167,19 +160,15 @@ static int quant_f32(uint8_t *restrict out, const float *restrict x, size_t n,
     return mx >= 0x7f800000U ? LOCO_EINVAL : 0;
 }
 
-ALWAYS_INLINE uint32_t bf16_round(uint32_t u, uint32_t r, const bool stochastic)
-{
+ALWAYS_INLINE uint32_t bf16_round(uint32_t u, uint32_t r, const bool stochastic) {
     if (stochastic)
         return (u + (r & 0xffffU)) >> 16;
     return (u + 0x7fffU + ((u >> 16) & 1)) >> 16;
 }
 
-ALWAYS_INLINE uint32_t quant_bf16_loop(uint8_t *restrict out,
-                                       const float *restrict x,
-                                       float *restrict ef, size_t n,
-                                       bool planes, uint32_t k0, uint32_t k1,
-                                       const bool has_ef, const bool stochastic)
-{
+ALWAYS_INLINE uint32_t quant_bf16_loop(uint8_t *restrict out, const float *restrict x,
+                                       float *restrict ef, size_t n, bool planes, uint32_t k0,
+                                       uint32_t k1, const bool has_ef, const bool stochastic) {
     uint32_t mx = 0;
     for (size_t i = 0; i < n; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
@@ -204,9 +193,7 @@ ALWAYS_INLINE uint32_t quant_bf16_loop(uint8_t *restrict out,
     return mx;
 }
 
-static int quant_bf16(uint8_t *out, const float *x, float *ef, size_t n,
-                      const loco_quant_args *a)
-{
+static int quant_bf16(uint8_t *out, const float *x, float *ef, size_t n, const loco_quant_args *a) {
     const uint32_t k0 = (uint32_t)a->key, k1 = (uint32_t)(a->key >> 32);
     uint32_t mx;
     if (ef && a->stochastic)
@@ -223,9 +210,7 @@ static int quant_bf16(uint8_t *out, const float *x, float *ef, size_t n,
 /* ------------------------------------------------------- block quantizers */
 
 /* Integer code in [-lim, lim] of v * inv. */
-ALWAYS_INLINE int32_t int_code(float y, uint32_t r, int32_t lim,
-                               const bool stochastic)
-{
+ALWAYS_INLINE int32_t int_code(float y, uint32_t r, int32_t lim, const bool stochastic) {
     int32_t q;
     if (stochastic) /* floor(y + u) by truncating a positive number */
         q = (int32_t)((y + (float)(lim + 1)) + sr_unit(r)) - (lim + 1);
@@ -236,12 +221,9 @@ ALWAYS_INLINE int32_t int_code(float y, uint32_t r, int32_t lim,
 }
 
 /* One block of int8: codes and EF. */
-ALWAYS_INLINE void int8_block(int8_t *restrict q, const float *restrict x,
-                              float *restrict ef, size_t m, float inv,
-                              float scale, uint32_t k0, uint32_t k1,
-                              uint32_t base, const bool has_ef,
-                              const bool stochastic)
-{
+ALWAYS_INLINE void int8_block(int8_t *restrict q, const float *restrict x, float *restrict ef,
+                              size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
+                              uint32_t base, const bool has_ef, const bool stochastic) {
     for (size_t i = 0; i < m; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
         const uint32_t r = stochastic ? sr_bits(k0, k1, base + (uint32_t)i) : 0;
@@ -253,12 +235,9 @@ ALWAYS_INLINE void int8_block(int8_t *restrict q, const float *restrict x,
 }
 
 /* One block of int4 codes into tmp (then packed by the caller). */
-ALWAYS_INLINE void int4_block(int8_t *restrict tmp, const float *restrict x,
-                              float *restrict ef, size_t m, float inv,
-                              float scale, uint32_t k0, uint32_t k1,
-                              uint32_t base, const bool has_ef,
-                              const bool stochastic)
-{
+ALWAYS_INLINE void int4_block(int8_t *restrict tmp, const float *restrict x, float *restrict ef,
+                              size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
+                              uint32_t base, const bool has_ef, const bool stochastic) {
     for (size_t i = 0; i < m; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
         const uint32_t r = stochastic ? sr_bits(k0, k1, base + (uint32_t)i) : 0;
@@ -269,19 +248,16 @@ ALWAYS_INLINE void int4_block(int8_t *restrict tmp, const float *restrict x,
     }
 }
 
-ALWAYS_INLINE void fp8_block(uint8_t *restrict q, const float *restrict x,
-                             float *restrict ef, size_t m, float inv,
-                             float scale, uint32_t k0, uint32_t k1,
-                             uint32_t base, const bool has_ef,
-                             const bool stochastic)
-{
+ALWAYS_INLINE void fp8_block(uint8_t *restrict q, const float *restrict x, float *restrict ef,
+                             size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
+                             uint32_t base, const bool has_ef, const bool stochastic) {
     for (size_t i = 0; i < m; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
         const uint32_t r = stochastic ? sr_bits(k0, k1, base + (uint32_t)i) : 0;
         const float y = v * inv;
         const uint32_t sign = f2u(y) & 0x80000000U;
-        const uint32_t c = minifloat_code(u2f(f2u(y) & 0x7fffffffU), r, FP8_M,
-                                          FP8_BIAS, FP8_MAXCODE, stochastic);
+        const uint32_t c =
+            minifloat_code(u2f(f2u(y) & 0x7fffffffU), r, FP8_M, FP8_BIAS, FP8_MAXCODE, stochastic);
         q[i] = (uint8_t)(c | (sign >> 24));
         if (has_ef) {
             const float d = u2f(f2u(minifloat_value(c, FP8_M, FP8_BIAS)) | sign);
@@ -290,19 +266,16 @@ ALWAYS_INLINE void fp8_block(uint8_t *restrict q, const float *restrict x,
     }
 }
 
-ALWAYS_INLINE void fp4_block(int8_t *restrict tmp, const float *restrict x,
-                             float *restrict ef, size_t m, float inv,
-                             float scale, uint32_t k0, uint32_t k1,
-                             uint32_t base, const bool has_ef,
-                             const bool stochastic)
-{
+ALWAYS_INLINE void fp4_block(int8_t *restrict tmp, const float *restrict x, float *restrict ef,
+                             size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
+                             uint32_t base, const bool has_ef, const bool stochastic) {
     for (size_t i = 0; i < m; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
         const uint32_t r = stochastic ? sr_bits(k0, k1, base + (uint32_t)i) : 0;
         const float y = v * inv;
         const uint32_t sign = f2u(y) & 0x80000000U;
-        const uint32_t c = minifloat_code(u2f(f2u(y) & 0x7fffffffU), r, FP4_M,
-                                          FP4_BIAS, FP4_MAXCODE, stochastic);
+        const uint32_t c =
+            minifloat_code(u2f(f2u(y) & 0x7fffffffU), r, FP4_M, FP4_BIAS, FP4_MAXCODE, stochastic);
         tmp[i] = (int8_t)(c | (sign >> 28));
         if (has_ef) {
             const float d = u2f(f2u(minifloat_value(c, FP4_M, FP4_BIAS)) | sign);
@@ -313,8 +286,7 @@ ALWAYS_INLINE void fp4_block(int8_t *restrict tmp, const float *restrict x,
 
 /* Two codes per byte: element 2j in the low nibble. m may be odd only for
  * the last block; its final high nibble is 0. */
-static void pack4(uint8_t *restrict out, const int8_t *restrict tmp, size_t m)
-{
+static void pack4(uint8_t *restrict out, const int8_t *restrict tmp, size_t m) {
     const size_t pairs = m / 2;
     for (size_t j = 0; j < pairs; j++)
         out[j] = (uint8_t)((tmp[2 * j] & 0xf) | ((tmp[2 * j + 1] & 0xf) << 4));
@@ -325,10 +297,8 @@ static void pack4(uint8_t *restrict out, const int8_t *restrict tmp, size_t m)
 /* Quantizes all blocks of one block-scaled codec with the variant fixed at
  * compile time (the four calls below let GCC specialise each loop). */
 ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
-                               const float *restrict x, float *restrict ef,
-                               size_t n, const loco_quant_args *a,
-                               const bool has_ef, const bool stochastic)
-{
+                               const float *restrict x, float *restrict ef, size_t n,
+                               const loco_quant_args *a, const bool has_ef, const bool stochastic) {
     const size_t B = (size_t)a->block, nb = div_up(n, B);
     uint8_t *scales = payload;
     uint8_t *codes = payload + 4 * nb;
@@ -349,34 +319,31 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
         if (mb >= 0x7f800000U)
             return LOCO_EINVAL;
         const float amax = u2f(mb);
-        float scale = amax / qmax, inv = qmax / amax;
-        if (!(inv <= FLT_MAX)) { /* all zero, or too tiny to scale: flush */
-            scale = 0.0f;
-            inv = 0.0f;
-        } else if ((double)scale * qmax > (double)amax) {
+        float scale = 0.0f, inv = 0.0f; /* all zero, or too tiny to scale: flush */
+        if (mb != 0 && qmax / amax <= FLT_MAX) {
+            scale = amax / qmax;
+            inv = qmax / amax;
             /* round the scale down so that qmax * scale never exceeds the
              * block's absmax (nor FLT_MAX: no decoded infinity) */
-            scale = u2f(f2u(scale) - 1);
+            if ((double)scale * qmax > (double)amax)
+                scale = u2f(f2u(scale) - 1);
         }
         store_f32(scales + 4 * b, scale);
         const uint32_t base = (uint32_t)s;
         switch (k) {
         case LOCO_CODEC_INT8:
-            int8_block((int8_t *)codes + s, xb, eb, m, inv, scale, k0, k1, base,
-                       has_ef, stochastic);
+            int8_block((int8_t *)codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef,
+                       stochastic);
             break;
         case LOCO_CODEC_FP8:
-            fp8_block(codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef,
-                      stochastic);
+            fp8_block(codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
             break;
         case LOCO_CODEC_INT4:
-            int4_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef,
-                       stochastic);
+            int4_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
             pack4(codes + s / 2, tmp, m);
             break;
         case LOCO_CODEC_FP4:
-            fp4_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef,
-                      stochastic);
+            fp4_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
             pack4(codes + s / 2, tmp, m);
             break;
         default: return LOCO_EINVAL;
@@ -385,18 +352,17 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
     return 0;
 }
 
-#define QUANT_VARIANTS(K)                                                      \
-    static int quant_##K(uint8_t *payload, const float *x, float *ef,          \
-                         size_t n, const loco_quant_args *a)                   \
-    {                                                                          \
-        const loco_codec_kind k = LOCO_CODEC_##K;                              \
-        if (ef && a->stochastic)                                               \
-            return quant_blocks(k, payload, x, ef, n, a, true, true);          \
-        if (ef)                                                                \
-            return quant_blocks(k, payload, x, ef, n, a, true, false);         \
-        if (a->stochastic)                                                     \
-            return quant_blocks(k, payload, x, NULL, n, a, false, true);       \
-        return quant_blocks(k, payload, x, NULL, n, a, false, false);          \
+#define QUANT_VARIANTS(K)                                                                          \
+    static int quant_##K(uint8_t *payload, const float *x, float *ef, size_t n,                    \
+                         const loco_quant_args *a) {                                               \
+        const loco_codec_kind k = LOCO_CODEC_##K;                                                  \
+        if (ef && a->stochastic)                                                                   \
+            return quant_blocks(k, payload, x, ef, n, a, true, true);                              \
+        if (ef)                                                                                    \
+            return quant_blocks(k, payload, x, ef, n, a, true, false);                             \
+        if (a->stochastic)                                                                         \
+            return quant_blocks(k, payload, x, NULL, n, a, false, true);                           \
+        return quant_blocks(k, payload, x, NULL, n, a, false, false);                              \
     }
 QUANT_VARIANTS(INT8)
 QUANT_VARIANTS(INT4)
@@ -404,9 +370,8 @@ QUANT_VARIANTS(FP8)
 QUANT_VARIANTS(FP4)
 #undef QUANT_VARIANTS
 
-int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef,
-               size_t n, const loco_quant_args *a)
-{
+int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+               const loco_quant_args *a) {
     switch (k) {
     case LOCO_CODEC_NONE: return quant_f32(payload, x, n, a->planes);
     case LOCO_CODEC_BF16: return quant_bf16(payload, x, ef, n, a);
@@ -420,9 +385,8 @@ int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef,
 
 /* ------------------------------------------------------ dequantize + acc */
 
-static void deq_f32(float *restrict dst, const uint8_t *restrict in, size_t n,
-                    bool planes, float w)
-{
+static void deq_f32(float *restrict dst, const uint8_t *restrict in, size_t n, bool planes,
+                    float w) {
     if (!planes) {
         for (size_t i = 0; i < n; i++)
             dst[i] = fmaf(load_f32(in + 4 * i), w, dst[i]);
@@ -430,15 +394,13 @@ static void deq_f32(float *restrict dst, const uint8_t *restrict in, size_t n,
     }
     for (size_t i = 0; i < n; i++) {
         const uint32_t u = (uint32_t)in[i] | (uint32_t)in[n + i] << 8 |
-                           (uint32_t)in[2 * n + i] << 16 |
-                           (uint32_t)in[3 * n + i] << 24;
+                           (uint32_t)in[2 * n + i] << 16 | (uint32_t)in[3 * n + i] << 24;
         dst[i] = fmaf(u2f(u), w, dst[i]);
     }
 }
 
-static void deq_bf16(float *restrict dst, const uint8_t *restrict in, size_t n,
-                     bool planes, float w)
-{
+static void deq_bf16(float *restrict dst, const uint8_t *restrict in, size_t n, bool planes,
+                     float w) {
     if (!planes) {
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
@@ -453,22 +415,18 @@ static void deq_bf16(float *restrict dst, const uint8_t *restrict in, size_t n,
     }
 }
 
-ALWAYS_INLINE float fp8_decode(uint32_t b)
-{
+ALWAYS_INLINE float fp8_decode(uint32_t b) {
     const float v = minifloat_value(b & 0x7fU, FP8_M, FP8_BIAS);
     return u2f(f2u(v) | (b & 0x80U) << 24);
 }
 
-ALWAYS_INLINE float fp4_decode(uint32_t c)
-{
+ALWAYS_INLINE float fp4_decode(uint32_t c) {
     const float v = minifloat_value(c & 0x7U, FP4_M, FP4_BIAS);
     return u2f(f2u(v) | (c & 0x8U) << 28);
 }
 
-static void deq_blocks(loco_codec_kind k, float *restrict dst,
-                       const uint8_t *restrict payload, size_t n, int block,
-                       float w)
-{
+static void deq_blocks(loco_codec_kind k, float *restrict dst, const uint8_t *restrict payload,
+                       size_t n, int block, float w) {
     const size_t B = (size_t)block, nb = div_up(n, B);
     const uint8_t *codes = payload + 4 * nb;
     for (size_t b = 0; b < nb; b++) {
@@ -497,8 +455,7 @@ static void deq_blocks(loco_codec_kind k, float *restrict dst,
                 d[2 * j + 1] = fmaf((float)hi, ws, d[2 * j + 1]);
             }
             if (m & 1)
-                d[m - 1] = fmaf((float)((int32_t)((q[m / 2] & 0xfU) ^ 8U) - 8),
-                                ws, d[m - 1]);
+                d[m - 1] = fmaf((float)((int32_t)((q[m / 2] & 0xfU) ^ 8U) - 8), ws, d[m - 1]);
             break;
         }
         case LOCO_CODEC_FP4: {
@@ -516,9 +473,8 @@ static void deq_blocks(loco_codec_kind k, float *restrict dst,
     }
 }
 
-void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload,
-                      size_t n, int block, bool planes, float weight)
-{
+void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n, int block,
+                      bool planes, float weight) {
     switch (k) {
     case LOCO_CODEC_NONE: deq_f32(dst, payload, n, planes, weight); return;
     case LOCO_CODEC_BF16: deq_bf16(dst, payload, n, planes, weight); return;
@@ -534,23 +490,22 @@ void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload,
 
 /* Bits of the largest scale s with qmax * s <= FLT_MAX: larger ones would
  * decode to infinity. Non-negative floats order like their bits. */
-static uint32_t max_scale_bits(double qmax)
-{
+static uint32_t max_scale_bits(double qmax) {
     float s = FLT_MAX / (float)qmax;
     while ((double)s * qmax > (double)FLT_MAX)
         s = u2f(f2u(s) - 1);
     return f2u(s);
 }
 
-bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n,
-                           int block)
-{
+bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block) {
     if (k == LOCO_CODEC_NONE || k == LOCO_CODEC_BF16)
         return true;
     if (k >= LOCO_CODEC_COUNT || block <= 0)
         return false;
-    const double qmax = k == LOCO_CODEC_INT8 ? 127 : k == LOCO_CODEC_INT4 ? 7
-                      : k == LOCO_CODEC_FP8  ? 448 : 6;
+    const double qmax = k == LOCO_CODEC_INT8   ? 127
+                        : k == LOCO_CODEC_INT4 ? 7
+                        : k == LOCO_CODEC_FP8  ? 448
+                                               : 6;
     const uint32_t max_bits = max_scale_bits(qmax);
     const size_t nb = div_up(n, (size_t)block);
     uint32_t bad = 0;

@@ -8,18 +8,18 @@
 
 #include "compress/compress.h"
 
-static uint64_t sm64(uint64_t *s)
-{
+static uint64_t sm64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
-static double unif(uint64_t *s) { return ((double)(sm64(s) >> 11) + 0.5) * 0x1p-53; }
+static double unif(uint64_t *s) {
+    return ((double)(sm64(s) >> 11) + 0.5) * 0x1p-53;
+}
 
-static float *gaussian(size_t n, uint64_t seed, double sigma)
-{
+static float *gaussian(size_t n, uint64_t seed, double sigma) {
     float *x = malloc(n * sizeof *x);
     cr_assert(x);
     for (size_t i = 0; i < n; i++)
@@ -28,8 +28,7 @@ static float *gaussian(size_t n, uint64_t seed, double sigma)
 }
 
 static loco_codec_params params(loco_codec_kind k, loco_zstd_mode z, size_t chunk_bytes,
-                                int threads)
-{
+                                int threads) {
     loco_codec_params p;
     loco_codec_params_default(&p);
     p.codec = k;
@@ -48,35 +47,29 @@ typedef struct {
 } encoded;
 
 static encoded encode(loco_codec *c, const float *x, size_t n, size_t state_offset,
-                      uint64_t nonce)
-{
+                      uint64_t nonce) {
     encoded e = {0};
-    cr_assert_eq(loco_codec_plan(c, &e.plan, x, n, state_offset, nonce), 0, "%s",
-                 loco_errmsg());
+    cr_assert_eq(loco_codec_plan(c, &e.plan, x, n, state_offset, nonce), 0, "%s", loco_errmsg());
     e.cap = loco_compress_bound(n, loco_codec_get_params(c));
     e.buf = malloc(e.cap + 1);
     e.chunks = calloc(e.plan.n_chunks + 1, sizeof *e.chunks);
-    cr_assert_eq(loco_codec_encode(c, &e.plan, e.buf, e.cap, e.chunks, x), 0, "%s",
-                 loco_errmsg());
+    cr_assert_eq(loco_codec_encode(c, &e.plan, e.buf, e.cap, e.chunks, x), 0, "%s", loco_errmsg());
     return e;
 }
 
-static void encoded_free(encoded *e)
-{
+static void encoded_free(encoded *e) {
     free(e->buf);
     free(e->chunks);
 }
 
-static size_t wire_bytes(const encoded *e)
-{
+static size_t wire_bytes(const encoded *e) {
     size_t b = 0;
     for (size_t i = 0; i < e->plan.n_chunks; i++)
         b += e->chunks[i].len;
     return b;
 }
 
-static double rel_err(const float *x, const float *y, size_t n)
-{
+static double rel_err(const float *x, const float *y, size_t n) {
     double e = 0, s = 0;
     for (size_t i = 0; i < n; i++) {
         e += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
@@ -87,8 +80,7 @@ static double rel_err(const float *x, const float *y, size_t n)
 
 /* ---- round trip through the handle ---- */
 
-Test(codec, roundtrip_every_codec_and_zstd_mode)
-{
+Test(compress_codec, roundtrip_every_codec_and_zstd_mode) {
     const size_t n = 300007; /* several chunks and a ragged tail */
     float *x = gaussian(n, 1, 0.02);
     const double bound[LOCO_CODEC_COUNT] = {0, 0.0025, 0.007, 0.125, 0.027, 0.115};
@@ -100,8 +92,7 @@ Test(codec, roundtrip_every_codec_and_zstd_mode)
             encoded e = encode(c, x, n, 0, 7);
             cr_assert_eq(e.plan.n_chunks, (n + 65535) / 65536);
             float *y = calloc(n, sizeof *y);
-            cr_assert_eq(loco_codec_decode(c, y, n, 1.0f, e.buf, e.cap, e.chunks,
-                                           e.plan.n_chunks),
+            cr_assert_eq(loco_codec_decode(c, y, n, 1.0f, e.buf, e.cap, e.chunks, e.plan.n_chunks),
                          0, "%s", loco_errmsg());
             const double err = rel_err(x, y, n);
             cr_assert(err <= bound[k], "%s zstd %d: error %.5f", loco_codec_name(k), z, err);
@@ -124,8 +115,7 @@ Test(codec, roundtrip_every_codec_and_zstd_mode)
     free(x);
 }
 
-Test(codec, decode_accumulates_with_weight)
-{
+Test(compress_codec, decode_accumulates_with_weight) {
     const size_t n = 70000;
     float *x = gaussian(n, 2, 1.0);
     float *y = gaussian(n, 3, 1.0), *y0 = malloc(n * sizeof *y0);
@@ -154,8 +144,7 @@ Test(codec, decode_accumulates_with_weight)
     free(y0);
 }
 
-Test(codec, chunk_headers_describe_the_range)
-{
+Test(compress_codec, chunk_headers_describe_the_range) {
     const size_t n = 10000;
     float *x = gaussian(n, 4, 1.0);
     loco_codec_params p = params(LOCO_CODEC_FP4, LOCO_ZSTD_OFF, 4096 * 4, 1);
@@ -188,8 +177,7 @@ Test(codec, chunk_headers_describe_the_range)
  * feedback the running sum of what was decoded stays within one round's
  * quantization error of the sum of the inputs (the difference is exactly the
  * final EF state); without it the errors add up like a random walk. */
-Test(codec, error_feedback_tracks_the_sum)
-{
+Test(compress_codec, error_feedback_tracks_the_sum) {
     const size_t n = 8192;
     const int rounds = 100;
     double drift[2];
@@ -207,8 +195,7 @@ Test(codec, error_feedback_tracks_the_sum)
             for (size_t i = 0; i < n; i++)
                 sx[i] += x[i];
             encoded e = encode(c, x, n, n, (uint64_t)r);
-            cr_assert_eq(loco_codec_decode(c, sd, n, 1.0f, e.buf, e.cap, e.chunks,
-                                           e.plan.n_chunks),
+            cr_assert_eq(loco_codec_decode(c, sd, n, 1.0f, e.buf, e.cap, e.chunks, e.plan.n_chunks),
                          0);
             encoded_free(&e);
             free(x);
@@ -237,13 +224,12 @@ Test(codec, error_feedback_tracks_the_sum)
         free(sd);
         loco_codec_destroy(c);
     }
-    cr_log_info("relative drift of the sum after %d rounds: %.4f without EF, %.5f with",
-                rounds, drift[0], drift[1]);
+    cr_log_info("relative drift of the sum after %d rounds: %.4f without EF, %.5f with", rounds,
+                drift[0], drift[1]);
     cr_assert_gt(drift[0] / drift[1], 5.0, "EF drift %.5f, without %.5f", drift[1], drift[0]);
 }
 
-Test(codec, error_feedback_range_checked)
-{
+Test(compress_codec, error_feedback_range_checked) {
     loco_codec_params p = params(LOCO_CODEC_INT8, LOCO_ZSTD_OFF, 4096, 1);
     p.error_feedback = true;
     p.n_state = 1000;
@@ -259,8 +245,7 @@ Test(codec, error_feedback_range_checked)
 /* ---- determinism ---- */
 
 static encoded encode_with(int threads, uint64_t seed, const float *x, size_t n, float **ef_out,
-                           float **dec_out)
-{
+                           float **dec_out) {
     loco_codec_params p = params(LOCO_CODEC_FP8, LOCO_ZSTD_ON, 32 << 10, threads);
     p.stochastic = true;
     p.error_feedback = true;
@@ -275,15 +260,13 @@ static encoded encode_with(int threads, uint64_t seed, const float *x, size_t n,
     *ef_out = malloc(n * sizeof(float));
     memcpy(*ef_out, loco_codec_ef(c), n * sizeof(float));
     *dec_out = calloc(n, sizeof(float));
-    cr_assert_eq(loco_codec_decode(c, *dec_out, n, 0.5f, e.buf, e.cap, e.chunks,
-                                   e.plan.n_chunks),
+    cr_assert_eq(loco_codec_decode(c, *dec_out, n, 0.5f, e.buf, e.cap, e.chunks, e.plan.n_chunks),
                  0);
     loco_codec_destroy(c);
     return e;
 }
 
-Test(codec, bit_identical_for_one_and_two_threads)
-{
+Test(compress_codec, bit_identical_for_one_and_two_threads) {
     const size_t n = 200000;
     float *x = gaussian(n, 5, 0.1);
     float *ef1, *ef2, *ef3, *d1, *d2, *d3;
@@ -294,9 +277,9 @@ Test(codec, bit_identical_for_one_and_two_threads)
     cr_assert_gt(a.plan.n_chunks, 4);
     for (size_t i = 0; i < a.plan.n_chunks; i++) {
         cr_assert_eq(a.chunks[i].len, b.chunks[i].len);
-        cr_assert_eq(memcmp(a.buf + a.chunks[i].offset, b.buf + b.chunks[i].offset,
-                            a.chunks[i].len),
-                     0, "chunk %zu differs", i);
+        cr_assert_eq(
+            memcmp(a.buf + a.chunks[i].offset, b.buf + b.chunks[i].offset, a.chunks[i].len), 0,
+            "chunk %zu differs", i);
     }
     cr_assert_eq(memcmp(ef1, ef2, n * sizeof(float)), 0);
     cr_assert_eq(memcmp(d1, d2, n * sizeof(float)), 0);
@@ -309,8 +292,7 @@ Test(codec, bit_identical_for_one_and_two_threads)
     free(x);
 }
 
-Test(codec, stochastic_stream_follows_position_not_chunking)
-{
+Test(compress_codec, stochastic_stream_follows_position_not_chunking) {
     /* The same elements encoded as one range or as two ranges at their
      * state offsets draw the same random bits. */
     const size_t n = 8192;
@@ -337,8 +319,7 @@ Test(codec, stochastic_stream_follows_position_not_chunking)
 
 /* ---- zstd=auto ---- */
 
-Test(codec, zstd_auto_decides_by_ratio_and_link)
-{
+Test(compress_codec, zstd_auto_decides_by_ratio_and_link) {
     const size_t n = 1 << 18;
     float *x = gaussian(n, 7, 0.01);
     loco_encode_plan plan;
@@ -387,8 +368,7 @@ Test(codec, zstd_auto_decides_by_ratio_and_link)
 
 /* ---- bounds ---- */
 
-Test(codec, output_within_bound_even_when_incompressible)
-{
+Test(compress_codec, output_within_bound_even_when_incompressible) {
     const size_t sizes[] = {1, 7, 127, 128, 129, 4095, 4096, 4097, 50001};
     uint64_t s = 11;
     for (int k = 0; k < LOCO_CODEC_COUNT; k++)
@@ -406,8 +386,8 @@ Test(codec, output_within_bound_even_when_incompressible)
             for (size_t i = 0; i < e.plan.n_chunks; i++)
                 cr_assert_leq(e.chunks[i].len, loco_compress_slot_bytes(&p));
             float *y = calloc(n, sizeof *y);
-            cr_assert_eq(loco_codec_decode(c, y, n, 1, e.buf, e.cap, e.chunks, e.plan.n_chunks),
-                         0, "%s n %zu: %s", loco_codec_name(k), n, loco_errmsg());
+            cr_assert_eq(loco_codec_decode(c, y, n, 1, e.buf, e.cap, e.chunks, e.plan.n_chunks), 0,
+                         "%s n %zu: %s", loco_codec_name(k), n, loco_errmsg());
             if (k == LOCO_CODEC_NONE)
                 cr_assert_eq(memcmp(x, y, n * sizeof *x), 0);
             free(y);
@@ -417,8 +397,7 @@ Test(codec, output_within_bound_even_when_incompressible)
         }
 }
 
-Test(codec, empty_range)
-{
+Test(compress_codec, empty_range) {
     loco_codec_params p = params(LOCO_CODEC_INT8, LOCO_ZSTD_AUTO, 4096, 1);
     loco_codec *c;
     cr_assert_eq(loco_codec_create(&c, &p), 0);
@@ -433,8 +412,7 @@ Test(codec, empty_range)
 
 /* ---- params and config ---- */
 
-Test(codec, params_from_config)
-{
+Test(compress_codec, params_from_config) {
     loco_config cfg;
     loco_config_defaults(&cfg);
     loco_codec_params p;
@@ -447,11 +425,16 @@ Test(codec, params_from_config)
     cr_assert_eq(p.zstd_level, 1);
     cr_assert_eq(p.chunk_bytes, 4u << 20);
     cr_assert_eq(loco_compress_chunk_elems(&p), 1u << 20);
-    const char *set[] = {"compress.codec=fp4",       "compress.block=256",
-                         "compress.rounding=stochastic", "compress.error_feedback=false",
-                         "compress.zstd=off",        "compress.zstd_level=-5",
-                         "compress.chunk_mb=8",      "compress.link_gbps=2.5",
-                         "compress.threads=2",       "train.seed=77"};
+    const char *set[] = {"compress.codec=fp4",
+                         "compress.block=256",
+                         "compress.rounding=stochastic",
+                         "compress.error_feedback=false",
+                         "compress.zstd=off",
+                         "compress.zstd_level=-5",
+                         "compress.chunk_mb=8",
+                         "compress.link_gbps=2.5",
+                         "compress.threads=2",
+                         "train.seed=77"};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
         cr_assert_eq(loco_config_set(&cfg, set[i]), 0, "%s: %s", set[i], loco_errmsg());
     cr_assert_eq(loco_codec_params_from_config(&p, &cfg), 0);
@@ -473,8 +456,7 @@ Test(codec, params_from_config)
     cr_assert(strstr(loco_errmsg(), "compress.block"), "%s", loco_errmsg());
 }
 
-Test(codec, names_round_trip)
-{
+Test(compress_codec, names_round_trip) {
     for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
         loco_codec_kind got;
         cr_assert_eq(loco_codec_parse(loco_codec_name((loco_codec_kind)k), &got), 0);
@@ -485,8 +467,7 @@ Test(codec, names_round_trip)
     cr_assert_str_eq(loco_codec_name(LOCO_CODEC_COUNT), "?");
 }
 
-Test(codec, bad_params_refused)
-{
+Test(compress_codec, bad_params_refused) {
     loco_codec_params p;
     loco_codec *c = (loco_codec *)1;
     loco_codec_params_default(&p);
@@ -505,8 +486,7 @@ Test(codec, bad_params_refused)
     loco_codec_destroy(NULL);
 }
 
-Test(codec, allocation_failures_are_clean)
-{
+Test(compress_codec, allocation_failures_are_clean) {
     loco_codec_params p = params(LOCO_CODEC_INT8, LOCO_ZSTD_AUTO, 1 << 16, 2);
     p.error_feedback = true;
     p.n_state = 1000;
@@ -527,8 +507,7 @@ Test(codec, allocation_failures_are_clean)
     cr_assert_geq(failures, 5);
 }
 
-Test(codec, non_finite_input_is_einval)
-{
+Test(compress_codec, non_finite_input_is_einval) {
     const size_t n = 5000;
     float *x = gaussian(n, 8, 1.0);
     x[4321] = NAN;

@@ -14,24 +14,23 @@
 
 /* ---- data ---- */
 
-static uint64_t sm64(uint64_t *s)
-{
+static uint64_t sm64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
-static double unif(uint64_t *s) { return ((double)(sm64(s) >> 11) + 0.5) * 0x1p-53; }
+static double unif(uint64_t *s) {
+    return ((double)(sm64(s) >> 11) + 0.5) * 0x1p-53;
+}
 
-static double gauss(uint64_t *s)
-{
+static double gauss(uint64_t *s) {
     return sqrt(-2.0 * log(unif(s))) * cos(2.0 * M_PI * unif(s));
 }
 
 /* Student-t with 3 degrees of freedom: Z / sqrt(chi2_3 / 3). */
-static double student3(uint64_t *s)
-{
+static double student3(uint64_t *s) {
     double c = 0;
     for (int k = 0; k < 3; k++) {
         double g = gauss(s);
@@ -40,8 +39,7 @@ static double student3(uint64_t *s)
     return gauss(s) / sqrt(c / 3.0);
 }
 
-static float *fill(size_t n, uint64_t seed, bool heavy, double sigma)
-{
+static float *fill(size_t n, uint64_t seed, bool heavy, double sigma) {
     float *x = malloc(n * sizeof *x);
     cr_assert(x);
     for (size_t i = 0; i < n; i++)
@@ -51,37 +49,35 @@ static float *fill(size_t n, uint64_t seed, bool heavy, double sigma)
 
 /* ---- reference decoding of a payload, from the documented layout ---- */
 
-static double ldexp_d(double m, int e) { return ldexp(m, e); }
+static double ldexp_d(double m, int e) {
+    return ldexp(m, e);
+}
 
 /* e4m3: exponent bias 7, 3 mantissa bits, 0x7f NaN. */
-static double e4m3_value(unsigned code)
-{
+static double e4m3_value(unsigned code) {
     const unsigned e = (code >> 3) & 0xf, m = code & 7;
     const double mag = e == 0 ? ldexp_d(m, -9) : ldexp_d(1.0 + m / 8.0, (int)e - 7);
     return (code & 0x80) ? -mag : mag;
 }
 
 /* e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
-static double e2m1_value(unsigned code)
-{
+static double e2m1_value(unsigned code) {
     static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
     return (code & 8) ? -mag[code & 7] : mag[code & 7];
 }
 
-static double scale_of(const uint8_t *payload, size_t b)
-{
+static double scale_of(const uint8_t *payload, size_t b) {
     float s;
     memcpy(&s, payload + 4 * b, 4);
     return s;
 }
 
 /* Decoded value of element i, in double, without the kernels. */
-static double ref_value(loco_codec_kind k, const uint8_t *p, size_t n, int block, size_t i)
-{
+static double ref_value(loco_codec_kind k, const uint8_t *p, size_t n, int block, size_t i) {
     const size_t nb = (n + (size_t)block - 1) / (size_t)block;
     const uint8_t *codes = p + 4 * nb;
-    const double s = (k == LOCO_CODEC_NONE || k == LOCO_CODEC_BF16) ? 1.0
-                                                                    : scale_of(p, i / (size_t)block);
+    const double s =
+        (k == LOCO_CODEC_NONE || k == LOCO_CODEC_BF16) ? 1.0 : scale_of(p, i / (size_t)block);
     switch (k) {
     case LOCO_CODEC_NONE: {
         float f;
@@ -108,8 +104,7 @@ static double ref_value(loco_codec_kind k, const uint8_t *p, size_t n, int block
     }
 }
 
-static double qmax_of(loco_codec_kind k)
-{
+static double qmax_of(loco_codec_kind k) {
     switch (k) {
     case LOCO_CODEC_INT8: return 127;
     case LOCO_CODEC_INT4: return 7;
@@ -120,8 +115,7 @@ static double qmax_of(loco_codec_kind k)
 }
 
 /* Positive grid of a block format, ascending. */
-static int grid_of(loco_codec_kind k, double *g)
-{
+static int grid_of(loco_codec_kind k, double *g) {
     int n = 0;
     switch (k) {
     case LOCO_CODEC_INT8:
@@ -146,8 +140,7 @@ static int grid_of(loco_codec_kind k, double *g)
 }
 
 static uint8_t *quantize(loco_codec_kind k, const float *x, float *ef, size_t n, int block,
-                         bool stochastic, uint64_t key)
-{
+                         bool stochastic, uint64_t key) {
     const size_t bytes = loco_quant_payload_bytes(k, n, block);
     uint8_t *p = malloc(bytes + 1);
     cr_assert(p);
@@ -156,8 +149,7 @@ static uint8_t *quantize(loco_codec_kind k, const float *x, float *ef, size_t n,
     return p;
 }
 
-static double rel_err(loco_codec_kind k, const float *x, size_t n, int block)
-{
+static double rel_err(loco_codec_kind k, const float *x, size_t n, int block) {
     uint8_t *p = quantize(k, x, NULL, n, block, false, 0);
     double e = 0, s = 0;
     for (size_t i = 0; i < n; i++) {
@@ -171,8 +163,7 @@ static double rel_err(loco_codec_kind k, const float *x, size_t n, int block)
 
 /* ---- payload sizes ---- */
 
-Test(quant, payload_bytes)
-{
+Test(compress_quant, payload_bytes) {
     cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_NONE, 1000, 128), 4000);
     cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_BF16, 1000, 128), 2000);
     cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_INT8, 1000, 128), 8 * 4 + 1000);
@@ -183,8 +174,7 @@ Test(quant, payload_bytes)
 
 /* ---- nearest rounding = the nearest grid point, by brute force ---- */
 
-static void check_nearest_block_codec(loco_codec_kind k, int block, size_t n)
-{
+static void check_nearest_block_codec(loco_codec_kind k, int block, size_t n) {
     float *x = fill(n, 11 + (uint64_t)k, true, 0.01);
     x[3] = 0.0f; /* zeros and an all-zero block */
     for (size_t i = 0; i < (size_t)block && 2 * (size_t)block < n; i++)
@@ -236,20 +226,29 @@ static void check_nearest_block_codec(loco_codec_kind k, int block, size_t n)
     free(x);
 }
 
-Test(quant, int8_nearest_is_nearest) { check_nearest_block_codec(LOCO_CODEC_INT8, 128, 10007); }
-Test(quant, int4_nearest_is_nearest) { check_nearest_block_codec(LOCO_CODEC_INT4, 64, 10007); }
-Test(quant, fp8_nearest_is_nearest) { check_nearest_block_codec(LOCO_CODEC_FP8, 128, 10007); }
-Test(quant, fp4_nearest_is_nearest) { check_nearest_block_codec(LOCO_CODEC_FP4, 32, 10007); }
-Test(quant, odd_block_and_tail) { check_nearest_block_codec(LOCO_CODEC_INT4, 40, 1003); }
+Test(compress_quant, int8_nearest_is_nearest) {
+    check_nearest_block_codec(LOCO_CODEC_INT8, 128, 10007);
+}
+Test(compress_quant, int4_nearest_is_nearest) {
+    check_nearest_block_codec(LOCO_CODEC_INT4, 64, 10007);
+}
+Test(compress_quant, fp8_nearest_is_nearest) {
+    check_nearest_block_codec(LOCO_CODEC_FP8, 128, 10007);
+}
+Test(compress_quant, fp4_nearest_is_nearest) {
+    check_nearest_block_codec(LOCO_CODEC_FP4, 32, 10007);
+}
+Test(compress_quant, odd_block_and_tail) {
+    check_nearest_block_codec(LOCO_CODEC_INT4, 40, 1003);
+}
 
-Test(quant, bf16_nearest_even)
-{
+Test(compress_quant, bf16_nearest_even) {
     const size_t n = 20000;
     float *x = fill(n, 5, true, 3.0);
-    x[0] = 1.0f + 0x1p-8f;            /* tie: stays at 1.0 (even) */
-    x[1] = 1.0f + 3 * 0x1p-8f;        /* tie: goes to 1 + 2^-6 (even) */
+    x[0] = 1.0f + 0x1p-8f;     /* tie: stays at 1.0 (even) */
+    x[1] = 1.0f + 3 * 0x1p-8f; /* tie: goes to 1 + 2^-6 (even) */
     x[2] = -0.0f;
-    x[3] = 1e-40f;                    /* subnormal */
+    x[3] = 1e-40f; /* subnormal */
     uint8_t *p = quantize(LOCO_CODEC_BF16, x, NULL, n, 128, false, 0);
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
@@ -269,30 +268,28 @@ Test(quant, bf16_nearest_even)
 }
 
 /* Exact ties with scale 1 (the block's absmax is qmax): half to even. */
-static void check_ties(loco_codec_kind k, const float *x, const double *want, int n)
-{
+static void check_ties(loco_codec_kind k, const float *x, const double *want, int n) {
     float b[128] = {0};
     b[0] = (float)qmax_of(k); /* scale exactly 1 */
     memcpy(b + 1, x, (size_t)n * sizeof *x);
     uint8_t *p = quantize(k, b, NULL, 128, 128, false, 0);
     cr_assert_eq(scale_of(p, 0), 1.0);
     for (int i = 0; i < n; i++)
-        cr_assert_eq(ref_value(k, p, 128, 128, (size_t)i + 1), want[i], "%s: %.9g -> %.9g, want %.9g",
-                     loco_codec_name(k), (double)x[i], ref_value(k, p, 128, 128, (size_t)i + 1),
-                     want[i]);
+        cr_assert_eq(ref_value(k, p, 128, 128, (size_t)i + 1), want[i],
+                     "%s: %.9g -> %.9g, want %.9g", loco_codec_name(k), (double)x[i],
+                     ref_value(k, p, 128, 128, (size_t)i + 1), want[i]);
     free(p);
 }
 
-Test(quant, ties_round_to_even)
-{
+Test(compress_quant, ties_round_to_even) {
     const float i8[] = {2.5f, 3.5f, -2.5f, -3.5f, 0.5f, 126.5f};
     const double i8w[] = {2, 4, -2, -4, 0, 126};
     check_ties(LOCO_CODEC_INT8, i8, i8w, 6);
     const float i4[] = {0.5f, 1.5f, 2.5f, -6.5f};
     const double i4w[] = {0, 2, 2, -6};
     check_ties(LOCO_CODEC_INT4, i4, i4w, 4);
-    const float f8[] = {1.0625f, 1.1875f, -1.0625f, 0x1p-10f, 3 * 0x1p-10f, 15 * 0x1p-10f,
-                        400.0f, 0.9375f * 0x1p-6f};
+    const float f8[] = {1.0625f,      1.1875f,       -1.0625f, 0x1p-10f,
+                        3 * 0x1p-10f, 15 * 0x1p-10f, 400.0f,   0.9375f * 0x1p-6f};
     const double f8w[] = {1.0, 1.25, -1.0, 0, 0x1p-8, 0x1p-6, 384.0, 0x1p-6};
     check_ties(LOCO_CODEC_FP8, f8, f8w, 8);
     const float f4[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f};
@@ -300,8 +297,7 @@ Test(quant, ties_round_to_even)
     check_ties(LOCO_CODEC_FP4, f4, f4w, 8);
 }
 
-Test(quant, fp8_extremes)
-{
+Test(compress_quant, fp8_extremes) {
     /* one block spanning the whole e4m3 range, subnormals included */
     float x[128];
     for (int i = 0; i < 128; i++)
@@ -317,8 +313,7 @@ Test(quant, fp8_extremes)
 
 /* ---- dequantize-accumulate against double ---- */
 
-Test(quant, dequant_acc_matches_double)
-{
+Test(compress_quant, dequant_acc_matches_double) {
     const size_t n = 5003;
     for (int k = 0; k < LOCO_CODEC_COUNT; k++)
         for (int planes = 0; planes < 2; planes++) {
@@ -359,8 +354,7 @@ typedef struct {
     double gauss, heavy; /* bounds on ||q(x) - x|| / ||x|| */
 } err_bound;
 
-Test(quant, roundtrip_error_bounds)
-{
+Test(compress_quant, roundtrip_error_bounds) {
     /* Gaussian bounds from the issue (int8 0.7%, int4 12.5%, fp8 2.7%);
      * FIGURES.md measured 0.65%, 11.7%, 2.4-2.6%, fp4 10.9%. Student-t(3)
      * blocks hold rare large values, so the absmax scale is coarser for
@@ -375,8 +369,8 @@ Test(quant, roundtrip_error_bounds)
     float *t = fill(n, 2, true, 1e-3);
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         const double eg = rel_err(b[i].k, g, n, 128), et = rel_err(b[i].k, t, n, 128);
-        cr_log_info("%s: gaussian %.4f%%, student-t(3) %.4f%%", loco_codec_name(b[i].k),
-                    100 * eg, 100 * et);
+        cr_log_info("%s: gaussian %.4f%%, student-t(3) %.4f%%", loco_codec_name(b[i].k), 100 * eg,
+                    100 * et);
         cr_assert(eg <= b[i].gauss, "%s gaussian %.5f > %.5f", loco_codec_name(b[i].k), eg,
                   b[i].gauss);
         cr_assert(et <= b[i].heavy, "%s student-t %.5f > %.5f", loco_codec_name(b[i].k), et,
@@ -388,8 +382,7 @@ Test(quant, roundtrip_error_bounds)
     free(t);
 }
 
-Test(quant, non_finite_input_refused)
-{
+Test(compress_quant, non_finite_input_refused) {
     float x[300];
     for (int i = 0; i < 300; i++)
         x[i] = 1.0f;
@@ -443,8 +436,7 @@ Test(quant, non_finite_input_refused)
 /* ---- stochastic rounding ---- */
 
 /* The two representable neighbours of x (sign included) for scale s. */
-static void neighbours(loco_codec_kind k, float x, double s, double *a, double *b)
-{
+static void neighbours(loco_codec_kind k, float x, double s, double *a, double *b) {
     if (k == LOCO_CODEC_BF16) {
         uint32_t u;
         memcpy(&u, &x, 4);
@@ -467,13 +459,14 @@ static void neighbours(loco_codec_kind k, float x, double s, double *a, double *
     *b = copysign(gb * s, (double)x);
 }
 
-static bool near(double v, double w) { return fabs(v - w) <= 1e-6 * fabs(w) + 1e-30; }
+static bool near(double v, double w) {
+    return fabs(v - w) <= 1e-6 * fabs(w) + 1e-30;
+}
 
 /* Over many draws the mean decoded value of every element converges to the
  * element: every draw is one of its two neighbours, and |mean error| stays
  * within 6 standard errors of a two-point draw over the neighbours' gap. */
-static void check_unbiased(loco_codec_kind k)
-{
+static void check_unbiased(loco_codec_kind k) {
     const size_t n = 512;
     const int draws = 1500, block = 128;
     float *x = fill(n, 77, false, 1.0);
@@ -494,8 +487,8 @@ static void check_unbiased(loco_codec_kind k)
             const double v = ref_value(k, p, n, block, i);
             sum[i] += v;
             /* x within float rounding of a grid point may land either side */
-            off_grid += !near(v, lo[i]) && !near(v, hi[i]) &&
-                        !(near(x[i], lo[i]) || near(x[i], hi[i]));
+            off_grid +=
+                !near(v, lo[i]) && !near(v, hi[i]) && !(near(x[i], lo[i]) || near(x[i], hi[i]));
         }
         free(p);
     }
@@ -511,8 +504,8 @@ static void check_unbiased(loco_codec_kind k)
         bias += fabs(mean_err);
     }
     /* the average error over all elements is far below nearest rounding's */
-    cr_assert_lt(bias, near_bias / 5, "%s: |bias| %.3g vs nearest %.3g", loco_codec_name(k),
-                 bias, near_bias);
+    cr_assert_lt(bias, near_bias / 5, "%s: |bias| %.3g vs nearest %.3g", loco_codec_name(k), bias,
+                 near_bias);
     cr_log_info("%s: mean error %.3g, sum |bias| %.3g (nearest %.3g)", loco_codec_name(k),
                 total / n, bias, near_bias);
     free(sum);
@@ -521,14 +514,23 @@ static void check_unbiased(loco_codec_kind k)
     free(x);
 }
 
-Test(quant, stochastic_unbiased_int8) { check_unbiased(LOCO_CODEC_INT8); }
-Test(quant, stochastic_unbiased_int4) { check_unbiased(LOCO_CODEC_INT4); }
-Test(quant, stochastic_unbiased_fp8) { check_unbiased(LOCO_CODEC_FP8); }
-Test(quant, stochastic_unbiased_fp4) { check_unbiased(LOCO_CODEC_FP4); }
-Test(quant, stochastic_unbiased_bf16) { check_unbiased(LOCO_CODEC_BF16); }
+Test(compress_quant, stochastic_unbiased_int8) {
+    check_unbiased(LOCO_CODEC_INT8);
+}
+Test(compress_quant, stochastic_unbiased_int4) {
+    check_unbiased(LOCO_CODEC_INT4);
+}
+Test(compress_quant, stochastic_unbiased_fp8) {
+    check_unbiased(LOCO_CODEC_FP8);
+}
+Test(compress_quant, stochastic_unbiased_fp4) {
+    check_unbiased(LOCO_CODEC_FP4);
+}
+Test(compress_quant, stochastic_unbiased_bf16) {
+    check_unbiased(LOCO_CODEC_BF16);
+}
 
-Test(quant, stochastic_depends_on_key_only)
-{
+Test(compress_quant, stochastic_depends_on_key_only) {
     const size_t n = 4096;
     float *x = fill(n, 3, false, 1.0);
     uint8_t *a = quantize(LOCO_CODEC_INT8, x, NULL, n, 128, true, 42);
@@ -545,8 +547,7 @@ Test(quant, stochastic_depends_on_key_only)
 
 /* ---- error feedback inside the kernel ---- */
 
-Test(quant, error_feedback_records_the_loss)
-{
+Test(compress_quant, error_feedback_records_the_loss) {
     const size_t n = 3000;
     for (int k = 1; k < LOCO_CODEC_COUNT; k++) {
         float *x = fill(n, 9, false, 1.0);
@@ -570,8 +571,7 @@ Test(quant, error_feedback_records_the_loss)
 
 /* ---- payload checks ---- */
 
-Test(quant, payload_ok_rejects_bad_scales_and_nan_codes)
-{
+Test(compress_quant, payload_ok_rejects_bad_scales_and_nan_codes) {
     float x[256];
     for (int i = 0; i < 256; i++)
         x[i] = (float)i - 100.0f;

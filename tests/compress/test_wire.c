@@ -13,24 +13,21 @@
 
 #define HDR LOCO_CHUNK_HEADER_BYTES
 
-static uint64_t rd(const uint8_t *p, int bytes)
-{
+static uint64_t rd(const uint8_t *p, int bytes) {
     uint64_t v = 0;
     for (int i = 0; i < bytes; i++)
         v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
-static void wr(uint8_t *p, int bytes, uint64_t v)
-{
+static void wr(uint8_t *p, int bytes, uint64_t v) {
     for (int i = 0; i < bytes; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
 /* Recomputes both checksums after a forgery: the payload one over the
  * enc_len bytes the header claims, as far as the buffer of len bytes goes. */
-static void reseal(uint8_t *chunk, size_t len)
-{
+static void reseal(uint8_t *chunk, size_t len) {
     const uint64_t enc = rd(chunk + 40, 8);
     wr(chunk + 48, 8, loco_hash64(chunk + HDR, enc < len - HDR ? enc : len - HDR));
     wr(chunk + 56, 8, loco_hash64(chunk, 56));
@@ -40,12 +37,11 @@ typedef struct {
     loco_codec *c;
     uint8_t *chunk; /* one encoded chunk, a private copy */
     size_t len;
-    size_t n;       /* elements of the destination range */
+    size_t n; /* elements of the destination range */
     float *dst, *dst0;
 } fixture;
 
-static fixture make(loco_codec_kind k, loco_zstd_mode z, size_t n)
-{
+static fixture make(loco_codec_kind k, loco_zstd_mode z, size_t n) {
     fixture f = {.n = n};
     loco_codec_params p;
     loco_codec_params_default(&p);
@@ -62,8 +58,7 @@ static fixture make(loco_codec_kind k, loco_zstd_mode z, size_t n)
     cr_assert_eq(loco_codec_plan(f.c, &plan, x, n, 0, 0), 0);
     cr_assert_eq(plan.n_chunks, 1);
     f.chunk = malloc(plan.slot_bytes);
-    cr_assert_eq(loco_codec_encode_chunk(f.c, 0, &plan, f.chunk, plan.slot_bytes, &f.len, x, 0),
-                 0);
+    cr_assert_eq(loco_codec_encode_chunk(f.c, 0, &plan, f.chunk, plan.slot_bytes, &f.len, x, 0), 0);
     free(x);
     f.dst = malloc(n * sizeof(float));
     f.dst0 = malloc(n * sizeof(float));
@@ -72,8 +67,7 @@ static fixture make(loco_codec_kind k, loco_zstd_mode z, size_t n)
     return f;
 }
 
-static void release(fixture *f)
-{
+static void release(fixture *f) {
     loco_codec_destroy(f->c);
     free(f->chunk);
     free(f->dst);
@@ -81,8 +75,7 @@ static void release(fixture *f)
 }
 
 /* Decodes buf and expects LOCO_EPROTO with dst unchanged. */
-static void refused(fixture *f, const uint8_t *buf, size_t len, const char *what)
-{
+static void refused(fixture *f, const uint8_t *buf, size_t len, const char *what) {
     loco_err_clear();
     const int rc = loco_codec_decode_chunk(f->c, 1, f->dst, f->n, 1.0f, buf, len);
     cr_assert_eq(rc, LOCO_EPROTO, "%s: rc %d", what, rc);
@@ -90,26 +83,24 @@ static void refused(fixture *f, const uint8_t *buf, size_t len, const char *what
     cr_assert_eq(memcmp(f->dst, f->dst0, f->n * sizeof(float)), 0, "%s: dst touched", what);
 }
 
-static void accepted(fixture *f, const uint8_t *buf, size_t len)
-{
+static void accepted(fixture *f, const uint8_t *buf, size_t len) {
     cr_assert_eq(loco_codec_decode_chunk(f->c, 0, f->dst, f->n, 1.0f, buf, len), 0, "%s",
                  loco_errmsg());
     memcpy(f->dst, f->dst0, f->n * sizeof(float));
 }
 
-Test(wire, header_layout)
-{
+Test(compress_wire, header_layout) {
     fixture f = make(LOCO_CODEC_INT8, LOCO_ZSTD_ON, 1000);
     const uint8_t *h = f.chunk;
     cr_assert_eq(memcmp(h, "LOCZ", 4), 0);
-    cr_assert_eq(h[4], 1);                    /* version */
+    cr_assert_eq(h[4], 1); /* version */
     cr_assert_eq(h[5], LOCO_CODEC_INT8);
-    cr_assert_eq(h[6], 1);                    /* zstd, no planes */
+    cr_assert_eq(h[6], 1); /* zstd, no planes */
     cr_assert_eq(h[7], 0);
-    cr_assert_eq(rd(h + 8, 4), 128);          /* block */
-    cr_assert_eq(rd(h + 12, 4), 0);           /* chunk index */
-    cr_assert_eq(rd(h + 16, 8), 0);           /* first */
-    cr_assert_eq(rd(h + 24, 8), 1000);        /* count */
+    cr_assert_eq(rd(h + 8, 4), 128);           /* block */
+    cr_assert_eq(rd(h + 12, 4), 0);            /* chunk index */
+    cr_assert_eq(rd(h + 16, 8), 0);            /* first */
+    cr_assert_eq(rd(h + 24, 8), 1000);         /* count */
     cr_assert_eq(rd(h + 32, 8), 8 * 4 + 1000); /* raw payload */
     cr_assert_eq(rd(h + 40, 8) + HDR, f.len);
     cr_assert_eq(rd(h + 48, 8), loco_hash64(h + HDR, f.len - HDR));
@@ -120,8 +111,7 @@ Test(wire, header_layout)
     release(&f);
 }
 
-Test(wire, every_truncation_and_extension)
-{
+Test(compress_wire, every_truncation_and_extension) {
     for (int z = 0; z < 2; z++) {
         fixture f = make(LOCO_CODEC_FP8, z ? LOCO_ZSTD_ON : LOCO_ZSTD_OFF, 500);
         uint8_t *big = calloc(f.len + 16, 1);
@@ -137,8 +127,7 @@ Test(wire, every_truncation_and_extension)
     }
 }
 
-Test(wire, every_flipped_bit_refused)
-{
+Test(compress_wire, every_flipped_bit_refused) {
     for (int z = 0; z < 2; z++) {
         fixture f = make(LOCO_CODEC_INT4, z ? LOCO_ZSTD_ON : LOCO_ZSTD_OFF, 300);
         for (size_t byte = 0; byte < f.len; byte++)
@@ -153,8 +142,7 @@ Test(wire, every_flipped_bit_refused)
 }
 
 /* A forged header field with both checksums recomputed. */
-static void forge(fixture *f, int off, int bytes, uint64_t v, const char *what)
-{
+static void forge(fixture *f, int off, int bytes, uint64_t v, const char *what) {
     uint8_t *c = malloc(f->len);
     memcpy(c, f->chunk, f->len);
     wr(c + off, bytes, v);
@@ -163,8 +151,7 @@ static void forge(fixture *f, int off, int bytes, uint64_t v, const char *what)
     free(c);
 }
 
-Test(wire, forged_fields_refused)
-{
+Test(compress_wire, forged_fields_refused) {
     fixture f = make(LOCO_CODEC_INT8, LOCO_ZSTD_OFF, 1000);
     forge(&f, 0, 4, 0x5a434f4dU, "magic");
     forge(&f, 4, 1, 2, "version");
@@ -198,8 +185,7 @@ Test(wire, forged_fields_refused)
     release(&f);
 }
 
-Test(wire, range_and_size_limits)
-{
+Test(compress_wire, range_and_size_limits) {
     fixture f = make(LOCO_CODEC_INT8, LOCO_ZSTD_OFF, 1000);
     /* a smaller receiving range */
     cr_assert_eq(loco_codec_decode_chunk(f.c, 0, f.dst, 999, 1.0f, f.chunk, f.len), LOCO_EPROTO);
@@ -208,13 +194,11 @@ Test(wire, range_and_size_limits)
     p.chunk_bytes = 512 * 4;
     loco_codec *small;
     cr_assert_eq(loco_codec_create(&small, &p), 0);
-    cr_assert_eq(loco_codec_decode_chunk(small, 0, f.dst, f.n, 1.0f, f.chunk, f.len),
-                 LOCO_EPROTO);
+    cr_assert_eq(loco_codec_decode_chunk(small, 0, f.dst, f.n, 1.0f, f.chunk, f.len), LOCO_EPROTO);
     cr_assert(strstr(loco_errmsg(), "chunks hold"), "%s", loco_errmsg());
     /* bad arguments are EINVAL, not EPROTO */
     cr_assert_eq(loco_codec_decode_chunk(f.c, 2, f.dst, f.n, 1.0f, f.chunk, f.len), LOCO_EINVAL);
-    cr_assert_eq(loco_codec_decode_chunk(f.c, -1, f.dst, f.n, 1.0f, f.chunk, f.len),
-                 LOCO_EINVAL);
+    cr_assert_eq(loco_codec_decode_chunk(f.c, -1, f.dst, f.n, 1.0f, f.chunk, f.len), LOCO_EINVAL);
     cr_assert_eq(loco_codec_decode_chunk(f.c, 0, f.dst, f.n, NAN, f.chunk, f.len), LOCO_EINVAL);
     cr_assert_eq(memcmp(f.dst, f.dst0, f.n * sizeof(float)), 0);
     loco_codec_destroy(small);
@@ -222,8 +206,7 @@ Test(wire, range_and_size_limits)
 }
 
 /* Payload forgeries with valid checksums: the checks on the payload itself. */
-Test(wire, bad_scales_and_codes_refused)
-{
+Test(compress_wire, bad_scales_and_codes_refused) {
     for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
         fixture f = make((loco_codec_kind)k, LOCO_ZSTD_OFF, 1000);
         const float bad[] = {NAN, INFINITY, -2.0f};
@@ -245,8 +228,7 @@ Test(wire, bad_scales_and_codes_refused)
 }
 
 /* zstd payloads that pass their checksum but lie. */
-Test(wire, lying_zstd_frames_refused)
-{
+Test(compress_wire, lying_zstd_frames_refused) {
     fixture f = make(LOCO_CODEC_INT8, LOCO_ZSTD_ON, 1000);
     const size_t raw_len = 8 * 4 + 1000;
     uint8_t *raw = malloc(raw_len + 64), *c = malloc(f.len + 4096);
@@ -296,8 +278,7 @@ Test(wire, lying_zstd_frames_refused)
     release(&f);
 }
 
-Test(wire, batch_decode_checks_all_before_applying)
-{
+Test(compress_wire, batch_decode_checks_all_before_applying) {
     loco_codec_params p;
     loco_codec_params_default(&p);
     p.zstd = LOCO_ZSTD_OFF;
@@ -341,8 +322,7 @@ Test(wire, batch_decode_checks_all_before_applying)
     loco_codec_destroy(c);
 }
 
-Test(wire, random_bytes_never_crash)
-{
+Test(compress_wire, random_bytes_never_crash) {
     fixture f = make(LOCO_CODEC_BF16, LOCO_ZSTD_ON, 2000);
     uint64_t s = 1;
     uint8_t *c = malloc(f.len);
