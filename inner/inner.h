@@ -296,6 +296,11 @@ typedef struct loco_trainer loco_trainer;
 /* Builds model, optimizer and loaders from cfg; initialises weights from
  * train.seed, or continues from a checkpoint when resume_dir is not NULL. */
 int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *resume_dir);
+/* The same for island `island` of `n_islands` of a multi-site run: each
+ * island reads its own disjoint windows of data.train (window index
+ * island * dp + dp_rank of n_islands * dp). */
+int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const char *resume_dir,
+                               int island, int n_islands);
 void loco_trainer_destroy(loco_trainer *t);
 /* One optimizer step (grad_accum micro-batches, clip, AdamW). */
 int loco_trainer_step(loco_trainer *t, loco_step_stats *stats);
@@ -306,6 +311,20 @@ int loco_trainer_save(loco_trainer *t, const char *dir);
  * checkpointing as [run] says, metrics.jsonl in run.dir. */
 int loco_trainer_run(loco_trainer *t);
 int64_t loco_trainer_steps_done(const loco_trainer *t);
+/* The range [*lo, *hi) of the flat parameter buffer this rank owns and its
+ * values (the outer loop works on it; valid between steps). */
+float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi);
+/* After the owned parameters were rewritten: make every rank of the island
+ * see them (collective over the island). */
+int loco_trainer_sync_params(loco_trainer *t);
+/* The pieces of loco_trainer_run, for loops that do more between steps
+ * (the island's outer steps): begin_run opens metrics and logs the header;
+ * after_step logs, evaluates and checkpoints as [run] says. */
+int loco_trainer_begin_run(loco_trainer *t);
+int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s);
+/* Rank of this process in its island, and the island's size. */
+int loco_trainer_rank(const loco_trainer *t);
+int loco_trainer_ranks(const loco_trainer *t);
 loco_gpt *loco_trainer_model(loco_trainer *t);
 
 /* Unigram (order-0) cross-entropy of a token stream in nats: the loss of a

@@ -23,6 +23,8 @@ struct loco_trainer {
     int B, T;
     int32_t *inputs, *targets; /* (B, T) */
     double unigram;            /* nats, NAN when unknown */
+    double t_start;            /* of this run, for the ETA */
+    int64_t first_step;
 };
 
 void loco_trainer_destroy(loco_trainer *t) {
@@ -52,7 +54,14 @@ static loco_ckpt_view trainer_view(loco_trainer *t) {
 }
 
 int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *resume_dir) {
+    return loco_trainer_create_island(out, cfg, resume_dir, 0, 1);
+}
+
+int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const char *resume_dir,
+                               int island, int n_islands) {
     *out = NULL;
+    if (island < 0 || n_islands < 1 || island >= n_islands)
+        return LOCO_ERR(LOCO_EINVAL, "island %d of %d", island, n_islands);
     LOCO_CHECK(loco_config_validate(cfg));
     loco_trainer *t = loco_alloc(sizeof *t);
     if (!t)
@@ -79,8 +88,10 @@ int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *
         rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
         goto out_fail;
     }
+    const int dp = loco_comm_size(t->dp);
     LOCO_CHECK_GOTO(loco_data_open(&t->train, cfg->data.train, t->B, t->T,
-                                   loco_comm_rank(t->dp), loco_comm_size(t->dp), mc.vocab_size),
+                                   island * dp + loco_comm_rank(t->dp), n_islands * dp,
+                                   mc.vocab_size),
                     out_fail);
     if (cfg->data.val[0])
         LOCO_CHECK_GOTO(loco_data_open(&t->val, cfg->data.val, t->B, t->T, 0, 1, mc.vocab_size),
@@ -106,6 +117,15 @@ out_fail:
 }
 
 int64_t loco_trainer_steps_done(const loco_trainer *t) { return t->step; }
+
+float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
+    loco_zero_range(t->zero, lo, hi);
+    return loco_zero_owned_params(t->zero);
+}
+
+int loco_trainer_sync_params(loco_trainer *t) { return loco_zero_sync_params(t->zero); }
+int loco_trainer_rank(const loco_trainer *t) { return loco_comm_rank(t->world); }
+int loco_trainer_ranks(const loco_trainer *t) { return loco_comm_size(t->world); }
 loco_gpt *loco_trainer_model(loco_trainer *t) { return &t->model; }
 
 int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
@@ -268,12 +288,12 @@ static int checkpoint(loco_trainer *t) {
     return 0;
 }
 
-int loco_trainer_run(loco_trainer *t) {
+int loco_trainer_begin_run(loco_trainer *t) {
     const loco_config *c = &t->cfg;
     LOCO_CHECK(loco_mkdirs(c->run.dir));
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", c->run.dir);
-    if (t->root)
+    if (t->root && !t->metrics)
         LOCO_CHECK(loco_metrics_open(&t->metrics, path, t->step > 0));
     if (t->root && t->val && c->data.val[0])
         if (loco_data_unigram_entropy(c->data.val, (int)c->model.vocab_size, &t->unigram) < 0)
@@ -288,33 +308,44 @@ int loco_trainer_run(loco_trainer *t) {
               (long long)c->train.steps, (long long)tokens_per_step,
               loco_comm_size(t->world), loco_comm_backend(t->world), dp,
               loco_zero_stage(t->zero), loco_set_threads((int)c->run.threads), c->run.dir);
-    double t_start = loco_now();
-    int64_t first = t->step;
-    while (t->step < c->train.steps) {
+    t->t_start = loco_now();
+    t->first_step = t->step;
+    return 0;
+}
+
+int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s) {
+    const loco_config *c = &t->cfg;
+    bool last = t->step == c->train.steps;
+    double elapsed = loco_now() - t->t_start;
+    double eta = elapsed / (double)(t->step - t->first_step) * (double)(c->train.steps - t->step);
+    loco_metrics_begin(t->metrics);
+    loco_metrics_int(t->metrics, "step", s->step);
+    loco_metrics_num(t->metrics, "loss", s->loss);
+    loco_metrics_num(t->metrics, "lr", s->lr);
+    loco_metrics_num(t->metrics, "grad_norm", s->grad_norm);
+    loco_metrics_num(t->metrics, "tokens_per_s", s->tokens_per_s);
+    loco_metrics_num(t->metrics, "step_s", s->seconds);
+    LOCO_CHECK(loco_metrics_end(t->metrics));
+    if (s->step % c->run.log_every == 0 || s->step == t->first_step + 1 || last) {
+        char e[32];
+        format_eta(eta, e, sizeof e);
+        loco_info("step %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
+                  (long long)s->step, (long long)c->train.steps, s->loss, s->lr, s->grad_norm,
+                  s->tokens_per_s, e);
+    }
+    if (t->val && ((c->run.eval_every > 0 && s->step % c->run.eval_every == 0) || last))
+        LOCO_CHECK(evaluate_and_log(t));
+    if ((c->run.ckpt_every > 0 && s->step % c->run.ckpt_every == 0) || last)
+        LOCO_CHECK(checkpoint(t));
+    return 0;
+}
+
+int loco_trainer_run(loco_trainer *t) {
+    LOCO_CHECK(loco_trainer_begin_run(t));
+    while (t->step < t->cfg.train.steps) {
         loco_step_stats s;
         LOCO_CHECK(loco_trainer_step(t, &s));
-        bool last = t->step == c->train.steps;
-        double elapsed = loco_now() - t_start;
-        double eta = elapsed / (double)(t->step - first) * (double)(c->train.steps - t->step);
-        loco_metrics_begin(t->metrics);
-        loco_metrics_int(t->metrics, "step", s.step);
-        loco_metrics_num(t->metrics, "loss", s.loss);
-        loco_metrics_num(t->metrics, "lr", s.lr);
-        loco_metrics_num(t->metrics, "grad_norm", s.grad_norm);
-        loco_metrics_num(t->metrics, "tokens_per_s", s.tokens_per_s);
-        loco_metrics_num(t->metrics, "step_s", s.seconds);
-        LOCO_CHECK(loco_metrics_end(t->metrics));
-        if (s.step % c->run.log_every == 0 || s.step == first + 1 || last) {
-            char e[32];
-            format_eta(eta, e, sizeof e);
-            loco_info("step %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
-                      (long long)s.step, (long long)c->train.steps, s.loss, s.lr, s.grad_norm,
-                      s.tokens_per_s, e);
-        }
-        if (t->val && ((c->run.eval_every > 0 && s.step % c->run.eval_every == 0) || last))
-            LOCO_CHECK(evaluate_and_log(t));
-        if ((c->run.ckpt_every > 0 && s.step % c->run.ckpt_every == 0) || last)
-            LOCO_CHECK(checkpoint(t));
+        LOCO_CHECK(loco_trainer_after_step(t, &s));
     }
     return 0;
 }

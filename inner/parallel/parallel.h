@@ -57,6 +57,11 @@ void loco_zero_held_params(loco_zero *z, size_t *lo, size_t *hi, float **data);
  * owned range from stage 1. */
 loco_adamw *loco_zero_optimizer(loco_zero *z, size_t *lo, size_t *hi);
 void loco_zero_memory(const loco_zero *z, loco_mem_report *r);
+/* After something outside the optimizer rewrote the owned parameters (the
+ * outer step): every rank's copy of the other ranks' ranges is refreshed
+ * (all-gather, stages 0-2) or gathered copies are dropped (stage 3).
+ * Collective over dp. */
+int loco_zero_sync_params(loco_zero *z);
 /* Bytes of persistent state the textbook formula predicts for fp32 AdamW
  * (16P for DDP, 8P + 8P/N, 4P + 12P/N, 16P/N), excluding unit buffers. */
 double loco_zero_formula_bytes(int stage, size_t n_params, int dp);

@@ -414,15 +414,22 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
         return 0; /* the caller reports divergence; leave parameters alone */
     float *params = z->stage >= 3 ? z->pshard : m->params + ulo;
     loco_adamw_step_range(&z->opt, &m->tt, params, grads, ulo, uhi, lr);
-    if (z->stage >= 1 && z->stage <= 2 && z->n > 1) {
-        for (int r = 0; r < z->n; r++)
-            z->counts[r] = z->own_lo[r + 1] - z->own_lo[r];
-        LOCO_CHECK(loco_comm_allgather(z->dp, m->params + z->lo, m->params, z->counts,
-                                       LOCO_DT_F32));
-    }
-    if (z->stage >= 3)
-        invalidate_slots(z);
+    if (z->stage >= 1)
+        LOCO_CHECK(loco_zero_sync_params(z));
     return 0;
+}
+
+int loco_zero_sync_params(loco_zero *z) {
+    if (z->stage >= 3) {
+        invalidate_slots(z);
+        return 0;
+    }
+    if (z->n == 1)
+        return 0;
+    for (int r = 0; r < z->n; r++)
+        z->counts[r] = z->own_lo[r + 1] - z->own_lo[r];
+    return loco_comm_allgather(z->dp, z->m->params + z->lo, z->m->params, z->counts,
+                               LOCO_DT_F32);
 }
 
 void loco_zero_memory(const loco_zero *z, loco_mem_report *r) {

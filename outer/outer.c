@@ -1,0 +1,158 @@
+/* DiLoCo's outer step over one owned range. */
+#include "outer/outer.h"
+
+#include <string.h>
+
+struct loco_outer {
+    loco_outer_params p;
+    size_t n;
+    float *theta;   /* (n) θ_global */
+    float *mom;     /* (n) Nesterov momentum */
+    float *delta;   /* (n) this rank's pseudo-gradient */
+    float *avg;     /* (n) weighted sum of the decoded contributions */
+    loco_codec *codec;
+    unsigned char *enc;  /* encoded chunks, packed back to back */
+    size_t enc_cap;
+    loco_chunk_ref *refs;
+    size_t refs_cap;
+    int expect, added;   /* contributions announced / added */
+};
+
+int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
+    p->H = cfg->outer.H;
+    p->nesterov = strcmp(cfg->outer.optimizer, "nesterov") == 0;
+    p->lr = (float)cfg->outer.lr;
+    p->momentum = (float)cfg->outer.momentum;
+    return 0;
+}
+
+void loco_outer_destroy(loco_outer *o) {
+    if (!o)
+        return;
+    loco_codec_destroy(o->codec);
+    loco_free(o->theta);
+    loco_free(o->mom);
+    loco_free(o->delta);
+    loco_free(o->avg);
+    loco_free(o->enc);
+    loco_free(o->refs);
+    loco_free(o);
+}
+
+int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_codec_params *cp,
+                      size_t n, const float *theta0) {
+    *out = NULL;
+    loco_outer *o = loco_alloc(sizeof *o);
+    if (!o)
+        return LOCO_ERR(LOCO_ENOMEM, "outer state");
+    int rc = 0;
+    o->p = *p;
+    o->n = n;
+    loco_codec_params c = *cp;
+    c.n_state = n;
+    const size_t bytes = (n ? n : 1) * sizeof(float);
+    o->theta = loco_alloc(bytes);
+    o->mom = loco_alloc(bytes);
+    o->delta = loco_alloc(bytes);
+    o->avg = loco_alloc(bytes);
+    o->enc_cap = loco_compress_bound(n, &c);
+    o->enc = loco_alloc(o->enc_cap ? o->enc_cap : 1);
+    o->refs_cap = loco_compress_chunk_count(n, &c) + 1;
+    o->refs = loco_alloc(o->refs_cap * sizeof *o->refs);
+    if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
+        goto out_fail;
+    }
+    LOCO_CHECK_GOTO(loco_codec_create(&o->codec, &c), out_fail);
+    if (n)
+        memcpy(o->theta, theta0, n * sizeof(float));
+    *out = o;
+    return 0;
+out_fail:
+    loco_outer_destroy(o);
+    return rc;
+}
+
+int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, const void **bytes,
+                      size_t *len, size_t *raw_bytes) {
+    for (size_t i = 0; i < o->n; i++)
+        o->delta[i] = o->theta[i] - theta_local[i];
+    loco_encode_plan plan;
+    LOCO_CHECK(loco_codec_plan(o->codec, &plan, o->delta, o->n, 0, (uint64_t)step));
+    if (plan.n_chunks + 1 > o->refs_cap)
+        return LOCO_ERR(LOCO_EINVAL, "outer: %zu chunks exceed the planned %zu", plan.n_chunks,
+                        o->refs_cap);
+    LOCO_CHECK(loco_codec_encode(o->codec, &plan, o->enc, o->enc_cap, o->refs, o->delta));
+    /* Chunks sit in fixed slots; pack them so only real bytes travel. */
+    size_t off = 0;
+    for (size_t i = 0; i < plan.n_chunks; i++) {
+        memmove(o->enc + off, o->enc + o->refs[i].offset, o->refs[i].len);
+        off += o->refs[i].len;
+    }
+    *bytes = o->enc;
+    *len = off;
+    if (raw_bytes)
+        *raw_bytes = o->n * sizeof(float);
+    return 0;
+}
+
+void loco_outer_begin_average(loco_outer *o, int n_islands) {
+    memset(o->avg, 0, o->n * sizeof(float));
+    o->expect = n_islands;
+    o->added = 0;
+}
+
+int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
+    if (o->added >= o->expect)
+        return LOCO_ERR(LOCO_EINVAL, "outer: more contributions than the %d announced", o->expect);
+    /* Walk the chunk headers: they must tile the message and cover the range
+     * exactly once, in order. */
+    const unsigned char *b = bytes;
+    size_t off = 0, covered = 0, k = 0;
+    while (off < len) {
+        loco_chunk_info info;
+        LOCO_CHECK(loco_chunk_parse(b + off, len - off, &info));
+        if (info.total_len > len - off || info.first != covered || k + 1 >= o->refs_cap)
+            return LOCO_ERR(LOCO_EPROTO,
+                            "outer: chunk %zu at byte %zu does not continue the range (first %llu, "
+                            "expected %zu)",
+                            k, off, (unsigned long long)info.first, covered);
+        o->refs[k].offset = off;
+        o->refs[k].len = (size_t)info.total_len;
+        covered += (size_t)info.count;
+        off += (size_t)info.total_len;
+        k++;
+    }
+    if (covered != o->n)
+        return LOCO_ERR(LOCO_EPROTO, "outer: contribution covers %zu of %zu elements", covered,
+                        o->n);
+    LOCO_CHECK(loco_codec_decode(o->codec, o->avg, o->n, 1.0f / (float)o->expect, bytes, len,
+                                 o->refs, k));
+    o->added++;
+    return 0;
+}
+
+int loco_outer_apply(loco_outer *o, float *theta_local) {
+    if (o->added != o->expect)
+        return LOCO_ERR(LOCO_EINVAL, "outer: %d of %d contributions added", o->added, o->expect);
+    const float lr = o->p.lr, mu = o->p.momentum;
+    if (o->p.nesterov) {
+        for (size_t i = 0; i < o->n; i++) {
+            float g = o->avg[i];
+            o->mom[i] = mu * o->mom[i] + g;
+            o->theta[i] -= lr * (g + mu * o->mom[i]);
+        }
+    } else {
+        for (size_t i = 0; i < o->n; i++)
+            o->theta[i] -= o->avg[i];
+    }
+    memcpy(theta_local, o->theta, o->n * sizeof(float));
+    o->expect = o->added = 0;
+    return 0;
+}
+
+size_t loco_outer_size(const loco_outer *o) { return o->n; }
+const float *loco_outer_theta(const loco_outer *o) { return o->theta; }
+float *loco_outer_momentum(loco_outer *o) { return o->mom; }
+uint64_t loco_outer_hash(const loco_outer *o) { return loco_hash64(o->theta, o->n * sizeof(float)); }
+loco_codec *loco_outer_codec(loco_outer *o) { return o->codec; }

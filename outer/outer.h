@@ -1,0 +1,60 @@
+/* outer/ — DiLoCo and local SGD between islands, on the range of the flat
+ * parameter buffer one rank owns. Every outer.H inner steps:
+ *   Δ_k = θ_global − θ_local,k          (pseudo-gradient of island k)
+ *   bytes_k = encode(Δ_k)               (compress/, error feedback per rank)
+ *   avg = Σ_k (1/K) · decode(bytes_k)   in ascending island order, every
+ *                                       island decoding exactly what was sent
+ *   Nesterov: m = μ m + avg; θ_global −= lr (avg + μ m)
+ *   (average: θ_global −= avg, i.e. the mean of the θ_local)
+ *   θ_local ← θ_global
+ * so every island ends with bit-identical θ_global. This module is the
+ * algorithm; who carries the bytes (net/ links, or a test) is the caller's. */
+#ifndef LOCO_OUTER_H
+#define LOCO_OUTER_H
+
+#include "compress/compress.h"
+#include "core/core.h"
+
+typedef struct {
+    int64_t H;
+    bool nesterov; /* false: plain averaging (local SGD) */
+    float lr, momentum;
+} loco_outer_params;
+
+int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg);
+
+typedef struct loco_outer loco_outer;
+
+/* Outer state for a range of n elements starting at theta0 (copied as the
+ * first θ_global), with codec cp (cp->n_state is set to n here). */
+int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_codec_params *cp,
+                      size_t n, const float *theta0);
+void loco_outer_destroy(loco_outer *o); /* accepts NULL */
+
+/* Computes and encodes this rank's pseudo-gradient for outer step `step`.
+ * *bytes (valid until the next encode) holds the chunks back to back;
+ * *raw_bytes is what fp32 would have taken. */
+int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, const void **bytes,
+                      size_t *len, size_t *raw_bytes);
+/* Starts averaging K contributions. */
+void loco_outer_begin_average(loco_outer *o, int n_islands);
+/* Adds one island's encoded pseudo-gradient with weight 1/K; call in
+ * ascending island order, the own contribution included (decoded from its
+ * own bytes). Every chunk is checked (headers, lengths that tile the message
+ * and cover the range exactly, checksums) before any is applied;
+ * LOCO_EPROTO otherwise, and the caller restarts the average. */
+int loco_outer_add(loco_outer *o, const void *bytes, size_t len);
+/* Applies the outer optimizer after K adds and writes θ_global into
+ * theta_local. */
+int loco_outer_apply(loco_outer *o, float *theta_local);
+
+size_t loco_outer_size(const loco_outer *o);
+const float *loco_outer_theta(const loco_outer *o);
+/* Momentum buffer (n), for checkpoints and state transfer. */
+float *loco_outer_momentum(loco_outer *o);
+/* XXH3 of θ_global: islands compare it after each outer step. */
+uint64_t loco_outer_hash(const loco_outer *o);
+/* The codec (its error-feedback state belongs to the rank). */
+loco_codec *loco_outer_codec(loco_outer *o);
+
+#endif /* LOCO_OUTER_H */

@@ -1,0 +1,198 @@
+/* The outer step against plain computations, its defences, and DiLoCo run
+ * in one process over K trainers: islands stay bit-identical and learn. */
+#include "inner/inner.h"
+#include "outer/outer.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static loco_codec_params codec(const char *kind) {
+    loco_codec_params p;
+    loco_codec_params_default(&p);
+    cr_assert_eq(loco_codec_parse(kind, &p.codec), 0);
+    p.threads = 1;
+    return p;
+}
+
+static void fill(float *x, size_t n, uint64_t seed, float scale) {
+    loco_rng r;
+    loco_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * loco_rng_normal(&r);
+}
+
+/* K islands' outer states step together over the same contributions. */
+Test(outer, nesterov_matches_plain_computation_and_islands_agree) {
+    enum { K = 3, N = 1000 };
+    static float theta0[N], local[K][N], out[K][N];
+    fill(theta0, N, 1, 1.0f);
+    loco_outer_params p = {.H = 10, .nesterov = true, .lr = 0.7f, .momentum = 0.9f};
+    loco_codec_params cp = codec("none");
+    loco_outer *o[K];
+    for (int k = 0; k < K; k++)
+        cr_assert_eq(loco_outer_create(&o[k], &p, &cp, N, theta0), 0, "%s", loco_errmsg());
+    /* Plain reference in float, same order of operations. */
+    static float theta[N], mom[N];
+    memcpy(theta, theta0, sizeof theta);
+    for (int step = 1; step <= 3; step++) {
+        const void *bytes[K];
+        size_t len[K];
+        static unsigned char copy[K][64 * N];
+        for (int k = 0; k < K; k++) {
+            for (int i = 0; i < N; i++)
+                local[k][i] = theta[i] + 0.01f * (float)((i * (k + 3) + step) % 17 - 8);
+            cr_assert_eq(loco_outer_encode(o[k], local[k], step, &bytes[k], &len[k], NULL), 0);
+            memcpy(copy[k], bytes[k], len[k]);
+        }
+        for (int k = 0; k < K; k++) {
+            loco_outer_begin_average(o[k], K);
+            for (int j = 0; j < K; j++)
+                cr_assert_eq(loco_outer_add(o[k], copy[j], len[j]), 0, "%s", loco_errmsg());
+            cr_assert_eq(loco_outer_apply(o[k], out[k]), 0);
+        }
+        for (int i = 0; i < N; i++) {
+            float avg = 0;
+            for (int j = 0; j < K; j++)
+                avg = fmaf(theta[i] - local[j][i], 1.0f / K, avg);
+            mom[i] = 0.9f * mom[i] + avg;
+            theta[i] -= 0.7f * (avg + 0.9f * mom[i]);
+        }
+        for (int k = 0; k < K; k++) {
+            cr_expect_eq(loco_outer_hash(o[k]), loco_outer_hash(o[0]), "island %d differs", k);
+            double maxd = 0;
+            for (int i = 0; i < N; i++)
+                maxd = fmax(maxd, fabs((double)out[k][i] - theta[i]));
+            cr_expect(maxd <= 1e-6, "step %d island %d: max diff %g", step, k, maxd);
+        }
+    }
+    for (int k = 0; k < K; k++)
+        loco_outer_destroy(o[k]);
+}
+
+Test(outer, plain_averaging_is_the_mean_of_the_islands) {
+    enum { K = 4, N = 257 };
+    static float theta0[N], local[K][N], out[N];
+    fill(theta0, N, 2, 1.0f);
+    loco_outer_params p = {.H = 1, .nesterov = false, .lr = 1, .momentum = 0};
+    loco_codec_params cp = codec("none");
+    loco_outer *o;
+    cr_assert_eq(loco_outer_create(&o, &p, &cp, N, theta0), 0);
+    static unsigned char msgs[K][64 * N];
+    size_t lens[K];
+    for (int k = 0; k < K; k++) {
+        fill(local[k], N, 10 + k, 1.0f);
+        const void *b;
+        cr_assert_eq(loco_outer_encode(o, local[k], 1, &b, &lens[k], NULL), 0);
+        memcpy(msgs[k], b, lens[k]);
+    }
+    loco_outer_begin_average(o, K);
+    for (int k = 0; k < K; k++)
+        cr_assert_eq(loco_outer_add(o, msgs[k], lens[k]), 0);
+    cr_assert_eq(loco_outer_apply(o, out), 0);
+    for (int i = 0; i < N; i++) {
+        double mean = 0;
+        for (int k = 0; k < K; k++)
+            mean += local[k][i];
+        mean /= K;
+        cr_expect(fabs(out[i] - mean) <= 1e-5, "element %d: %g vs mean %g", i, out[i], mean);
+    }
+    loco_outer_destroy(o);
+}
+
+Test(outer, damaged_contributions_are_refused) {
+    enum { N = 5000 };
+    static float theta0[N], local[N], out[N];
+    fill(theta0, N, 3, 1.0f);
+    fill(local, N, 4, 1.0f);
+    loco_outer_params p = {.H = 1, .nesterov = true, .lr = 0.7f, .momentum = 0.9f};
+    loco_codec_params cp = codec("int8");
+    cp.chunk_bytes = 4096; /* several chunks */
+    loco_outer *o;
+    cr_assert_eq(loco_outer_create(&o, &p, &cp, N, theta0), 0);
+    const void *b;
+    size_t len;
+    cr_assert_eq(loco_outer_encode(o, local, 1, &b, &len, NULL), 0);
+    static unsigned char msg[1 << 16], bad[1 << 16];
+    cr_assert(len < sizeof msg);
+    memcpy(msg, b, len);
+    loco_outer_begin_average(o, 1);
+    /* truncated, a flipped payload byte, a missing chunk */
+    cr_expect_eq(loco_outer_add(o, msg, len - 1), LOCO_EPROTO);
+    memcpy(bad, msg, len);
+    bad[len - 3] ^= 0x10;
+    cr_expect_eq(loco_outer_add(o, bad, len), LOCO_EPROTO);
+    loco_chunk_info info;
+    cr_assert_eq(loco_chunk_parse(msg, len, &info), 0);
+    cr_expect_eq(loco_outer_add(o, msg + info.total_len, len - info.total_len), LOCO_EPROTO);
+    cr_expect_eq(loco_outer_apply(o, out), LOCO_EINVAL, "apply before every contribution");
+    cr_expect_eq(loco_outer_add(o, msg, len), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_outer_apply(o, out), 0);
+    loco_outer_destroy(o);
+}
+
+/* DiLoCo in one process: K trainers on disjoint data, an outer step every
+ * H inner steps with int8 pseudo-gradients. */
+Test(outer, diloco_in_one_process_agrees_and_learns, .timeout = 120) {
+    enum { K = 2, H = 10, OUTER = 6 };
+    char dir[] = "/tmp/loco-outer-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    loco_config cfg;
+    loco_config_defaults(&cfg);
+    cfg.model.n_layer = 2, cfg.model.n_head = 2, cfg.model.n_embd = 32, cfg.model.seq_len = 32;
+    cfg.train.batch_size = 4, cfg.train.steps = H * OUTER, cfg.train.warmup_steps = 5;
+    cfg.train.lr = 3e-3;
+    cfg.run.threads = 1;
+    snprintf(cfg.run.dir, sizeof cfg.run.dir, "%s", dir);
+    loco_log_set_level(LOCO_LOG_WARN);
+    loco_outer_params p;
+    cr_assert_eq(loco_outer_params_from_config(&p, &cfg), 0);
+    loco_codec_params cp = codec("int8");
+    loco_trainer *t[K];
+    loco_outer *o[K];
+    for (int k = 0; k < K; k++) {
+        cr_assert_eq(loco_trainer_create_island(&t[k], &cfg, NULL, k, K), 0, "%s", loco_errmsg());
+        size_t lo, hi;
+        float *own = loco_trainer_owned_params(t[k], &lo, &hi);
+        cr_assert_eq(loco_outer_create(&o[k], &p, &cp, hi - lo, own), 0);
+    }
+    double first = 0, last = 0;
+    for (int outer = 1; outer <= OUTER; outer++) {
+        static unsigned char msg[K][1 << 20];
+        size_t len[K];
+        double loss = 0;
+        for (int k = 0; k < K; k++) {
+            for (int s = 0; s < H; s++) {
+                loco_step_stats st;
+                cr_assert_eq(loco_trainer_step(t[k], &st), 0, "%s", loco_errmsg());
+                loss += st.loss / (K * H);
+            }
+            size_t lo, hi;
+            float *own = loco_trainer_owned_params(t[k], &lo, &hi);
+            const void *b;
+            cr_assert_eq(loco_outer_encode(o[k], own, outer, &b, &len[k], NULL), 0);
+            cr_assert(len[k] <= sizeof msg[k]);
+            memcpy(msg[k], b, len[k]);
+        }
+        for (int k = 0; k < K; k++) {
+            loco_outer_begin_average(o[k], K);
+            for (int j = 0; j < K; j++)
+                cr_assert_eq(loco_outer_add(o[k], msg[j], len[j]), 0, "%s", loco_errmsg());
+            size_t lo, hi;
+            cr_assert_eq(loco_outer_apply(o[k], loco_trainer_owned_params(t[k], &lo, &hi)), 0);
+            cr_assert_eq(loco_trainer_sync_params(t[k]), 0);
+        }
+        cr_expect_eq(loco_outer_hash(o[0]), loco_outer_hash(o[1]), "outer step %d", outer);
+        if (outer == 1)
+            first = loss;
+        last = loss;
+    }
+    cr_expect(last < first - 0.5, "mean inner loss %g after the first outer round, %g at the end",
+              first, last);
+    for (int k = 0; k < K; k++) {
+        loco_outer_destroy(o[k]);
+        loco_trainer_destroy(t[k]);
+    }
+    loco_rmtree(dir);
+}
