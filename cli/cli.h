@@ -22,5 +22,9 @@ int cli_prep(int argc, char **argv);
 int cli_config(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_ckpt(int argc, char **argv);
+int cli_island(int argc, char **argv);
+int cli_coordinator(int argc, char **argv);
+int cli_certs(int argc, char **argv);
+int cli_launch(int argc, char **argv);
 
 #endif /* LOCO_CLI_H */

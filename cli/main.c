@@ -8,7 +8,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "loco %s — train GPT models across datacenters (single-site mode today)\n\n"
+            "loco %s — train GPT models across datacenters\n\n"
             "Under mpirun -np N, train runs N ranks of one island (parallel.dp, zero_stage).\n\n"
             "usage: loco COMMAND [ARGS]\n\n"
             "  train CONFIG [--set section.key=value]... [--resume CKPT_DIR]\n"
@@ -22,6 +22,14 @@ static void usage(FILE *f) {
             "                         byte-level train/val token shards from a text file\n"
             "  config --help | --markdown | --dump [CONFIG] [--set k=v]...\n"
             "                         the configuration keys, or a resolved config\n"
+            "  island CONFIG --site NAME [--set k=v]... [--resume CKPT]\n"
+            "                         one island of a multi-site DiLoCo run (or under mpirun)\n"
+            "  coordinator CONFIG [--set k=v]...\n"
+            "                         registers the islands of outer.sites and checks they agree\n"
+            "  launch CONFIG [--set k=v]...\n"
+            "                         coordinator + every island on this machine, merged output\n"
+            "  certs --out DIR --names coordinator,siteA,... [--days N]\n"
+            "                         a CA and a certificate per name (mutual TLS)\n"
             "  ckpt export CKPT_DIR OUT_DIR\n"
             "                         one Hugging Face model.safetensors + config.json from any\n"
             "                         checkpoint, sharded or not\n"
@@ -71,6 +79,14 @@ int main(int argc, char **argv) {
         return cli_bench(sub_argc, sub_argv);
     if (!strcmp(cmd, "ckpt"))
         return cli_ckpt(sub_argc, sub_argv);
+    if (!strcmp(cmd, "island"))
+        return cli_island(sub_argc, sub_argv);
+    if (!strcmp(cmd, "coordinator"))
+        return cli_coordinator(sub_argc, sub_argv);
+    if (!strcmp(cmd, "certs"))
+        return cli_certs(sub_argc, sub_argv);
+    if (!strcmp(cmd, "launch"))
+        return cli_launch(sub_argc, sub_argv);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loco %s\n", LOCO_VERSION);
         return CLI_OK;

@@ -60,6 +60,13 @@ LOCO_KEY_NUM(outer, momentum, 0.9, 0, 0.999999, "outer Nesterov momentum")
 LOCO_KEY_STR(outer, sites, "", "comma-separated site names of the run's islands, in island-id order (empty: single site)")
 LOCO_SECTION_END(outer)
 
+LOCO_SECTION_BEGIN(faulttol)
+LOCO_KEY_STR(faulttol, coordinator, "127.0.0.1:29500", "host:port where `loco coordinator` listens and islands register")
+LOCO_KEY_STR(faulttol, listen_host, "127.0.0.1", "address each island rank listens on for its peers (port chosen by the system)")
+LOCO_KEY_INT(faulttol, heartbeat_ms, 100, 1, 3600000, "interval of island heartbeats to the coordinator")
+LOCO_KEY_INT(faulttol, timeout_ms, 60000, 1, 86400000, "an island or peer silent this long is dead (this version then stops the run)")
+LOCO_SECTION_END(faulttol)
+
 LOCO_SECTION_BEGIN(compress)
 LOCO_KEY_ENUM(compress, codec, "int8", "none|bf16|int8|int4|fp8|fp4", "pseudo-gradient codec (fp8 = e4m3, fp4 = e2m1)")
 LOCO_KEY_INT(compress, block, 128, 32, 4096, "elements per absmax scale block (multiple of 8)")

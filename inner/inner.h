@@ -322,6 +322,8 @@ int loco_trainer_sync_params(loco_trainer *t);
  * after_step logs, evaluates and checkpoints as [run] says. */
 int loco_trainer_begin_run(loco_trainer *t);
 int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s);
+/* The island's communicator (every rank of this island). */
+struct loco_comm *loco_trainer_world(loco_trainer *t);
 /* Rank of this process in its island, and the island's size. */
 int loco_trainer_rank(const loco_trainer *t);
 int loco_trainer_ranks(const loco_trainer *t);

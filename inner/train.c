@@ -125,6 +125,7 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
 
 int loco_trainer_sync_params(loco_trainer *t) { return loco_zero_sync_params(t->zero); }
 int loco_trainer_rank(const loco_trainer *t) { return loco_comm_rank(t->world); }
+struct loco_comm *loco_trainer_world(loco_trainer *t) { return t->world; }
 int loco_trainer_ranks(const loco_trainer *t) { return loco_comm_size(t->world); }
 loco_gpt *loco_trainer_model(loco_trainer *t) { return &t->model; }
 

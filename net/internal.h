@@ -124,7 +124,7 @@ typedef struct {
     size_t out_off, in_off;
     double deadline;
     loco__hello peer; /* parsed HELLO of the other side */
-    int index;        /* caller's bookkeeping */
+    void *user;       /* caller's bookkeeping */
 } loco__hs;
 
 /* Client: hello is sent once TLS is up; connecting = TCP connect pending. */

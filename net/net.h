@@ -210,7 +210,7 @@ int loco_net_accept(loco_net_listener *l, loco_link **out, int timeout_ms);
 typedef struct {
     uint64_t links;       /* links completed */
     uint64_t refused;     /* connections refused (handshake, HELLO, timeout) */
-    char last_refusal[256]; /* reason of the latest refusal */
+    char last_refusal[512]; /* reason of the latest refusal */
 } loco_net_listener_info;
 void loco_net_listener_get_info(loco_net_listener *l, loco_net_listener_info *out);
 /* Stops the thread, closes pending connections and links not yet accepted.

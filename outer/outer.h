@@ -14,6 +14,7 @@
 
 #include "compress/compress.h"
 #include "core/core.h"
+#include "net/net.h"
 
 typedef struct {
     int64_t H;
@@ -56,5 +57,37 @@ float *loco_outer_momentum(loco_outer *o);
 uint64_t loco_outer_hash(const loco_outer *o);
 /* The codec (its error-feedback state belongs to the rank). */
 loco_codec *loco_outer_codec(loco_outer *o);
+
+/* --------------------------------------------------------- the exchange */
+
+#define LOCO_MAX_PEERS 64
+
+/* Where this rank's outer step exchanges: links to the same rank of every
+ * other island of the quorum, indexed by island id. */
+typedef struct {
+    int n_islands, me;   /* island ids: 0 .. n_islands-1 */
+    loco_link **peers;   /* (n_islands), NULL at me */
+    uint64_t epoch;      /* quorum epoch; frames of another are refused */
+    uint32_t shard;      /* this rank's index in its island */
+    size_t max_frame;    /* payload bytes per PSEUDOGRAD frame */
+    int timeout_ms;      /* a peer silent this long fails the step */
+} loco_exchange;
+
+typedef struct {
+    size_t raw_bytes;      /* fp32 bytes of the pseudo-gradient shard */
+    size_t encoded_bytes;  /* what the codec made of them */
+    size_t bytes_sent;     /* payload bytes sent to all peers */
+    size_t bytes_received; /* payload bytes received from all peers */
+    double encode_s, exchange_s, apply_s;
+} loco_exchange_stats;
+
+/* One outer step by all-gather of encoded shards: encode, send the bytes to
+ * every peer (in frames of at most max_frame), receive every peer's, average
+ * in ascending island order (own contribution from its own bytes), apply,
+ * and write θ_global into theta_local. A frame of another epoch, step or
+ * shard, or a malformed one, fails the step with LOCO_EPROTO; nothing is
+ * applied then. */
+int loco_outer_step_allgather(loco_outer *o, const loco_exchange *x, float *theta_local,
+                              int64_t step, loco_exchange_stats *st);
 
 #endif /* LOCO_OUTER_H */

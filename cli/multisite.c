@@ -1,0 +1,333 @@
+/* `loco coordinator`, `loco certs` and `loco launch`: the multi-site
+ * commands around `loco island`. */
+#include "cli/cli.h"
+#include "faulttol/faulttol.h"
+#include "net/net.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_SETS 256
+
+static int parse_config_args(const char *cmd, int argc, char **argv, const char **config,
+                             char **sets, int *nsets) {
+    *config = NULL;
+    *nsets = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < argc && *nsets < MAX_SETS)
+            sets[(*nsets)++] = argv[++i];
+        else if (argv[i][0] != '-' && !*config)
+            *config = argv[i];
+        else {
+            fprintf(stderr, "loco %s: unexpected argument: %s\n", cmd, argv[i]);
+            return CLI_USAGE;
+        }
+    }
+    if (!*config) {
+        fprintf(stderr, "loco %s: missing CONFIG\n", cmd);
+        return CLI_USAGE;
+    }
+    return 0;
+}
+
+int cli_coordinator(int argc, char **argv) {
+    const char *config;
+    char *sets[MAX_SETS];
+    int nsets;
+    int u = parse_config_args("coordinator", argc, argv, &config, sets, &nsets);
+    if (u)
+        return u;
+    loco_config cfg;
+    int rc = cli_load_config(&cfg, config, nsets, sets);
+    loco_net_params np;
+    if (rc == 0)
+        rc = loco_net_params_from_config(&np, &cfg);
+    if (rc == 0)
+        snprintf(np.name, sizeof np.name, "coordinator");
+    loco_coord *c = NULL;
+    if (rc == 0)
+        rc = loco_coord_create(&c, &cfg, &np, NULL, 0);
+    if (rc == 0)
+        rc = loco_coord_serve(c);
+    loco_coord_destroy(c);
+    return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+int cli_certs(int argc, char **argv) {
+    const char *out = NULL, *names = NULL;
+    int days = 365;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
+        else if (!strcmp(argv[i], "--names") && i + 1 < argc)
+            names = argv[++i];
+        else if (!strcmp(argv[i], "--days") && i + 1 < argc)
+            days = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "loco certs: unexpected argument: %s\n", argv[i]);
+            return CLI_USAGE;
+        }
+    }
+    if (!out || !names) {
+        fprintf(stderr, "loco certs: expected --out DIR --names coordinator,siteA,...\n");
+        return CLI_USAGE;
+    }
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", names);
+    const char *list[LOCO_MAX_ISLANDS + 1];
+    int n = 0;
+    for (char *tok = strtok(buf, ","); tok && n < LOCO_MAX_ISLANDS + 1; tok = strtok(NULL, ","))
+        list[n++] = tok;
+    int rc = loco_net_make_certs(out, list, n, days);
+    if (rc < 0)
+        return cli_fail(rc);
+    printf("wrote %s/ca.pem, ca.key and a certificate + key for each of: %s\n", out, names);
+    return CLI_OK;
+}
+
+/* ---------------------------------------------------------------- launch */
+
+typedef struct {
+    char name[LOCO_NET_NAME_MAX];
+    pid_t pid;
+    int fd;          /* its merged stdout/stderr */
+    char line[4096]; /* a partial line */
+    size_t len;
+    int status;
+    bool done;
+} child;
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* Starts argv with stdout and stderr into a pipe. */
+static int spawn(child *c, char *const *argv) {
+    int fds[2];
+    if (pipe(fds) != 0)
+        return LOCO_ERR(LOCO_EIO, "pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0)
+        return LOCO_ERR(LOCO_EIO, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        setpgid(0, 0); /* its own group: a stop reaches mpirun's ranks too */
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        execvp(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    c->pid = pid;
+    c->fd = fds[0];
+    return 0;
+}
+
+/* Prints a child's complete lines with its name in front. */
+static void drain(child *c) {
+    char buf[4096];
+    ssize_t n = read(c->fd, buf, sizeof buf);
+    if (n <= 0) {
+        if (c->len) {
+            printf("[%s] %.*s\n", c->name, (int)c->len, c->line);
+            c->len = 0;
+        }
+        close(c->fd);
+        c->fd = -1;
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] == '\n' || c->len == sizeof c->line - 1) {
+            printf("[%s] %.*s\n", c->name, (int)c->len, c->line);
+            c->len = 0;
+        } else {
+            c->line[c->len++] = buf[i];
+        }
+    }
+    fflush(stdout);
+}
+
+/* A free TCP port on the loopback (bound and released: a small race). */
+static int free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    return port;
+}
+
+int cli_launch(int argc, char **argv) {
+    const char *config;
+    char *sets[MAX_SETS];
+    int nsets;
+    int u = parse_config_args("launch", argc, argv, &config, sets, &nsets);
+    if (u)
+        return u;
+    loco_config cfg;
+    int rc = cli_load_config(&cfg, config, nsets, sets);
+    int K = 0;
+    if (rc == 0)
+        rc = loco_site_id(&cfg, NULL, NULL, &K);
+    if (rc < 0)
+        return cli_fail(rc);
+    char sites[LOCO_MAX_ISLANDS][LOCO_NET_NAME_MAX];
+    {
+        char buf[LOCO_PATH_MAX];
+        snprintf(buf, sizeof buf, "%s", cfg.outer.sites);
+        int n = 0;
+        for (char *tok = strtok(buf, ","); tok && n < K; tok = strtok(NULL, ","))
+            snprintf(sites[n++], LOCO_NET_NAME_MAX, "%s", tok);
+    }
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0)
+        return cli_fail(LOCO_ERR(LOCO_EIO, "cannot find the loco binary"));
+    self[sl] = '\0';
+    /* Certificates for the run, made once. */
+    char certs[LOCO_PATH_MAX + 16];
+    snprintf(certs, sizeof certs, "%s/certs", cfg.run.dir);
+    if (cfg.net.tls) {
+        char ca[LOCO_PATH_MAX + 32];
+        snprintf(ca, sizeof ca, "%s/ca.pem", certs);
+        const char *names[LOCO_MAX_ISLANDS + 1] = {"coordinator"};
+        for (int k = 0; k < K; k++)
+            names[k + 1] = sites[k];
+        if (!cfg.net.cert[0] && (rc = loco_net_make_certs(certs, names, K + 1, 30)) < 0)
+            return cli_fail(rc);
+    }
+    char host[LOCO_ADDR_MAX];
+    int port;
+    if ((rc = loco_parse_hostport(cfg.faulttol.coordinator, host, sizeof host, &port)) < 0)
+        return cli_fail(rc);
+    if (port == 0 && (port = free_port()) < 0)
+        return cli_fail(LOCO_ERR(LOCO_EIO, "no free port for the coordinator"));
+    static char coord_set[LOCO_ADDR_MAX + 64];
+    snprintf(coord_set, sizeof coord_set, "faulttol.coordinator=%s:%d", host, port);
+
+    child kids[LOCO_MAX_ISLANDS + 1];
+    memset(kids, 0, sizeof kids);
+    int n_kids = 0;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    /* argv of every child: [mpirun ...] loco CMD CONFIG [--site S] --set ... */
+    static char strs[LOCO_MAX_ISLANDS + 1][8][LOCO_PATH_MAX + 64];
+    for (int k = -1; k < K && rc == 0; k++) {
+        char *av[MAX_SETS * 2 + 32];
+        int n = 0;
+        child *c = &kids[n_kids];
+        char(*s)[LOCO_PATH_MAX + 64] = strs[k + 1];
+        const char *who = k < 0 ? "coordinator" : sites[k];
+        snprintf(c->name, sizeof c->name, "%s", who);
+        static char np_str[24];
+        if (k >= 0 && cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp *
+                              cfg.parallel.ep > 1) {
+            snprintf(np_str, sizeof np_str, "%lld",
+                     (long long)(cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp *
+                                 cfg.parallel.cp * cfg.parallel.ep));
+            av[n++] = "mpirun";
+            av[n++] = "--allow-run-as-root";
+            av[n++] = "--oversubscribe";
+            av[n++] = "-np";
+            av[n++] = np_str;
+        }
+        av[n++] = self;
+        av[n++] = k < 0 ? "coordinator" : "island";
+        av[n++] = (char *)config;
+        if (k >= 0) {
+            av[n++] = "--site";
+            av[n++] = sites[k];
+        }
+        for (int i = 0; i < nsets; i++) {
+            av[n++] = "--set";
+            av[n++] = sets[i];
+        }
+        av[n++] = "--set";
+        av[n++] = coord_set;
+        if (cfg.net.tls && !cfg.net.cert[0]) {
+            snprintf(s[0], sizeof s[0], "net.cert=%s/%s.pem", certs, who);
+            snprintf(s[1], sizeof s[1], "net.key=%s/%s.key", certs, who);
+            snprintf(s[2], sizeof s[2], "net.ca=%s/ca.pem", certs);
+            for (int i = 0; i < 3; i++) {
+                av[n++] = "--set";
+                av[n++] = s[i];
+            }
+        }
+        if (k >= 0) {
+            snprintf(s[3], sizeof s[3], "run.dir=%s/%s", cfg.run.dir, who);
+            av[n++] = "--set";
+            av[n++] = s[3];
+        }
+        av[n] = NULL;
+        rc = spawn(c, av);
+        if (rc == 0)
+            n_kids++;
+    }
+    printf("launch: coordinator on %s:%d and %d islands (%s); Ctrl-C stops them all\n", host,
+           port, K, cfg.outer.sites);
+    fflush(stdout);
+    int failed = rc < 0;
+    bool stopping = rc < 0;
+    for (int alive = n_kids; alive > 0;) {
+        if ((stop_requested || failed) && !stopping) {
+            stopping = true;
+            printf("launch: stopping every process\n");
+            for (int i = 0; i < n_kids; i++)
+                if (!kids[i].done)
+                    kill(-kids[i].pid, SIGTERM);
+        }
+        struct pollfd pf[LOCO_MAX_ISLANDS + 1];
+        int map[LOCO_MAX_ISLANDS + 1], np = 0;
+        for (int i = 0; i < n_kids; i++)
+            if (kids[i].fd >= 0) {
+                pf[np] = (struct pollfd){.fd = kids[i].fd, .events = POLLIN};
+                map[np++] = i;
+            }
+        if (np > 0 && poll(pf, (nfds_t)np, 200) > 0)
+            for (int j = 0; j < np; j++)
+                if (pf[j].revents)
+                    drain(&kids[map[j]]);
+        for (int i = 0; i < n_kids; i++) {
+            if (kids[i].done || kids[i].fd >= 0)
+                continue;
+            int st;
+            if (waitpid(kids[i].pid, &st, WNOHANG) == kids[i].pid) {
+                kids[i].done = true;
+                kids[i].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                alive--;
+                if (kids[i].status != 0 && !stopping) {
+                    printf("launch: %s exited with status %d\n", kids[i].name, kids[i].status);
+                    failed = 1;
+                }
+            }
+        }
+    }
+    int worst = 0;
+    for (int i = 0; i < n_kids; i++)
+        if (kids[i].status)
+            worst = kids[i].status;
+    printf("launch: %s\n", failed || worst || stop_requested ? "FAILED" : "done: every process finished cleanly");
+    if (rc < 0)
+        return cli_fail(rc);
+    return failed || worst || stop_requested ? CLI_FAIL : CLI_OK;
+}
