@@ -1,124 +1,160 @@
-/* The all-gather exchange of encoded pseudo-gradients over net/ links. */
+/* The all-gather exchange of encoded pseudo-gradients over net/ links, as a
+ * pipeline: a sender thread encodes chunk after chunk and queues each to
+ * every peer (the links' own threads put them on the wire), while this
+ * thread takes the chunks as they arrive and decodes them, per chunk in
+ * ascending island order. Encoding, transmission and decoding overlap. */
 #include "outer/outer.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
-/* Sends one encoded message to a peer in frames of at most max_frame. */
-static int send_message(const loco_exchange *x, loco_link *l, const void *bytes, size_t len,
-                        int64_t step, size_t raw) {
-    size_t per = x->max_frame ? x->max_frame : len;
-    uint32_t n = (uint32_t)(len ? (len + per - 1) / per : 1);
-    for (uint32_t i = 0; i < n; i++) {
-        size_t off = (size_t)i * per, part = len - off < per ? len - off : per;
-        loco_frame_hdr h = {.type = LOCO_FRAME_PSEUDOGRAD, .epoch = x->epoch,
-                            .step = (uint64_t)step, .shard = x->shard, .chunk = i,
-                            .n_chunks = n, .raw_len = raw};
-        LOCO_CHECK(loco_link_send(l, &h, (const char *)bytes + off, part));
-    }
-    return 0;
-}
+typedef struct {
+    loco_outer *o;
+    const loco_exchange *x;
+    int64_t step;
+    size_t n_chunks, raw;
+    const void **bytes; /* (n_chunks) own encoded chunks */
+    size_t *lens;
+    atomic_size_t encoded; /* chunks encoded and published */
+    atomic_int abort;      /* the receiver gave up */
+    int rc;
+    size_t sent;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} pipeline;
 
-/* Receives one peer's message for this step into a fresh buffer. */
-static int recv_message(const loco_exchange *x, loco_link *l, int peer, int64_t step,
-                        size_t bound, unsigned char **out, size_t *out_len) {
-    unsigned char *buf = NULL;
-    size_t len = 0;
-    uint32_t n = 0;
-    for (uint32_t i = 0;; i++) {
-        loco_frame_hdr h;
-        void *payload = NULL;
-        int rc = loco_link_recv(l, &h, &payload, x->timeout_ms);
-        if (rc < 0) {
-            loco_free(buf);
-            return LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)step, peer,
-                            loco_errmsg());
+static void *sender(void *arg) {
+    pipeline *p = arg;
+    const loco_exchange *x = p->x;
+    for (size_t c = 0; c < p->n_chunks && !atomic_load(&p->abort); c++) {
+        const void *b;
+        size_t len;
+        p->rc = loco_outer_encode_chunk(p->o, 0, c, &b, &len);
+        if (p->rc < 0)
+            break;
+        p->bytes[c] = b;
+        p->lens[c] = len;
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->encoded, c + 1);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        for (int k = 0; k < x->n_islands && p->rc == 0; k++) {
+            if (k == x->me)
+                continue;
+            loco_frame_hdr h = {.type = LOCO_FRAME_PSEUDOGRAD, .epoch = x->epoch,
+                                .step = (uint64_t)p->step, .shard = x->shard,
+                                .chunk = (uint32_t)c, .n_chunks = (uint32_t)p->n_chunks,
+                                .raw_len = p->raw};
+            p->rc = loco_link_send(x->peers[k], &h, b, len);
+            p->sent += len;
         }
-        if (h.type != LOCO_FRAME_PSEUDOGRAD || h.epoch != x->epoch ||
-            h.step != (uint64_t)step || h.shard != x->shard || h.chunk != i ||
-            (i > 0 && h.n_chunks != n) || h.n_chunks == 0) {
-            loco_warn("outer step %lld: refused a %s frame from island %d (epoch %llu step %llu "
-                      "shard %u chunk %u/%u; expected epoch %llu step %lld shard %u chunk %u)",
-                      (long long)step, loco_frame_type_name(h.type), peer,
-                      (unsigned long long)h.epoch, (unsigned long long)h.step, h.shard, h.chunk,
-                      h.n_chunks, (unsigned long long)x->epoch, (long long)step, x->shard, i);
-            loco_free(payload);
-            loco_free(buf);
-            return LOCO_ERR(LOCO_EPROTO, "outer step %lld: stale or misdirected frame from island %d",
-                            (long long)step, peer);
-        }
-        if (i == 0) {
-            n = h.n_chunks;
-            /* Never more than an honest encoder can produce. */
-            if ((uint64_t)n * (x->max_frame ? x->max_frame : bound) > bound + x->max_frame) {
-                loco_free(payload);
-                return LOCO_ERR(LOCO_EPROTO, "outer step %lld: island %d announces %u frames",
-                                (long long)step, peer, n);
-            }
-            buf = loco_alloc(bound ? bound : 1);
-            if (!buf) {
-                loco_free(payload);
-                return LOCO_ERR(LOCO_ENOMEM, "pseudo-gradient buffer");
-            }
-        }
-        if (len + h.payload_len > bound) {
-            loco_free(payload);
-            loco_free(buf);
-            return LOCO_ERR(LOCO_EPROTO, "outer step %lld: island %d sent more than %zu bytes",
-                            (long long)step, peer, bound);
-        }
-        if (h.payload_len)
-            memcpy(buf + len, payload, h.payload_len);
-        len += h.payload_len;
-        loco_free(payload);
-        if (i + 1 == n)
+        if (p->rc < 0)
             break;
     }
-    *out = buf;
-    *out_len = len;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->abort, p->rc < 0 ? 1 : atomic_load(&p->abort));
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Waits until the sender published chunk c (or failed). */
+static int wait_encoded(pipeline *p, size_t c) {
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load(&p->encoded) <= c && !atomic_load(&p->abort))
+        pthread_cond_wait(&p->cv, &p->mu);
+    int ok = atomic_load(&p->encoded) > c;
+    pthread_mutex_unlock(&p->mu);
+    return ok ? 0 : LOCO_ERR(LOCO_EIO, "outer: the sender stopped");
+}
+
+/* The next frame of peer k must be chunk c of this step, epoch and shard. */
+static int recv_chunk(const pipeline *p, int k, size_t c, void **payload, size_t *len) {
+    const loco_exchange *x = p->x;
+    loco_frame_hdr h;
+    int rc = loco_link_recv(x->peers[k], &h, payload, x->timeout_ms);
+    if (rc < 0)
+        return LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)p->step, k,
+                        loco_errmsg());
+    if (h.type != LOCO_FRAME_PSEUDOGRAD || h.epoch != x->epoch || h.step != (uint64_t)p->step ||
+        h.shard != x->shard || h.chunk != c || h.n_chunks != p->n_chunks) {
+        loco_warn("outer step %lld: refused a %s frame from island %d (epoch %llu step %llu "
+                  "shard %u chunk %u/%u; expected epoch %llu shard %u chunk %zu/%zu)",
+                  (long long)p->step, loco_frame_type_name(h.type), k,
+                  (unsigned long long)h.epoch, (unsigned long long)h.step, h.shard, h.chunk,
+                  h.n_chunks, (unsigned long long)x->epoch, x->shard, c, p->n_chunks);
+        loco_free(*payload);
+        *payload = NULL;
+        return LOCO_ERR(LOCO_EPROTO, "outer step %lld: stale or misdirected frame from island %d",
+                        (long long)p->step, k);
+    }
+    *len = h.payload_len;
     return 0;
 }
 
 int loco_outer_step_allgather(loco_outer *o, const loco_exchange *x, float *theta_local,
                               int64_t step, loco_exchange_stats *st) {
     loco_exchange_stats s = {0};
+    if (x->n_islands > LOCO_MAX_PEERS || x->me < 0 || x->me >= x->n_islands)
+        return LOCO_ERR(LOCO_EINVAL, "island %d of %d (at most %d)", x->me, x->n_islands,
+                        LOCO_MAX_PEERS);
     double t0 = loco_now();
-    const void *mine;
-    size_t len, raw;
-    LOCO_CHECK(loco_outer_encode(o, theta_local, step, &mine, &len, &raw));
-    s.raw_bytes = raw;
-    s.encoded_bytes = len;
-    double t1 = loco_now();
-    for (int k = 0; k < x->n_islands; k++) {
-        if (k == x->me)
-            continue;
-        LOCO_CHECK(send_message(x, x->peers[k], mine, len, step, raw));
-        s.bytes_sent += len;
+    pipeline p = {.o = o, .x = x, .step = step, .raw = loco_outer_size(o) * sizeof(float)};
+    LOCO_CHECK(loco_outer_plan(o, theta_local, step, &p.n_chunks));
+    p.bytes = loco_alloc((p.n_chunks ? p.n_chunks : 1) * sizeof *p.bytes);
+    p.lens = loco_alloc((p.n_chunks ? p.n_chunks : 1) * sizeof *p.lens);
+    if (!p.bytes || !p.lens) {
+        loco_free(p.bytes);
+        loco_free(p.lens);
+        return LOCO_ERR(LOCO_ENOMEM, "exchange tables");
     }
-    unsigned char *msg[LOCO_MAX_PEERS] = {0};
-    size_t mlen[LOCO_MAX_PEERS] = {0};
-    const size_t bound = loco_compress_bound(loco_outer_size(o),
-                                             loco_codec_get_params(loco_outer_codec(o)));
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.cv, NULL);
+    loco_outer_begin_average(o, x->n_islands);
+    pthread_t th;
     int rc = 0;
-    if (x->n_islands > LOCO_MAX_PEERS)
-        return LOCO_ERR(LOCO_EINVAL, "%d islands, at most %d", x->n_islands, LOCO_MAX_PEERS);
-    for (int k = 0; k < x->n_islands && rc == 0; k++)
-        if (k != x->me) {
-            rc = recv_message(x, x->peers[k], k, step, bound, &msg[k], &mlen[k]);
-            s.bytes_received += mlen[k];
-        }
-    double t2 = loco_now();
-    if (rc == 0) {
-        loco_outer_begin_average(o, x->n_islands);
-        for (int k = 0; k < x->n_islands && rc == 0; k++)
-            rc = k == x->me ? loco_outer_add(o, mine, len) : loco_outer_add(o, msg[k], mlen[k]);
-        if (rc == 0)
-            rc = loco_outer_apply(o, theta_local);
+    if (pthread_create(&th, NULL, sender, &p) != 0) {
+        rc = LOCO_ERR(LOCO_EIO, "cannot start the exchange sender");
+        goto out;
     }
-    for (int k = 0; k < x->n_islands; k++)
-        loco_free(msg[k]);
-    s.encode_s = t1 - t0;
-    s.exchange_s = t2 - t1;
-    s.apply_s = loco_now() - t2;
+    for (size_t c = 0; c < p.n_chunks && rc == 0; c++) {
+        for (int k = 0; k < x->n_islands && rc == 0; k++) {
+            if (k == x->me) {
+                rc = wait_encoded(&p, c);
+                if (rc == 0)
+                    rc = loco_outer_add_chunk(o, 1, k, p.bytes[c], p.lens[c]);
+                continue;
+            }
+            void *payload = NULL;
+            size_t len = 0;
+            rc = recv_chunk(&p, k, c, &payload, &len);
+            if (rc == 0) {
+                s.bytes_received += len;
+                rc = loco_outer_add_chunk(o, 1, k, payload, len);
+            }
+            loco_free(payload);
+        }
+    }
+    if (rc < 0)
+        atomic_store(&p.abort, 1);
+    pthread_join(th, NULL);
+    if (rc == 0 && p.rc < 0)
+        rc = p.rc;
+    double t1 = loco_now();
+    if (rc == 0)
+        rc = loco_outer_apply(o, theta_local);
+    s.raw_bytes = p.raw;
+    for (size_t c = 0; c < p.n_chunks && rc == 0; c++)
+        s.encoded_bytes += p.lens[c];
+    s.bytes_sent = p.sent;
+    s.exchange_s = t1 - t0;
+    s.apply_s = loco_now() - t1;
+out:
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.cv);
+    loco_free(p.bytes);
+    loco_free(p.lens);
     if (st)
         *st = s;
     return rc;

@@ -15,7 +15,10 @@ struct loco_outer {
     size_t enc_cap;
     loco_chunk_ref *refs;
     size_t refs_cap;
-    int expect, added;   /* contributions announced / added */
+    int expect, added;   /* contributions announced / added whole */
+    loco_encode_plan plan;
+    int *chunk_next;     /* (refs_cap) next island expected per chunk */
+    size_t chunks_done;  /* chunks that received every contribution */
 };
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
@@ -36,6 +39,7 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->avg);
     loco_free(o->enc);
     loco_free(o->refs);
+    loco_free(o->chunk_next);
     loco_free(o);
 }
 
@@ -50,6 +54,10 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->n = n;
     loco_codec_params c = *cp;
     c.n_state = n;
+    /* Two workspaces at least: the pipelined exchange encodes on one
+     * thread while another decodes (the bytes do not depend on it). */
+    if (c.threads < 2)
+        c.threads = 2;
     const size_t bytes = (n ? n : 1) * sizeof(float);
     o->theta = loco_alloc(bytes);
     o->mom = loco_alloc(bytes);
@@ -59,7 +67,8 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->enc = loco_alloc(o->enc_cap ? o->enc_cap : 1);
     o->refs_cap = loco_compress_chunk_count(n, &c) + 1;
     o->refs = loco_alloc(o->refs_cap * sizeof *o->refs);
-    if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs) {
+    o->chunk_next = loco_alloc(o->refs_cap * sizeof *o->chunk_next);
+    if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
@@ -96,10 +105,55 @@ int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, con
     return 0;
 }
 
+int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_t *n_chunks) {
+    for (size_t i = 0; i < o->n; i++)
+        o->delta[i] = o->theta[i] - theta_local[i];
+    LOCO_CHECK(loco_codec_plan(o->codec, &o->plan, o->delta, o->n, 0, (uint64_t)step));
+    if (o->plan.n_chunks + 1 > o->refs_cap)
+        return LOCO_ERR(LOCO_EINVAL, "outer: %zu chunks exceed the planned %zu", o->plan.n_chunks,
+                        o->refs_cap);
+    *n_chunks = o->plan.n_chunks;
+    return 0;
+}
+
+int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
+                            size_t *len) {
+    if (chunk >= o->plan.n_chunks)
+        return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu of %zu", chunk, o->plan.n_chunks);
+    unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
+    LOCO_CHECK(loco_codec_encode_chunk(o->codec, worker, &o->plan, slot, o->plan.slot_bytes, len,
+                                       o->delta, chunk));
+    *bytes = slot;
+    return 0;
+}
+
 void loco_outer_begin_average(loco_outer *o, int n_islands) {
     memset(o->avg, 0, o->n * sizeof(float));
+    memset(o->chunk_next, 0, o->refs_cap * sizeof *o->chunk_next);
     o->expect = n_islands;
     o->added = 0;
+    o->chunks_done = 0;
+}
+
+int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len) {
+    loco_chunk_info info;
+    LOCO_CHECK(loco_chunk_parse(bytes, len, &info));
+    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
+    const size_t total = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
+    const size_t c = (size_t)(info.first / per);
+    const size_t want = o->n - info.first < per ? o->n - info.first : per;
+    if (info.first % per || c >= total || info.first >= o->n || info.count != want)
+        return LOCO_ERR(LOCO_EPROTO, "outer: island %d sent a chunk at element %llu that is no "
+                                     "chunk of this range",
+                        island, (unsigned long long)info.first);
+    if (o->chunk_next[c] != island)
+        return LOCO_ERR(LOCO_EPROTO, "outer: chunk %zu from island %d out of order (expected %d)",
+                        c, island, o->chunk_next[c]);
+    LOCO_CHECK(loco_codec_decode_chunk(o->codec, worker, o->avg, o->n, 1.0f / (float)o->expect,
+                                       bytes, len));
+    if (++o->chunk_next[c] == o->expect)
+        o->chunks_done++;
+    return 0;
 }
 
 int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
@@ -133,7 +187,8 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
 }
 
 int loco_outer_apply(loco_outer *o, float *theta_local) {
-    if (o->added != o->expect)
+    const size_t want = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
+    if (o->expect < 1 || (o->added != o->expect && o->chunks_done != want))
         return LOCO_ERR(LOCO_EINVAL, "outer: %d of %d contributions added", o->added, o->expect);
     const float lr = o->p.lr, mu = o->p.momentum;
     if (o->p.nesterov) {

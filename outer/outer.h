@@ -37,6 +37,11 @@ void loco_outer_destroy(loco_outer *o); /* accepts NULL */
  * *raw_bytes is what fp32 would have taken. */
 int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, const void **bytes,
                       size_t *len, size_t *raw_bytes);
+/* The same in chunks, for a pipeline: plan once per step, then encode chunk
+ * by chunk (each lands in its own slot, valid until the next plan). */
+int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_t *n_chunks);
+int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
+                            size_t *len);
 /* Starts averaging K contributions. */
 void loco_outer_begin_average(loco_outer *o, int n_islands);
 /* Adds one island's encoded pseudo-gradient with weight 1/K; call in
@@ -45,8 +50,13 @@ void loco_outer_begin_average(loco_outer *o, int n_islands);
  * and cover the range exactly, checksums) before any is applied;
  * LOCO_EPROTO otherwise, and the caller restarts the average. */
 int loco_outer_add(loco_outer *o, const void *bytes, size_t len);
-/* Applies the outer optimizer after K adds and writes θ_global into
- * theta_local. */
+/* Adds one encoded chunk from island `island` (weight 1/K). Per chunk,
+ * contributions must come in ascending island order, so the sum is the
+ * same on every island whatever order the chunks arrive in; the chunk is
+ * checked before it touches anything (LOCO_EPROTO). */
+int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len);
+/* Applies the outer optimizer after K contributions (whole, or every chunk
+ * from every island) and writes θ_global into theta_local. */
 int loco_outer_apply(loco_outer *o, float *theta_local);
 
 size_t loco_outer_size(const loco_outer *o);
