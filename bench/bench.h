@@ -9,6 +9,9 @@ int loco_bench_step(int argc, char **argv);
 /* Bytes per rank of parameters, gradients, optimizer state, unit buffers
  * and activations beside the ZeRO formula (run under mpirun). */
 int loco_bench_memory(int argc, char **argv);
+/* One outer step between two islands over emulated WAN, per codec, beside
+ * the bound encoded bytes / bandwidth + RTT. */
+int loco_bench_exchange(int argc, char **argv);
 /* Pseudo-gradient codecs against memcpy and raw libzstd. */
 int loco_bench_compress(int argc, char **argv);
 

@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "  ckpt export CKPT_DIR OUT_DIR\n"
             "                         one Hugging Face model.safetensors + config.json from any\n"
             "                         checkpoint, sharded or not\n"
-            "  bench step|memory|compress [OPTIONS]\n"
+            "  bench step|memory|exchange|compress [OPTIONS]\n"
             "                         benchmarks against a reference measured in the same run\n"
             "  version                print the version\n",
             LOCO_VERSION);

@@ -106,8 +106,11 @@ int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, con
 }
 
 int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_t *n_chunks) {
+    const float *restrict th = o->theta;
+    float *restrict d = o->delta;
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < o->n; i++)
-        o->delta[i] = o->theta[i] - theta_local[i];
+        d[i] = th[i] - theta_local[i];
     LOCO_CHECK(loco_codec_plan(o->codec, &o->plan, o->delta, o->n, 0, (uint64_t)step));
     if (o->plan.n_chunks + 1 > o->refs_cap)
         return LOCO_ERR(LOCO_EINVAL, "outer: %zu chunks exceed the planned %zu", o->plan.n_chunks,
@@ -191,17 +194,21 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
     if (o->expect < 1 || (o->added != o->expect && o->chunks_done != want))
         return LOCO_ERR(LOCO_EINVAL, "outer: %d of %d contributions added", o->added, o->expect);
     const float lr = o->p.lr, mu = o->p.momentum;
-    if (o->p.nesterov) {
-        for (size_t i = 0; i < o->n; i++) {
-            float g = o->avg[i];
-            o->mom[i] = mu * o->mom[i] + g;
-            o->theta[i] -= lr * (g + mu * o->mom[i]);
+    float *restrict th = o->theta, *restrict m = o->mom;
+    const float *restrict avg = o->avg;
+    const bool nesterov = o->p.nesterov;
+    /* Element by element, so the bits do not depend on the thread count. */
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < o->n; i++) {
+        float g = avg[i];
+        if (nesterov) {
+            m[i] = mu * m[i] + g;
+            th[i] -= lr * (g + mu * m[i]);
+        } else {
+            th[i] -= g;
         }
-    } else {
-        for (size_t i = 0; i < o->n; i++)
-            o->theta[i] -= o->avg[i];
+        theta_local[i] = th[i];
     }
-    memcpy(theta_local, o->theta, o->n * sizeof(float));
     o->expect = o->added = 0;
     return 0;
 }
