@@ -1,0 +1,183 @@
+/* The coordinator protocol with islands played by sessions in this process
+ * (plain TCP links on loopback): registration, the quorum, agreement and
+ * disagreement of θ_global hashes, and refusals with their reasons. */
+#include "faulttol/faulttol.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <string.h>
+
+typedef struct {
+    loco_coord *c;
+    int rc;
+    char msg[1024];
+} server;
+
+static void *serve(void *arg) {
+    server *s = arg;
+    s->rc = loco_coord_serve(s->c);
+    snprintf(s->msg, sizeof s->msg, "%s", loco_errmsg());
+    return NULL;
+}
+
+static loco_config cfg;
+static loco_net_params np;
+static server srv;
+static pthread_t th;
+
+static void start(const char *sites) {
+    loco_config_defaults(&cfg);
+    snprintf(cfg.outer.sites, sizeof cfg.outer.sites, "%s", sites);
+    cfg.faulttol.timeout_ms = 20000;
+    loco_net_params_default(&np);
+    np.backend = LOCO_NET_PLAIN;
+    np.streams = 1;
+    snprintf(np.name, sizeof np.name, "coordinator");
+    loco_log_set_level(LOCO_LOG_ERROR);
+    cr_assert_eq(loco_coord_create(&srv.c, &cfg, &np, "127.0.0.1", 0), 0, "%s", loco_errmsg());
+    snprintf(cfg.faulttol.coordinator, sizeof cfg.faulttol.coordinator, "127.0.0.1:%d",
+             loco_coord_port(srv.c));
+    cr_assert_eq(pthread_create(&th, NULL, serve, &srv), 0);
+}
+
+static int finish(void) {
+    pthread_join(th, NULL);
+    loco_coord_destroy(srv.c);
+    return srv.rc;
+}
+
+typedef struct {
+    const char *site;
+    const char *mesh;
+    uint64_t model_hash;
+    uint64_t hashes[4]; /* θ hash reported after outer steps 1..3 */
+    int rc_join, rc_steps, rc_leave;
+    int id;
+    char msg[1024];
+    loco_quorum q;
+} fake_island;
+
+static void *island_main(void *arg) {
+    fake_island *f = arg;
+    loco_net_params p = np;
+    snprintf(p.name, sizeof p.name, "%s", f->site);
+    char addr[1][LOCO_ADDR_MAX] = {"127.0.0.1:1"};
+    loco_island_info me = {.site = f->site, .n_ranks = 1,
+                           .addrs = (const char (*)[LOCO_ADDR_MAX])addr, .mesh = f->mesh,
+                           .model_hash = f->model_hash};
+    loco_session *s = NULL;
+    f->rc_join = loco_session_join(&s, &cfg, &p, &me, &f->id, &f->q, 10000);
+    if (f->rc_join < 0) {
+        snprintf(f->msg, sizeof f->msg, "%s", loco_errmsg());
+        return NULL;
+    }
+    for (int step = 1; step <= 3 && f->rc_steps == 0; step++)
+        f->rc_steps = loco_session_heartbeat(s, step * 10, step, f->hashes[step]);
+    f->rc_leave = loco_session_leave(s, 10000);
+    if (f->rc_leave < 0)
+        snprintf(f->msg, sizeof f->msg, "%s", loco_errmsg());
+    loco_session_destroy(s);
+    return NULL;
+}
+
+static void run_islands(fake_island *f, int n) {
+    pthread_t t[8];
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, island_main, &f[i]), 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
+Test(coordinator, islands_that_agree_finish_cleanly, .timeout = 30) {
+    start("siteA,siteB,siteC");
+    fake_island f[3] = {
+        {.site = "siteC", .mesh = "dp=1", .model_hash = 5, .hashes = {0, 11, 22, 33}},
+        {.site = "siteA", .mesh = "dp=1", .model_hash = 5, .hashes = {0, 11, 22, 33}},
+        {.site = "siteB", .mesh = "dp=1", .model_hash = 5, .hashes = {0, 11, 22, 33}},
+    };
+    run_islands(f, 3);
+    cr_expect_eq(finish(), 0, "%s", srv.msg);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(f[i].rc_join, 0, "%s: %s", f[i].site, f[i].msg);
+        cr_expect_eq(f[i].rc_leave, 0, "%s: %s", f[i].site, f[i].msg);
+        cr_expect_eq(f[i].q.n, 3);
+        cr_expect_str_eq(f[i].q.m[f[i].id].site, f[i].site);
+        loco_quorum_fini(&f[i].q);
+    }
+    cr_expect_eq(f[0].id, 2, "ids follow outer.sites, not the order of arrival");
+    cr_expect_eq(f[1].id, 0);
+}
+
+Test(coordinator, a_different_theta_stops_the_run_naming_step_and_islands, .timeout = 30) {
+    start("siteA,siteB");
+    fake_island f[2] = {
+        {.site = "siteA", .mesh = "dp=1", .model_hash = 5, .hashes = {0, 11, 22, 33}},
+        {.site = "siteB", .mesh = "dp=1", .model_hash = 5, .hashes = {0, 11, 99, 33}},
+    };
+    run_islands(f, 2);
+    cr_expect_eq(finish(), LOCO_EPEER);
+    cr_expect(strstr(srv.msg, "outer step 2") && strstr(srv.msg, "siteA") &&
+                  strstr(srv.msg, "siteB"),
+              "%s", srv.msg);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(f[i].rc_leave, LOCO_EPEER, "%s", f[i].site);
+        cr_expect(strstr(f[i].msg, "differs after outer step 2") != NULL, "%s", f[i].msg);
+        loco_quorum_fini(&f[i].q);
+    }
+}
+
+Test(coordinator, a_different_mesh_or_site_is_refused_with_the_reason, .timeout = 30) {
+    start("siteA,siteB");
+    fake_island bad[2] = {
+        {.site = "siteA", .mesh = "dp=2", .model_hash = 5},
+        {.site = "siteZ", .mesh = "dp=2", .model_hash = 5},
+    };
+    /* siteA registers first (alone), then a siteB with another mesh and an
+     * unknown siteZ are refused; then a good siteB completes the run. */
+    pthread_t ta;
+    cr_assert_eq(pthread_create(&ta, NULL, island_main, &bad[0]), 0);
+    fake_island wrong = {.site = "siteB", .mesh = "dp=4", .model_hash = 5};
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+    run_islands(&wrong, 1);
+    cr_expect_eq(wrong.rc_join, LOCO_EPEER);
+    cr_expect(strstr(wrong.msg, "mesh of 'siteB' (dp=4") && strstr(wrong.msg, "differs"), "%s",
+              wrong.msg);
+    run_islands(&bad[1], 1);
+    cr_expect_eq(bad[1].rc_join, LOCO_EPEER);
+    cr_expect(strstr(bad[1].msg, "not in this run's outer.sites") != NULL, "%s", bad[1].msg);
+    fake_island other = {.site = "siteB", .mesh = "dp=2", .model_hash = 6};
+    run_islands(&other, 1);
+    cr_expect(strstr(other.msg, "another [model]") != NULL, "%s", other.msg);
+    fake_island good = {.site = "siteB", .mesh = "dp=2", .model_hash = 5};
+    run_islands(&good, 1);
+    pthread_join(ta, NULL);
+    cr_expect_eq(good.rc_leave, 0, "%s", good.msg);
+    cr_expect_eq(bad[0].rc_leave, 0, "%s", bad[0].msg);
+    cr_expect_eq(finish(), 0, "%s", srv.msg);
+    loco_quorum_fini(&good.q);
+    loco_quorum_fini(&bad[0].q);
+}
+
+Test(coordinator, quorum_json_round_trip_and_bad_input) {
+    char a0[2][LOCO_ADDR_MAX] = {"10.0.0.1:5", "10.0.0.2:6"};
+    loco_quorum q = {.epoch = 3, .n = 1};
+    q.m[0] = (loco_member){.id = 0, .site = "x", .n_ranks = 2, .addrs = a0};
+    char *json = loco_quorum_to_json(&q);
+    loco_quorum back;
+    cr_assert_eq(loco_quorum_from_json(&back, json, strlen(json)), 0);
+    cr_expect_eq(back.epoch, 3);
+    cr_expect_str_eq(back.m[0].addrs[1], "10.0.0.2:6");
+    loco_quorum_fini(&back);
+    free(json);
+    const char *bad[] = {"", "{}", "{\"epoch\":1,\"members\":[{\"id\":1,\"site\":\"x\",\"ranks\":[\"a\"]}]}",
+                         "{\"epoch\":1,\"members\":[{\"id\":0,\"site\":\"x\",\"ranks\":[]}]}", "[1,2"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_expect_eq(loco_quorum_from_json(&back, bad[i], strlen(bad[i])), LOCO_EPROTO, "%s", bad[i]);
+    char host[64];
+    int port;
+    cr_expect_eq(loco_parse_hostport("127.0.0.1:29500", host, sizeof host, &port), 0);
+    cr_expect(port == 29500 && !strcmp(host, "127.0.0.1"));
+    cr_expect_eq(loco_parse_hostport("nohost", host, sizeof host, &port), LOCO_EINVAL);
+    cr_expect_eq(loco_parse_hostport("h:99999", host, sizeof host, &port), LOCO_EINVAL);
+}
