@@ -9,6 +9,7 @@
 #include "outer/outer.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,7 @@ typedef struct {
     loco_quorum q;
     loco_link *peers[LOCO_MAX_PEERS];
     loco_outer *outer;
+    loco_exchange_algo algo;
     loco_metrics *metrics;     /* rank 0: outer-step records */
 } island;
 
@@ -158,7 +160,10 @@ static int outer_step(island *is, int64_t outer, int64_t inner) {
                        .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
                        .timeout_ms = (int)is->cfg.faulttol.timeout_ms};
     loco_exchange_stats st;
-    LOCO_CHECK(loco_outer_step_allgather(is->outer, &x, own, outer, &st));
+    if (is->algo == LOCO_EXCHANGE_RSAG)
+        LOCO_CHECK(loco_outer_step_rsag(is->outer, &x, own, outer, &st));
+    else
+        LOCO_CHECK(loco_outer_step_allgather(is->outer, &x, own, outer, &st));
     LOCO_CHECK(loco_trainer_sync_params(is->t));
     uint64_t h;
     LOCO_CHECK(island_hash(is, &h));
@@ -185,6 +190,8 @@ static int outer_step(island *is, int64_t outer, int64_t inner) {
         loco_metrics_num(is->metrics, "exchange_s", sums[3]);
         loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st.encode_s + st.apply_s);
         loco_metrics_str(is->metrics, "theta_hash", hh);
+        loco_metrics_str(is->metrics, "algorithm",
+                         is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
         LOCO_CHECK(loco_metrics_end(is->metrics));
     }
     return 0;
@@ -197,6 +204,49 @@ static int check_coordinator(island *is) {
     LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
     if (bad)
         return is->rank == 0 ? ok : LOCO_ERR(LOCO_EPEER, "the coordinator stopped the run");
+    return 0;
+}
+
+/* outer.algorithm, or for auto the faster one for this run's islands,
+ * shard size and links (net.rtt_ms / net.link_gbps where given, else
+ * measured now); every rank of every island reaches the same choice. */
+static int choose_algorithm(island *is, const loco_codec_params *cp, size_t n) {
+    const loco_config *c = &is->cfg;
+    if (!strcmp(c->outer.algorithm, "allgather") || is->K <= 2) {
+        is->algo = LOCO_EXCHANGE_ALLGATHER;
+        if (is->rank == 0 && is->K <= 2 && !strcmp(c->outer.algorithm, "rsag"))
+            loco_info("outer: all-gather (reduce-scatter + all-gather saves nothing with 2 islands)");
+        return 0;
+    }
+    if (!strcmp(c->outer.algorithm, "rsag")) {
+        is->algo = LOCO_EXCHANGE_RSAG;
+        return 0;
+    }
+    double rtt = c->net.rtt_ms / 1e3, bw = c->net.link_gbps * 1e9 / 8;
+    if (rtt <= 0 || bw <= 0) {
+        loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->peers,
+                           .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
+                           .timeout_ms = (int)c->faulttol.timeout_ms};
+        double mrtt, mbw;
+        LOCO_CHECK(loco_exchange_probe(&x, 1u << 20, &mrtt, &mbw));
+        double v[2] = {mrtt, -mbw};
+        LOCO_CHECK(loco_comm_allreduce(is->world, v, 2, LOCO_DT_F64, LOCO_OP_MAX));
+        if (rtt <= 0)
+            rtt = v[0];
+        if (bw <= 0)
+            bw = isfinite(v[1]) ? -v[1] : 1e12;
+    }
+    /* Encoded size from the codec's fixed layout (zstd left out), the same
+     * on every rank: the largest owned range. */
+    double elems = (double)n;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &elems, 1, LOCO_DT_F64, LOCO_OP_MAX));
+    double bytes = (double)loco_quant_payload_bytes(cp->codec, (size_t)elems, cp->block);
+    char why[320];
+    is->algo = loco_exchange_choose(is->K, bytes, rtt, bw, why, sizeof why);
+    if (is->rank == 0)
+        loco_info("outer: %s (auto: %s)",
+                  is->algo == LOCO_EXCHANGE_RSAG ? "reduce-scatter + all-gather" : "all-gather",
+                  why);
     return 0;
 }
 
@@ -223,6 +273,7 @@ static int run_island(island *is, const char *resume) {
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
     LOCO_CHECK(loco_outer_create(&is->outer, &op, &cp, hi - lo, own));
+    LOCO_CHECK(choose_algorithm(is, &cp, hi - lo));
     LOCO_CHECK(loco_trainer_begin_run(is->t));
     if (is->rank == 0) {
         char path[PATH_MAX];

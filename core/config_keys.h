@@ -58,6 +58,7 @@ LOCO_KEY_ENUM(outer, optimizer, "nesterov", "nesterov|average", "outer optimizer
 LOCO_KEY_NUM(outer, lr, 0.7, 0, 10, "outer learning rate")
 LOCO_KEY_NUM(outer, momentum, 0.9, 0, 0.999999, "outer Nesterov momentum")
 LOCO_KEY_STR(outer, sites, "", "comma-separated site names of the run's islands, in island-id order (empty: single site)")
+LOCO_KEY_ENUM(outer, algorithm, "auto", "auto|allgather|rsag", "exchange: all-gather of encoded shards, reduce-scatter + all-gather, or chosen from islands, size, RTT and bandwidth")
 LOCO_SECTION_END(outer)
 
 LOCO_SECTION_BEGIN(faulttol)

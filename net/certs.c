@@ -55,8 +55,8 @@ static int add_ext(X509 *cert, X509 *issuer, int nid, const char *value) {
 
 /* A certificate for key with CN = cn, valid [now + nb, now + nb + valid],
  * signed by issuer/issuer_key (NULL: self-signed CA). */
-static int make_cert(X509 **out, EVP_PKEY *key, const char *cn, X509 *issuer,
-                     EVP_PKEY *issuer_key, long nb, long valid) {
+static int make_cert(X509 **out, EVP_PKEY *key, const char *cn, X509 *issuer, EVP_PKEY *issuer_key,
+                     long nb, long valid) {
     *out = NULL;
     const bool ca = issuer == NULL;
     int rc = 0;
@@ -131,8 +131,8 @@ static int write_pem(const char *dir, const char *name, const char *ext, EVP_PKE
         unlink(tmp);
         return LOCO_ERR(LOCO_EIO, "certs: fdopen %s", tmp);
     }
-    const int ok = key ? PEM_write_PrivateKey(f, key, NULL, NULL, 0, NULL, NULL)
-                       : PEM_write_X509(f, cert);
+    const int ok =
+        key ? PEM_write_PrivateKey(f, key, NULL, NULL, 0, NULL, NULL) : PEM_write_X509(f, cert);
     const bool flushed = fflush(f) == 0 && fsync(fileno(f)) == 0;
     const bool closed = fclose(f) == 0;
     if (!ok || !flushed || !closed) {
@@ -202,9 +202,10 @@ int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n
         return LOCO_ERR(LOCO_EINVAL, "certs: directory name too long");
     for (int i = 0; i < n_names; i++) {
         if (!names[i] || !cert_name_ok(names[i]))
-            return LOCO_ERR(LOCO_EINVAL,
-                            "certs: name '%s' must be 1-%d characters of [A-Za-z0-9._-] and not 'ca'",
-                            names[i] ? names[i] : "(null)", LOCO_NET_NAME_MAX - 1);
+            return LOCO_ERR(
+                LOCO_EINVAL,
+                "certs: name '%s' must be 1-%d characters of [A-Za-z0-9._-] and not 'ca'",
+                names[i] ? names[i] : "(null)", LOCO_NET_NAME_MAX - 1);
         for (int j = 0; j < i; j++)
             if (!strcmp(names[i], names[j]))
                 return LOCO_ERR(LOCO_EINVAL, "certs: name '%s' given twice", names[i]);
@@ -221,11 +222,10 @@ int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n
             goto out;
         }
         /* The CA outlives its leaves; it starts when they do. */
-        LOCO_CHECK_GOTO(make_cert(&ca, ca_key, "loco run CA", NULL, NULL,
-                                  not_before_s < 0 ? not_before_s : 0,
-                                  valid_s + (not_before_s < 0 ? -not_before_s : 0) +
-                                      SECONDS_PER_DAY),
-                        out);
+        LOCO_CHECK_GOTO(
+            make_cert(&ca, ca_key, "loco run CA", NULL, NULL, not_before_s < 0 ? not_before_s : 0,
+                      valid_s + (not_before_s < 0 ? -not_before_s : 0) + SECONDS_PER_DAY),
+            out);
         LOCO_CHECK_GOTO(write_pem(out_dir, "ca", "key", ca_key, NULL), out);
         LOCO_CHECK_GOTO(write_pem(out_dir, "ca", "pem", NULL, ca), out);
     }

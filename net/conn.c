@@ -62,6 +62,14 @@ void loco__sock_addr(int fd, bool peer, char *buf, size_t cap) {
     snprintf(buf, cap, "%s:%d", host, port);
 }
 
+const char *loco__errmsg_line(char *buf, size_t cap) {
+    const char *m = loco_errmsg();
+    const char *nl = strchr(m, '\n');
+    const int len = nl ? (int)(nl - m) : (int)strlen(m);
+    snprintf(buf, cap, "%.*s", len, m);
+    return buf;
+}
+
 int loco__sockbuf_bytes(const loco_net_params *p, bool send) {
     int explicit_bytes = send ? p->sndbuf : p->rcvbuf;
     if (explicit_bytes > 0)

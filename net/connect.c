@@ -24,8 +24,8 @@ static uint64_t random_link_id(void) {
 /* A non-blocking socket with a connect to a in progress (or done). */
 static int start_connect(const struct addrinfo *a, const loco_net_params *p, int *fd_out) {
     *fd_out = -1;
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                          a->ai_protocol);
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0)
         return LOCO_ERR(LOCO_EIO, "net: socket: %s", strerror(errno));
     loco__sock_tune(fd, p); /* before connect: the window scale depends on it */
@@ -47,7 +47,7 @@ static int connect_first(const struct addrinfo *ai, const loco_net_params *p, do
         int fd;
         rc = start_connect(a, p, &fd);
         if (rc < 0) {
-            snprintf(why, cap, "%s", loco_errmsg());
+            loco__errmsg_line(why, cap);
             continue;
         }
         rc = loco__wait_fd(fd, POLLOUT, -1, deadline);
@@ -149,8 +149,10 @@ int loco_net_connect(loco_link **out, const loco_net_params *p, const char *host
             break;
         const double ms = (deadline - loco_now()) * 1e3;
         if (ms <= 0) {
-            rc = LOCO_ERR(LOCO_ETIMEDOUT, "net: connect to %s:%d: handshake of %d of %d streams "
-                          "not done in time", host, port, pending, n);
+            rc = LOCO_ERR(LOCO_ETIMEDOUT,
+                          "net: connect to %s:%d: handshake of %d of %d streams "
+                          "not done in time",
+                          host, port, pending, n);
             goto out;
         }
         if (poll(pf, (nfds_t)np, (int)ms + 1) < 0 && errno != EINTR) {

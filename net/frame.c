@@ -47,7 +47,9 @@ static void put64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint16_t get16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
 static uint32_t get32(const uint8_t *p) {
     uint32_t v = 0;
     for (int i = 3; i >= 0; i--)
@@ -62,10 +64,14 @@ static uint64_t get64(const uint8_t *p) {
 }
 
 static const char *const type_names[LOCO_FRAME_TYPE_END] = {
-    [LOCO_FRAME_HELLO] = "HELLO",   [LOCO_FRAME_REGISTER] = "REGISTER",
-    [LOCO_FRAME_QUORUM] = "QUORUM", [LOCO_FRAME_HEARTBEAT] = "HEARTBEAT",
-    [LOCO_FRAME_PSEUDOGRAD] = "PSEUDOGRAD", [LOCO_FRAME_STATE] = "STATE",
-    [LOCO_FRAME_ACK] = "ACK",       [LOCO_FRAME_ERROR] = "ERROR",
+    [LOCO_FRAME_HELLO] = "HELLO",
+    [LOCO_FRAME_REGISTER] = "REGISTER",
+    [LOCO_FRAME_QUORUM] = "QUORUM",
+    [LOCO_FRAME_HEARTBEAT] = "HEARTBEAT",
+    [LOCO_FRAME_PSEUDOGRAD] = "PSEUDOGRAD",
+    [LOCO_FRAME_STATE] = "STATE",
+    [LOCO_FRAME_ACK] = "ACK",
+    [LOCO_FRAME_ERROR] = "ERROR",
     [LOCO_FRAME_BYE] = "BYE",
 };
 
@@ -116,8 +122,7 @@ int loco_frame_encode_header(uint8_t out[LOCO_FRAME_HEADER_BYTES], const loco_fr
     return 0;
 }
 
-int loco_frame_parse_header(loco_frame_hdr *h, const void *buf, size_t len,
-                            uint64_t max_payload) {
+int loco_frame_parse_header(loco_frame_hdr *h, const void *buf, size_t len, uint64_t max_payload) {
     if (!buf || len < LOCO_FRAME_HEADER_BYTES)
         return LOCO_ERR(LOCO_EPROTO, "frame: truncated header (%zu of %d bytes)", buf ? len : 0,
                         LOCO_FRAME_HEADER_BYTES);
@@ -132,7 +137,8 @@ int loco_frame_parse_header(loco_frame_hdr *h, const void *buf, size_t len,
                         version, LOCO_FRAME_VERSION);
     const uint64_t want = get64(b + OFF_HEADER_HASH), got = loco_hash64(b, OFF_HEADER_HASH);
     if (CHECKSUMS_ENFORCED && want != got)
-        return LOCO_ERR(LOCO_EPROTO, "frame: header checksum mismatch (0x%016llx, computed 0x%016llx)",
+        return LOCO_ERR(LOCO_EPROTO,
+                        "frame: header checksum mismatch (0x%016llx, computed 0x%016llx)",
                         (unsigned long long)want, (unsigned long long)got);
     const uint16_t type = get16(b + OFF_TYPE);
     if (!type_known(type))
@@ -174,9 +180,10 @@ int loco_frame_verify_payload(const loco_frame_hdr *h, const void *payload, size
         return LOCO_ERR(LOCO_EPROTO, "frame: payload missing");
     const uint64_t got = loco_frame_hash_payload(payload, len);
     if (CHECKSUMS_ENFORCED && got != h->payload_hash)
-        return LOCO_ERR(LOCO_EPROTO,
-                        "frame: %s payload checksum mismatch (header 0x%016llx, computed 0x%016llx)",
-                        loco_frame_type_name(h->type), (unsigned long long)h->payload_hash,
-                        (unsigned long long)got);
+        return LOCO_ERR(
+            LOCO_EPROTO,
+            "frame: %s payload checksum mismatch (header 0x%016llx, computed 0x%016llx)",
+            loco_frame_type_name(h->type), (unsigned long long)h->payload_hash,
+            (unsigned long long)got);
     return 0;
 }

@@ -196,7 +196,7 @@ int loco__hs_step(loco__hs *h) {
             const int rc = loco__hello_parse(&h->peer, h->in);
             if (rc < 0) {
                 char why[512];
-                snprintf(why, sizeof why, "%s", loco_errmsg());
+                loco__errmsg_line(why, sizeof why);
                 return LOCO_ERR(rc, "net: bad HELLO from %s: %s", c->addr, why);
             }
             h->state = h->server ? LOCO__HS_GOT_HELLO : LOCO__HS_DONE;

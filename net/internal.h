@@ -26,7 +26,8 @@ enum {
 /* Listener: connections in handshake, and links waiting for accept. */
 #define LOCO__MAX_PENDING 256
 /* TLS 1.3 suites, fastest first on AES-NI machines (docs/FIGURES). */
-#define LOCO__TLS_SUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+#define LOCO__TLS_SUITES                                                                           \
+    "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
 
 typedef struct loco__conn loco__conn;
 
@@ -63,8 +64,9 @@ const loco__transport_ops *loco__backend_ops(loco_net_backend b);
 struct loco__conn {
     int fd;
     const loco__transport_ops *ops;
-    void *impl; /* SSL * for TLS */
-    bool failed; /* a fatal transport error happened: no orderly shutdown */
+    void *impl;   /* SSL * for TLS */
+    bool failed;  /* a fatal transport error happened: no orderly shutdown */
+    bool bio_eof; /* the last socket read returned 0 (TLS BIO) */
     int last_errno;
     pthread_mutex_t mu;
     _Atomic uint64_t wire_in, wire_out;
@@ -91,6 +93,9 @@ void loco__sock_tune(int fd, const loco_net_params *p);
 /* Per-stream buffer bytes asked for (0 = leave the kernel's autotuning). */
 int loco__sockbuf_bytes(const loco_net_params *p, bool send);
 void loco__sock_addr(int fd, bool peer, char *buf, size_t cap);
+/* This thread's error message without its breadcrumbs, copied into buf
+ * (for log lines and for nesting in another message). */
+const char *loco__errmsg_line(char *buf, size_t cap);
 
 /* handshake.c: the HELLO exchange, one per stream, after TLS. */
 #define LOCO__HELLO_PAYLOAD 224

@@ -59,13 +59,13 @@ struct loco_link {
     pthread_cond_t cv;
     int stop_fd; /* readable once the link stops: wakes every poll */
     uint64_t send_seq, recv_seq;
-    uint64_t inflight;  /* queued, not yet written */
-    uint64_t send_max;  /* the smaller of both sides' frame limits */
-    bool closing;       /* close started: no new sends, senders drain */
-    bool draining;      /* readers discard what still arrives */
-    bool stopped;       /* threads are told to exit, sockets shut down */
+    uint64_t inflight; /* queued, not yet written */
+    uint64_t send_max; /* the smaller of both sides' frame limits */
+    bool closing;      /* close started: no new sends, senders drain */
+    bool draining;     /* readers discard what still arrives */
+    bool stopped;      /* threads are told to exit, sockets shut down */
     bool closed;
-    int err;            /* first failure (LOCO_E*), 0 while healthy */
+    int err; /* first failure (LOCO_E*), 0 while healthy */
     char errmsg[512];
     char peer[LOCO_NET_NAME_MAX];
     loco_wan wan;
@@ -128,7 +128,9 @@ static void wait_until(loco_link *l, double t) {
     pthread_cond_timedwait(&l->cv, &l->mu, &ts);
 }
 
-static double io_idle(const loco_link *l) { return l->p.io_timeout_ms * 1e-3; }
+static double io_idle(const loco_link *l) {
+    return l->p.io_timeout_ms * 1e-3;
+}
 
 /* Tells every thread to stop and shuts the sockets, so that the peer sees
  * the end at once. Queued received frames stay deliverable. */
@@ -167,13 +169,6 @@ __attribute__((format(printf, 3, 4))) static void link_fail(loco_link *l, int rc
     link_stop(l);
 }
 
-/* The message recorded for this thread by the last failing call, copied
- * (it is about to be overwritten). */
-static const char *errmsg_copy(char *buf, size_t cap) {
-    snprintf(buf, cap, "%s", loco_errmsg());
-    return buf;
-}
-
 /* ------------------------------------------------------------ the sender */
 
 /* Writes len bytes, no faster than the link's bandwidth cap. */
@@ -209,8 +204,9 @@ static int write_frame(loco_link *l, stream *s, frame *f) {
     const size_t len = (size_t)f->hdr.payload_len;
     f->hdr.payload_hash = loco_frame_hash_payload(f->payload, len);
     LOCO_CHECK(loco_frame_encode_header(s->stage, &f->hdr, l->send_max));
-    const size_t first =
-        len < LOCO__STAGE_BYTES - LOCO_FRAME_HEADER_BYTES ? len : LOCO__STAGE_BYTES - LOCO_FRAME_HEADER_BYTES;
+    const size_t first = len < LOCO__STAGE_BYTES - LOCO_FRAME_HEADER_BYTES
+                             ? len
+                             : LOCO__STAGE_BYTES - LOCO_FRAME_HEADER_BYTES;
     if (first)
         memcpy(s->stage + LOCO_FRAME_HEADER_BYTES, f->payload, first);
     if (f->corrupt) {
@@ -256,7 +252,7 @@ static void *sender_main(void *arg) {
         frame_free(f);
         if (rc < 0 && rc != LOCO__STOPPED) {
             char why[512];
-            link_fail(l, rc, "stream %d: %s", s->index, errmsg_copy(why, sizeof why));
+            link_fail(l, rc, "stream %d: %s", s->index, loco__errmsg_line(why, sizeof why));
         }
         pthread_mutex_lock(&l->mu);
         if (rc < 0)
@@ -287,10 +283,12 @@ static void reader_fail(loco_link *l, stream *s, int rc, size_t got, bool mid_fr
         return;
     char why[512];
     if (rc == LOCO__EOF)
-        link_fail(l, LOCO_EPEER, "stream %d: the peer closed the connection in the middle of a "
-                  "frame (%zu bytes in)", s->index, got);
+        link_fail(l, LOCO_EPEER,
+                  "stream %d: the peer closed the connection in the middle of a "
+                  "frame (%zu bytes in)",
+                  s->index, got);
     else
-        link_fail(l, rc, "stream %d: %s%s", s->index, errmsg_copy(why, sizeof why),
+        link_fail(l, rc, "stream %d: %s%s", s->index, loco__errmsg_line(why, sizeof why),
                   mid_frame ? " (in the middle of a frame)" : "");
 }
 
@@ -317,7 +315,7 @@ static void *reader_main(void *arg) {
         }
         loco_frame_hdr h;
         if (loco_frame_parse_header(&h, hb, sizeof hb, l->p.max_frame_bytes) != 0) {
-            refuse(l, s, errmsg_copy(why, sizeof why));
+            refuse(l, s, loco__errmsg_line(why, sizeof why));
             break;
         }
         if (h.type == LOCO_FRAME_HELLO) {
@@ -366,7 +364,7 @@ static void *reader_main(void *arg) {
         }
         if (loco_frame_verify_payload(&h, payload, (size_t)h.payload_len) != 0) {
             frame_free(f);
-            refuse(l, s, errmsg_copy(why, sizeof why));
+            refuse(l, s, loco__errmsg_line(why, sizeof why));
             break;
         }
         pthread_mutex_lock(&l->mu);
@@ -406,7 +404,8 @@ static void log_link(loco_link *l, bool server) {
     getsockopt(l->s[0].conn->fd, SOL_SOCKET, SO_RCVBUF, &rcv, &sl);
     l->st.sndbuf = snd;
     l->st.rcvbuf = rcv;
-    const int ask_snd = loco__sockbuf_bytes(&l->p, true), ask_rcv = loco__sockbuf_bytes(&l->p, false);
+    const int ask_snd = loco__sockbuf_bytes(&l->p, true),
+              ask_rcv = loco__sockbuf_bytes(&l->p, false);
     char a[32], b[32];
     fmt_bytes(a, sizeof a, snd);
     fmt_bytes(b, sizeof b, rcv);
@@ -543,8 +542,9 @@ int loco_link_send_move(loco_link *l, const loco_frame_hdr *h, void **payload, s
     f->hdr = hh;
     f->payload = len ? *payload : NULL;
 
-    /* Faults: four draws per subject frame, whatever they decide, so that a
-     * seed replays the same pattern. */
+    /* Faults: six draws per subject frame, whatever they decide, so that a
+     * seed replays the same pattern and one probability does not shift the
+     * others'. */
     bool drop = false, dup = false;
     double extra = 0;
     pthread_mutex_lock(&l->mu);
@@ -555,15 +555,14 @@ int loco_link_send_move(loco_link *l, const loco_frame_hdr *h, void **payload, s
         const double u_corrupt = loco_rng_uniform_d(&l->fault_rng);
         const double u_dup = loco_rng_uniform_d(&l->fault_rng);
         const double u_delay = loco_rng_uniform_d(&l->fault_rng);
+        const uint64_t where = loco_rng_u64(&l->fault_rng), what = loco_rng_u64(&l->fault_rng);
         drop = u_drop < fl->drop;
         f->corrupt = !drop && u_corrupt < fl->corrupt;
         dup = !drop && u_dup < fl->duplicate;
         if (!drop && u_delay < fl->delay)
             extra = fl->delay_ms * 1e-3;
-        if (f->corrupt) {
-            f->corrupt_pos = loco_rng_u64(&l->fault_rng);
-            f->corrupt_xor = (uint8_t)(1 + loco_rng_u64(&l->fault_rng) % 255);
-        }
+        f->corrupt_pos = where;
+        f->corrupt_xor = (uint8_t)(1 + what % 255);
         l->st.faults_dropped += drop;
         l->st.faults_corrupted += f->corrupt;
         l->st.faults_duplicated += dup;
@@ -702,7 +701,9 @@ int loco_link_recv(loco_link *l, loco_frame_hdr *h, void **payload, int timeout_
 
 /* ----------------------------------------------------------- everything else */
 
-const char *loco_link_peer_name(const loco_link *l) { return l ? l->peer : ""; }
+const char *loco_link_peer_name(const loco_link *l) {
+    return l ? l->peer : "";
+}
 
 void loco_link_get_stats(loco_link *l, loco_link_stats *out) {
     memset(out, 0, sizeof *out);

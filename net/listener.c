@@ -109,8 +109,9 @@ static group *hello_decide(loco_net_listener *L, loco__hs *h, loco__hello *reply
     const char *who = h->c->peer_name[0] ? h->c->peer_name : in->name;
     if (L->p.run_id && in->run_id != L->p.run_id) {
         reply->status = LOCO_EAUTH;
-        snprintf(reply->reason, sizeof reply->reason, "run id %016llx, this listener serves %016llx",
-                 (unsigned long long)in->run_id, (unsigned long long)L->p.run_id);
+        snprintf(reply->reason, sizeof reply->reason,
+                 "run id %016llx, this listener serves %016llx", (unsigned long long)in->run_id,
+                 (unsigned long long)L->p.run_id);
         return NULL;
     }
     group *g = NULL;
@@ -178,7 +179,7 @@ static void group_complete(loco_net_listener *L, group *g) {
     loco_free(g);
     if (rc < 0) {
         char why[512];
-        snprintf(why, sizeof why, "%s", loco_errmsg());
+        loco__errmsg_line(why, sizeof why);
         refused(L, addr, why);
         return;
     }
@@ -221,7 +222,7 @@ static void hs_advance(loco_net_listener *L, int i) {
     group *g = h->user;
     if (rc < 0) {
         char why[512];
-        snprintf(why, sizeof why, "%s", loco_errmsg());
+        loco__errmsg_line(why, sizeof why);
         if (g) {
             group_drop(L, g, why); /* removes h too */
         } else {
@@ -361,8 +362,7 @@ static void *acceptor_main(void *arg) {
     return NULL;
 }
 
-int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const char *host,
-                    int port) {
+int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const char *host, int port) {
     *out = NULL;
     LOCO_CHECK(loco_net_params_check(p, true));
     if (port < 0 || port > 65535)
@@ -385,8 +385,8 @@ int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const cha
 
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *ai = NULL;
     const int gai = getaddrinfo(host, port_s, &hints, &ai);
     if (gai != 0) {
@@ -396,8 +396,8 @@ int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const cha
     }
     int err = 0;
     for (struct addrinfo *a = ai; a && L->fd < 0; a = a->ai_next) {
-        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                              a->ai_protocol);
+        const int fd =
+            socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) {
             err = errno;
             continue;
@@ -414,8 +414,7 @@ int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const cha
     }
     freeaddrinfo(ai);
     if (L->fd < 0) {
-        rc = LOCO_ERR(LOCO_EIO, "net: listen on %s:%d: %s", host ? host : "*", port,
-                      strerror(err));
+        rc = LOCO_ERR(LOCO_EIO, "net: listen on %s:%d: %s", host ? host : "*", port, strerror(err));
         goto out_destroy;
     }
     char addr[64];
@@ -440,7 +439,9 @@ out_destroy:
     return rc;
 }
 
-int loco_net_listener_port(const loco_net_listener *l) { return l ? l->port : -1; }
+int loco_net_listener_port(const loco_net_listener *l) {
+    return l ? l->port : -1;
+}
 
 int loco_net_accept(loco_net_listener *L, loco_link **out, int timeout_ms) {
     if (!L || !out)

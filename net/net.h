@@ -84,8 +84,7 @@ int loco_frame_encode_header(uint8_t out[LOCO_FRAME_HEADER_BYTES], const loco_fr
  * payload_len <= max_payload. LOCO_EPROTO with the reason on the first
  * failure; h is written only on success. Never reads past buf + len and
  * never allocates, so a length is checked before anyone allocates for it. */
-int loco_frame_parse_header(loco_frame_hdr *h, const void *buf, size_t len,
-                            uint64_t max_payload);
+int loco_frame_parse_header(loco_frame_hdr *h, const void *buf, size_t len, uint64_t max_payload);
 
 /* XXH3-64 of a payload (what payload_hash holds). */
 uint64_t loco_frame_hash_payload(const void *payload, size_t len);
@@ -128,12 +127,12 @@ typedef struct {
  * refuses it and drops the link; a delayed one is held delay_ms longer (and
  * with it the frames behind it on its stream). */
 typedef struct {
-    double drop;      /* probabilities in [0, 1] */
+    double drop; /* probabilities in [0, 1] */
     double corrupt;
     double duplicate;
     double delay;
-    double delay_ms;  /* extra hold of a delayed frame */
-    uint32_t types;   /* bit t set: frames of type t are subject; 0 = every type */
+    double delay_ms; /* extra hold of a delayed frame */
+    uint32_t types;  /* bit t set: frames of type t are subject; 0 = every type */
     uint64_t seed;
 } loco_link_faults;
 
@@ -141,9 +140,9 @@ typedef struct {
  * change a field, pass it again. Strings are paths or names ("" = unset). */
 typedef struct {
     loco_net_backend backend;
-    char cert[LOCO_PATH_MAX]; /* our certificate (PEM, may hold the chain) */
-    char key[LOCO_PATH_MAX];  /* its private key (PEM) */
-    char ca[LOCO_PATH_MAX];   /* the run's CA: peers must chain to it */
+    char cert[LOCO_PATH_MAX];            /* our certificate (PEM, may hold the chain) */
+    char key[LOCO_PATH_MAX];             /* its private key (PEM) */
+    char ca[LOCO_PATH_MAX];              /* the run's CA: peers must chain to it */
     char name[LOCO_NET_NAME_MAX];        /* our name in HELLO (plain peers know us by it) */
     char expect_peer[LOCO_NET_NAME_MAX]; /* connect: refuse any other peer name ("" = any) */
     uint64_t run_id;          /* 0 = not checked; else HELLO and every frame must match */
@@ -199,8 +198,7 @@ typedef struct loco_link loco_link;
  * client delays nobody; refused connections are logged (warn) and counted,
  * and the listener goes on. Links are complete once all their streams
  * arrived; loco_net_accept hands them out. */
-int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const char *host,
-                    int port);
+int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const char *host, int port);
 /* The bound port. */
 int loco_net_listener_port(const loco_net_listener *l);
 /* Waits up to timeout_ms (< 0 = forever) for the next complete link. The
@@ -208,8 +206,8 @@ int loco_net_listener_port(const loco_net_listener *l);
 int loco_net_accept(loco_net_listener *l, loco_link **out, int timeout_ms);
 
 typedef struct {
-    uint64_t links;       /* links completed */
-    uint64_t refused;     /* connections refused (handshake, HELLO, timeout) */
+    uint64_t links;         /* links completed */
+    uint64_t refused;       /* connections refused (handshake, HELLO, timeout) */
     char last_refusal[512]; /* reason of the latest refusal */
 } loco_net_listener_info;
 void loco_net_listener_get_info(loco_net_listener *l, loco_net_listener_info *out);
@@ -253,8 +251,8 @@ int loco_link_recv(loco_link *l, loco_frame_hdr *h, void **payload, int timeout_
 const char *loco_link_peer_name(const loco_link *l);
 
 typedef struct {
-    uint64_t frames_sent, frames_recv;        /* frames written / handed to the reader queue */
-    uint64_t bytes_sent, bytes_recv;          /* frame bytes, headers included */
+    uint64_t frames_sent, frames_recv;         /* frames written / handed to the reader queue */
+    uint64_t bytes_sent, bytes_recv;           /* frame bytes, headers included */
     uint64_t wire_bytes_sent, wire_bytes_recv; /* socket bytes, TLS records included */
     uint64_t faults_dropped, faults_corrupted, faults_duplicated, faults_delayed;
     int streams;

@@ -47,8 +47,12 @@ int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
     return loco_net_params_check(p, false);
 }
 
-static bool prob_ok(double x) { return isfinite(x) && x >= 0 && x <= 1; }
-static bool nonneg(double x) { return isfinite(x) && x >= 0; }
+static bool prob_ok(double x) {
+    return isfinite(x) && x >= 0 && x <= 1;
+}
+static bool nonneg(double x) {
+    return isfinite(x) && x >= 0;
+}
 
 static int file_ok(const char *what, const char *path) {
     struct stat st;
@@ -77,8 +81,8 @@ int loco_net_params_check(const loco_net_params *p, bool server) {
     if (!nonneg(p->wan.delay_ms) || !nonneg(p->wan.jitter_ms) || !nonneg(p->wan.gbps))
         return LOCO_ERR(LOCO_EINVAL, "net: WAN emulation values must be >= 0");
     const loco_link_faults *f = &p->faults;
-    if (!prob_ok(f->drop) || !prob_ok(f->corrupt) || !prob_ok(f->duplicate) ||
-        !prob_ok(f->delay) || !nonneg(f->delay_ms))
+    if (!prob_ok(f->drop) || !prob_ok(f->corrupt) || !prob_ok(f->duplicate) || !prob_ok(f->delay) ||
+        !nonneg(f->delay_ms))
         return LOCO_ERR(LOCO_EINVAL, "net: fault probabilities must be in [0, 1], delay >= 0");
     if (p->name[0] && !loco__name_ok(p->name))
         return LOCO_ERR(LOCO_EINVAL, "net: name '%.64s' is not printable ASCII", p->name);
@@ -91,7 +95,8 @@ int loco_net_params_check(const loco_net_params *p, bool server) {
         return LOCO_ERR(LOCO_EINVAL, "net.cert and net.key go together (one is empty)");
     if (!p->cert[0]) {
         if (server)
-            return LOCO_ERR(LOCO_EINVAL, "net.cert is empty: a listener must present a certificate");
+            return LOCO_ERR(LOCO_EINVAL,
+                            "net.cert is empty: a listener must present a certificate");
         return 0;
     }
     LOCO_CHECK(file_ok("cert", p->cert));

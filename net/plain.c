@@ -13,9 +13,13 @@ static int plain_ctx_create(void **ctx, const loco_net_params *p, bool server) {
 
 static void plain_ctx_destroy(void *ctx) {}
 
-static int plain_attach(loco__conn *c, void *ctx, bool server) { return 0; }
+static int plain_attach(loco__conn *c, void *ctx, bool server) {
+    return 0;
+}
 
-static int plain_handshake(loco__conn *c) { return 0; }
+static int plain_handshake(loco__conn *c) {
+    return 0;
+}
 
 static long io_error(loco__conn *c, const char *what) {
     c->failed = true;

@@ -45,6 +45,7 @@ static int bio_sock_read(BIO *b, char *buf, int len) {
         const ssize_t n = recv(c->fd, buf, (size_t)len, 0);
         if (n >= 0) {
             atomic_fetch_add(&c->wire_in, (uint64_t)n);
+            c->bio_eof = n == 0;
             return (int)n;
         }
         if (errno == EINTR)
@@ -58,8 +59,15 @@ static int bio_sock_read(BIO *b, char *buf, int len) {
     }
 }
 
+/* OpenSSL asks BIO_CTRL_EOF to tell a peer that hung up from a read error
+ * (with SSL_OP_IGNORE_UNEXPECTED_EOF, a hang-up is a clean end). */
 static long bio_sock_ctrl(BIO *b, int cmd, long num, void *ptr) {
-    return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+    const loco__conn *c = BIO_get_data(b);
+    switch (cmd) {
+    case BIO_CTRL_FLUSH: return 1;
+    case BIO_CTRL_EOF: return c && c->bio_eof;
+    default: return 0;
+    }
 }
 
 static int bio_sock_create(BIO *b) {
@@ -192,8 +200,8 @@ static int tls_ctx_create(void **out, const loco_net_params *p, bool server) {
             return ctx_fail(ctx, "private key does not match the certificate", p->key);
         struct stat st;
         if (stat(p->key, &st) == 0 && (st.st_mode & 077))
-            loco_warn("net: private key %s is readable by others (mode %03o); chmod 600 it",
-                      p->key, (unsigned)(st.st_mode & 0777));
+            loco_warn("net: private key %s is readable by others (mode %03o); chmod 600 it", p->key,
+                      (unsigned)(st.st_mode & 0777));
     } else {
         loco_warn("net: no certificate configured; this side presents none and a loco "
                   "listener will refuse it");
@@ -211,7 +219,9 @@ static int tls_ctx_create(void **out, const loco_net_params *p, bool server) {
     return 0;
 }
 
-static void tls_ctx_destroy(void *ctx) { SSL_CTX_free(ctx); }
+static void tls_ctx_destroy(void *ctx) {
+    SSL_CTX_free(ctx);
+}
 
 /* ------------------------------------------------------------ sessions */
 
@@ -297,9 +307,10 @@ static int tls_peer_name(loco__conn *c) {
     if (!x)
         return LOCO_ERR(LOCO_EAUTH, "net: %s presented no certificate", c->addr);
     char cn[256];
-    const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
+    const int n =
+        X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
     if (n > 0 && (size_t)n == strlen(cn) && loco__name_ok(cn)) {
-        snprintf(c->peer_name, sizeof c->peer_name, "%s", cn);
+        snprintf(c->peer_name, sizeof c->peer_name, "%.63s", cn);
         return 0;
     }
     GENERAL_NAMES *sans = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);

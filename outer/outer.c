@@ -19,6 +19,16 @@ struct loco_outer {
     loco_encode_plan plan;
     int *chunk_next;     /* (refs_cap) next island expected per chunk */
     size_t chunks_done;  /* chunks that received every contribution */
+    /* Reduce-scatter + all-gather: each reducer re-encodes its averaged
+     * chunks (codec2: no error feedback) and everyone decodes every chunk
+     * from its reducer's bytes into avg2, so all islands apply equal values. */
+    loco_codec *codec2;
+    float *avg2;          /* (n) */
+    unsigned char *enc2;  /* (enc_cap) */
+    loco_encode_plan plan2;
+    bool use_avg2;
+    unsigned char *final_have; /* (refs_cap) chunk decoded into avg2 */
+    size_t final_done;
 };
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
@@ -40,6 +50,10 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->enc);
     loco_free(o->refs);
     loco_free(o->chunk_next);
+    loco_codec_destroy(o->codec2);
+    loco_free(o->avg2);
+    loco_free(o->enc2);
+    loco_free(o->final_have);
     loco_free(o);
 }
 
@@ -68,11 +82,18 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->refs_cap = loco_compress_chunk_count(n, &c) + 1;
     o->refs = loco_alloc(o->refs_cap * sizeof *o->refs);
     o->chunk_next = loco_alloc(o->refs_cap * sizeof *o->chunk_next);
-    if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next) {
+    o->final_have = loco_alloc(o->refs_cap);
+    o->avg2 = loco_alloc(bytes);
+    o->enc2 = loco_alloc(o->enc_cap ? o->enc_cap : 1);
+    if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
+        !o->final_have || !o->avg2 || !o->enc2) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
     LOCO_CHECK_GOTO(loco_codec_create(&o->codec, &c), out_fail);
+    c.error_feedback = false;
+    c.stochastic = false;
+    LOCO_CHECK_GOTO(loco_codec_create(&o->codec2, &c), out_fail);
     if (n)
         memcpy(o->theta, theta0, n * sizeof(float));
     *out = o;
@@ -136,6 +157,42 @@ void loco_outer_begin_average(loco_outer *o, int n_islands) {
     o->expect = n_islands;
     o->added = 0;
     o->chunks_done = 0;
+    o->use_avg2 = false;
+}
+
+int loco_outer_rs_plan(loco_outer *o, int64_t step) {
+    memset(o->avg2, 0, o->n * sizeof(float));
+    memset(o->final_have, 0, o->refs_cap);
+    o->final_done = 0;
+    o->use_avg2 = true;
+    return loco_codec_plan(o->codec2, &o->plan2, o->avg, o->n, 0, (uint64_t)step);
+}
+
+int loco_outer_rs_encode_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
+                               size_t *len) {
+    if (chunk >= o->plan2.n_chunks)
+        return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu of %zu", chunk, o->plan2.n_chunks);
+    if (o->chunk_next[chunk] != o->expect)
+        return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu is not reduced yet", chunk);
+    unsigned char *slot = o->enc2 + chunk * o->plan2.slot_bytes;
+    LOCO_CHECK(loco_codec_encode_chunk(o->codec2, worker, &o->plan2, slot, o->plan2.slot_bytes,
+                                       len, o->avg, chunk));
+    *bytes = slot;
+    return 0;
+}
+
+int loco_outer_rs_add(loco_outer *o, int worker, size_t chunk, const void *bytes, size_t len) {
+    loco_chunk_info info;
+    LOCO_CHECK(loco_chunk_parse(bytes, len, &info));
+    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec2));
+    if (info.first != (uint64_t)chunk * per || chunk >= o->refs_cap || o->final_have[chunk])
+        return LOCO_ERR(LOCO_EPROTO, "outer: reduced chunk %zu is not the one expected (element "
+                                     "%llu) or came twice",
+                        chunk, (unsigned long long)info.first);
+    LOCO_CHECK(loco_codec_decode_chunk(o->codec2, worker, o->avg2, o->n, 1.0f, bytes, len));
+    o->final_have[chunk] = 1;
+    o->final_done++;
+    return 0;
 }
 
 int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len) {
@@ -191,11 +248,12 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
 
 int loco_outer_apply(loco_outer *o, float *theta_local) {
     const size_t want = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
-    if (o->expect < 1 || (o->added != o->expect && o->chunks_done != want))
+    if (o->use_avg2 ? o->final_done != want
+                    : (o->expect < 1 || (o->added != o->expect && o->chunks_done != want)))
         return LOCO_ERR(LOCO_EINVAL, "outer: %d of %d contributions added", o->added, o->expect);
     const float lr = o->p.lr, mu = o->p.momentum;
     float *restrict th = o->theta, *restrict m = o->mom;
-    const float *restrict avg = o->avg;
+    const float *restrict avg = o->use_avg2 ? o->avg2 : o->avg;
     const bool nesterov = o->p.nesterov;
     /* Element by element, so the bits do not depend on the thread count. */
 #pragma omp parallel for simd schedule(static)

@@ -55,6 +55,15 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len);
  * same on every island whatever order the chunks arrive in; the chunk is
  * checked before it touches anything (LOCO_EPROTO). */
 int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len);
+/* Reduce-scatter + all-gather: after the chunks this island reduces got
+ * every contribution (add_chunk), rs_plan starts the second stage, which
+ * re-encodes those averaged chunks (no error feedback) for everyone;
+ * rs_add decodes each chunk once, from its reducer's bytes (own included),
+ * and apply then uses those values. */
+int loco_outer_rs_plan(loco_outer *o, int64_t step);
+int loco_outer_rs_encode_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
+                               size_t *len);
+int loco_outer_rs_add(loco_outer *o, int worker, size_t chunk, const void *bytes, size_t len);
 /* Applies the outer optimizer after K contributions (whole, or every chunk
  * from every island) and writes θ_global into theta_local. */
 int loco_outer_apply(loco_outer *o, float *theta_local);
@@ -99,5 +108,27 @@ typedef struct {
  * applied then. */
 int loco_outer_step_allgather(loco_outer *o, const loco_exchange *x, float *theta_local,
                               int64_t step, loco_exchange_stats *st);
+
+/* The same step by reduce-scatter + all-gather: two rounds, each island
+ * reduces 1/K of the chunks (from every island, in island order), then
+ * re-encodes its averaged chunks once more (no error feedback) for all:
+ * 2(K-1)/K of the shard leaves each island instead of K-1 shards. */
+int loco_outer_step_rsag(loco_outer *o, const loco_exchange *x, float *theta_local,
+                         int64_t step, loco_exchange_stats *st);
+
+typedef enum { LOCO_EXCHANGE_ALLGATHER = 0, LOCO_EXCHANGE_RSAG = 1 } loco_exchange_algo;
+
+/* Picks the faster algorithm from the island count, the encoded shard size
+ * and the link's RTT and bandwidth; *why receives the estimate of both. */
+loco_exchange_algo loco_exchange_choose(int n_islands, double encoded_bytes, double rtt_s,
+                                        double bytes_per_s, char *why, size_t why_cap);
+
+/* Measures the links at start: an empty and a probe_bytes ping-pong with
+ * every peer (pairs in one global order), then agrees with the peers on the
+ * largest round trip and the smallest bandwidth seen, so every island of
+ * this rank index gets the same figures (INFINITY bandwidth when the probe
+ * could not tell). */
+int loco_exchange_probe(const loco_exchange *x, size_t probe_bytes, double *rtt_s,
+                        double *bytes_per_s);
 
 #endif /* LOCO_OUTER_H */

@@ -12,13 +12,16 @@
 #include "net/internal.h"
 #include "net/net.h"
 
+/* Helpers a test file may leave unused. */
+#define T_FN __attribute__((unused)) static
+
 /* Generous bounds: they catch hangs, never a slow machine. */
 #define T_ACCEPT_MS 10000
 #define T_RECV_MS 10000
 
 static char *t_dir; /* certificates: ca, coordinator, siteA, siteB */
 
-static void t_setup_certs(void) {
+T_FN void t_setup_certs(void) {
     t_dir = strdup("/tmp/loco-net-XXXXXX");
     cr_assert(mkdtemp(t_dir));
     const char *names[] = {"coordinator", "siteA", "siteB"};
@@ -26,7 +29,7 @@ static void t_setup_certs(void) {
     loco_err_clear();
 }
 
-static void t_teardown_certs(void) {
+T_FN void t_teardown_certs(void) {
     loco_alloc_fail_after(0);
     if (t_dir) {
         loco_rmtree(t_dir);
@@ -36,8 +39,8 @@ static void t_teardown_certs(void) {
 }
 
 /* TLS params presenting dir/name.pem and trusting dir/ca.pem. */
-static void t_params_tls_in(loco_net_params *p, const char *dir, const char *name,
-                            const char *ca_dir) {
+T_FN void t_params_tls_in(loco_net_params *p, const char *dir, const char *name,
+                          const char *ca_dir) {
     loco_net_params_default(p);
     p->backend = LOCO_NET_TLS;
     if (name) {
@@ -48,11 +51,11 @@ static void t_params_tls_in(loco_net_params *p, const char *dir, const char *nam
     p->linger_ms = 2000;
 }
 
-static void t_params_tls(loco_net_params *p, const char *name) {
+T_FN void t_params_tls(loco_net_params *p, const char *name) {
     t_params_tls_in(p, t_dir, name, t_dir);
 }
 
-static void t_params_plain(loco_net_params *p, const char *name) {
+T_FN void t_params_plain(loco_net_params *p, const char *name) {
     loco_net_params_default(p);
     p->backend = LOCO_NET_PLAIN;
     if (name)
@@ -66,17 +69,16 @@ typedef struct {
 } t_pair;
 
 /* Listens with sp on an ephemeral port, connects with cp, accepts. */
-static void t_pair_open(t_pair *pr, const loco_net_params *sp, const loco_net_params *cp) {
+T_FN void t_pair_open(t_pair *pr, const loco_net_params *sp, const loco_net_params *cp) {
     memset(pr, 0, sizeof *pr);
     cr_assert_eq(loco_net_listen(&pr->lst, sp, "127.0.0.1", 0), 0, "%s", loco_errmsg());
     const int port = loco_net_listener_port(pr->lst);
     cr_assert_gt(port, 0);
-    cr_assert_eq(loco_net_connect(&pr->client, cp, "127.0.0.1", port, -1), 0, "%s",
-                 loco_errmsg());
+    cr_assert_eq(loco_net_connect(&pr->client, cp, "127.0.0.1", port, -1), 0, "%s", loco_errmsg());
     cr_assert_eq(loco_net_accept(pr->lst, &pr->server, T_ACCEPT_MS), 0, "%s", loco_errmsg());
 }
 
-static void t_pair_close(t_pair *pr) {
+T_FN void t_pair_close(t_pair *pr) {
     loco_link_destroy(pr->client);
     loco_link_destroy(pr->server);
     loco_net_listener_destroy(pr->lst);
@@ -84,7 +86,7 @@ static void t_pair_close(t_pair *pr) {
 }
 
 /* Deterministic payload bytes for frame i. */
-static void t_fill(uint8_t *buf, size_t len, uint64_t seed) {
+T_FN void t_fill(uint8_t *buf, size_t len, uint64_t seed) {
     loco_rng r;
     loco_rng_seed(&r, seed);
     size_t i = 0;
@@ -96,7 +98,7 @@ static void t_fill(uint8_t *buf, size_t len, uint64_t seed) {
         buf[i] = (uint8_t)loco_rng_u64(&r);
 }
 
-static loco_frame_hdr t_hdr(int type, uint64_t step) {
+T_FN loco_frame_hdr t_hdr(int type, uint64_t step) {
     loco_frame_hdr h = {0};
     h.type = (uint16_t)type;
     h.step = step;
@@ -106,7 +108,7 @@ static loco_frame_hdr t_hdr(int type, uint64_t step) {
 }
 
 /* Receives one frame and checks its type, step and payload (t_fill(seed)). */
-static void t_expect(loco_link *l, int type, uint64_t step, size_t len, uint64_t seed) {
+T_FN void t_expect(loco_link *l, int type, uint64_t step, size_t len, uint64_t seed) {
     loco_frame_hdr h;
     void *pl = NULL;
     const int rc = loco_link_recv(l, &h, &pl, T_RECV_MS);
@@ -127,7 +129,7 @@ static void t_expect(loco_link *l, int type, uint64_t step, size_t len, uint64_t
     loco_free(pl);
 }
 
-static void t_send(loco_link *l, int type, uint64_t step, size_t len, uint64_t seed) {
+T_FN void t_send(loco_link *l, int type, uint64_t step, size_t len, uint64_t seed) {
     uint8_t *buf = len ? malloc(len) : NULL;
     if (len)
         t_fill(buf, len, seed);
@@ -137,13 +139,13 @@ static void t_send(loco_link *l, int type, uint64_t step, size_t len, uint64_t s
 }
 
 /* Header bytes with the checksum recomputed (after editing fields). */
-static void t_rehash(uint8_t *b) {
+T_FN void t_rehash(uint8_t *b) {
     const uint64_t h = loco_hash64(b, LOCO_FRAME_HEADER_BYTES - 8);
     for (int i = 0; i < 8; i++)
         b[LOCO_FRAME_HEADER_BYTES - 8 + i] = (uint8_t)(h >> (8 * i));
 }
 
-static void t_assert_has(const char *msg, const char *part) {
+T_FN void t_assert_has(const char *msg, const char *part) {
     cr_assert(strstr(msg, part), "message lacks \"%s\":\n%s", part, msg);
 }
 

@@ -9,8 +9,12 @@ static uint64_t le64(const uint8_t *p) {
         v = (v << 8) | p[i];
     return v;
 }
-static uint32_t le32(const uint8_t *p) { return (uint32_t)le64((const uint8_t[8]){p[0], p[1], p[2], p[3]}); }
-static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)le64((const uint8_t[8]){p[0], p[1], p[2], p[3]});
+}
+static uint16_t le16(const uint8_t *p) {
+    return (uint16_t)(p[0] | p[1] << 8);
+}
 
 static loco_frame_hdr full_hdr(void) {
     loco_frame_hdr h = {
@@ -30,9 +34,9 @@ static loco_frame_hdr full_hdr(void) {
     return h;
 }
 
-TestSuite(frame, .init = loco_err_clear, .timeout = 20);
+TestSuite(net_frame, .init = loco_err_clear, .timeout = 20);
 
-Test(frame, byte_table_is_little_endian_and_exact) {
+Test(net_frame, byte_table_is_little_endian_and_exact) {
     const loco_frame_hdr h = full_hdr();
     uint8_t b[LOCO_FRAME_HEADER_BYTES];
     cr_assert_eq(loco_frame_encode_header(b, &h, 1 << 20), 0, "%s", loco_errmsg());
@@ -55,7 +59,7 @@ Test(frame, byte_table_is_little_endian_and_exact) {
     cr_assert_eq(le64(b + 88), loco_hash64(b, 88));
 }
 
-Test(frame, round_trip) {
+Test(net_frame, round_trip) {
     const loco_frame_hdr h = full_hdr();
     uint8_t b[LOCO_FRAME_HEADER_BYTES];
     cr_assert_eq(loco_frame_encode_header(b, &h, 4096), 0);
@@ -82,7 +86,7 @@ Test(frame, round_trip) {
     cr_assert_str_eq(loco_frame_type_name(LOCO_FRAME_BYE), "BYE");
 }
 
-Test(frame, encode_refuses_what_parse_would) {
+Test(net_frame, encode_refuses_what_parse_would) {
     uint8_t b[LOCO_FRAME_HEADER_BYTES], before[LOCO_FRAME_HEADER_BYTES];
     memset(b, 0xab, sizeof b);
     memcpy(before, b, sizeof b);
@@ -122,7 +126,7 @@ static void refused_field(int off, int width, uint64_t value, const char *reason
     cr_assert_eq(memcmp(&out, &untouched, sizeof out), 0, "refused header written out");
 }
 
-Test(frame, every_check_refuses_with_its_reason) {
+Test(net_frame, every_check_refuses_with_its_reason) {
     refused_field(0, 4, 0x46434f4d, "bad magic");
     refused_field(4, 2, 2, "version 2");
     refused_field(4, 2, 0, "version 0");
@@ -136,7 +140,7 @@ Test(frame, every_check_refuses_with_its_reason) {
     refused_field(56, 8, UINT64_MAX, "exceeds the limit");
 }
 
-Test(frame, header_checksum_catches_every_single_byte_change) {
+Test(net_frame, header_checksum_catches_every_single_byte_change) {
     const loco_frame_hdr h = full_hdr();
     uint8_t b[LOCO_FRAME_HEADER_BYTES];
     cr_assert_eq(loco_frame_encode_header(b, &h, 1 << 20), 0);
@@ -156,7 +160,7 @@ Test(frame, header_checksum_catches_every_single_byte_change) {
     t_assert_has(loco_errmsg(), "header checksum mismatch");
 }
 
-Test(frame, truncated_and_random_bytes_never_crash) {
+Test(net_frame, truncated_and_random_bytes_never_crash) {
     const loco_frame_hdr h = full_hdr();
     uint8_t good[LOCO_FRAME_HEADER_BYTES];
     cr_assert_eq(loco_frame_encode_header(good, &h, 1 << 20), 0);
@@ -199,7 +203,7 @@ Test(frame, truncated_and_random_bytes_never_crash) {
     cr_assert_lt(accepted, 20000);
 }
 
-Test(frame, payload_verification) {
+Test(net_frame, payload_verification) {
     uint8_t pl[1000];
     t_fill(pl, sizeof pl, 5);
     loco_frame_hdr h = full_hdr();
@@ -218,9 +222,14 @@ Test(frame, payload_verification) {
     cr_assert_eq(loco_frame_verify_payload(&h, NULL, 0), 0, "%s", loco_errmsg());
 }
 
-Test(frame, hello_parses_only_well_formed) {
-    loco__hello in = {.link_id = 99, .stream = 2, .n_streams = 4, .max_frame = 1 << 20,
-                      .run_id = 5, .name = "siteA", .reason = "fine"};
+Test(net_frame, hello_parses_only_well_formed) {
+    loco__hello in = {.link_id = 99,
+                      .stream = 2,
+                      .n_streams = 4,
+                      .max_frame = 1 << 20,
+                      .run_id = 5,
+                      .name = "siteA",
+                      .reason = "fine"};
     uint8_t b[LOCO__HELLO_FRAME];
     loco__hello_encode(b, &in);
     loco__hello out;
