@@ -29,6 +29,9 @@ typedef struct {
     loco_link *peers[LOCO_MAX_PEERS];
     loco_outer *outer;
     loco_exchange_algo algo;
+    bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
+    double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
+    double elems_max;           /* largest owned range of the island */
     loco_metrics *metrics;     /* rank 0: outer-step records */
 } island;
 
@@ -42,6 +45,8 @@ static void island_fini(island *is) {
     loco_metrics_close(is->metrics);
     loco_trainer_destroy(is->t);
 }
+
+static int rechoose(island *is, const loco_exchange_stats *st);
 
 /* Every rank learns the peer-listener address of every rank. */
 static int gather_addrs(island *is, char (*addrs)[LOCO_ADDR_MAX]) {
@@ -158,13 +163,15 @@ static int outer_step(island *is, int64_t outer, int64_t inner) {
     loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->peers,
                        .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
                        .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
-                       .timeout_ms = (int)is->cfg.faulttol.timeout_ms};
+                       .timeout_ms = (int)is->cfg.faulttol.timeout_ms,
+                       .est_rtt_s = is->rtt_s, .est_bytes_per_s = is->bytes_per_s};
     loco_exchange_stats st;
     if (is->algo == LOCO_EXCHANGE_RSAG)
         LOCO_CHECK(loco_outer_step_rsag(is->outer, &x, own, outer, &st));
     else
         LOCO_CHECK(loco_outer_step_allgather(is->outer, &x, own, outer, &st));
     LOCO_CHECK(loco_trainer_sync_params(is->t));
+    LOCO_CHECK(rechoose(is, &st));
     uint64_t h;
     LOCO_CHECK(island_hash(is, &h));
     /* Island totals of the bytes, for the metrics. */
@@ -207,13 +214,32 @@ static int check_coordinator(island *is) {
     return 0;
 }
 
+/* The auto choice from link figures every rank of every island shares. */
+static int decide(island *is, double rtt, double bw, bool announce) {
+    double v[2] = {rtt, -bw};
+    /* Peers agreed per rank index; the island agrees across its ranks. */
+    LOCO_CHECK(loco_comm_allreduce(is->world, v, 2, LOCO_DT_F64, LOCO_OP_MAX));
+    rtt = v[0];
+    bw = isfinite(v[1]) && v[1] < 0 ? -v[1] : 1e12;
+    const loco_codec_params *cp = loco_codec_get_params(loco_outer_codec(is->outer));
+    double bytes = (double)loco_quant_payload_bytes(cp->codec, (size_t)is->elems_max, cp->block);
+    char why[320];
+    loco_exchange_algo a = loco_exchange_choose(is->K, bytes, rtt, bw, why, sizeof why);
+    if (is->rank == 0 && (announce || a != is->algo))
+        loco_info("outer: %s (auto: %s)",
+                  a == LOCO_EXCHANGE_RSAG ? "reduce-scatter + all-gather" : "all-gather", why);
+    is->algo = a;
+    return 0;
+}
+
 /* outer.algorithm, or for auto the faster one for this run's islands,
  * shard size and links (net.rtt_ms / net.link_gbps where given, else
- * measured now); every rank of every island reaches the same choice. */
-static int choose_algorithm(island *is, const loco_codec_params *cp, size_t n) {
+ * measured now and after every outer step); every rank of every island
+ * reaches the same choice. */
+static int choose_algorithm(island *is, size_t n) {
     const loco_config *c = &is->cfg;
+    is->algo = LOCO_EXCHANGE_ALLGATHER;
     if (!strcmp(c->outer.algorithm, "allgather") || is->K <= 2) {
-        is->algo = LOCO_EXCHANGE_ALLGATHER;
         if (is->rank == 0 && is->K <= 2 && !strcmp(c->outer.algorithm, "rsag"))
             loco_info("outer: all-gather (reduce-scatter + all-gather saves nothing with 2 islands)");
         return 0;
@@ -222,32 +248,37 @@ static int choose_algorithm(island *is, const loco_codec_params *cp, size_t n) {
         is->algo = LOCO_EXCHANGE_RSAG;
         return 0;
     }
-    double rtt = c->net.rtt_ms / 1e3, bw = c->net.link_gbps * 1e9 / 8;
-    if (rtt <= 0 || bw <= 0) {
+    is->auto_algo = true;
+    is->elems_max = (double)n;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &is->elems_max, 1, LOCO_DT_F64, LOCO_OP_MAX));
+    is->rtt_s = c->net.rtt_ms / 1e3;
+    is->bytes_per_s = c->net.link_gbps * 1e9 / 8;
+    is->measure = is->rtt_s <= 0 || is->bytes_per_s <= 0;
+    if (is->measure) {
         loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->peers,
                            .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
                            .timeout_ms = (int)c->faulttol.timeout_ms};
         double mrtt, mbw;
         LOCO_CHECK(loco_exchange_probe(&x, 1u << 20, &mrtt, &mbw));
-        double v[2] = {mrtt, -mbw};
-        LOCO_CHECK(loco_comm_allreduce(is->world, v, 2, LOCO_DT_F64, LOCO_OP_MAX));
-        if (rtt <= 0)
-            rtt = v[0];
-        if (bw <= 0)
-            bw = isfinite(v[1]) ? -v[1] : 1e12;
+        if (is->rtt_s <= 0)
+            is->rtt_s = mrtt;
+        if (is->bytes_per_s <= 0)
+            is->bytes_per_s = isfinite(mbw) ? mbw : 1e12;
     }
-    /* Encoded size from the codec's fixed layout (zstd left out), the same
-     * on every rank: the largest owned range. */
-    double elems = (double)n;
-    LOCO_CHECK(loco_comm_allreduce(is->world, &elems, 1, LOCO_DT_F64, LOCO_OP_MAX));
-    double bytes = (double)loco_quant_payload_bytes(cp->codec, (size_t)elems, cp->block);
-    char why[320];
-    is->algo = loco_exchange_choose(is->K, bytes, rtt, bw, why, sizeof why);
-    if (is->rank == 0)
-        loco_info("outer: %s (auto: %s)",
-                  is->algo == LOCO_EXCHANGE_RSAG ? "reduce-scatter + all-gather" : "all-gather",
-                  why);
-    return 0;
+    return decide(is, is->rtt_s, is->bytes_per_s, true);
+}
+
+/* After an outer step: a new estimate of the links from what this step
+ * took, and the choice for the next steps from the estimates every peer
+ * sent with this step (so all islands decide alike). */
+static int rechoose(island *is, const loco_exchange_stats *st) {
+    if (!is->auto_algo || !is->measure)
+        return 0;
+    double rounds = is->algo == LOCO_EXCHANGE_RSAG ? 2.0 : 1.0;
+    double wire = st->exchange_s - rounds * is->rtt_s / 2;
+    if (st->bytes_received > 0 && wire > 0)
+        is->bytes_per_s = (double)st->bytes_received / wire;
+    return decide(is, st->agreed_rtt_s, st->agreed_bytes_per_s, false);
 }
 
 static int run_island(island *is, const char *resume) {
@@ -273,7 +304,7 @@ static int run_island(island *is, const char *resume) {
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
     LOCO_CHECK(loco_outer_create(&is->outer, &op, &cp, hi - lo, own));
-    LOCO_CHECK(choose_algorithm(is, &cp, hi - lo));
+    LOCO_CHECK(choose_algorithm(is, hi - lo));
     LOCO_CHECK(loco_trainer_begin_run(is->t));
     if (is->rank == 0) {
         char path[PATH_MAX];

@@ -226,10 +226,49 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
     pthread_mutex_init(&p.mu, NULL);
     pthread_cond_init(&p.cv, NULL);
     loco_outer_begin_average(o, x->n_islands);
+    /* Link estimates travel ahead of the chunks and come back agreed. */
+    double est[2] = {x->est_rtt_s, -x->est_bytes_per_s};
+    int rc = 0;
+    for (int k = 0; k < x->n_islands && rc == 0; k++) {
+        if (k == x->me)
+            continue;
+        loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = x->epoch,
+                            .step = (uint64_t)step, .shard = x->shard};
+        rc = loco_link_send(x->peers[k], &h, est, sizeof est);
+    }
+    double agreed[2] = {est[0], est[1]};
+    for (int k = 0; k < x->n_islands && rc == 0; k++) {
+        if (k == x->me)
+            continue;
+        loco_frame_hdr h;
+        void *in = NULL;
+        rc = loco_link_recv(x->peers[k], &h, &in, x->timeout_ms);
+        if (rc < 0) {
+            rc = LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)step, k,
+                          loco_errmsg());
+        } else if (h.type != LOCO_FRAME_HEARTBEAT || h.step != (uint64_t)step ||
+                   h.epoch != x->epoch || h.payload_len != sizeof est) {
+            rc = LOCO_ERR(LOCO_EPROTO, "outer step %lld: island %d sent a %s frame (step %llu) "
+                                       "where its link estimate belongs",
+                          (long long)step, k, loco_frame_type_name(h.type),
+                          (unsigned long long)h.step);
+        } else {
+            double theirs[2];
+            memcpy(theirs, in, sizeof theirs);
+            agreed[0] = fmax(agreed[0], theirs[0]);
+            agreed[1] = fmax(agreed[1], theirs[1]);
+        }
+        loco_free(in);
+    }
+    s.agreed_rtt_s = agreed[0];
+    s.agreed_bytes_per_s = -agreed[1];
     pthread_t th;
-    int rc = start(&p, &th, 1, loco_outer_encode_chunk);
+    if (rc == 0)
+        rc = start(&p, &th, 1, loco_outer_encode_chunk);
     if (rc == 0)
         rc = finish(&p, th, reduce_stage(&p, &s));
+    else
+        goto out;
     for (size_t c = 0; c < p.n_chunks; c++)
         s.encoded_bytes += p.bytes[c] ? p.lens[c] : 0;
     if (rc == 0 && rsag) {
@@ -239,6 +278,7 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
         if (rc == 0)
             rc = finish(&p, th, gather_stage(&p, &s));
     }
+out:;
     double t1 = loco_now();
     if (rc == 0)
         rc = loco_outer_apply(o, theta_local);

@@ -90,6 +90,9 @@ typedef struct {
     uint32_t shard;      /* this rank's index in its island */
     size_t max_frame;    /* payload bytes per PSEUDOGRAD frame */
     int timeout_ms;      /* a peer silent this long fails the step */
+    /* This rank's current estimate of the links, sent to every peer ahead
+     * of the chunks (0 = none): the algorithm choice of later steps. */
+    double est_rtt_s, est_bytes_per_s;
 } loco_exchange;
 
 typedef struct {
@@ -98,6 +101,10 @@ typedef struct {
     size_t bytes_sent;     /* payload bytes sent to all peers */
     size_t bytes_received; /* payload bytes received from all peers */
     double encode_s, exchange_s, apply_s;
+    /* Estimates agreed with every peer: the largest RTT and smallest
+     * bandwidth among this rank's and the peers' (identical on every island
+     * for this rank index). */
+    double agreed_rtt_s, agreed_bytes_per_s;
 } loco_exchange_stats;
 
 /* One outer step by all-gather of encoded shards: encode, send the bytes to
