@@ -311,8 +311,6 @@ static int run_island(island *is, const char *resume) {
         snprintf(path, sizeof path, "%s/outer.jsonl", c->run.dir);
         LOCO_CHECK(loco_metrics_open(&is->metrics, path, loco_trainer_steps_done(is->t) > 0));
     }
-    double last_beat = loco_now();
-    const double beat = (double)c->faulttol.heartbeat_ms / 1000.0;
     while (loco_trainer_steps_done(is->t) < c->train.steps) {
         loco_step_stats s;
         LOCO_CHECK(loco_trainer_step(is->t, &s));
@@ -320,9 +318,8 @@ static int run_island(island *is, const char *resume) {
         if (s.step % c->outer.H == 0 || last) {
             LOCO_CHECK(check_coordinator(is));
             LOCO_CHECK(outer_step(is, (s.step + c->outer.H - 1) / c->outer.H, s.step));
-        } else if (is->rank == 0 && loco_now() - last_beat > beat) {
+        } else if (is->rank == 0) {
             LOCO_CHECK(loco_session_heartbeat(is->session, s.step, 0, 0));
-            last_beat = loco_now();
         }
         LOCO_CHECK(loco_trainer_after_step(is->t, &s));
     }

@@ -19,6 +19,7 @@ typedef struct {
     int n_ranks;
     char (*addrs)[LOCO_ADDR_MAX];
     double last_seen;
+    loco_phi_detector phi;    /* over its heartbeat arrivals */
     int64_t ring_step[HASH_RING];
     uint64_t ring_hash[HASH_RING];
     int64_t last_outer;
@@ -108,6 +109,7 @@ void loco_coord_destroy(loco_coord *c) {
     for (int i = 0; i < LOCO_MAX_ISLANDS; i++) {
         loco_link_destroy(c->isl[i].link);
         loco_free(c->isl[i].addrs);
+        loco_phi_fini(&c->isl[i].phi);
     }
     loco_net_listener_destroy(c->listener);
     loco_free(c);
@@ -183,6 +185,12 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     for (int r = 0; r < nr; r++) {
         const cJSON *a = cJSON_GetArrayItem(ranks, r);
         snprintf(is->addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
+    }
+    const double beat = (double)c->cfg.faulttol.heartbeat_ms;
+    int prc = loco_phi_init(&is->phi, 1000, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat);
+    if (prc < 0) {
+        cJSON_Delete(j);
+        return prc;
     }
     is->link = l;
     is->registered = true;
@@ -291,6 +299,7 @@ static int poll_island(loco_coord *c, int id, bool *busy) {
             return fail_run(c, why);
         }
         *busy = true;
+        loco_phi_heartbeat(&is->phi, loco_now());
         if (h.type == LOCO_FRAME_HEARTBEAT)
             rc = handle_heartbeat(c, id, payload, h.payload_len);
         else if (h.type == LOCO_FRAME_BYE) {
@@ -355,17 +364,26 @@ int loco_coord_serve(loco_coord *c) {
                 continue;
             registered++;
             LOCO_CHECK(poll_island(c, i, &busy));
+            double now = loco_now();
             if (is->bye)
                 done++;
-            else if (loco_now() - is->last_seen > timeout) {
+            else if (c->quorum_sent &&
+                     loco_phi_suspect(&is->phi, now, c->cfg.faulttol.phi, timeout)) {
                 char why[256];
-                snprintf(why, sizeof why, "island %d (%s) silent for more than %lld ms", i,
-                         c->sites[i], (long long)c->cfg.faulttol.timeout_ms);
+                snprintf(why, sizeof why,
+                         "island %d (%s) is suspected dead: silent for %.0f ms (phi %.1f, "
+                         "threshold %.1f; hard timeout %lld ms)",
+                         i, c->sites[i], (now - loco_phi_last(&is->phi)) * 1e3,
+                         loco_phi(&is->phi, now), c->cfg.faulttol.phi,
+                         (long long)c->cfg.faulttol.timeout_ms);
                 return fail_run(c, why);
             }
         }
-        if (!c->quorum_sent && registered == c->n)
+        if (!c->quorum_sent && registered == c->n) {
             LOCO_CHECK(send_quorum(c));
+            for (int i = 0; i < c->n; i++) /* silence counts from now */
+                loco_phi_start(&c->isl[i].phi, loco_now());
+        }
         if (c->quorum_sent && done == c->n) {
             /* Everyone finished and every reported step agreed. */
             for (int i = 0; i < c->n; i++) {

@@ -72,8 +72,9 @@ typedef struct {
 int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net_params *np,
                       const loco_island_info *me, int *island_id, loco_quorum *q,
                       int timeout_ms);
-/* Sends a heartbeat; with outer_step >= 1 it carries that step's θ_global
- * hash. */
+/* Records progress; with outer_step >= 1 it also sends that step's
+ * θ_global hash at once. A thread of the session sends a heartbeat every
+ * faulttol.heartbeat_ms from join to leave, whatever the island is doing. */
 int loco_session_heartbeat(loco_session *s, int64_t inner_step, int64_t outer_step,
                            uint64_t hash);
 /* Reads what the coordinator sent since (never blocks): an ERROR becomes
@@ -83,5 +84,73 @@ int loco_session_poll(loco_session *s);
  * every island finished with agreeing hashes, or an ERROR). */
 int loco_session_leave(loco_session *s, int timeout_ms);
 void loco_session_destroy(loco_session *s);
+
+/* ------------------------------------------------ phi-accrual detector */
+
+/* Phi-accrual failure detector (Hayashibara et al. 2004, as in Akka and
+ * Cassandra) over the inter-arrival times of one peer's heartbeats. phi is
+ * -log10 of the probability that a heartbeat is still to come after the
+ * silence observed so far, under a normal model of the recent intervals; a
+ * threshold of 8 means one false suspicion in 1e8 under that model. The
+ * caller owns the struct; every time is passed in (seconds on one clock,
+ * e.g. loco_now()), so tests run on synthetic time. Not thread-safe. */
+#define LOCO_PHI_MAX 1e300 /* phi saturates here instead of reaching inf */
+
+typedef struct {
+    double *iv;        /* (window) recent intervals in ms, ring buffer */
+    int window;        /* intervals kept */
+    int n;             /* intervals held, <= window */
+    int head;          /* slot the next interval goes to */
+    double sum, sumsq; /* running sums over the n intervals held, ms, ms² */
+    double min_std_ms; /* floor on the standard deviation */
+    double pause_ms;   /* acceptable pause added to the mean */
+    double first_ms;   /* prior mean before any interval is known */
+    double start_s;    /* reference for "never heard from" */
+    double last_s;     /* time of the last heartbeat, valid when beats > 0 */
+    int64_t beats;     /* heartbeats recorded */
+} loco_phi_detector;
+
+/* Prepares d with room for `window` intervals (>= 2). min_std_ms and
+ * acceptable_pause_ms must be >= 0, first_interval_ms > 0: it is the mean
+ * assumed (with std first/4) until two heartbeats gave an interval.
+ * LOCO_EINVAL on a bad argument, LOCO_ENOMEM when the ring cannot be
+ * allocated. The "never heard from" clock starts at loco_now(); see
+ * loco_phi_start for other time bases. Pair with loco_phi_fini. */
+int loco_phi_init(loco_phi_detector *d, int window, double min_std_ms, double acceptable_pause_ms,
+                  double first_interval_ms);
+/* Frees the ring; d may be zero-filled or NULL. */
+void loco_phi_fini(loco_phi_detector *d);
+/* Sets the time the peer is expected from: silence before its first
+ * heartbeat counts from here. */
+void loco_phi_start(loco_phi_detector *d, double now_s);
+/* Records a heartbeat arriving at now_s: O(1). A time before the last
+ * heartbeat is ignored. */
+void loco_phi_heartbeat(loco_phi_detector *d, double now_s);
+/* Suspicion level now: >= 0, non-decreasing in now_s between heartbeats,
+ * finite (at most LOCO_PHI_MAX) however long the silence. 0 before the
+ * first heartbeat (loco_phi_suspect then relies on the hard timeout). */
+double loco_phi(const loco_phi_detector *d, double now_s);
+/* True when phi > threshold, or the peer has been silent for more than
+ * timeout_s since its last heartbeat (since loco_phi_start when it never
+ * sent one). timeout_s <= 0 disables the hard bound. */
+bool loco_phi_suspect(const loco_phi_detector *d, double now_s, double threshold, double timeout_s);
+/* Silence in seconds after the last heartbeat at which phi reaches
+ * threshold (> 0), from the current estimate: the detection time without
+ * the hard timeout, for reports. */
+double loco_phi_detect_time(const loco_phi_detector *d, double threshold);
+/* The model phi uses now: mean interval and standard deviation in ms
+ * (prior before any interval; std after the min_std floor, pause excluded). */
+void loco_phi_stats(const loco_phi_detector *d, double *mean_ms, double *std_ms);
+/* Heartbeats recorded, and the time of the last one (valid when > 0). */
+static inline int64_t loco_phi_beats(const loco_phi_detector *d) {
+    return d->beats;
+}
+static inline double loco_phi_last(const loco_phi_detector *d) {
+    return d->last_s;
+}
+/* Intervals in the window now (<= window). */
+static inline int loco_phi_samples(const loco_phi_detector *d) {
+    return d->n;
+}
 
 #endif /* LOCO_FAULTTOL_H */

@@ -2,6 +2,8 @@
 #include "faulttol/faulttol.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -9,12 +11,67 @@ struct loco_session {
     loco_link *link;
     uint64_t epoch;
     int id;
+    /* Heartbeats go out from their own thread, so a long step or exchange
+     * never looks like silence to the coordinator. */
+    pthread_t beat_thread;
+    bool beating;
+    atomic_bool stop;
+    atomic_llong inner_step;
+    int beat_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
 };
+
+static int send_beat(loco_session *s, int64_t inner_step, int64_t outer_step, uint64_t hash) {
+    char json[160], hh[17];
+    loco_hash_hex(hash, hh);
+    snprintf(json, sizeof json, "{\"inner_step\":%lld,\"outer_step\":%lld,\"hash\":\"%s\"}",
+             (long long)inner_step, (long long)outer_step, hh);
+    loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = s->epoch,
+                        .step = (uint64_t)(outer_step > 0 ? outer_step : 0)};
+    return loco_link_send(s->link, &h, json, strlen(json));
+}
+
+static void *beat_main(void *arg) {
+    loco_session *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!atomic_load(&s->stop)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(s->beat_ms % 1000) * 1000000L;
+        ts.tv_sec += s->beat_ms / 1000 + ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        if (atomic_load(&s->stop))
+            break;
+        pthread_mutex_unlock(&s->mu);
+        int rc = send_beat(s, atomic_load(&s->inner_step), 0, 0);
+        pthread_mutex_lock(&s->mu);
+        if (rc < 0)
+            break; /* the link failed: the main thread hears it on poll */
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void stop_beats(loco_session *s) {
+    if (!s->beating)
+        return;
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->stop, true);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->beat_thread, NULL);
+    s->beating = false;
+}
 
 void loco_session_destroy(loco_session *s) {
     if (!s)
         return;
+    stop_beats(s);
     loco_link_destroy(s->link);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
     loco_free(s);
 }
 
@@ -35,6 +92,9 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
     if (!s)
         return LOCO_ERR(LOCO_ENOMEM, "session");
     s->id = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->beat_ms = (int)cfg->faulttol.heartbeat_ms;
     int rc;
     loco_net_params p = *np;
     snprintf(p.expect_peer, sizeof p.expect_peer, "%s", np->backend == LOCO_NET_TLS ? "coordinator" : "");
@@ -104,6 +164,11 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
         goto out_fail;
     }
     *island_id = s->id;
+    if (pthread_create(&s->beat_thread, NULL, beat_main, s) != 0) {
+        rc = LOCO_ERR(LOCO_EIO, "cannot start the heartbeat thread");
+        goto out_fail;
+    }
+    s->beating = true;
     *out = s;
     return 0;
 out_fail:
@@ -113,13 +178,10 @@ out_fail:
 
 int loco_session_heartbeat(loco_session *s, int64_t inner_step, int64_t outer_step,
                            uint64_t hash) {
-    char json[160], hh[17];
-    loco_hash_hex(hash, hh);
-    snprintf(json, sizeof json, "{\"inner_step\":%lld,\"outer_step\":%lld,\"hash\":\"%s\"}",
-             (long long)inner_step, (long long)outer_step, hh);
-    loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = s->epoch,
-                        .step = (uint64_t)(outer_step > 0 ? outer_step : 0)};
-    return loco_link_send(s->link, &h, json, strlen(json));
+    atomic_store(&s->inner_step, inner_step);
+    if (outer_step < 1)
+        return 0; /* the heartbeat thread carries progress */
+    return send_beat(s, inner_step, outer_step, hash);
 }
 
 int loco_session_poll(loco_session *s) {
@@ -140,6 +202,7 @@ int loco_session_poll(loco_session *s) {
 }
 
 int loco_session_leave(loco_session *s, int timeout_ms) {
+    stop_beats(s);
     loco_frame_hdr h = {.type = LOCO_FRAME_BYE, .epoch = s->epoch};
     LOCO_CHECK(loco_link_send(s->link, &h, NULL, 0));
     for (;;) {

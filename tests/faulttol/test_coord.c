@@ -181,3 +181,37 @@ Test(coordinator, quorum_json_round_trip_and_bad_input) {
     cr_expect_eq(loco_parse_hostport("nohost", host, sizeof host, &port), LOCO_EINVAL);
     cr_expect_eq(loco_parse_hostport("h:99999", host, sizeof host, &port), LOCO_EINVAL);
 }
+
+static void *vanish_main(void *arg) {
+    fake_island *f = arg;
+    loco_net_params p = np;
+    snprintf(p.name, sizeof p.name, "%s", f->site);
+    char addr[1][LOCO_ADDR_MAX] = {"127.0.0.1:1"};
+    loco_island_info me = {.site = f->site, .n_ranks = 1,
+                           .addrs = (const char (*)[LOCO_ADDR_MAX])addr, .mesh = f->mesh,
+                           .model_hash = f->model_hash};
+    loco_session *s = NULL;
+    f->rc_join = loco_session_join(&s, &cfg, &p, &me, &f->id, &f->q, 10000);
+    loco_session_destroy(s); /* gone without BYE */
+    return NULL;
+}
+
+/* A registered island whose link drops (or that falls silent past the
+ * detector's threshold) stops this version's run, naming it. */
+Test(coordinator, an_island_lost_stops_the_run_with_its_name, .timeout = 30) {
+    start("siteA,siteB");
+    fake_island f[2] = {
+        {.site = "siteA", .mesh = "dp=1", .model_hash = 5, .hashes = {0, 11, 22, 33}},
+        {.site = "siteB", .mesh = "dp=1", .model_hash = 5},
+    };
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&tb, NULL, vanish_main, &f[1]), 0);
+    cr_assert_eq(pthread_create(&ta, NULL, island_main, &f[0]), 0);
+    pthread_join(tb, NULL);
+    pthread_join(ta, NULL);
+    cr_expect_eq(finish(), LOCO_EPEER);
+    cr_expect(strstr(srv.msg, "siteB") && strstr(srv.msg, "lost"), "%s", srv.msg);
+    cr_expect_eq(f[0].rc_leave, LOCO_EPEER, "siteA hears that the run stopped");
+    loco_quorum_fini(&f[0].q);
+    loco_quorum_fini(&f[1].q);
+}
