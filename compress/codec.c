@@ -89,31 +89,7 @@ static int par_err_raise(const par_err *e, const char *what) {
     return LOCO_ERR(e->rc, "%s chunk %zu: %s", what, e->chunk, e->msg);
 }
 
-/* ----------------------------------------------------------- byte packing */
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
+/* ------------------------------------------------------------- rounding */
 
 static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -315,19 +291,19 @@ int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, siz
 static void write_header(uint8_t *h, const loco_codec_params *p, uint32_t flags, size_t chunk,
                          uint64_t first, uint64_t count, uint64_t raw_len, uint64_t enc_len,
                          uint64_t payload_hash) {
-    put32(h + 0, CHUNK_MAGIC);
+    loco_put_le32(h + 0, CHUNK_MAGIC);
     h[4] = CHUNK_VERSION;
     h[5] = (uint8_t)p->codec;
     h[6] = (uint8_t)flags;
     h[7] = 0;
-    put32(h + 8, (uint32_t)p->block);
-    put32(h + 12, (uint32_t)chunk);
-    put64(h + 16, first);
-    put64(h + 24, count);
-    put64(h + 32, raw_len);
-    put64(h + 40, enc_len);
-    put64(h + 48, payload_hash);
-    put64(h + 56, loco_hash64(h, HDR_HASHED));
+    loco_put_le32(h + 8, (uint32_t)p->block);
+    loco_put_le32(h + 12, (uint32_t)chunk);
+    loco_put_le64(h + 16, first);
+    loco_put_le64(h + 24, count);
+    loco_put_le64(h + 32, raw_len);
+    loco_put_le64(h + 40, enc_len);
+    loco_put_le64(h + 48, payload_hash);
+    loco_put_le64(h + 56, loco_hash64(h, HDR_HASHED));
 }
 
 int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
@@ -409,16 +385,16 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
     const uint8_t *h = src;
     if (!src || len < HDR)
         return LOCO_ERR(LOCO_EPROTO, "chunk: %zu bytes, shorter than the %d-byte header", len, HDR);
-    if (get32(h) != CHUNK_MAGIC)
-        return LOCO_ERR(LOCO_EPROTO, "chunk: bad magic 0x%08x", get32(h));
+    if (loco_get_le32(h) != CHUNK_MAGIC)
+        return LOCO_ERR(LOCO_EPROTO, "chunk: bad magic 0x%08x", loco_get_le32(h));
     if (h[4] != CHUNK_VERSION)
         return LOCO_ERR(LOCO_EPROTO, "chunk: version %u, expected %u", h[4], CHUNK_VERSION);
-    if (get64(h + 56) != loco_hash64(h, HDR_HASHED) && CHECKSUMS_ENFORCED)
+    if (loco_get_le64(h + 56) != loco_hash64(h, HDR_HASHED) && CHECKSUMS_ENFORCED)
         return LOCO_ERR(LOCO_EPROTO, "chunk: header checksum mismatch");
     const unsigned codec = h[5], flags = h[6];
-    const uint32_t block = get32(h + 8);
-    const uint64_t first = get64(h + 16), count = get64(h + 24);
-    const uint64_t raw_len = get64(h + 32), enc_len = get64(h + 40);
+    const uint32_t block = loco_get_le32(h + 8);
+    const uint64_t first = loco_get_le64(h + 16), count = loco_get_le64(h + 24);
+    const uint64_t raw_len = loco_get_le64(h + 32), enc_len = loco_get_le64(h + 40);
     if (codec >= LOCO_CODEC_COUNT)
         return LOCO_ERR(LOCO_EPROTO, "chunk: unknown codec %u", codec);
     if (flags & ~(FLAG_ZSTD | FLAG_PLANES) || h[7] != 0)
@@ -447,7 +423,7 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
         .zstd = flags & FLAG_ZSTD,
         .planes = flags & FLAG_PLANES,
         .block = (int)block,
-        .chunk_index = get32(h + 12),
+        .chunk_index = loco_get_le32(h + 12),
         .first = first,
         .count = count,
         .raw_len = raw_len,
@@ -473,7 +449,7 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
         return LOCO_ERR(LOCO_EPROTO, "chunk: %llu elements, this codec's chunks hold %zu",
                         (unsigned long long)info->count, c->chunk_elems);
     const uint8_t *payload = (const uint8_t *)src + HDR;
-    if (loco_hash64(payload, info->enc_len) != get64((const uint8_t *)src + 48) &&
+    if (loco_hash64(payload, info->enc_len) != loco_get_le64((const uint8_t *)src + 48) &&
         CHECKSUMS_ENFORCED)
         return LOCO_ERR(LOCO_EPROTO, "chunk %u: payload checksum mismatch", info->chunk_index);
     if (!info->zstd && !loco_quant_payload_ok(info->codec, payload, info->count, info->block))

@@ -118,6 +118,35 @@ uint64_t loco_hash64(const void *data, size_t len);
 /* Hex form into buf (17 bytes). */
 void loco_hash_hex(uint64_t h, char buf[17]);
 
+/* ----------------------------------------------------------- byte order */
+
+/* Little-endian packing for wire and file formats, whatever the host. */
+static inline void loco_put_le16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void loco_put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void loco_put_le64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t loco_get_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t loco_get_le32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t loco_get_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
 /* ----------------------------------------------------------------- clock */
 
 double loco_now(void); /* monotonic seconds */

@@ -35,34 +35,6 @@ _Static_assert(OFF_HEADER_HASH + 8 == LOCO_FRAME_HEADER_BYTES, "header layout");
 #define CHECKSUMS_ENFORCED 1
 #endif
 
-static void put16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 static const char *const type_names[LOCO_FRAME_TYPE_END] = {
     [LOCO_FRAME_HELLO] = "HELLO",
     [LOCO_FRAME_REGISTER] = "REGISTER",
@@ -101,23 +73,23 @@ int loco_frame_encode_header(uint8_t out[LOCO_FRAME_HEADER_BYTES], const loco_fr
         return LOCO_ERR(LOCO_EINVAL, "frame: payload of %llu bytes exceeds the limit of %llu",
                         (unsigned long long)h->payload_len, (unsigned long long)max_payload);
     uint8_t b[LOCO_FRAME_HEADER_BYTES];
-    put32(b + OFF_MAGIC, LOCO_FRAME_MAGIC);
-    put16(b + OFF_VERSION, LOCO_FRAME_VERSION);
-    put16(b + OFF_TYPE, h->type);
-    put16(b + OFF_FLAGS, h->flags);
-    put16(b + OFF_CODEC, h->codec);
-    put32(b + OFF_SHARD, h->shard);
-    put64(b + OFF_RUN_ID, h->run_id);
-    put64(b + OFF_EPOCH, h->epoch);
-    put64(b + OFF_STEP, h->step);
-    put32(b + OFF_CHUNK, h->chunk);
-    put32(b + OFF_N_CHUNKS, h->n_chunks);
-    put64(b + OFF_SEQ, h->seq);
-    put64(b + OFF_PAYLOAD_LEN, h->payload_len);
-    put64(b + OFF_RAW_LEN, h->raw_len);
-    put64(b + OFF_PAYLOAD_HASH, h->payload_hash);
-    put64(b + OFF_RESERVED, 0);
-    put64(b + OFF_HEADER_HASH, loco_hash64(b, OFF_HEADER_HASH));
+    loco_put_le32(b + OFF_MAGIC, LOCO_FRAME_MAGIC);
+    loco_put_le16(b + OFF_VERSION, LOCO_FRAME_VERSION);
+    loco_put_le16(b + OFF_TYPE, h->type);
+    loco_put_le16(b + OFF_FLAGS, h->flags);
+    loco_put_le16(b + OFF_CODEC, h->codec);
+    loco_put_le32(b + OFF_SHARD, h->shard);
+    loco_put_le64(b + OFF_RUN_ID, h->run_id);
+    loco_put_le64(b + OFF_EPOCH, h->epoch);
+    loco_put_le64(b + OFF_STEP, h->step);
+    loco_put_le32(b + OFF_CHUNK, h->chunk);
+    loco_put_le32(b + OFF_N_CHUNKS, h->n_chunks);
+    loco_put_le64(b + OFF_SEQ, h->seq);
+    loco_put_le64(b + OFF_PAYLOAD_LEN, h->payload_len);
+    loco_put_le64(b + OFF_RAW_LEN, h->raw_len);
+    loco_put_le64(b + OFF_PAYLOAD_HASH, h->payload_hash);
+    loco_put_le64(b + OFF_RESERVED, 0);
+    loco_put_le64(b + OFF_HEADER_HASH, loco_hash64(b, OFF_HEADER_HASH));
     memcpy(out, b, sizeof b);
     return 0;
 }
@@ -127,48 +99,48 @@ int loco_frame_parse_header(loco_frame_hdr *h, const void *buf, size_t len, uint
         return LOCO_ERR(LOCO_EPROTO, "frame: truncated header (%zu of %d bytes)", buf ? len : 0,
                         LOCO_FRAME_HEADER_BYTES);
     const uint8_t *b = buf;
-    const uint32_t magic = get32(b + OFF_MAGIC);
+    const uint32_t magic = loco_get_le32(b + OFF_MAGIC);
     if (magic != LOCO_FRAME_MAGIC)
         return LOCO_ERR(LOCO_EPROTO, "frame: bad magic 0x%08x (expected 0x%08x)", magic,
                         LOCO_FRAME_MAGIC);
-    const uint16_t version = get16(b + OFF_VERSION);
+    const uint16_t version = loco_get_le16(b + OFF_VERSION);
     if (version != LOCO_FRAME_VERSION)
         return LOCO_ERR(LOCO_EPROTO, "frame: version %u not supported (this build speaks %d)",
                         version, LOCO_FRAME_VERSION);
-    const uint64_t want = get64(b + OFF_HEADER_HASH), got = loco_hash64(b, OFF_HEADER_HASH);
+    const uint64_t want = loco_get_le64(b + OFF_HEADER_HASH), got = loco_hash64(b, OFF_HEADER_HASH);
     if (CHECKSUMS_ENFORCED && want != got)
         return LOCO_ERR(LOCO_EPROTO,
                         "frame: header checksum mismatch (0x%016llx, computed 0x%016llx)",
                         (unsigned long long)want, (unsigned long long)got);
-    const uint16_t type = get16(b + OFF_TYPE);
+    const uint16_t type = loco_get_le16(b + OFF_TYPE);
     if (!type_known(type))
         return LOCO_ERR(LOCO_EPROTO, "frame: unknown type %u", type);
-    const uint16_t flags = get16(b + OFF_FLAGS);
+    const uint16_t flags = loco_get_le16(b + OFF_FLAGS);
     if (flags != 0)
         return LOCO_ERR(LOCO_EPROTO, "frame: flags 0x%x set (reserved)", flags);
-    if (get64(b + OFF_RESERVED) != 0)
+    if (loco_get_le64(b + OFF_RESERVED) != 0)
         return LOCO_ERR(LOCO_EPROTO, "frame: reserved bytes not zero");
-    const uint32_t chunk = get32(b + OFF_CHUNK), n_chunks = get32(b + OFF_N_CHUNKS);
+    const uint32_t chunk = loco_get_le32(b + OFF_CHUNK), n_chunks = loco_get_le32(b + OFF_N_CHUNKS);
     if (n_chunks != 0 && chunk >= n_chunks)
         return LOCO_ERR(LOCO_EPROTO, "frame: chunk %u of %u", chunk, n_chunks);
-    const uint64_t plen = get64(b + OFF_PAYLOAD_LEN);
+    const uint64_t plen = loco_get_le64(b + OFF_PAYLOAD_LEN);
     if (plen > max_payload)
         return LOCO_ERR(LOCO_EPROTO, "frame: %s payload of %llu bytes exceeds the limit of %llu",
                         loco_frame_type_name(type), (unsigned long long)plen,
                         (unsigned long long)max_payload);
     h->type = type;
     h->flags = flags;
-    h->codec = get16(b + OFF_CODEC);
-    h->shard = get32(b + OFF_SHARD);
-    h->run_id = get64(b + OFF_RUN_ID);
-    h->epoch = get64(b + OFF_EPOCH);
-    h->step = get64(b + OFF_STEP);
+    h->codec = loco_get_le16(b + OFF_CODEC);
+    h->shard = loco_get_le32(b + OFF_SHARD);
+    h->run_id = loco_get_le64(b + OFF_RUN_ID);
+    h->epoch = loco_get_le64(b + OFF_EPOCH);
+    h->step = loco_get_le64(b + OFF_STEP);
     h->chunk = chunk;
     h->n_chunks = n_chunks;
-    h->seq = get64(b + OFF_SEQ);
+    h->seq = loco_get_le64(b + OFF_SEQ);
     h->payload_len = plen;
-    h->raw_len = get64(b + OFF_RAW_LEN);
-    h->payload_hash = get64(b + OFF_PAYLOAD_HASH);
+    h->raw_len = loco_get_le64(b + OFF_RAW_LEN);
+    h->payload_hash = loco_get_le64(b + OFF_PAYLOAD_HASH);
     return 0;
 }
 

@@ -25,27 +25,6 @@ enum {
 _Static_assert(H_END == LOCO__HELLO_PAYLOAD, "HELLO layout");
 _Static_assert(H_REASON - H_NAME == LOCO_NET_NAME_MAX, "HELLO name field");
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 bool loco__name_ok(const char *s) {
     size_t n = 0;
     for (; s[n]; n++)
@@ -57,11 +36,11 @@ bool loco__name_ok(const char *s) {
 void loco__hello_encode(uint8_t out[LOCO__HELLO_FRAME], const loco__hello *h) {
     uint8_t *pl = out + LOCO_FRAME_HEADER_BYTES;
     memset(pl, 0, LOCO__HELLO_PAYLOAD);
-    put64(pl + H_LINK_ID, h->link_id);
-    put32(pl + H_STREAM, h->stream);
-    put32(pl + H_N_STREAMS, h->n_streams);
-    put64(pl + H_MAX_FRAME, h->max_frame);
-    put32(pl + H_STATUS, (uint32_t)h->status);
+    loco_put_le64(pl + H_LINK_ID, h->link_id);
+    loco_put_le32(pl + H_STREAM, h->stream);
+    loco_put_le32(pl + H_N_STREAMS, h->n_streams);
+    loco_put_le64(pl + H_MAX_FRAME, h->max_frame);
+    loco_put_le32(pl + H_STATUS, (uint32_t)h->status);
     memcpy(pl + H_NAME, h->name, strnlen(h->name, LOCO_NET_NAME_MAX - 1));
     memcpy(pl + H_REASON, h->reason, strnlen(h->reason, H_END - H_REASON - 1));
     loco_frame_hdr fh = {
@@ -82,13 +61,13 @@ int loco__hello_parse(loco__hello *h, const uint8_t in[LOCO__HELLO_FRAME]) {
     const uint8_t *pl = in + LOCO_FRAME_HEADER_BYTES;
     LOCO_CHECK(loco_frame_verify_payload(&fh, pl, LOCO__HELLO_PAYLOAD));
     memset(h, 0, sizeof *h);
-    h->link_id = get64(pl + H_LINK_ID);
-    h->stream = get32(pl + H_STREAM);
-    h->n_streams = get32(pl + H_N_STREAMS);
-    h->max_frame = get64(pl + H_MAX_FRAME);
-    h->status = (int32_t)get32(pl + H_STATUS);
+    h->link_id = loco_get_le64(pl + H_LINK_ID);
+    h->stream = loco_get_le32(pl + H_STREAM);
+    h->n_streams = loco_get_le32(pl + H_N_STREAMS);
+    h->max_frame = loco_get_le64(pl + H_MAX_FRAME);
+    h->status = (int32_t)loco_get_le32(pl + H_STATUS);
     h->run_id = fh.run_id;
-    if (get32(pl + H_RESERVED) != 0)
+    if (loco_get_le32(pl + H_RESERVED) != 0)
         return LOCO_ERR(LOCO_EPROTO, "HELLO: reserved bytes not zero");
     if (h->n_streams < 1 || h->n_streams > LOCO_NET_MAX_STREAMS || h->stream >= h->n_streams)
         return LOCO_ERR(LOCO_EPROTO, "HELLO: stream %u of %u (at most %d streams)", h->stream,

@@ -305,19 +305,26 @@ int loco_outer_step_rsag(loco_outer *o, const loco_exchange *x, float *theta_loc
     return step_impl(o, x, true, theta_local, step, st);
 }
 
-loco_exchange_algo loco_exchange_choose(int n_islands, double encoded_bytes, double rtt_s,
-                                        double bytes_per_s, char *why, size_t why_cap) {
+loco_exchange_algo loco_exchange_choose(int n_islands, size_t n_chunks, double encoded_bytes,
+                                        double rtt_s, double bytes_per_s, char *why,
+                                        size_t why_cap) {
     const double K = n_islands;
     /* All-gather: one round, each island sends its whole shard to K-1
-     * peers. Reduce-scatter + all-gather: two rounds, 2(K-1)/K of it. */
+     * peers. Reduce-scatter + all-gather: two rounds; the busiest reducer
+     * (the most chunks, ceil(chunks/K)) receives and then sends K-1 copies
+     * of its part, so few chunks leave little to gain. */
+    const double part = n_chunks ? (double)((n_chunks + (size_t)n_islands - 1) / (size_t)n_islands) /
+                                       (double)n_chunks
+                                 : 1.0;
     const double ag = rtt_s / 2 + (K - 1) * encoded_bytes / bytes_per_s;
-    const double rs = rtt_s + 2 * (K - 1) / K * encoded_bytes / bytes_per_s;
+    const double rs = rtt_s + 2 * (K - 1) * part * encoded_bytes / bytes_per_s;
     loco_exchange_algo a = n_islands > 2 && rs < ag ? LOCO_EXCHANGE_RSAG : LOCO_EXCHANGE_ALLGATHER;
     if (why)
         snprintf(why, why_cap,
-                 "%d islands, %.1f MB per shard, RTT %.1f ms, %.2f Gbit/s: all-gather ~%.3f s, "
-                 "reduce-scatter + all-gather ~%.3f s",
-                 n_islands, encoded_bytes / 1e6, rtt_s * 1e3, bytes_per_s * 8 / 1e9, ag, rs);
+                 "%d islands, %.1f MB per shard in %zu chunks, RTT %.1f ms, %.2f Gbit/s: "
+                 "all-gather ~%.3f s, reduce-scatter + all-gather ~%.3f s",
+                 n_islands, encoded_bytes / 1e6, n_chunks, rtt_s * 1e3, bytes_per_s * 8 / 1e9, ag,
+                 rs);
     return a;
 }
 

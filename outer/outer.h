@@ -125,10 +125,12 @@ int loco_outer_step_rsag(loco_outer *o, const loco_exchange *x, float *theta_loc
 
 typedef enum { LOCO_EXCHANGE_ALLGATHER = 0, LOCO_EXCHANGE_RSAG = 1 } loco_exchange_algo;
 
-/* Picks the faster algorithm from the island count, the encoded shard size
- * and the link's RTT and bandwidth; *why receives the estimate of both. */
-loco_exchange_algo loco_exchange_choose(int n_islands, double encoded_bytes, double rtt_s,
-                                        double bytes_per_s, char *why, size_t why_cap);
+/* Picks the faster algorithm from the island count, the codec chunks and
+ * encoded size of a shard, and the link's RTT and bandwidth; *why receives
+ * the estimate of both. */
+loco_exchange_algo loco_exchange_choose(int n_islands, size_t n_chunks, double encoded_bytes,
+                                        double rtt_s, double bytes_per_s, char *why,
+                                        size_t why_cap);
 
 /* Measures the links at start: an empty and a probe_bytes ping-pong with
  * every peer (pairs in one global order), then agrees with the peers on the

@@ -2,6 +2,7 @@
  * ends with bit-identical θ_global equal to a plain single-process
  * reference of the algorithm given the same data order, and the bytes on
  * the wire are exactly the encoded shards. */
+#include "tests/support.h"
 #include "inner/inner.h"
 #include "outer/outer.h"
 
@@ -93,21 +94,6 @@ static float *reference(int K, const char *codec, size_t *n_params, size_t sent[
     return theta;
 }
 
-static int run(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static void check_islands_with(int K, const char *codec, const char *extra, bool check_bytes);
 
 static void check_islands(int K, const char *codec) { check_islands_with(K, codec, "", true); }
@@ -120,7 +106,7 @@ static void check_islands_with(int K, const char *codec, const char *extra, bool
     char dir[] = "/tmp/loco-multisite-XXXXXX";
     cr_assert(mkdtemp(dir));
     static char out[1 << 18];
-    int rc = run(out, sizeof out,
+    int rc = test_run(out, sizeof out,
                  LOCO " launch configs/multisite-%d.ini" ARGS
                       " --set compress.codec=%s --set run.dir=%s %s",
                  K, codec, dir, extra);
@@ -194,7 +180,7 @@ Test(multisite, four_islands_rsag_int8_agree) {
     static char out[1 << 18];
     char dir[] = "/tmp/loco-rsag-XXXXXX";
     cr_assert(mkdtemp(dir));
-    int rc = run(out, sizeof out,
+    int rc = test_run(out, sizeof out,
                  LOCO " launch configs/multisite-4.ini" ARGS
                       " --set compress.codec=int8 --set outer.algorithm=rsag"
                       " --set compress.chunk_mb=1 --set model.n_embd=256 --set run.dir=%s",

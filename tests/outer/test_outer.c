@@ -196,3 +196,21 @@ Test(outer, diloco_in_one_process_agrees_and_learns, .timeout = 120) {
     }
     loco_rmtree(dir);
 }
+
+Test(outer, automatic_choice_follows_the_cost_of_each_algorithm) {
+    char why[320];
+    const double mb = 1e6, gbit = 1e9 / 8;
+    /* Two islands: all-gather always (one round, same bytes). */
+    cr_expect_eq(loco_exchange_choose(2, 100, 100 * mb, 0.1, gbit, why, sizeof why),
+                 LOCO_EXCHANGE_ALLGATHER, "%s", why);
+    /* Eight islands, a big shard on a slow link: the bandwidth-optimal one. */
+    cr_expect_eq(loco_exchange_choose(8, 100, 100 * mb, 0.1, gbit, why, sizeof why),
+                 LOCO_EXCHANGE_RSAG, "%s", why);
+    cr_expect(strstr(why, "8 islands") && strstr(why, "reduce-scatter"), "%s", why);
+    /* A tiny shard on a long link: one round beats two. */
+    cr_expect_eq(loco_exchange_choose(8, 100, 0.01 * mb, 0.2, gbit, why, sizeof why),
+                 LOCO_EXCHANGE_ALLGATHER, "%s", why);
+    /* One chunk cannot be spread over reducers. */
+    cr_expect_eq(loco_exchange_choose(8, 1, 100 * mb, 0.1, gbit, why, sizeof why),
+                 LOCO_EXCHANGE_ALLGATHER, "%s", why);
+}

@@ -2,6 +2,7 @@
  * global batch: the same losses and final parameters within 1e-5, sharded
  * checkpoints that reshard (dp=4 -> dp=2) and continue the same curve, and
  * clear errors for meshes that cannot be built. Runs build/loco. */
+#include "tests/support.h"
 #include "inner/inner.h"
 
 #include <criterion/criterion.h>
@@ -36,21 +37,6 @@ static void teardown(void) {
 
 static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
 
-static int run(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* Losses of steps 1..STEPS from a run's metrics.jsonl (0 where absent). */
 static void read_losses(const char *run_dir, double *loss) {
     char path[600];
@@ -73,7 +59,7 @@ static void read_losses(const char *run_dir, double *loss) {
 /* One rank with the whole global batch: the reference. */
 static void reference(double *loss, char *ckpt, size_t cap) {
     static char out[1 << 16];
-    int rc = run(out, sizeof out,
+    int rc = test_run(out, sizeof out,
                  LOCO " train configs/tiny.ini" SMALL " --set train.batch_size=4 --set run.dir=%s/ref",
                  dir);
     cr_assert_eq(rc, 0, "%s", out);
@@ -118,7 +104,7 @@ static void check_dp(int dp, int stage) {
     double ref[STEPS + 1], got[STEPS + 1];
     char ref_ckpt[600];
     reference(ref, ref_ckpt, sizeof ref_ckpt);
-    int rc = run(out, sizeof out,
+    int rc = test_run(out, sizeof out,
                  MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL
                         " --set train.batch_size=%d --set parallel.dp=%d"
                         " --set parallel.zero_stage=%d --set run.dir=%s/dp",
@@ -132,7 +118,7 @@ static void check_dp(int dp, int stage) {
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
                   "dp=%d ZeRO-%d step %d: loss %.9g, one rank %.9g", dp, stage, s, got[s], ref[s]);
     /* The sharded checkpoint, consolidated, holds the same parameters. */
-    rc = run(out, sizeof out, LOCO " ckpt export %s/dp/ckpt_%08d %s/export", dir, STEPS, dir);
+    rc = test_run(out, sizeof out, LOCO " ckpt export %s/dp/ckpt_%08d %s/export", dir, STEPS, dir);
     cr_assert_eq(rc, 0, "%s", out);
     char exp_dir[600];
     snprintf(exp_dir, sizeof exp_dir, "%s/export", dir);
@@ -158,13 +144,13 @@ Test(zero, reshard_dp4_to_dp2_continues_the_curve) {
     double ref[STEPS + 1], got[STEPS + 1];
     char ref_ckpt[600];
     reference(ref, ref_ckpt, sizeof ref_ckpt);
-    int rc = run(out, sizeof out,
+    int rc = test_run(out, sizeof out,
                  MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
                         " --set train.batch_size=1 --set parallel.dp=4 --set parallel.zero_stage=3"
                         " --set train.steps=20 --set run.ckpt_every=10 --set run.dir=%s/a",
                  dir);
     cr_assert_eq(rc, 0, "%s", out);
-    rc = run(out, sizeof out,
+    rc = test_run(out, sizeof out,
              MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
                     " --set train.batch_size=2 --set parallel.dp=2 --set parallel.zero_stage=1"
                     " --set run.dir=%s/b --resume %s/a/ckpt_00000010",
@@ -177,7 +163,7 @@ Test(zero, reshard_dp4_to_dp2_continues_the_curve) {
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
                   "step %d after reshard: loss %.9g, one rank %.9g", s, got[s], ref[s]);
     /* And a sharded checkpoint resumes on a single rank too. */
-    rc = run(out, sizeof out,
+    rc = test_run(out, sizeof out,
              LOCO " train configs/tiny.ini" SMALL " --set train.batch_size=4 --set run.dir=%s/c"
                   " --resume %s/a/ckpt_00000010",
              dir, dir);
@@ -192,12 +178,12 @@ Test(zero, meshes_that_cannot_be_built_are_refused) {
     if (!have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    int rc = run(out, sizeof out, MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+    int rc = test_run(out, sizeof out, MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
                                          " --set parallel.dp=3 --set run.dir=%s/x",
                  dir);
     cr_expect_neq(rc, 0);
     cr_expect(strstr(out, "= 3 ranks, but the world has 2") != NULL, "%s", out);
-    rc = run(out, sizeof out, MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+    rc = test_run(out, sizeof out, MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
                                      " --set parallel.tp=2 --set run.dir=%s/x",
              dir);
     cr_expect_neq(rc, 0);

@@ -1,0 +1,33 @@
+/* Helpers shared by the tests that drive build/loco as a user would. */
+#ifndef LOCO_TESTS_SUPPORT_H
+#define LOCO_TESTS_SUPPORT_H
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Runs a shell command (formatted), capturing stdout and stderr together
+ * into out; returns its exit status (-1 when it did not exit). */
+__attribute__((format(printf, 3, 4))) static inline int test_run(char *out, size_t cap,
+                                                                   const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    /* Drain the rest so the command never dies of SIGPIPE. */
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0)
+        ;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#endif
