@@ -165,7 +165,11 @@ int loco_rmtree(const char *path);
 /* Atomically publishes directory tmp as final: fsyncs tmp, swaps it with an
  * existing final (renameat2 RENAME_EXCHANGE) or renames it, fsyncs the
  * parent, removes the old one. A crash leaves either the old or the new
- * directory under `final`, never a half-written one. */
+ * directory under `final`, never a half-written one; on file systems without
+ * RENAME_EXCHANGE (NFS, many FUSE) the old one is moved aside to final.old
+ * first, so a crash between the two renames leaves it there: the next
+ * commit puts it back, and readers should look at final.old when final is
+ * missing (loco_ckpt_load does). */
 int loco_dir_commit(const char *tmp, const char *final);
 
 /* --------------------------------------------------------- tensor tables */

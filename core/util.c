@@ -169,8 +169,12 @@ int loco_dir_commit(const char *tmp, const char *final) {
     char parent[PATH_MAX], old[PATH_MAX];
     parent_dir(final, parent, sizeof parent);
     snprintf(old, sizeof old, "%s.old", final);
-    LOCO_CHECK(loco_rmtree(old)); /* left by a crash of the fallback below */
     struct stat st;
+    /* A crash of the fallback below between its two renames left the
+     * complete old directory as final.old: put it back first. */
+    if (stat(final, &st) != 0 && stat(old, &st) == 0 && rename(old, final) != 0)
+        return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", old, final, strerror(errno));
+    LOCO_CHECK(loco_rmtree(old));
     if (stat(final, &st) != 0) {
         if (rename(tmp, final) != 0)
             return LOCO_ERR(LOCO_EIO, "rename %s -> %s: %s", tmp, final, strerror(errno));

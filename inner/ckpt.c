@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define CKPT_FORMAT "loco-checkpoint"
 #define CKPT_VERSION 1
@@ -466,8 +467,25 @@ out:
     return rc;
 }
 
+static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
+                     loco_ckpt_state *st);
+
 int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                         loco_ckpt_state *st) {
+    /* A crash mid-publication on a file system without atomic exchange
+     * leaves the previous checkpoint as DIR.old (loco_dir_commit). */
+    struct stat sb;
+    char old[PATH_MAX];
+    if (stat(dir, &sb) != 0 && snprintf(old, sizeof old, "%s.old", dir) < (int)sizeof old &&
+        stat(old, &sb) == 0) {
+        loco_warn("checkpoint %s is missing; loading %s, left by an interrupted save", dir, old);
+        return load_view(old, cfg, v, st);
+    }
+    return load_view(dir, cfg, v, st);
+}
+
+static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
+                     loco_ckpt_state *st) {
     char path[PATH_MAX + 64];
     void *text = NULL;
     size_t len;

@@ -23,8 +23,10 @@
 #include <unistd.h>
 
 #define KILLS 20
-#define WINDOW_US 30000     /* a kill lands 0 .. 30 ms after the fork */
-#define KILL_SEED 20240601u /* the kill times, reproducible */
+#define KILL_SEED 20240601u /* the kill points, reproducible */
+#define SAVES_BEFORE 3      /* a kill lets the writer begin 0 .. 2 saves first */
+#define SPREAD 1.5          /* then lands 0 .. 1.5 save times into the next */
+#define WAIT_LIMIT_S 10.0   /* a writer that makes no progress fails the test */
 #define CHILD_ESAVE 3       /* writer exit code: a save failed */
 #define CHILD_ENAME 4       /* writer exit code: checkpoint path too long */
 #define POISON 1e30f        /* in the parent's buffers before every load */
@@ -158,19 +160,21 @@ static _Noreturn void writer(int64_t first, bool per_generation) {
     }
 }
 
-/* Forks a writer, kills it after delay_us and reaps it; it must have died
- * of the kill, not of an error of its own. */
-static void run_and_kill(int64_t first, bool per_generation, long delay_us) {
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0, "fork failed");
-    if (pid == 0)
-        writer(first, per_generation);
-    struct timespec ts = {.tv_sec = delay_us / 1000000, .tv_nsec = (delay_us % 1000000) * 1000};
+/* Where one kill lands: once the writer has begun its (saves + 1)-th save,
+ * us microseconds into it. */
+typedef struct {
+    int saves;
+    long us;
+} kill_point;
+
+static void sleep_us(long us) {
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) != 0)
         ;
-    cr_assert_eq(kill(pid, SIGKILL), 0);
-    int status;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
+}
+
+/* The writer must have died of the kill, not of an error of its own. */
+static void check_killed(int status) {
     if (WIFEXITED(status))
         cr_assert_fail("writer exited with code %d before the kill (%s): %s", WEXITSTATUS(status),
                        WEXITSTATUS(status) == CHILD_ESAVE ? loco_strerror(wlog->rc) : "no save",
@@ -179,18 +183,65 @@ static void run_and_kill(int64_t first, bool per_generation, long delay_us) {
               WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-/* Kill times spread over the window: one uniform draw per 1/KILLS of it, in
- * a shuffled order. */
-static void kill_times(long us[KILLS]) {
+/* Forks a writer starting at generation first, kills it at kp and reaps
+ * it. Timing the kill from the start of a save, not from the fork, keeps
+ * the kills spread over the phases of a save however slow the disk is. */
+static void run_and_kill(int64_t first, bool per_generation, const kill_point *kp) {
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork failed");
+    if (pid == 0)
+        writer(first, per_generation);
+    const double t0 = loco_now();
+    int status;
+    while (atomic_load(&wlog->started) < first + kp->saves) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            check_killed(status);
+        if (loco_now() - t0 > WAIT_LIMIT_S) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            cr_assert_fail("writer did not begin generation %lld within %g s",
+                           (long long)(first + kp->saves), WAIT_LIMIT_S);
+        }
+        sleep_us(20);
+    }
+    sleep_us(kp->us);
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    check_killed(status);
+}
+
+/* Kill points: offsets spread evenly over 0 .. SPREAD save times (one
+ * uniform draw per 1/KILLS of it), shuffled, each after 0 .. SAVES_BEFORE-1
+ * whole saves. */
+static void plan_kills(kill_point kp[KILLS], double save_s) {
     loco_rng rng;
     loco_rng_seed(&rng, KILL_SEED);
+    const double span_us = SPREAD * save_s * 1e6;
     for (int k = 0; k < KILLS; k++)
-        us[k] = (long)(((double)k + loco_rng_uniform_d(&rng)) * WINDOW_US / KILLS);
+        kp[k].us = (long)(((double)k + loco_rng_uniform_d(&rng)) * span_us / KILLS);
     for (int k = KILLS - 1; k > 0; k--) {
         int j = (int)(loco_rng_u64(&rng) % (uint64_t)(k + 1));
-        long t = us[k];
-        us[k] = us[j], us[j] = t;
+        long t = kp[k].us;
+        kp[k].us = kp[j].us, kp[j].us = t;
     }
+    for (int k = 0; k < KILLS; k++)
+        kp[k].saves = (int)(loco_rng_u64(&rng) % SAVES_BEFORE);
+}
+
+/* Saves generation 0 to path three times; returns the median time of one
+ * save, which scales the kill points. */
+static double save_generation0(const char *path) {
+    double t[3];
+    gen_fill(0);
+    const loco_ckpt_state st0 = gen_state(0);
+    for (int i = 0; i < 3; i++) {
+        const double t0 = loco_now();
+        cr_assert_eq(loco_ckpt_save(path, &cfg, &model, &opt, &st0), 0, "%s", loco_errmsg());
+        t[i] = loco_now() - t0;
+    }
+    double lo = t[0] < t[1] ? t[0] : t[1], hi = t[0] < t[1] ? t[1] : t[0];
+    return t[2] < lo ? lo : t[2] > hi ? hi : t[2];
 }
 
 static bool exists(const char *path) {
@@ -245,23 +296,21 @@ Test(ckpt_crash, same_name_survives_kills, .timeout = 60) {
     snprintf(ck, sizeof ck, "%s/ckpt", root);
     snprintf(tmp, sizeof tmp, "%s/ckpt.tmp", root);
     snprintf(old, sizeof old, "%s/ckpt.old", root);
-    gen_fill(0);
-    const loco_ckpt_state st0 = gen_state(0);
-    cr_assert_eq(loco_ckpt_save(ck, &cfg, &model, &opt, &st0), 0, "%s", loco_errmsg());
-
-    long us[KILLS];
-    kill_times(us);
+    const double save_s = save_generation0(ck);
+    kill_point kp[KILLS];
+    plan_kills(kp, save_s);
     int64_t last = 0;
     int clean = 0, tmp_torn = 0, tmp_next = 0, tmp_prev = 0, with_old = 0;
     for (int k = 0; k < KILLS; k++) {
         const int64_t first = atomic_load(&wlog->started) + 1;
-        run_and_kill(first, false, us[k]);
+        run_and_kill(first, false, &kp[k]);
         const int64_t started = atomic_load(&wlog->started), done = atomic_load(&wlog->done);
 
         int64_t g = -1;
         cr_assert_eq(load_checked(ck, &g), 0,
-                     "kill %d (%ld us, saving %lld, saved %lld): newest checkpoint unloadable: %s",
-                     k, us[k], (long long)started, (long long)done, loco_errmsg());
+                     "kill %d (%d saves + %ld us, saving %lld, saved %lld): newest checkpoint "
+                     "unloadable: %s",
+                     k, kp[k].saves, kp[k].us, (long long)started, (long long)done, loco_errmsg());
         cr_assert_geq(g, last, "kill %d: checkpoint went back from %lld to %lld", k,
                       (long long)last, (long long)g);
         cr_assert(g >= done && g <= started,
@@ -289,11 +338,11 @@ Test(ckpt_crash, same_name_survives_kills, .timeout = 60) {
         cr_assert_leq(tg, started, "kill %d: %s holds generation %lld, never written", k, tmp,
                       (long long)tg);
     }
-    cr_log_info("ckpt_crash same name: %d kills, generations 0..%lld; leftovers: none %d, "
-                "torn tmp %d, newer tmp %d, older tmp %d; ckpt.old after %d",
-                KILLS, (long long)atomic_load(&wlog->started), clean, tmp_torn, tmp_next, tmp_prev,
-                with_old);
-    cr_assert_gt(last, 0, "no save completed within the kill windows: the test proves little");
+    cr_log_info("ckpt_crash same name: %d kills, save %.1f ms, generations 0..%lld; leftovers: "
+                "none %d, torn tmp %d, newer tmp %d, older tmp %d; ckpt.old after %d",
+                KILLS, save_s * 1e3, (long long)atomic_load(&wlog->started), clean, tmp_torn,
+                tmp_next, tmp_prev, with_old);
+    cr_assert_gt(last, 0, "no save completed before a kill: the test proves little");
 
     save_and_reload(ck, atomic_load(&wlog->started) + 1);
     cr_assert_not(exists(tmp), "%s left after a clean save", tmp);
@@ -378,34 +427,31 @@ static int64_t scan_per_generation(int k, int64_t started, int *n_tmp) {
 Test(ckpt_crash, new_names_survive_kills, .timeout = 60) {
     char ck[600];
     snprintf(ck, sizeof ck, "%s/ckpt_%08d", root, 0);
-    gen_fill(0);
-    const loco_ckpt_state st0 = gen_state(0);
-    cr_assert_eq(loco_ckpt_save(ck, &cfg, &model, &opt, &st0), 0, "%s", loco_errmsg());
-
-    long us[KILLS];
-    kill_times(us);
+    const double save_s = save_generation0(ck);
+    kill_point kp[KILLS];
+    plan_kills(kp, save_s);
     int64_t last = 0;
     int with_tmp = 0, n_tmp = 0;
     for (int k = 0; k < KILLS; k++) {
         const int64_t first = atomic_load(&wlog->started) + 1;
-        run_and_kill(first, true, us[k]);
+        run_and_kill(first, true, &kp[k]);
         const int64_t started = atomic_load(&wlog->started), done = atomic_load(&wlog->done);
         const int64_t g = scan_per_generation(k, started, &n_tmp);
         cr_assert_geq(g, last, "kill %d: newest checkpoint went back from %lld to %lld", k,
                       (long long)last, (long long)g);
         cr_assert(g >= done && g <= started,
-                  "kill %d (%ld us): newest published generation %lld, the writer had saved %lld "
-                  "and was saving %lld",
-                  k, us[k], (long long)g, (long long)done, (long long)started);
+                  "kill %d (%d saves + %ld us): newest published generation %lld, the writer had "
+                  "saved %lld and was saving %lld",
+                  k, kp[k].saves, kp[k].us, (long long)g, (long long)done, (long long)started);
         last = g;
         char tmp[640];
         snprintf(tmp, sizeof tmp, "%s/ckpt_%08lld.tmp", root, (long long)started);
         with_tmp += exists(tmp);
     }
-    cr_log_info("ckpt_crash new names: %d kills, generations 0..%lld; %d kills left a .tmp, %d "
-                ".tmp leftovers at the end",
-                KILLS, (long long)atomic_load(&wlog->started), with_tmp, n_tmp);
-    cr_assert_gt(last, 0, "no save completed within the kill windows: the test proves little");
+    cr_log_info("ckpt_crash new names: %d kills, save %.1f ms, generations 0..%lld; %d kills "
+                "left a .tmp, %d .tmp leftovers at the end",
+                KILLS, save_s * 1e3, (long long)atomic_load(&wlog->started), with_tmp, n_tmp);
+    cr_assert_gt(last, 0, "no save completed before a kill: the test proves little");
 
     /* A later save over a leftover's name, and to a new name, both work. */
     DIR *d = opendir(root);
