@@ -27,6 +27,7 @@ typedef int (*encode_fn)(loco_outer *o, int worker, size_t chunk, const void **b
 typedef struct {
     loco_outer *o;
     const loco_exchange *x;
+    float *theta_local; /* updated chunk by chunk as chunks complete */
     int64_t step;
     size_t n_chunks, raw;
     bool rsag;
@@ -177,6 +178,9 @@ static int reduce_stage(pipeline *p, loco_exchange_stats *s) {
             }
             loco_free(payload);
         }
+        /* All-gather: chunk c is final; update it while the rest arrive. */
+        if (rc == 0 && !p->rsag)
+            rc = loco_outer_apply_chunk(p->o, c, p->theta_local);
     }
     return rc;
 }
@@ -192,6 +196,8 @@ static int gather_stage(pipeline *p, loco_exchange_stats *s) {
             rc = wait_encoded(p, c);
             if (rc == 0)
                 rc = loco_outer_rs_add(p->o, 1, c, p->bytes[c], p->lens[c]);
+            if (rc == 0)
+                rc = loco_outer_apply_chunk(p->o, c, p->theta_local);
             continue;
         }
         void *payload = NULL;
@@ -202,6 +208,8 @@ static int gather_stage(pipeline *p, loco_exchange_stats *s) {
             rc = loco_outer_rs_add(p->o, 1, c, payload, len);
         }
         loco_free(payload);
+        if (rc == 0)
+            rc = loco_outer_apply_chunk(p->o, c, p->theta_local);
     }
     return rc;
 }
@@ -213,7 +221,7 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
         return LOCO_ERR(LOCO_EINVAL, "island %d of %d (at most %d)", x->me, x->n_islands,
                         LOCO_MAX_PEERS);
     double t0 = loco_now();
-    pipeline p = {.o = o, .x = x, .step = step, .rsag = rsag,
+    pipeline p = {.o = o, .x = x, .theta_local = theta_local, .step = step, .rsag = rsag,
                   .raw = loco_outer_size(o) * sizeof(float)};
     LOCO_CHECK(loco_outer_plan(o, theta_local, step, &p.n_chunks));
     p.bytes = loco_alloc((p.n_chunks ? p.n_chunks : 1) * sizeof *p.bytes);

@@ -28,6 +28,7 @@ struct loco_outer {
     loco_encode_plan plan2;
     bool use_avg2;
     unsigned char *final_have; /* (refs_cap) chunk decoded into avg2 */
+    unsigned char *applied;    /* (refs_cap) chunk's outer update done */
     size_t final_done;
 };
 
@@ -54,6 +55,7 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->avg2);
     loco_free(o->enc2);
     loco_free(o->final_have);
+    loco_free(o->applied);
     loco_free(o);
 }
 
@@ -83,10 +85,11 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->refs = loco_alloc(o->refs_cap * sizeof *o->refs);
     o->chunk_next = loco_alloc(o->refs_cap * sizeof *o->chunk_next);
     o->final_have = loco_alloc(o->refs_cap);
+    o->applied = loco_alloc(o->refs_cap);
     o->avg2 = loco_alloc(bytes);
     o->enc2 = loco_alloc(o->enc_cap ? o->enc_cap : 1);
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
-        !o->final_have || !o->avg2 || !o->enc2) {
+        !o->final_have || !o->applied || !o->avg2 || !o->enc2) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
@@ -154,6 +157,7 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
 void loco_outer_begin_average(loco_outer *o, int n_islands) {
     memset(o->avg, 0, o->n * sizeof(float));
     memset(o->chunk_next, 0, o->refs_cap * sizeof *o->chunk_next);
+    memset(o->applied, 0, o->refs_cap);
     o->expect = n_islands;
     o->added = 0;
     o->chunks_done = 0;
@@ -246,18 +250,15 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
     return 0;
 }
 
-int loco_outer_apply(loco_outer *o, float *theta_local) {
-    const size_t want = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
-    if (o->use_avg2 ? o->final_done != want
-                    : (o->expect < 1 || (o->added != o->expect && o->chunks_done != want)))
-        return LOCO_ERR(LOCO_EINVAL, "outer: %d of %d contributions added", o->added, o->expect);
+/* The outer optimizer on [lo, hi): element by element, so the bits depend
+ * neither on the thread count nor on how the range is cut. */
+static void apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
     const float lr = o->p.lr, mu = o->p.momentum;
     float *restrict th = o->theta, *restrict m = o->mom;
     const float *restrict avg = o->use_avg2 ? o->avg2 : o->avg;
     const bool nesterov = o->p.nesterov;
-    /* Element by element, so the bits do not depend on the thread count. */
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < o->n; i++) {
+    for (size_t i = lo; i < hi; i++) {
         float g = avg[i];
         if (nesterov) {
             m[i] = mu * m[i] + g;
@@ -266,6 +267,39 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
             th[i] -= g;
         }
         theta_local[i] = th[i];
+    }
+}
+
+static bool chunk_complete(const loco_outer *o, size_t c) {
+    return o->use_avg2 ? o->final_have[c] != 0 : o->chunk_next[c] == o->expect;
+}
+
+int loco_outer_apply_chunk(loco_outer *o, size_t chunk, float *theta_local) {
+    const loco_codec_params *cp = loco_codec_get_params(o->codec);
+    const size_t per = loco_compress_chunk_elems(cp);
+    if (chunk >= loco_compress_chunk_count(o->n, cp) || !chunk_complete(o, chunk) ||
+        o->applied[chunk])
+        return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu is not ready to apply", chunk);
+    size_t lo = chunk * per, hi = lo + per < o->n ? lo + per : o->n;
+    apply_range(o, lo, hi, theta_local);
+    o->applied[chunk] = 1;
+    return 0;
+}
+
+int loco_outer_apply(loco_outer *o, float *theta_local) {
+    const loco_codec_params *cp = loco_codec_get_params(o->codec);
+    const size_t want = loco_compress_chunk_count(o->n, cp), per = loco_compress_chunk_elems(cp);
+    if (o->use_avg2 ? o->final_done != want
+                    : (o->expect < 1 || (o->added != o->expect && o->chunks_done != want)))
+        return LOCO_ERR(LOCO_EINVAL, "outer: %d of %d contributions added", o->added, o->expect);
+    /* What loco_outer_apply_chunk has not done yet, in runs. */
+    for (size_t c = 0; c < want;) {
+        size_t d = c;
+        while (d < want && !o->applied[d])
+            d++;
+        if (d > c)
+            apply_range(o, c * per, d * per < o->n ? d * per : o->n, theta_local);
+        c = d + 1;
     }
     o->expect = o->added = 0;
     return 0;

@@ -55,6 +55,10 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len);
  * same on every island whatever order the chunks arrive in; the chunk is
  * checked before it touches anything (LOCO_EPROTO). */
 int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len);
+/* Applies the outer optimizer to one chunk's range as soon as it has all
+ * its contributions (pipelining the update with the chunks still in
+ * flight); loco_outer_apply then does the rest. */
+int loco_outer_apply_chunk(loco_outer *o, size_t chunk, float *theta_local);
 /* Reduce-scatter + all-gather: after the chunks this island reduces got
  * every contribution (add_chunk), rs_plan starts the second stage, which
  * re-encodes those averaged chunks (no error feedback) for everyone;
