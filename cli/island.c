@@ -359,6 +359,14 @@ int cli_island(int argc, char **argv) {
     }
     island is = {.site = site};
     int rc = cli_load_config(&is.cfg, config, nsets, sets);
+    /* Checkpoints hold the inner state only; an island resumed from one
+     * would restart its outer momentum and error feedback and drift from
+     * the others. Refuse rather than diverge. */
+    if (rc == 0 && resume)
+        rc = LOCO_ERR(LOCO_ENOTSUP,
+                      "loco island --resume: checkpoints do not hold the outer state (θ_global, "
+                      "momentum, error feedback) yet; restart the run, or use the checkpoint with "
+                      "loco train / eval / ckpt export");
     if (rc == 0)
         rc = run_island(&is, resume);
     if (rc < 0) {

@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "                         byte-level train/val token shards from a text file\n"
             "  config --help | --markdown | --dump [CONFIG] [--set k=v]...\n"
             "                         the configuration keys, or a resolved config\n"
-            "  island CONFIG --site NAME [--set k=v]... [--resume CKPT]\n"
+            "  island CONFIG --site NAME [--set k=v]...\n"
             "                         one island of a multi-site DiLoCo run (or under mpirun)\n"
             "  coordinator CONFIG [--set k=v]...\n"
             "                         registers the islands of outer.sites and checks they agree\n"
