@@ -10,91 +10,19 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "tests/kernels/kernels_test.h"
 
 /* ---- helpers: RNG, buffers, error measure ---- */
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
-/* uniform in [-1, 1) */
-static double urand(uint64_t *s)
-{
-    return (double)(splitmix64(s) >> 11) * 0x1.0p-52 - 1.0;
-}
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    cr_assert_not_null(p, "out of memory (%zu bytes)", bytes);
-    return p;
-}
 
-static float *frand(uint64_t *s, size_t n, double scale)
-{
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(scale * urand(s));
-    return x;
-}
 
-static float *fcopy(const float *x, size_t n)
-{
-    float *y = xmalloc(n * sizeof *y);
-    memcpy(y, x, n * sizeof *y);
-    return y;
-}
 
-static double *todouble(const float *x, size_t n)
-{
-    double *y = xmalloc(n * sizeof *y);
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i];
-    return y;
-}
 
-static double *dzeros(size_t n)
-{
-    double *y = calloc(n ? n : 1, sizeof *y);
-    cr_assert_not_null(y);
-    return y;
-}
 
-/* max |a - r| / (max |r| + 1e-6); infinite if a has a NaN or Inf */
-static double relerr(const float *a, const double *r, size_t n)
-{
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite((double)a[i]))
-            return INFINITY;
-        num = fmax(num, fabs((double)a[i] - r[i]));
-        den = fmax(den, fabs(r[i]));
-    }
-    return num / (den + 1e-6);
-}
 
-static double relerr_dd(const double *a, const double *r, size_t n)
-{
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(a[i]))
-            return INFINITY;
-        num = fmax(num, fabs(a[i] - r[i]));
-        den = fmax(den, fabs(r[i]));
-    }
-    return num / (den + 1e-6);
-}
 
-#define EXPECT_CLOSE(what, a, r, n, tol)                                     \
-    do {                                                                     \
-        const double e_ = relerr((a), (r), (n));                             \
-        cr_expect_leq(e_, (tol), "%s: rel err %.3g > %.3g", (what), e_,      \
-                      (double)(tol));                                        \
-    } while (0)
 
 /* expected accumulated gradient: g0 + k * G */
 static double *acc_expect(const float *g0, const double *G, size_t n, int k)
