@@ -10,11 +10,6 @@
 #include "kernels/kernels.h"
 #include "tests/kernels/kernels_test.h"
 
-
-
-
-
-
 static float *ffill(size_t n, float v)
 {
     float *x = xmalloc(n * sizeof *x);
@@ -22,12 +17,6 @@ static float *ffill(size_t n, float v)
         x[i] = v;
     return x;
 }
-
-
-
-
-
-
 
 #define EXPECT_SAME_BITS(what, a, b, n)                                      \
     cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s not bitwise "   \

@@ -12,18 +12,6 @@
 #include "kernels/kernels.h"
 #include "tests/kernels/kernels_test.h"
 
-/* ---- helpers: RNG, buffers, error measure ---- */
-
-
-
-
-
-
-
-
-
-
-
 /* expected accumulated gradient: g0 + k * G */
 static double *acc_expect(const float *g0, const double *G, size_t n, int k)
 {
