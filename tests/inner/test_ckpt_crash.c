@@ -381,7 +381,7 @@ static int64_t scan_per_generation(int k, int64_t started, int *n_tmp) {
         if (e->d_name[0] != '.') {
             cr_assert_lt(n, MAX_ENTRIES, "too many entries in %s", root);
             cr_assert_lt(strlen(e->d_name), sizeof names[0], "entry %s", e->d_name);
-            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+            snprintf(names[n++], sizeof names[0], "%.63s", e->d_name);
         }
     closedir(d);
 
