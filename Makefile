@@ -116,7 +116,9 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
 		LDFLAGS="-fopenmp -fsanitize=address,undefined" build-asan/loco build-asan/tests/loco_tests \
 		build-asan/tests/mpi_comm_check
-	ASAN_OPTIONS=detect_leaks=1 build-asan/tests/loco_tests --jobs 1
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+		LOCO_BIN=build-asan/loco OMPI_ALLOW_RUN_AS_ROOT=1 \
+		OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 build-asan/tests/loco_tests --jobs 1
 
 tsan:
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -fsanitize=thread" \

@@ -9,7 +9,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#define LOCO "build/loco"
+/* The loco of the build under test (make asan sets LOCO_BIN). */
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
 #define SMALL                                                                                      \
     " --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=32 --set model.seq_len=32"    \
     " --set train.batch_size=4 --set run.threads=1 --set run.eval_batches=2"

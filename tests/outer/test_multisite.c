@@ -12,7 +12,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#define LOCO "build/loco"
+/* The loco of the build under test (make asan sets LOCO_BIN). */
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
 #define STEPS 30
 #define OUTER_H 10
 #define ARGS                                                                                       \

@@ -12,7 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define LOCO "build/loco"
+/* The loco of the build under test (make asan sets LOCO_BIN). */
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe -np "
 #define STEPS 20
 /* A small model; the global batch is 8 sequences of 32 tokens in two
