@@ -21,7 +21,7 @@
     " --set train.batch_size=4 --set train.steps=30 --set train.warmup_steps=5"                    \
     " --set run.threads=1 --set run.eval_every=0 --set run.log_every=100 --set outer.H=10"         \
     " --set compress.zstd=on --set net.wan_delay_ms=0 --set net.wan_gbps=0"                      \
-    " --set outer.algorithm=allgather"
+    " --set outer.algorithm=allgather --set faulttol.phi_pause_ms=5000"
 
 static int embd = 32;    /* wider for runs that need several codec chunks */
 static int chunk_mb = 4;
