@@ -2,6 +2,8 @@
 #include "cli/cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #define LOCO_VERSION "0.1.0"
@@ -58,6 +60,16 @@ int cli_load_config(loco_config *cfg, const char *path, int nsets, char **sets) 
 }
 
 int main(int argc, char **argv) {
+    /* OpenMP threads that spin while OpenBLAS's own pool works (and the
+     * other way round) halve the speed on a machine with few cores
+     * (docs/PERFORMANCE.md). libgomp reads its wait policy only when it
+     * starts, so set a passive one and start again; the results do not
+     * depend on it. An explicit OMP_WAIT_POLICY is respected. */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);
+        /* exec failed: go on with libgomp's default */
+    }
     if (argc < 2) {
         usage(stderr);
         return CLI_USAGE;

@@ -3,6 +3,9 @@
 # fixtures, training, CLI, mpirun runs), then brief fuzz runs. `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Passive OpenMP waiting: spinning threads fight OpenBLAS's pool for the
+# cores (the loco binary sets the same for itself).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 # OpenMPI refuses root unless told; CI and containers run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 log=$(mktemp)
