@@ -34,7 +34,7 @@ LIB     := $(BUILD)/libloco.a
 BIN     := $(BUILD)/loco
 TESTBIN := $(BUILD)/tests/loco_tests
 
-.PHONY: all run test test-unit bench asan tsan clean format deps data cuda fuzz
+.PHONY: all run test bench asan tsan clean format deps data cuda fuzz
 all: $(BIN) cuda
 
 # V=1 shows full commands.
