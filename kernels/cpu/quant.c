@@ -220,29 +220,17 @@ ALWAYS_INLINE int32_t int_code(float y, uint32_t r, int32_t lim, const bool stoc
     return q < -lim ? -lim : q;
 }
 
-/* One block of int8: codes and EF. */
-ALWAYS_INLINE void int8_block(int8_t *restrict q, const float *restrict x, float *restrict ef,
-                              size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
-                              uint32_t base, const bool has_ef, const bool stochastic) {
+/* One block of symmetric integer codes in [-lim, lim] (127 for int8, 7 for
+ * int4, whose codes the caller then packs) and its EF. */
+ALWAYS_INLINE void int_block(int8_t *restrict q, const float *restrict x, float *restrict ef,
+                             size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
+                             uint32_t base, const bool has_ef, const bool stochastic,
+                             const int32_t lim) {
     for (size_t i = 0; i < m; i++) {
         const float v = has_ef ? x[i] + ef[i] : x[i];
         const uint32_t r = stochastic ? sr_bits(k0, k1, base + (uint32_t)i) : 0;
-        const int32_t c = int_code(v * inv, r, 127, stochastic);
+        const int32_t c = int_code(v * inv, r, lim, stochastic);
         q[i] = (int8_t)c;
-        if (has_ef)
-            ef[i] = v - (float)c * scale;
-    }
-}
-
-/* One block of int4 codes into tmp (then packed by the caller). */
-ALWAYS_INLINE void int4_block(int8_t *restrict tmp, const float *restrict x, float *restrict ef,
-                              size_t m, float inv, float scale, uint32_t k0, uint32_t k1,
-                              uint32_t base, const bool has_ef, const bool stochastic) {
-    for (size_t i = 0; i < m; i++) {
-        const float v = has_ef ? x[i] + ef[i] : x[i];
-        const uint32_t r = stochastic ? sr_bits(k0, k1, base + (uint32_t)i) : 0;
-        const int32_t c = int_code(v * inv, r, 7, stochastic);
-        tmp[i] = (int8_t)c;
         if (has_ef)
             ef[i] = v - (float)c * scale;
     }
@@ -332,14 +320,14 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
         const uint32_t base = (uint32_t)s;
         switch (k) {
         case LOCO_CODEC_INT8:
-            int8_block((int8_t *)codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef,
-                       stochastic);
+            int_block((int8_t *)codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef,
+                      stochastic, 127);
             break;
         case LOCO_CODEC_FP8:
             fp8_block(codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
             break;
         case LOCO_CODEC_INT4:
-            int4_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
+            int_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic, 7);
             pack4(codes + s / 2, tmp, m);
             break;
         case LOCO_CODEC_FP4:
