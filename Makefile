@@ -27,8 +27,25 @@ TEST_SRCS := $(filter-out tests/mpi/%,$(wildcard tests/*/*.c))
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 CU_SRCS := $(wildcard kernels/cuda/*.cu)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
-NVFLAGS ?= -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 \
+NVFLAGS ?= -O3 -std=c++17 -I. -Werror all-warnings -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_80,code=compute_80
+# With a CUDA toolkit the library carries the CUDA twins (kernels/cuda,
+# compress's codecs) and every C file sees LOCO_HAVE_CUDA; with NCCL there
+# too, the nccl comm backend (LOCO_HAVE_NCCL). Without one, nothing CUDA
+# is built and the GPU tests report that they were skipped.
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_LIB  ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+NCCL_H    ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+CFLAGS  += -DLOCO_HAVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS  += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcublasLt -lcudart -lstdc++
+ifneq ($(NCCL_H),)
+CFLAGS  += -DLOCO_HAVE_NCCL
+NVFLAGS += -DLOCO_HAVE_NCCL
+LDLIBS  += -lnccl
+endif
+OBJS    += $(CU_OBJS)
+endif
 
 LIB     := $(BUILD)/libloco.a
 BIN     := $(BUILD)/loco
@@ -61,6 +78,7 @@ cuda:
 else
 cuda: $(CU_OBJS)
 	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
+$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h compress/compress.h core/core.h
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")

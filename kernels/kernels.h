@@ -84,4 +84,162 @@ double loco_sumsq(const float *x, size_t n);
 /* x *= s */
 void loco_scale(float *x, float s, size_t n);
 
+/* ------------------------------------------------------------ CUDA twins
+ * kernels/cuda/*.cu: the same kernels on an NVIDIA GPU. They exist in a
+ * build where the CUDA toolkit was found (the Makefile then defines
+ * LOCO_HAVE_CUDA for every C file and links cudart and cuBLASLt).
+ *
+ * Each twin is named loco_cuda_<kernel>, takes the CPU twin's arguments in
+ * the same order, as device pointers, and a stream last. It only enqueues
+ * work: it returns 0, or LOCO_ECUDA with the CUDA error's text recorded
+ * (loco_errmsg) when the launch failed; errors of the kernel itself show at
+ * the next synchronisation (loco_cuda_sync). Gradients accumulate (+=) as
+ * on the CPU. Where the precision matters there are two twins: fp32
+ * (loco_cuda_X, the CPU twin's semantics to ~1e-6) and bf16
+ * (loco_cuda_X_bf16: activations, activation gradients and weight copies in
+ * bf16; parameter gradients, LayerNorm statistics, losses and every
+ * reduction in fp32). Differences from the CPU twin are stated below. */
+#if defined(LOCO_HAVE_CUDA) || defined(__CUDACC__)
+
+/* A CUDA stream (the same type as cudaStream_t; NULL = legacy stream). */
+typedef struct CUstream_st *loco_stream;
+/* bfloat16 bits (the upper half of an fp32). */
+typedef uint16_t loco_bf16;
+
+/* Number of usable devices; on failure LOCO_ECUDA with cudaGetDeviceCount's
+ * reason recorded ("no CUDA device: cudaGetDeviceCount says ..."). */
+int loco_cuda_device_count(int *n);
+/* Waits for s; LOCO_ECUDA naming the first failed kernel's error. */
+int loco_cuda_sync(loco_stream s);
+/* Asynchronous copy in any direction (cudaMemcpyDefault). */
+int loco_cuda_copy(void *dst, const void *src, size_t bytes, loco_stream s);
+/* dst = 0 on the device (bytes), asynchronous. */
+int loco_cuda_zero(void *dst, size_t bytes, loco_stream s);
+
+/* Device memory for a whole run from one cudaMalloc, carved front to back
+ * into named ranges (256-byte aligned); nothing is freed before the slab. */
+typedef struct loco_cuda_slab loco_cuda_slab;
+/* LOCO_ENOMEM (with the CUDA reason) when the device cannot hold bytes. */
+int loco_cuda_slab_create(loco_cuda_slab **out, size_t bytes);
+void loco_cuda_slab_destroy(loco_cuda_slab *s); /* accepts NULL */
+/* Next bytes of the slab, for `name` (named in the error when full):
+ * LOCO_ENOMEM when the rest is too small. The memory is not cleared. */
+int loco_cuda_slab_alloc(loco_cuda_slab *s, void **out, size_t bytes, const char *name);
+size_t loco_cuda_slab_used(const loco_cuda_slab *s);
+size_t loco_cuda_slab_size(const loco_cuda_slab *s);
+
+/* dst (n) = bf16 of src rounded to nearest even: the bf16 weight copy of
+ * the fp32 master weights. */
+int loco_cuda_cast_bf16(loco_bf16 *dst, const float *src, size_t n, loco_stream s);
+/* dst (n) = fp32 of src (exact). */
+int loco_cuda_cast_f32(float *dst, const loco_bf16 *src, size_t n, loco_stream s);
+
+int loco_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                          int B, int T, int C, loco_stream s);
+int loco_cuda_encoder_fwd_bf16(loco_bf16 *out, const int32_t *tok, const loco_bf16 *wte,
+                               const loco_bf16 *wpe, int B, int T, int C, loco_stream s);
+/* Deterministic: each channel walks the tokens in order, as on the CPU. */
+int loco_cuda_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                          int B, int T, int C, loco_stream s);
+int loco_cuda_encoder_bwd_bf16(float *dwte, float *dwpe, const loco_bf16 *dout,
+                               const int32_t *tok, int B, int T, int C, loco_stream s);
+
+int loco_cuda_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C, loco_stream s);
+int loco_cuda_layernorm_fwd_bf16(loco_bf16 *out, float *mean, float *rstd, const loco_bf16 *inp,
+                                 const loco_bf16 *w, const loco_bf16 *b, int N, int C,
+                                 loco_stream s);
+int loco_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const float *mean,
+                            const float *rstd, int N, int C, loco_stream s);
+int loco_cuda_layernorm_bwd_bf16(loco_bf16 *dinp, float *dw, float *db, const loco_bf16 *dout,
+                                 const loco_bf16 *inp, const loco_bf16 *w, const float *mean,
+                                 const float *rstd, int N, int C, loco_stream s);
+
+/* cuBLASLt: one handle and its workspace, used by one stream at a time. */
+typedef struct loco_blas loco_blas;
+/* LOCO_ECUDA when cuBLASLt or the workspace allocation fails. */
+int loco_blas_create(loco_blas **out);
+void loco_blas_destroy(loco_blas *h); /* accepts NULL */
+
+/* The matmuls take the handle first. fp32 computes in full fp32 (no TF32);
+ * bf16 multiplies bf16 operands with fp32 accumulation. The bias is added
+ * in cuBLASLt's epilogue. */
+int loco_cuda_matmul_fwd(loco_blas *h, float *out, const float *inp, const float *w,
+                         const float *bias, int N, int C, int OC, bool w_transposed,
+                         loco_stream s);
+int loco_cuda_matmul_fwd_bf16(loco_blas *h, loco_bf16 *out, const loco_bf16 *inp,
+                              const loco_bf16 *w, const loco_bf16 *bias, int N, int C, int OC,
+                              bool w_transposed, loco_stream s);
+/* Fused c_fc + GELU: out = gelu(inp @ W + bias) and pre (N,OC) = inp @ W +
+ * bias (kept for the backward), both written by the GEMM's epilogue. */
+int loco_cuda_matmul_gelu_fwd(loco_blas *h, float *out, float *pre, const float *inp,
+                              const float *w, const float *bias, int N, int C, int OC,
+                              loco_stream s);
+int loco_cuda_matmul_gelu_fwd_bf16(loco_blas *h, loco_bf16 *out, loco_bf16 *pre,
+                                   const loco_bf16 *inp, const loco_bf16 *w,
+                                   const loco_bf16 *bias, int N, int C, int OC, loco_stream s);
+/* As the CPU twin; the bf16 twin accumulates dw and dbias in fp32. */
+int loco_cuda_matmul_bwd(loco_blas *h, float *dinp, float *dw, float *dbias, const float *dout,
+                         const float *inp, const float *w, int N, int C, int OC,
+                         bool w_transposed, loco_stream s);
+int loco_cuda_matmul_bwd_bf16(loco_blas *h, loco_bf16 *dinp, float *dw, float *dbias,
+                              const loco_bf16 *dout, const loco_bf16 *inp, const loco_bf16 *w,
+                              int N, int C, int OC, bool w_transposed, loco_stream s);
+
+/* Fused causal attention (flash-attention style): never stores the T x T
+ * matrix. Instead of att it saves lse (B,NH,T), the log-sum-exp of each
+ * query row's scaled scores, and the backward recomputes the probabilities
+ * from it. Head size C/NH at most 128. The backward needs out and
+ * its gradient dout; it is deterministic (no atomics). */
+int loco_cuda_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C,
+                            int NH, loco_stream s);
+int loco_cuda_attention_fwd_bf16(loco_bf16 *out, float *lse, const loco_bf16 *qkv, int B, int T,
+                                 int C, int NH, loco_stream s);
+/* dqkv (B,T,3C) accumulates; scratch (B,NH,T) floats, overwritten. */
+int loco_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *out,
+                            const float *qkv, const float *lse, int B, int T, int C, int NH,
+                            loco_stream s);
+int loco_cuda_attention_bwd_bf16(loco_bf16 *dqkv, float *scratch, const loco_bf16 *dout,
+                                 const loco_bf16 *out, const loco_bf16 *qkv, const float *lse,
+                                 int B, int T, int C, int NH, loco_stream s);
+
+int loco_cuda_gelu_fwd(float *out, const float *inp, size_t n, loco_stream s);
+int loco_cuda_gelu_fwd_bf16(loco_bf16 *out, const loco_bf16 *inp, size_t n, loco_stream s);
+int loco_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n,
+                       loco_stream s);
+int loco_cuda_gelu_bwd_bf16(loco_bf16 *dinp, const loco_bf16 *inp, const loco_bf16 *dout,
+                            size_t n, loco_stream s);
+
+int loco_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n, loco_stream s);
+int loco_cuda_residual_fwd_bf16(loco_bf16 *out, const loco_bf16 *a, const loco_bf16 *b, size_t n,
+                                loco_stream s);
+int loco_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n, loco_stream s);
+int loco_cuda_residual_bwd_bf16(loco_bf16 *da, loco_bf16 *db, const loco_bf16 *dout, size_t n,
+                                loco_stream s);
+
+/* One block per row; the bf16 twin reads bf16 logits and writes bf16
+ * dlogits (in place allowed), losses in fp32. */
+int loco_cuda_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
+                           const int32_t *targets, int N, int V, float dscale, loco_stream s);
+int loco_cuda_xent_fwd_bwd_bf16(float *losses, loco_bf16 *dlogits, const loco_bf16 *logits,
+                                const int32_t *targets, int N, int V, float dscale,
+                                loco_stream s);
+
+/* fp32 master weights and state; the bf16 weight copy is made afterwards
+ * with loco_cuda_cast_bf16. */
+int loco_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float wd, int64_t t,
+                           loco_stream s);
+
+/* Sum of squares in double, deterministic: x is cut into the same fixed
+ * parts as on the CPU, each summed by one block, then the parts in order.
+ * out is LOCO_CUDA_SUMSQ_OUT device doubles: out[0] receives the sum (the
+ * CPU twin returns it), out[1..] the parts. */
+#define LOCO_CUDA_SUMSQ_OUT 257
+int loco_cuda_sumsq(double *out, const float *x, size_t n, loco_stream s);
+int loco_cuda_scale(float *x, float sc, size_t n, loco_stream s);
+
+#endif /* LOCO_HAVE_CUDA || __CUDACC__ */
+
 #endif /* LOCO_KERNELS_H */

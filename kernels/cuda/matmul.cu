@@ -1,0 +1,324 @@
+/* Linear layers (HF Conv1D layout) through cuBLASLt.
+ *
+ * cuBLASLt is column-major: a row-major (R, K) matrix is a column-major
+ * (K, R) one. So out (N,OC) = inp (N,C) @ W is computed as the column-major
+ * out^T (OC,N) = W^T (OC,C) . inp^T (C,N), where W stored (C,OC) row-major
+ * already is W^T column-major (op N), and w stored (OC,C) for the tied head
+ * is W column-major (op T). Bias and GELU go in the GEMM's epilogue; the
+ * bias gradient is a column sum of our own (the epilogue would overwrite
+ * it, and gradients accumulate). */
+#include <cublasLt.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/common.cuh"
+
+enum { BLAS_WORKSPACE = 32 << 20, BIAS_COLS = 32, BIAS_ROW_LANES = 32 };
+
+struct loco_blas {
+    cublasLtHandle_t lt;
+    void *workspace; /* BLAS_WORKSPACE bytes of device memory */
+};
+
+#define LT_CHECK(call)                                                                   \
+    do {                                                                                 \
+        cublasStatus_t st_ = (call);                                                     \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                              \
+            rc = LOCO_ERR(LOCO_ECUDA, "%s: cuBLAS status %d", #call, (int)st_);          \
+            goto out;                                                                    \
+        }                                                                                \
+    } while (0)
+
+extern "C" int loco_blas_create(loco_blas **out) {
+    *out = NULL;
+    loco_blas *h = (loco_blas *)calloc(1, sizeof *h);
+    if (!h)
+        return LOCO_ERR(LOCO_ENOMEM, "cuBLASLt handle");
+    const cublasStatus_t st = cublasLtCreate(&h->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(h);
+        return LOCO_ERR(LOCO_ECUDA, "cublasLtCreate: cuBLAS status %d", (int)st);
+    }
+    const cudaError_t e = cudaMalloc(&h->workspace, BLAS_WORKSPACE);
+    if (e != cudaSuccess) {
+        cublasLtDestroy(h->lt);
+        free(h);
+        return LOCO_ERR(LOCO_ECUDA, "cuBLASLt workspace: cudaMalloc says %s",
+                        cudaGetErrorString(e));
+    }
+    *out = h;
+    return 0;
+}
+
+extern "C" void loco_blas_destroy(loco_blas *h) {
+    if (!h)
+        return;
+    cudaFree(h->workspace);
+    cublasLtDestroy(h->lt);
+    free(h);
+}
+
+/* Largest power of two (at most 256) dividing the address. */
+static uint32_t align_of(const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+/* One column-major GEMM: D (m,n) = op(A) (m,k) . op(B) (k,n) + beta D, with
+ * an optional epilogue (bias of m entries, GELU with the pre-activation
+ * written to aux). A and B of type ab, D of type dt. */
+typedef struct {
+    bool ta, tb;
+    int m, n, k;
+    const void *A, *B;
+    void *D;
+    int lda, ldb, ldd;
+    cudaDataType_t ab, dt;
+    float beta;
+    cublasLtEpilogue_t epi;
+    const void *bias;
+    void *aux;
+    int ldaux;
+} gemm_args;
+
+static int gemm(loco_blas *h, const gemm_args *g, loco_stream s) {
+    int rc = 0;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    const cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const float alpha = 1.0f, beta = g->beta;
+    const uint64_t ws = BLAS_WORKSPACE;
+    const uint32_t al_a = align_of(g->A), al_b = align_of(g->B), al_d = align_of(g->D);
+
+    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (g->epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi,
+                                                sizeof g->epi));
+    }
+    if (g->bias) {
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                                sizeof g->bias));
+    }
+    if (g->aux) {
+        const int64_t ldaux = g->ldaux;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &g->aux, sizeof g->aux));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux,
+                                                sizeof ldaux));
+    }
+    LT_CHECK(cublasLtMatrixLayoutCreate(&la, g->ab, g->ta ? g->k : g->m, g->ta ? g->m : g->k,
+                                        g->lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, g->ab, g->tb ? g->n : g->k, g->tb ? g->k : g->n,
+                                        g->ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&ld, g->dt, g->m, g->n, g->ldd));
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(h->lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
+    if (found == 0) {
+        rc = LOCO_ERR(LOCO_ENOTSUP, "cuBLASLt has no algorithm for %dx%dx%d (epilogue %d)",
+                      g->m, g->n, g->k, (int)g->epi);
+        goto out;
+    }
+    LT_CHECK(cublasLtMatmul(h->lt, op, &alpha, g->A, la, g->B, lb, &beta, g->D, ld, g->D, ld,
+                            &heur.algo, h->workspace, BLAS_WORKSPACE, s));
+out:
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (ld)
+        cublasLtMatrixLayoutDestroy(ld);
+    if (lb)
+        cublasLtMatrixLayoutDestroy(lb);
+    if (la)
+        cublasLtMatrixLayoutDestroy(la);
+    if (op)
+        cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+template <typename T> static cudaDataType_t dtype_of();
+template <> cudaDataType_t dtype_of<float>() { return CUDA_R_32F; }
+template <> cudaDataType_t dtype_of<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+/* out^T (OC,N) = op(w) (OC,C) . inp^T (C,N) [+ bias] [GELU, pre in aux] */
+template <typename T>
+static int matmul_fwd(loco_blas *h, T *out, const T *inp, const T *w, const T *bias, int N, int C,
+                      int OC, bool w_transposed, cublasLtEpilogue_t epi, T *aux,
+                      loco_stream s) {
+    gemm_args g = {};
+    g.ta = w_transposed;
+    g.tb = false;
+    g.m = OC;
+    g.n = N;
+    g.k = C;
+    g.A = w;
+    g.lda = w_transposed ? C : OC;
+    g.B = inp;
+    g.ldb = C;
+    g.D = out;
+    g.ldd = OC;
+    g.ab = g.dt = dtype_of<T>();
+    g.beta = 0.0f;
+    g.epi = epi;
+    g.bias = bias;
+    g.aux = aux;
+    g.ldaux = OC;
+    return gemm(h, &g, s);
+}
+
+/* dbias (OC) += column sums of dout (N,OC): lanes sum strided rows in
+ * double, then are added in lane order (no atomics). */
+template <typename T>
+__global__ void bias_bwd_kernel(float *dbias, const T *dout, int N, int OC) {
+    __shared__ double sh[BIAS_ROW_LANES][BIAS_COLS];
+    const int j = blockIdx.x * BIAS_COLS + threadIdx.x, y = threadIdx.y;
+    double acc = 0.0;
+    if (j < OC)
+        for (int n = y; n < N; n += BIAS_ROW_LANES)
+            acc += (double)ld(dout + (size_t)n * OC + j);
+    sh[y][threadIdx.x] = acc;
+    __syncthreads();
+    if (y != 0 || j >= OC)
+        return;
+    for (int k = 1; k < BIAS_ROW_LANES; k++)
+        acc += sh[k][threadIdx.x];
+    dbias[j] += (float)acc;
+}
+
+template <typename T, typename G>
+static int matmul_bwd(loco_blas *h, T *dinp, G *dw, float *dbias, const T *dout, const T *inp,
+                      const T *w, int N, int C, int OC, bool w_transposed, loco_stream s) {
+    if (dinp) { /* dinp^T (C,N) += op(w) (C,OC) . dout^T (OC,N) */
+        gemm_args g = {};
+        g.ta = !w_transposed;
+        g.m = C;
+        g.n = N;
+        g.k = OC;
+        g.A = w;
+        g.lda = w_transposed ? C : OC;
+        g.B = dout;
+        g.ldb = OC;
+        g.D = dinp;
+        g.ldd = C;
+        g.ab = g.dt = dtype_of<T>();
+        g.beta = 1.0f;
+        g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+        LOCO_CHECK(gemm(h, &g, s));
+    }
+    if (dw) {
+        gemm_args g = {};
+        if (w_transposed) { /* dw (OC,C) row-major = (C,OC) col-major: inp^T . dout */
+            g.tb = true;
+            g.m = C;
+            g.n = OC;
+            g.k = N;
+            g.A = inp;
+            g.lda = C;
+            g.B = dout;
+            g.ldb = OC;
+            g.ldd = C;
+        } else { /* dw (C,OC) row-major = (OC,C) col-major: dout^T . inp */
+            g.tb = true;
+            g.m = OC;
+            g.n = C;
+            g.k = N;
+            g.A = dout;
+            g.lda = OC;
+            g.B = inp;
+            g.ldb = C;
+            g.ldd = OC;
+        }
+        g.D = dw;
+        g.ab = dtype_of<T>();
+        g.dt = dtype_of<G>();
+        g.beta = 1.0f;
+        g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+        LOCO_CHECK(gemm(h, &g, s));
+    }
+    if (dbias && N > 0) {
+        const dim3 th(BIAS_COLS, BIAS_ROW_LANES);
+        bias_bwd_kernel<T><<<(OC + BIAS_COLS - 1) / BIAS_COLS, th, 0, s>>>(dbias, dout, N, OC);
+        CUDA_LAUNCHED("matmul_bwd (dbias)");
+    }
+    return 0;
+}
+
+/* GELU in the epilogue when cuBLASLt offers it for this shape (its aux
+ * output wants a leading dimension that is a multiple of 8); otherwise the
+ * bias GEMM into pre and a separate GELU. */
+template <typename T>
+static int matmul_gelu_fwd(loco_blas *h, T *out, T *pre, const T *inp, const T *w, const T *bias,
+                           int N, int C, int OC, loco_stream s) {
+    const cublasLtEpilogue_t epi =
+        bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (OC % 8 == 0 && matmul_fwd<T>(h, out, inp, w, bias, N, C, OC, false, epi, pre, s) == 0)
+        return 0;
+    loco_err_clear();
+    LOCO_CHECK(matmul_fwd<T>(h, pre, inp, w, bias, N, C, OC, false,
+                             bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, NULL, s));
+    return 1; /* the caller applies GELU */
+}
+
+extern "C" int loco_cuda_matmul_fwd(loco_blas *h, float *out, const float *inp, const float *w,
+                                    const float *bias, int N, int C, int OC, bool w_transposed,
+                                    loco_stream s) {
+    return matmul_fwd<float>(h, out, inp, w, bias, N, C, OC, w_transposed,
+                             bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, NULL, s);
+}
+
+extern "C" int loco_cuda_matmul_fwd_bf16(loco_blas *h, loco_bf16 *out, const loco_bf16 *inp,
+                                         const loco_bf16 *w, const loco_bf16 *bias, int N, int C,
+                                         int OC, bool w_transposed, loco_stream s) {
+    return matmul_fwd<__nv_bfloat16>(h, bf(out), bf(inp), bf(w), bias ? bf(bias) : NULL, N, C,
+                                     OC, w_transposed,
+                                     bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT,
+                                     NULL, s);
+}
+
+extern "C" int loco_cuda_matmul_gelu_fwd(loco_blas *h, float *out, float *pre, const float *inp,
+                                         const float *w, const float *bias, int N, int C, int OC,
+                                         loco_stream s) {
+    const int rc = matmul_gelu_fwd<float>(h, out, pre, inp, w, bias, N, C, OC, s);
+    LOCO_CHECK(rc);
+    return rc ? loco_cuda_gelu_fwd(out, pre, (size_t)N * OC, s) : 0;
+}
+
+extern "C" int loco_cuda_matmul_gelu_fwd_bf16(loco_blas *h, loco_bf16 *out, loco_bf16 *pre,
+                                              const loco_bf16 *inp, const loco_bf16 *w,
+                                              const loco_bf16 *bias, int N, int C, int OC,
+                                              loco_stream s) {
+    const int rc = matmul_gelu_fwd<__nv_bfloat16>(h, bf(out), bf(pre), bf(inp), bf(w),
+                                                  bias ? bf(bias) : NULL, N, C, OC, s);
+    LOCO_CHECK(rc);
+    return rc ? loco_cuda_gelu_fwd_bf16(out, pre, (size_t)N * OC, s) : 0;
+}
+
+extern "C" int loco_cuda_matmul_bwd(loco_blas *h, float *dinp, float *dw, float *dbias,
+                                    const float *dout, const float *inp, const float *w, int N,
+                                    int C, int OC, bool w_transposed, loco_stream s) {
+    return matmul_bwd<float, float>(h, dinp, dw, dbias, dout, inp, w, N, C, OC, w_transposed, s);
+}
+
+extern "C" int loco_cuda_matmul_bwd_bf16(loco_blas *h, loco_bf16 *dinp, float *dw, float *dbias,
+                                         const loco_bf16 *dout, const loco_bf16 *inp,
+                                         const loco_bf16 *w, int N, int C, int OC,
+                                         bool w_transposed, loco_stream s) {
+    return matmul_bwd<__nv_bfloat16, float>(h, dinp ? bf(dinp) : NULL, dw, dbias, bf(dout),
+                                            bf(inp), bf(w), N, C, OC, w_transposed, s);
+}
