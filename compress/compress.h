@@ -235,4 +235,21 @@ void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, siz
  * code. (none/bf16 values are not checked.) */
 bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block);
 
+/* CUDA twins (kernels/cuda/quant.cu, in a build with the CUDA toolkit):
+ * device pointers, the CPU twin's arguments and a stream last; the same
+ * payload bytes and error-feedback values as loco_quant / loco_dequant_acc
+ * for the same input. They only enqueue work. A non-finite input cannot be
+ * returned without waiting, so loco_cuda_quant clears the device word
+ * *nonfinite (when not NULL) and sets it to 1 when x (+ ef) holds a
+ * non-finite value (payload and EF are then unspecified, as on the CPU).
+ * 0, or LOCO_EINVAL for a bad codec or block, LOCO_ECUDA when the launch
+ * failed. */
+#if defined(LOCO_HAVE_CUDA) || defined(__CUDACC__)
+typedef struct CUstream_st *loco_stream; /* = cudaStream_t, as in kernels.h */
+int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+                    const loco_quant_args *a, uint32_t *nonfinite, loco_stream s);
+int loco_cuda_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n,
+                          int block, bool planes, float weight, loco_stream s);
+#endif
+
 #endif /* LOCO_COMPRESS_H */
