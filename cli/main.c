@@ -30,6 +30,9 @@ static void usage(FILE *f) {
             "                         registers the islands of outer.sites and checks they agree\n"
             "  launch CONFIG [--set k=v]...\n"
             "                         coordinator + every island on this machine, merged output\n"
+            "  report FAULT_RUN_DIR BASELINE_RUN_DIR [--out DIR] [--loss-tol X] [--strict-loss]\n"
+            "                         report.md + report.html of a fault experiment against its\n"
+            "                         baseline; exit 1 on FAIL (divergence, lost update, no finish)\n"
             "  certs --out DIR --names coordinator,siteA,... [--days N]\n"
             "                         a CA and a certificate per name (mutual TLS)\n"
             "  ckpt export CKPT_DIR OUT_DIR\n"
@@ -99,6 +102,8 @@ int main(int argc, char **argv) {
         return cli_certs(sub_argc, sub_argv);
     if (!strcmp(cmd, "launch"))
         return cli_launch(sub_argc, sub_argv);
+    if (!strcmp(cmd, "report"))
+        return cli_report(sub_argc, sub_argv);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loco %s\n", LOCO_VERSION);
         return CLI_OK;
