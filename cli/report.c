@@ -357,9 +357,27 @@ static int outer_line(void *ctx, const char *path, int lineno, cJSON *obj) {
     return 0;
 }
 
-static int cmp_event(const void *a, const void *b) {
-    double x = jt(*(cJSON *const *)a), y = jt(*(cJSON *const *)b);
-    return x < y ? -1 : x > y;
+/* Sorts events by time, keeping the file order of events of equal time (a
+ * fault and what it caused may share a timestamp): a merge sort. */
+static int sort_events(cJSON **ev, int n) {
+    cJSON **tmp = loco_alloc((size_t)(n > 0 ? n : 1) * sizeof(cJSON *));
+    if (!tmp)
+        return LOCO_ERR(LOCO_ENOMEM, "report: sorting %d events", n);
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                tmp[k++] = jt(ev[j]) < jt(ev[i]) ? ev[j++] : ev[i++];
+            while (i < mid)
+                tmp[k++] = ev[i++];
+            while (j < hi)
+                tmp[k++] = ev[j++];
+        }
+        memcpy(ev, tmp, (size_t)n * sizeof(cJSON *));
+    }
+    loco_free(tmp);
+    return 0;
 }
 
 static int cmp_mpoint(const void *a, const void *b) {
@@ -550,7 +568,7 @@ static int load_run(run_data *r, const char *dir, const char *label, warnings *w
     LOCO_CHECK(read_jsonl(path, event_line, &lc, w, &r->malformed));
     if (r->nev == 0)
         return LOCO_ERR(LOCO_EPROTO, "%s: no events", path);
-    qsort(r->ev, (size_t)r->nev, sizeof(cJSON *), cmp_event);
+    LOCO_CHECK(sort_events(r->ev, r->nev));
     for (int i = 0; i < r->nev; i++) {
         if (!r->start && jkind(r->ev[i], "start"))
             r->start = r->ev[i];
