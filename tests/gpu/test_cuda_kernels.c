@@ -1,0 +1,485 @@
+/* kernels/cuda against their CPU twins (kernels/cpu) on random inputs of
+ * awkward sizes: fp32 twins within 1e-5 relative, bf16 twins within 1e-2
+ * (the CPU twin run on the same bf16-rounded inputs). Every test skips,
+ * with the reason, where there is no device or no CUDA build. */
+#include <criterion/criterion.h>
+
+#ifndef LOCO_HAVE_CUDA
+Test(gpu_kernels, skipped)
+{
+    cr_skip_test("built without the CUDA toolkit (no nvcc found by make): "
+                 "kernels/cuda not compiled");
+}
+#else
+
+#include "tests/gpu/gpu_test.h"
+
+enum { SLAB = 64 << 20 };
+
+/* ------------------------------------------------------------- encoder */
+
+static void check_encoder(bool bf16, int B, int T, int C, int V, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = seed;
+    const size_t N = (size_t)B * T, nout = N * C;
+    int32_t *tok = malloc(N * sizeof *tok);
+    for (size_t i = 0; i < N; i++) /* repeats on purpose: a small range */
+        tok[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)(i % 3 ? V : 5));
+    float *wte = rand_f(&s, (size_t)V * C, 1.0), *wpe = rand_f(&s, (size_t)(T + 3) * C, 1.0);
+    float *dout = rand_f(&s, nout, 1.0);
+    float *dwte = rand_f(&s, (size_t)V * C, 0.5), *dwpe = rand_f(&s, (size_t)(T + 3) * C, 0.5);
+    float *out = malloc(nout * sizeof *out), *got = malloc(nout * sizeof *got);
+    float *gdwte = malloc((size_t)V * C * 4), *gdwpe = malloc((size_t)(T + 3) * C * 4);
+    void *d_tok = dup_to_dev(&e, tok, N * 4);
+    void *d_dwte = dup_to_dev(&e, dwte, (size_t)V * C * 4);
+    void *d_dwpe = dup_to_dev(&e, dwpe, (size_t)(T + 3) * C * 4);
+    if (!bf16) {
+        void *d_wte = dup_to_dev(&e, wte, (size_t)V * C * 4);
+        void *d_wpe = dup_to_dev(&e, wpe, (size_t)(T + 3) * C * 4);
+        void *d_out = dalloc(&e, nout * 4), *d_dout = dup_to_dev(&e, dout, nout * 4);
+        GPU_OK(loco_cuda_encoder_fwd(d_out, d_tok, d_wte, d_wpe, B, T, C, NULL));
+        GPU_OK(loco_cuda_encoder_bwd(d_dwte, d_dwpe, d_dout, d_tok, B, T, C, NULL));
+        to_host(got, d_out, nout * 4);
+    } else {
+        loco_bf16 *hwte = round_bf(wte, (size_t)V * C), *hwpe = round_bf(wpe, (size_t)(T + 3) * C);
+        loco_bf16 *hdout = round_bf(dout, nout), *hout = malloc(nout * 2);
+        void *d_wte = dup_to_dev(&e, hwte, (size_t)V * C * 2);
+        void *d_wpe = dup_to_dev(&e, hwpe, (size_t)(T + 3) * C * 2);
+        void *d_out = dalloc(&e, nout * 2), *d_dout = dup_to_dev(&e, hdout, nout * 2);
+        GPU_OK(loco_cuda_encoder_fwd_bf16(d_out, d_tok, d_wte, d_wpe, B, T, C, NULL));
+        GPU_OK(loco_cuda_encoder_bwd_bf16(d_dwte, d_dwpe, d_dout, d_tok, B, T, C, NULL));
+        to_host(hout, d_out, nout * 2);
+        float *f = bf_to_f(hout, nout);
+        memcpy(got, f, nout * 4);
+        free(f);
+        free(hwte);
+        free(hwpe);
+        free(hdout);
+        free(hout);
+    }
+    to_host(gdwte, d_dwte, (size_t)V * C * 4);
+    to_host(gdwpe, d_dwpe, (size_t)(T + 3) * C * 4);
+    loco_encoder_fwd(out, tok, wte, wpe, B, T, C);
+    loco_encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
+    const double tol = bf16 ? TOL_BF16 : TOL_F32;
+    EXPECT_NEAR("encoder out", got, out, nout, tol);
+    EXPECT_NEAR("encoder dwte", gdwte, dwte, (size_t)V * C, TOL_F32);
+    EXPECT_NEAR("encoder dwpe", gdwpe, dwpe, (size_t)(T + 3) * C, TOL_F32);
+    free(tok), free(wte), free(wpe), free(dout), free(dwte), free(dwpe);
+    free(out), free(got), free(gdwte), free(gdwpe);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, encoder_f32) { check_encoder(false, 3, 37, 45, 101, 1); }
+Test(gpu_kernels, encoder_bf16) { check_encoder(true, 2, 65, 96, 50, 2); }
+
+/* ----------------------------------------------------------- layernorm */
+
+static void check_layernorm(bool bf16, int N, int C, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = seed;
+    const size_t n = (size_t)N * C;
+    float *x = rand_f(&s, n, 2.0), *w = rand_f(&s, C, 1.0), *b = rand_f(&s, C, 1.0);
+    float *dout = rand_f(&s, n, 1.0), *dinp = rand_f(&s, n, 0.5);
+    float *dw = rand_f(&s, C, 0.5), *db = rand_f(&s, C, 0.5);
+    for (int c = 0; c < C; c++) /* an offset per row: the mean matters */
+        x[c] += 3.0f;
+    float *out = malloc(n * 4), *mean = malloc(N * 4), *rstd = malloc(N * 4);
+    float *gout = malloc(n * 4), *gdinp = malloc(n * 4), *gmean = malloc(N * 4),
+          *grstd = malloc(N * 4), *gdw = malloc(C * 4), *gdb = malloc(C * 4);
+    void *d_mean = dalloc(&e, N * 4), *d_rstd = dalloc(&e, N * 4);
+    void *d_dw = dup_to_dev(&e, dw, C * 4), *d_db = dup_to_dev(&e, db, C * 4);
+    if (!bf16) {
+        void *d_x = dup_to_dev(&e, x, n * 4), *d_w = dup_to_dev(&e, w, C * 4);
+        void *d_b = dup_to_dev(&e, b, C * 4), *d_out = dalloc(&e, n * 4);
+        void *d_dout = dup_to_dev(&e, dout, n * 4), *d_dinp = dup_to_dev(&e, dinp, n * 4);
+        GPU_OK(loco_cuda_layernorm_fwd(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, NULL));
+        GPU_OK(loco_cuda_layernorm_bwd(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N,
+                                       C, NULL));
+        to_host(gout, d_out, n * 4);
+        to_host(gdinp, d_dinp, n * 4);
+    } else {
+        loco_bf16 *hx = round_bf(x, n), *hw = round_bf(w, C), *hb = round_bf(b, C);
+        loco_bf16 *hdout = round_bf(dout, n), *hdinp = round_bf(dinp, n);
+        void *d_x = dup_to_dev(&e, hx, n * 2), *d_w = dup_to_dev(&e, hw, C * 2);
+        void *d_b = dup_to_dev(&e, hb, C * 2), *d_out = dalloc(&e, n * 2);
+        void *d_dout = dup_to_dev(&e, hdout, n * 2), *d_dinp = dup_to_dev(&e, hdinp, n * 2);
+        GPU_OK(loco_cuda_layernorm_fwd_bf16(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, NULL));
+        GPU_OK(loco_cuda_layernorm_bwd_bf16(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd,
+                                            N, C, NULL));
+        to_host(hx, d_out, n * 2);
+        float *f = bf_to_f(hx, n);
+        memcpy(gout, f, n * 4);
+        free(f);
+        to_host(hdinp, d_dinp, n * 2);
+        f = bf_to_f(hdinp, n);
+        memcpy(gdinp, f, n * 4);
+        free(f);
+        free(hx), free(hw), free(hb), free(hdout), free(hdinp);
+    }
+    to_host(gmean, d_mean, N * 4);
+    to_host(grstd, d_rstd, N * 4);
+    to_host(gdw, d_dw, C * 4);
+    to_host(gdb, d_db, C * 4);
+    loco_layernorm_fwd(out, mean, rstd, x, w, b, N, C);
+    loco_layernorm_bwd(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    const double tol = bf16 ? TOL_BF16 : TOL_F32;
+    EXPECT_NEAR("layernorm out", gout, out, n, tol);
+    EXPECT_NEAR("layernorm mean", gmean, mean, N, TOL_F32);
+    EXPECT_NEAR("layernorm rstd", grstd, rstd, N, TOL_F32);
+    EXPECT_NEAR("layernorm dinp", gdinp, dinp, n, tol);
+    EXPECT_NEAR("layernorm dw", gdw, dw, C, TOL_F32);
+    EXPECT_NEAR("layernorm db", gdb, db, C, TOL_F32);
+    free(x), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(out);
+    free(mean), free(rstd), free(gout), free(gdinp), free(gmean), free(grstd), free(gdw);
+    free(gdb);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, layernorm_f32) { check_layernorm(false, 37, 203, 3); }
+Test(gpu_kernels, layernorm_f32_gpt2) { check_layernorm(false, 70, 768, 4); }
+Test(gpu_kernels, layernorm_bf16) { check_layernorm(true, 41, 264, 5); }
+
+/* -------------------------------------------------------------- matmul */
+
+/* Uploads x as fp32 or (rounding x in place) as bf16. */
+static void *up(gpu_env *e, float *x, size_t n, bool bf16)
+{
+    if (!bf16)
+        return dup_to_dev(e, x, n * 4);
+    loco_bf16 *h = round_bf(x, n);
+    void *d = dup_to_dev(e, h, n * 2);
+    free(h);
+    return d;
+}
+
+/* Downloads n values of fp32 or bf16 as fp32. */
+static float *down(const void *d, size_t n, bool bf16)
+{
+    float *x = malloc((n ? n : 1) * 4);
+    if (!bf16) {
+        to_host(x, d, n * 4);
+        return x;
+    }
+    loco_bf16 *h = malloc((n ? n : 1) * 2);
+    to_host(h, d, n * 2);
+    for (size_t i = 0; i < n; i++)
+        x[i] = bf2f(h[i]);
+    free(h);
+    return x;
+}
+
+static void check_matmul(bool bf16, int N, int C, int OC, bool wt, bool with_bias, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    loco_blas *h = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = seed;
+    const size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
+    const size_t es = bf16 ? 2 : 4;
+    float *x = rand_f(&s, nin, 1.0), *w = rand_f(&s, nw, 1.0), *bias = rand_f(&s, OC, 1.0);
+    float *dout = rand_f(&s, nout, 1.0), *dinp = rand_f(&s, nin, 0.5);
+    float *dw = rand_f(&s, nw, 0.5), *dbias = rand_f(&s, OC, 0.5);
+    float *out = malloc(nout * 4);
+    void *d_x = up(&e, x, nin, bf16), *d_w = up(&e, w, nw, bf16), *d_b = up(&e, bias, OC, bf16);
+    void *d_dout = up(&e, dout, nout, bf16), *d_dinp = up(&e, dinp, nin, bf16);
+    void *d_dw = dup_to_dev(&e, dw, nw * 4), *d_db = dup_to_dev(&e, dbias, OC * 4);
+    void *d_out = dalloc(&e, nout * es);
+    const void *bb = with_bias ? d_b : NULL;
+    if (!bf16) {
+        GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, bb, N, C, OC, wt, NULL));
+        GPU_OK(loco_cuda_matmul_bwd(h, d_dinp, d_dw, with_bias ? d_db : NULL, d_dout, d_x, d_w,
+                                    N, C, OC, wt, NULL));
+    } else {
+        GPU_OK(loco_cuda_matmul_fwd_bf16(h, d_out, d_x, d_w, bb, N, C, OC, wt, NULL));
+        GPU_OK(loco_cuda_matmul_bwd_bf16(h, d_dinp, d_dw, with_bias ? d_db : NULL, d_dout, d_x,
+                                         d_w, N, C, OC, wt, NULL));
+    }
+    float *gout = down(d_out, nout, bf16), *gdinp = down(d_dinp, nin, bf16);
+    float *gdw = down(d_dw, nw, false), *gdb = down(d_db, OC, false);
+    loco_matmul_fwd(out, x, w, with_bias ? bias : NULL, N, C, OC, wt);
+    loco_matmul_bwd(dinp, dw, with_bias ? dbias : NULL, dout, x, w, N, C, OC, wt);
+    const double tol = bf16 ? TOL_BF16 : TOL_F32;
+    EXPECT_NEAR("matmul out", gout, out, nout, tol);
+    EXPECT_NEAR("matmul dinp", gdinp, dinp, nin, tol);
+    EXPECT_NEAR("matmul dw", gdw, dw, nw, tol);
+    EXPECT_NEAR("matmul dbias", gdb, dbias, OC, TOL_F32);
+    free(x), free(w), free(bias), free(dout), free(dinp), free(dw), free(dbias), free(out);
+    free(gout), free(gdinp), free(gdw), free(gdb);
+    loco_blas_destroy(h);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, matmul_f32) { check_matmul(false, 37, 53, 71, false, true, 6); }
+Test(gpu_kernels, matmul_f32_nobias) { check_matmul(false, 64, 48, 40, false, false, 7); }
+Test(gpu_kernels, matmul_f32_transposed) { check_matmul(false, 37, 53, 71, true, false, 8); }
+Test(gpu_kernels, matmul_bf16) { check_matmul(true, 64, 96, 136, false, true, 9); }
+Test(gpu_kernels, matmul_bf16_transposed) { check_matmul(true, 40, 64, 104, true, false, 10); }
+Test(gpu_kernels, matmul_bf16_awkward) { check_matmul(true, 37, 53, 71, false, true, 11); }
+
+static void check_matmul_gelu(bool bf16, int N, int C, int OC, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    loco_blas *h = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = seed;
+    const size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
+    const size_t es = bf16 ? 2 : 4;
+    float *x = rand_f(&s, nin, 1.0), *w = rand_f(&s, nw, 0.3), *bias = rand_f(&s, OC, 1.0);
+    float *pre = malloc(nout * 4), *out = malloc(nout * 4);
+    void *d_x = up(&e, x, nin, bf16), *d_w = up(&e, w, nw, bf16), *d_b = up(&e, bias, OC, bf16);
+    void *d_out = dalloc(&e, nout * es), *d_pre = dalloc(&e, nout * es);
+    if (!bf16)
+        GPU_OK(loco_cuda_matmul_gelu_fwd(h, d_out, d_pre, d_x, d_w, d_b, N, C, OC, NULL));
+    else
+        GPU_OK(loco_cuda_matmul_gelu_fwd_bf16(h, d_out, d_pre, d_x, d_w, d_b, N, C, OC, NULL));
+    float *gout = down(d_out, nout, bf16), *gpre = down(d_pre, nout, bf16);
+    loco_matmul_fwd(pre, x, w, bias, N, C, OC, false);
+    loco_gelu_fwd(out, pre, nout);
+    const double tol = bf16 ? TOL_BF16 : TOL_F32;
+    EXPECT_NEAR("matmul+gelu pre", gpre, pre, nout, tol);
+    EXPECT_NEAR("matmul+gelu out", gout, out, nout, tol);
+    free(x), free(w), free(bias), free(pre), free(out), free(gout), free(gpre);
+    loco_blas_destroy(h);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, matmul_gelu_f32_epilogue) { check_matmul_gelu(false, 64, 96, 128, 12); }
+Test(gpu_kernels, matmul_gelu_f32_awkward) { check_matmul_gelu(false, 37, 53, 71, 13); }
+Test(gpu_kernels, matmul_gelu_bf16) { check_matmul_gelu(true, 64, 96, 128, 14); }
+
+/* ----------------------------------------------------------- attention */
+
+static void check_attention(bool bf16, int B, int T, int C, int NH, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = seed;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    const size_t natt = (size_t)B * NH * T * T, nrow = (size_t)B * NH * T;
+    float *qkv = rand_f(&s, nqkv, 2.0), *dout = rand_f(&s, nout, 1.0);
+    float *dqkv = rand_f(&s, nqkv, 0.5);
+    float *out = malloc(nout * 4), *att = malloc(natt * 4), *datt = malloc(natt * 4);
+    void *d_qkv = up(&e, qkv, nqkv, bf16), *d_dout = up(&e, dout, nout, bf16);
+    void *d_dqkv = up(&e, dqkv, nqkv, bf16);
+    void *d_out = dalloc(&e, nout * (bf16 ? 2 : 4));
+    void *d_lse = dalloc(&e, nrow * 4), *d_scr = dalloc(&e, nrow * 4);
+    if (!bf16) {
+        GPU_OK(loco_cuda_attention_fwd(d_out, d_lse, d_qkv, B, T, C, NH, NULL));
+        GPU_OK(loco_cuda_attention_bwd(d_dqkv, d_scr, d_dout, d_out, d_qkv, d_lse, B, T, C, NH,
+                                       NULL));
+    } else {
+        GPU_OK(loco_cuda_attention_fwd_bf16(d_out, d_lse, d_qkv, B, T, C, NH, NULL));
+        GPU_OK(loco_cuda_attention_bwd_bf16(d_dqkv, d_scr, d_dout, d_out, d_qkv, d_lse, B, T, C,
+                                            NH, NULL));
+    }
+    float *gout = down(d_out, nout, bf16), *gdqkv = down(d_dqkv, nqkv, bf16);
+    loco_attention_fwd(out, att, qkv, B, T, C, NH);
+    loco_attention_bwd(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    const double tol = bf16 ? TOL_BF16 : TOL_F32;
+    EXPECT_NEAR("attention out", gout, out, nout, tol);
+    EXPECT_NEAR("attention dqkv", gdqkv, dqkv, nqkv, tol);
+    free(qkv), free(dout), free(dqkv), free(out), free(att), free(datt), free(gout);
+    free(gdqkv);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, attention_f32_hs12) { check_attention(false, 2, 77, 48, 4, 15); }
+Test(gpu_kernels, attention_f32_hs64) { check_attention(false, 1, 130, 192, 3, 16); }
+Test(gpu_kernels, attention_f32_hs128) { check_attention(false, 1, 70, 256, 2, 17); }
+Test(gpu_kernels, attention_f32_hs40) { check_attention(false, 2, 33, 120, 3, 18); }
+Test(gpu_kernels, attention_bf16_hs64) { check_attention(true, 2, 129, 128, 2, 19); }
+Test(gpu_kernels, attention_bf16_hs12) { check_attention(true, 1, 61, 36, 3, 20); }
+
+/* ------------------------------------------------ GELU, residual, casts */
+
+static void check_gelu_residual(bool bf16, size_t n, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = seed;
+    float *x = rand_f(&s, n, 4.0), *y = rand_f(&s, n, 1.0), *dout = rand_f(&s, n, 1.0);
+    float *dinp = rand_f(&s, n, 0.5), *da = rand_f(&s, n, 0.5), *db = rand_f(&s, n, 0.5);
+    float *g = malloc(n * 4), *r = malloc(n * 4);
+    const size_t es = bf16 ? 2 : 4;
+    void *d_x = up(&e, x, n, bf16), *d_y = up(&e, y, n, bf16), *d_dout = up(&e, dout, n, bf16);
+    void *d_dinp = up(&e, dinp, n, bf16), *d_da = up(&e, da, n, bf16), *d_db = up(&e, db, n, bf16);
+    void *d_g = dalloc(&e, n * es), *d_r = dalloc(&e, n * es);
+    if (!bf16) {
+        GPU_OK(loco_cuda_gelu_fwd(d_g, d_x, n, NULL));
+        GPU_OK(loco_cuda_gelu_bwd(d_dinp, d_x, d_dout, n, NULL));
+        GPU_OK(loco_cuda_residual_fwd(d_r, d_x, d_y, n, NULL));
+        GPU_OK(loco_cuda_residual_bwd(d_da, d_db, d_dout, n, NULL));
+    } else {
+        GPU_OK(loco_cuda_gelu_fwd_bf16(d_g, d_x, n, NULL));
+        GPU_OK(loco_cuda_gelu_bwd_bf16(d_dinp, d_x, d_dout, n, NULL));
+        GPU_OK(loco_cuda_residual_fwd_bf16(d_r, d_x, d_y, n, NULL));
+        GPU_OK(loco_cuda_residual_bwd_bf16(d_da, d_db, d_dout, n, NULL));
+    }
+    float *gg = down(d_g, n, bf16), *gdinp = down(d_dinp, n, bf16), *gr = down(d_r, n, bf16);
+    float *gda = down(d_da, n, bf16), *gdb = down(d_db, n, bf16);
+    loco_gelu_fwd(g, x, n);
+    loco_gelu_bwd(dinp, x, dout, n);
+    loco_residual_fwd(r, x, y, n);
+    loco_residual_bwd(da, db, dout, n);
+    const double tol = bf16 ? TOL_BF16 : TOL_F32;
+    EXPECT_NEAR("gelu fwd", gg, g, n, tol);
+    EXPECT_NEAR("gelu bwd", gdinp, dinp, n, tol);
+    EXPECT_NEAR("residual fwd", gr, r, n, tol);
+    EXPECT_NEAR("residual bwd a", gda, da, n, tol);
+    EXPECT_NEAR("residual bwd b", gdb, db, n, tol);
+    free(x), free(y), free(dout), free(dinp), free(da), free(db), free(g), free(r);
+    free(gg), free(gdinp), free(gr), free(gda), free(gdb);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, gelu_residual_f32) { check_gelu_residual(false, 10007, 21); }
+Test(gpu_kernels, gelu_residual_bf16) { check_gelu_residual(true, 4099, 22); }
+
+Test(gpu_kernels, residual_in_place)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = 23;
+    const size_t n = 5003;
+    float *a = rand_f(&s, n, 1.0), *b = rand_f(&s, n, 1.0), *r = malloc(n * 4);
+    void *d_a = dup_to_dev(&e, a, n * 4), *d_b = dup_to_dev(&e, b, n * 4);
+    GPU_OK(loco_cuda_residual_fwd(d_a, d_a, d_b, n, NULL));
+    float *got = down(d_a, n, false);
+    loco_residual_fwd(r, a, b, n);
+    cr_expect_eq(memcmp(got, r, n * 4), 0, "residual in place differs from the CPU");
+    free(a), free(b), free(r), free(got);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, casts)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = 24;
+    const size_t n = 7777;
+    float *x = rand_f(&s, n, 100.0);
+    loco_bf16 *want = malloc(n * 2), *got = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        want[i] = f2bf(x[i]);
+    void *d_x = dup_to_dev(&e, x, n * 4), *d_h = dalloc(&e, n * 2), *d_f = dalloc(&e, n * 4);
+    GPU_OK(loco_cuda_cast_bf16(d_h, d_x, n, NULL));
+    GPU_OK(loco_cuda_cast_f32(d_f, d_h, n, NULL));
+    to_host(got, d_h, n * 2);
+    float *back = down(d_f, n, false);
+    cr_expect_eq(memcmp(got, want, n * 2), 0, "cast to bf16 is not round-to-nearest-even");
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(back[i], bf2f(want[i]), "cast to fp32 at %zu", i);
+    free(x), free(want), free(got), free(back);
+    gpu_env_fini(&e);
+}
+
+/* --------------------------------------------------------- cross-entropy */
+
+static void check_xent(bool bf16, int N, int V, bool in_place, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = seed;
+    const size_t n = (size_t)N * V;
+    float *logits = rand_f(&s, n, 8.0), *dl = malloc(n * 4), *loss = malloc(N * 4);
+    int32_t *tgt = malloc(N * 4);
+    for (int i = 0; i < N; i++)
+        tgt[i] = i % 7 == 3 ? -1 : (int32_t)(gpu_splitmix(&s) % (uint64_t)V);
+    const float dscale = 1.0f / 3.0f;
+    void *d_l = up(&e, logits, n, bf16), *d_t = dup_to_dev(&e, tgt, N * 4);
+    void *d_loss = dalloc(&e, N * 4);
+    void *d_dl = in_place ? d_l : dalloc(&e, n * (bf16 ? 2 : 4));
+    if (!bf16)
+        GPU_OK(loco_cuda_xent_fwd_bwd(d_loss, d_dl, d_l, d_t, N, V, dscale, NULL));
+    else
+        GPU_OK(loco_cuda_xent_fwd_bwd_bf16(d_loss, d_dl, d_l, d_t, N, V, dscale, NULL));
+    float *gloss = down(d_loss, N, false), *gdl = down(d_dl, n, bf16);
+    loco_xent_fwd_bwd(loss, dl, logits, tgt, N, V, dscale);
+    EXPECT_NEAR("xent losses", gloss, loss, N, TOL_F32);
+    EXPECT_NEAR("xent dlogits", gdl, dl, n, bf16 ? TOL_BF16 : TOL_F32);
+    free(logits), free(dl), free(loss), free(tgt), free(gloss), free(gdl);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, xent_f32) { check_xent(false, 37, 1003, false, 25); }
+Test(gpu_kernels, xent_f32_in_place_gpt2_vocab) { check_xent(false, 9, 50257, true, 26); }
+Test(gpu_kernels, xent_bf16_in_place) { check_xent(true, 23, 3001, true, 27); }
+
+/* ------------------------------------------------ AdamW, sumsq, scale */
+
+Test(gpu_kernels, adamw)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = 28;
+    const size_t n = 10007;
+    float *p = rand_f(&s, n, 1.0), *g = rand_f(&s, n, 1.0), *m = rand_f(&s, n, 0.1);
+    float *v = rand_f(&s, n, 0.1);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    void *d_p = dup_to_dev(&e, p, n * 4), *d_g = dup_to_dev(&e, g, n * 4);
+    void *d_m = dup_to_dev(&e, m, n * 4), *d_v = dup_to_dev(&e, v, n * 4);
+    for (int64_t t = 1; t <= 3; t++) {
+        GPU_OK(loco_cuda_adamw_update(d_p, d_g, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                                      NULL));
+        loco_adamw_update(p, g, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    float *gp = down(d_p, n, false), *gm = down(d_m, n, false), *gv = down(d_v, n, false);
+    EXPECT_NEAR("adamw p", gp, p, n, TOL_F32);
+    EXPECT_NEAR("adamw m", gm, m, n, TOL_F32);
+    EXPECT_NEAR("adamw v", gv, v, n, TOL_F32);
+    free(p), free(g), free(m), free(v), free(gp), free(gm), free(gv);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, sumsq_scale)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    uint64_t s = 29;
+    const size_t sizes[] = {0, 1, 255, 1000003};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        const size_t n = sizes[k];
+        float *x = rand_f(&s, n, 3.0);
+        void *d_x = dup_to_dev(&e, x, (n ? n : 1) * 4);
+        void *d_out = dalloc(&e, LOCO_CUDA_SUMSQ_OUT * sizeof(double));
+        double got[LOCO_CUDA_SUMSQ_OUT], again[LOCO_CUDA_SUMSQ_OUT];
+        GPU_OK(loco_cuda_sumsq(d_out, d_x, n, NULL));
+        to_host(got, d_out, sizeof got);
+        GPU_OK(loco_cuda_sumsq(d_out, d_x, n, NULL));
+        to_host(again, d_out, sizeof again);
+        const double want = loco_sumsq(x, n);
+        cr_expect_leq(fabs(got[0] - want), 1e-12 * (want + 1e-300) + 1e-300,
+                      "sumsq of %zu: %.17g, CPU %.17g", n, got[0], want);
+        cr_expect_eq(memcmp(got, again, sizeof got), 0, "sumsq is not repeatable");
+        GPU_OK(loco_cuda_scale(d_x, 0.37f, n, NULL));
+        loco_scale(x, 0.37f, n);
+        float *gx = down(d_x, n, false);
+        cr_expect_eq(memcmp(gx, x, n * 4), 0, "scale differs from the CPU");
+        free(x), free(gx);
+    }
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, slab_refuses_overflow)
+{
+    gpu_env e;
+    gpu_env_init(&e, 4096);
+    void *a = NULL, *b = NULL;
+    GPU_OK(loco_cuda_slab_alloc(e.slab, &a, 1000, "a"));
+    cr_expect_eq((uintptr_t)a % 256, 0);
+    cr_expect_eq(loco_cuda_slab_alloc(e.slab, &b, 4000, "b"), LOCO_ENOMEM);
+    cr_expect(strstr(loco_errmsg(), "b needs 4000 bytes") != NULL, "%s", loco_errmsg());
+    GPU_OK(loco_cuda_slab_alloc(e.slab, &b, 3072, "c"));
+    cr_expect_eq((char *)b - (char *)a, 1024);
+    gpu_env_fini(&e);
+}
+
+#endif /* LOCO_HAVE_CUDA */
