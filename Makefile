@@ -25,7 +25,7 @@ CLI_OBJS:= $(CLI_SRCS:%.c=$(BUILD)/%.o)
 # tests/mpi/ holds programs run under mpirun by Criterion tests, not tests.
 TEST_SRCS := $(filter-out tests/mpi/%,$(wildcard tests/*/*.c))
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
-CU_SRCS := $(wildcard kernels/cuda/*.cu)
+CU_SRCS := $(wildcard kernels/cuda/*.cu inner/comm/*.cu)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
 NVFLAGS ?= -O3 -std=c++17 -I. -Werror all-warnings -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_80,code=compute_80
@@ -78,7 +78,8 @@ cuda:
 else
 cuda: $(CU_OBJS)
 	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
-$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h compress/compress.h core/core.h
+$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h compress/compress.h core/core.h \
+            inner/comm/internal.h inner/comm/comm.h
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")

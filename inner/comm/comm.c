@@ -252,10 +252,17 @@ int loco_comm_world(loco_comm **out, const char *backend) {
         LOCO_CHECK(loco__comm_mpi_world(out));
         return 0;
     }
-    if (strcmp(backend, "nccl") == 0)
-        return LOCO_ERR(LOCO_ENOTSUP, "comm: the nccl backend is not built yet");
-    return LOCO_ERR(LOCO_EINVAL, "comm: unknown backend \"%s\" (expected auto, self or mpi)",
-                    backend);
+    if (strcmp(backend, "nccl") == 0) {
+#ifdef LOCO_HAVE_NCCL
+        LOCO_CHECK(loco__comm_nccl_world(out));
+        return 0;
+#else
+        return LOCO_ERR(LOCO_ENOTSUP, "comm: this build has no nccl backend (it needs the CUDA "
+                                      "toolkit and nccl.h at build time)");
+#endif
+    }
+    return LOCO_ERR(LOCO_EINVAL,
+                    "comm: unknown backend \"%s\" (expected auto, self, mpi or nccl)", backend);
 }
 
 void loco_comm_destroy(loco_comm *c) {

@@ -1,7 +1,9 @@
 /* inner/comm/ — the island communicator: one interface, backends behind an
  * ops table. `self` is one rank and touches nothing; `mpi` runs over MPI
- * (host buffers) and is how `mpirun` / `srun` launch an island; a later
- * `nccl` backend (device buffers) fills the same table.
+ * (host buffers) and is how `mpirun` / `srun` launch an island; `nccl`
+ * (device buffers, in a build with nvcc and nccl.h) fills the same table:
+ * inner/comm/nccl.cu states where it differs (no tags, buffers ready
+ * before a call).
  *
  * Conventions of every call below:
  * - Functions return 0 or a negative LOCO_E* code with a message
@@ -75,9 +77,11 @@ const char *loco_comm_op_name(loco_comm_op op);
  * PMI_SIZE, PMIX_RANK or SLURM_STEP_NUM_TASKS in the environment) and this
  * build has MPI, else self. "auto" refuses (LOCO_ENOTSUP) a launch of
  * several ranks in a build without MPI rather than training N copies of
- * rank 0. "nccl" is LOCO_ENOTSUP until that backend exists; anything else is
- * LOCO_EINVAL. Each call returns a new communicator (an MPI_Comm_dup of the
- * world), which the caller destroys. */
+ * rank 0. "nccl": NCCL over every rank of an auto communicator, one device
+ * each (local rank modulo the devices); LOCO_ENOTSUP in a build without
+ * NCCL, LOCO_ECUDA without a device. Anything else is LOCO_EINVAL. Each
+ * call returns a new communicator (an MPI_Comm_dup of the world), which the
+ * caller destroys. */
 int loco_comm_world(loco_comm **out, const char *backend);
 
 /* Frees a communicator (world or split); accepts NULL. Outstanding

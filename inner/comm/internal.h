@@ -1,5 +1,5 @@
 /* inner/comm/ internals shared by the front end (comm.c) and the backends
- * (self.c, mpi.c, later nccl.c). Not for use outside inner/comm/. */
+ * (self.c, mpi.c, nccl.cu). Not for use outside inner/comm/. */
 #ifndef LOCO_COMM_INTERNAL_H
 #define LOCO_COMM_INTERNAL_H
 
@@ -82,5 +82,9 @@ int loco__comm_self_new(loco_comm **out);
 /* LOCO_ENOTSUP in a build without MPI. */
 int loco__comm_mpi_world(loco_comm **out);
 bool loco__comm_mpi_built(void);
+#ifdef LOCO_HAVE_NCCL
+/* nccl.cu: bootstraps through an auto communicator (see there). */
+int loco__comm_nccl_world(loco_comm **out);
+#endif
 
 #endif /* LOCO_COMM_INTERNAL_H */
