@@ -13,7 +13,7 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -W
 MPI_CFLAGS ?= $(shell mpicc -showme:compile 2>/dev/null)
 MPI_LIBS   ?= $(shell mpicc -showme:link 2>/dev/null)
 CFLAGS  += $(MPI_CFLAGS)
-LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lssl -lcrypto $(MPI_LIBS) -lm -lpthread
+LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lssl -lcrypto $(MPI_LIBS) -lm -lpthread
 LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.

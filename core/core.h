@@ -1,6 +1,7 @@
 /* core/ — the ground floor every other room stands on: error codes with
  * breadcrumbs, logging, allocation, RNG, checksums, JSONL metrics, tensor
- * tables over flat buffers, safetensors I/O, configuration and clocks.
+ * tables over flat buffers, safetensors I/O, configuration, clocks and an
+ * object store (paths and URLs through libcurl).
  * Library code returns 0 or a negative LOCO_E* code; only cli/ exits. */
 #ifndef LOCO_CORE_H
 #define LOCO_CORE_H
@@ -286,6 +287,60 @@ void loco_config_dump(const loco_config *cfg, FILE *f);
 /* Hash over the canonical dump of the keys of the given sections
  * (NULL-terminated list, NULL = all): checkpoints store the model hash. */
 uint64_t loco_config_hash(const loco_config *cfg, const char *const *sections);
+
+/* ---------------------------------------------------------- object store */
+
+/* Whole objects put, fetched, tested and deleted at a *location*: a plain
+ * path or a file:// URL (POSIX calls: written to a temporary name, fsynced
+ * and renamed, so a reader sees the old object or the new one), or an
+ * http:// or https:// URL through libcurl (PUT, GET, HEAD, DELETE; a PUT
+ * refused for a missing parent — 409 as RFC 4918 says, 500 from nginx,
+ * 404 — creates the WebDAV collections above it with MKCOL and is sent
+ * once more). Downloads go to a temporary name next to the
+ * destination and are renamed once complete: never a partial file. Errors
+ * name the method, the URL and the HTTP status or the curl error:
+ * LOCO_EAUTH (certificate refused, HTTP 401/403), LOCO_ETIMEDOUT,
+ * LOCO_EPEER (any other HTTP error status), LOCO_EIO (connection, files,
+ * 404), LOCO_ENOTSUP (another scheme). URLs take no query string. */
+typedef struct {
+    char ca[LOCO_PATH_MAX];   /* CA file verifying https servers ("" = system store) */
+    char cert[LOCO_PATH_MAX]; /* client certificate, PEM ("" = none) */
+    char key[LOCO_PATH_MAX];  /* its private key */
+    long connect_timeout_ms;  /* TCP + TLS of each request */
+    long stall_timeout_s;     /* a transfer making no progress this long fails */
+} loco_store_opts;
+
+typedef struct loco_store loco_store;
+
+/* No CA, no client certificate, 10 s connect, 60 s stall. */
+void loco_store_opts_default(loco_store_opts *o);
+/* net.ca, net.cert, net.key, run.ckpt_connect_ms, run.ckpt_stall_s. */
+void loco_store_opts_from_config(loco_store_opts *o, const loco_config *cfg);
+/* A handle (one libcurl easy handle: connections and TLS sessions are
+ * reused between calls). One thread at a time; caller destroys it. */
+int loco_store_create(loco_store **out, const loco_store_opts *o);
+void loco_store_destroy(loco_store *s); /* accepts NULL */
+/* True when loc starts with "scheme://" (any scheme: an unsupported one is
+ * refused by the calls below, never taken for a relative path). */
+bool loco_store_is_url(const char *loc);
+/* dst = base + "/" + name (one slash between them). LOCO_EINVAL when it
+ * does not fit in cap. */
+int loco_store_join(char *dst, size_t cap, const char *base, const char *name);
+/* Stores len bytes (or the file at path) as the object at loc, replacing
+ * it. Parent directories or collections are created. */
+int loco_store_put(loco_store *s, const char *loc, const void *data, size_t len);
+int loco_store_put_file(loco_store *s, const char *loc, const char *path);
+/* Fetches the object at loc into a fresh buffer (caller frees with
+ * loco_free; NUL-terminated beyond len). LOCO_EPROTO when it is larger
+ * than max_len bytes. */
+int loco_store_get(loco_store *s, const char *loc, size_t max_len, void **data, size_t *len);
+/* Fetches the object at loc into the file at path (parents created),
+ * through a temporary name renamed once complete and fsynced. */
+int loco_store_get_file(loco_store *s, const char *loc, const char *path);
+/* *exists = whether an object is at loc (HEAD: 200 yes, 404/410 no). */
+int loco_store_exists(loco_store *s, const char *loc, bool *exists);
+/* Deletes the object at loc; a missing one is not an error. */
+int loco_store_delete(loco_store *s, const char *loc);
 
 /* --------------------------------------------------------------- threads */
 

@@ -6,10 +6,12 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <libgen.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define CKPT_FORMAT "loco-checkpoint"
 #define CKPT_VERSION 1
@@ -141,8 +143,26 @@ static int moments_table(loco_ttable *both, const loco_ttable *tt) {
     return 0;
 }
 
+static int save_local(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
+                      const loco_ckpt_state *st);
+
 int loco_ckpt_save_view(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
                         const loco_ckpt_state *st) {
+    if (!loco_store_is_url(dir))
+        return save_local(dir, cfg, v, st);
+    /* A URL: written locally as always, then uploaded (ckpt_url.c). */
+    char stage[PATH_MAX];
+    LOCO_CHECK(loco_ckpt_stage_dir(cfg, st->step, stage, sizeof stage));
+    int rc = save_local(stage, cfg, v, st);
+    if (rc == 0)
+        rc = loco_ckpt_upload(stage, dir, cfg, st->step);
+    loco_rmtree(stage);
+    rmdir(dirname(stage)); /* ckpt_stage, unless another save uses it */
+    return rc;
+}
+
+static int save_local(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
+                      const loco_ckpt_state *st) {
     const size_t P = v->tt->numel;
     if (v->p_lo != 0 || v->p_hi != P || (v->m && (v->o_lo != 0 || v->o_hi != P)))
         return LOCO_ERR(LOCO_EINVAL, "single-file checkpoints need every parameter");
@@ -470,8 +490,36 @@ out:
 static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                      loco_ckpt_state *st);
 
+/* A URL: the newest complete checkpoint, fetched into a directory of this
+ * process (ranks sharing run.dir never touch each other's), then loaded. */
+static int load_url(const char *url, const loco_config *cfg, loco_ckpt_view *v,
+                    loco_ckpt_state *st) {
+    char local[PATH_MAX];
+    if (snprintf(local, sizeof local, "%s/ckpt_cache/fetch_%ld", cfg->run.dir, (long)getpid()) >=
+        (int)sizeof local)
+        return LOCO_ERR(LOCO_EINVAL, "run.dir too long for a cache path: %s", cfg->run.dir);
+    int64_t step;
+    int rc;
+    LOCO_CHECK_GOTO(loco_ckpt_fetch(url, cfg, local, &step), out);
+    rc = load_view(local, cfg, v, st);
+    if (rc < 0) {
+        /* Complete but not loadable here (another model): kept to look at. */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loco_errmsg());
+        return LOCO_ERR(rc, "checkpoint step %lld of %s (fetched into %s, kept there): %s",
+                        (long long)step, url, local, why);
+    }
+    loco_info("loaded checkpoint step %lld from %s", (long long)step, url);
+out:
+    loco_rmtree(local);
+    rmdir(dirname(local)); /* ckpt_cache, unless another process uses it */
+    return rc;
+}
+
 int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                         loco_ckpt_state *st) {
+    if (loco_store_is_url(dir))
+        return load_url(dir, cfg, v, st);
     /* A crash mid-publication on a file system without atomic exchange
      * leaves the previous checkpoint as DIR.old (loco_dir_commit). */
     struct stat sb;

@@ -280,6 +280,37 @@ int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view 
  * checkpoint of either layout, using the checkpoint's own config.ini. */
 int loco_ckpt_export(const char *dir, const char *out);
 
+/* Checkpoints at a URL. A location that is a URL (loco_store_is_url:
+ * file://, http://, https://) names a *series* of checkpoints rather than
+ * one directory: each checkpoint's files are objects under
+ * URL/ckpt_STEP_ID/ (a fresh ID per upload, so published objects are never
+ * overwritten) and the pointer object URL/LATEST names the newest one (its
+ * step, prefix, and every file's name, size and XXH3) and carries the
+ * entry of the one before it. The pointer is put last: it is the commit.
+ * loco_ckpt_save, _save_view and loco_trainer_save given a URL write the
+ * checkpoint into a staging directory under run.dir (loco_ckpt_stage_dir),
+ * upload it and remove the staging copy; loco_ckpt_load and _load_view
+ * given a URL fetch the newest complete checkpoint into
+ * run.dir/ckpt_cache/ (removed after loading). Transfers use net.ca,
+ * net.cert, net.key and the run.ckpt_* timeouts. */
+
+/* RUN_DIR/ckpt_stage/ckpt_STEP: where a checkpoint bound for a URL is
+ * written first (every rank of a sharded save names the same one). */
+int loco_ckpt_stage_dir(const loco_config *cfg, int64_t step, char *out, size_t cap);
+/* Uploads every file of the complete checkpoint directory dir (of step
+ * `step`) under a new prefix of url, then publishes url/LATEST naming it
+ * with the previous pointer's entry inside. A failure before the pointer
+ * is put leaves the previous checkpoint the newest. */
+int loco_ckpt_upload(const char *dir, const char *url, const loco_config *cfg, int64_t step);
+/* Downloads the newest complete checkpoint of url into dir (created or
+ * replaced, through dir.tmp) after checking every file's size and XXH3
+ * against the pointer. A torn newest checkpoint (an object missing,
+ * truncated or corrupt) is refused with a warning naming the object, and
+ * the previous one is fetched instead; when both fail, LOCO_EPROTO (or the
+ * transfer's error) names both reasons. *step (may be NULL) receives the
+ * step fetched. */
+int loco_ckpt_fetch(const char *url, const loco_config *cfg, const char *dir, int64_t *step);
+
 /* -------------------------------------------------------------- training */
 
 typedef struct {

@@ -4,9 +4,11 @@
 #include "inner/mesh/mesh.h"
 #include "inner/parallel/parallel.h"
 
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 struct loco_trainer {
     loco_config cfg;
@@ -63,6 +65,11 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     if (island < 0 || n_islands < 1 || island >= n_islands)
         return LOCO_ERR(LOCO_EINVAL, "island %d of %d", island, n_islands);
     LOCO_CHECK(loco_config_validate(cfg));
+    if (cfg->run.ckpt_url[0] && !loco_store_is_url(cfg->run.ckpt_url))
+        return LOCO_ERR(LOCO_EINVAL,
+                        "run.ckpt_url = %s is not a URL (file://, http://, https://); local "
+                        "checkpoints go under run.dir",
+                        cfg->run.ckpt_url);
     loco_trainer *t = loco_alloc(sizeof *t);
     if (!t)
         return LOCO_ERR(LOCO_ENOMEM, "trainer");
@@ -182,7 +189,28 @@ int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *t
     return 0;
 }
 
+/* A URL: the checkpoint is written to the staging directory as usual, then
+ * rank 0 uploads it; every rank learns whether it was published. */
+static int save_to_url(loco_trainer *t, const char *url) {
+    char stage[PATH_MAX];
+    LOCO_CHECK(loco_ckpt_stage_dir(&t->cfg, t->step, stage, sizeof stage));
+    int rc = loco_trainer_save(t, stage);
+    if (rc == 0 && t->root)
+        rc = loco_ckpt_upload(stage, url, &t->cfg, t->step);
+    if (t->root) {
+        loco_rmtree(stage);
+        rmdir(dirname(stage)); /* ckpt_stage, unless another save uses it */
+    }
+    int ok = rc == 0;
+    LOCO_CHECK(loco_comm_allreduce(t->world, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM));
+    if (rc == 0 && ok != loco_comm_size(t->world))
+        rc = LOCO_ERR(LOCO_EIO, "checkpoint %s was not published: another rank failed", url);
+    return rc;
+}
+
 int loco_trainer_save(loco_trainer *t, const char *dir) {
+    if (loco_store_is_url(dir))
+        return save_to_url(t, dir);
     static const char *const model_sections[] = {"model", NULL};
     loco_ckpt_state st = {
         .step = t->step,
@@ -282,7 +310,10 @@ static int evaluate_and_log(loco_trainer *t) {
 
 static int checkpoint(loco_trainer *t) {
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/ckpt_%08lld", t->cfg.run.dir, (long long)t->step);
+    if (t->cfg.run.ckpt_url[0])
+        snprintf(dir, sizeof dir, "%s", t->cfg.run.ckpt_url);
+    else
+        snprintf(dir, sizeof dir, "%s/ckpt_%08lld", t->cfg.run.dir, (long long)t->step);
     double t0 = loco_now();
     LOCO_CHECK(loco_trainer_save(t, dir));
     loco_info("step %lld | checkpoint %s (%.2f s)", (long long)t->step, dir, loco_now() - t0);

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages loco needs that are missing. As root it runs
 # apt-get; otherwise it prints the one command to run and fails.
+# nginx: the tests of checkpoints at https:// URLs start their own server
+# on a free loopback port with their own nginx.conf (Debian's nginx has the
+# WebDAV module, PUT DELETE MKCOL, built in); a system nginx is not used.
 set -euo pipefail
 
 PKGS=(
@@ -9,6 +12,7 @@ PKGS=(
   libssl-dev libzstd-dev libcurl4-openssl-dev
   libinih-dev libcjson-dev libxxhash-dev libcriterion-dev
   bible-kjv
+  nginx
 )
 
 missing=()
