@@ -9,11 +9,27 @@
 #include "outer/outer.h"
 
 #include <limits.h>
+#include <signal.h>
+#include <time.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_SETS 256
+
+/* The [faults] that concern this island (docs/FAULTS.md). */
+typedef struct {
+    int64_t kill_step;       /* SIGKILL itself on reaching it (0 = never) */
+    double slow;             /* each inner step takes this many times as long */
+    int part_peer;           /* partition from this island, -1 = none */
+    int64_t part_step, part_ms;
+    double part_until;       /* loco_now() when it heals; 0 = not started */
+    int link_peer;           /* link change towards this island, -1 = none */
+    int64_t link_step;
+    loco_wan link_wan;
+    bool link_done;
+    loco_link_faults frames; /* on every island-to-island link */
+} island_faults;
 
 typedef struct {
     loco_config cfg;
@@ -23,24 +39,35 @@ typedef struct {
     loco_comm *world;
     int rank, ranks;
     loco_net_params np;
-    loco_net_listener *listener;
-    loco_session *session;     /* rank 0 only */
-    loco_quorum q;
-    loco_link *peers[LOCO_MAX_PEERS];
+    loco_peers *svc;            /* peer listener, link stash, state server */
+    loco_session *session;      /* rank 0 only */
+    loco_quorum q;              /* the latest quorum */
+    loco_link *links[LOCO_MAX_ISLANDS]; /* by island id, for links_epoch */
+    uint64_t links_epoch;
     loco_outer *outer;
+    int64_t committed;          /* outer step of θ_global */
+    uint64_t committed_hash;
     loco_exchange_algo algo;
     bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
     double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
     double elems_max;           /* largest owned range of the island */
-    loco_metrics *metrics;     /* rank 0: outer-step records */
+    loco_metrics *metrics;      /* rank 0: outer-step records */
+    island_faults f;
+    double step_s;              /* duration of the last inner step */
 } island;
 
+static void drop_links(island *is) {
+    for (int k = 0; k < LOCO_MAX_ISLANDS; k++) {
+        loco_link_destroy(is->links[k]);
+        is->links[k] = NULL;
+    }
+}
+
 static void island_fini(island *is) {
-    for (int k = 0; k < LOCO_MAX_PEERS; k++)
-        loco_link_destroy(is->peers[k]);
+    drop_links(is);
+    loco_peers_destroy(is->svc);
     loco_outer_destroy(is->outer);
     loco_session_destroy(is->session);
-    loco_net_listener_destroy(is->listener);
     loco_quorum_fini(&is->q);
     loco_metrics_close(is->metrics);
     loco_trainer_destroy(is->t);
@@ -48,25 +75,187 @@ static void island_fini(island *is) {
 
 static int rechoose(island *is, const loco_exchange_stats *st);
 
+/* ---------------------------------------------------------------- faults */
+
+static int parse_faults(island *is) {
+    const loco_config *c = &is->cfg;
+    island_faults *f = &is->f;
+    f->slow = 1;
+    f->part_peer = f->link_peer = -1;
+    char buf[LOCO_PATH_MAX + 64];
+    /* kill = SITE@STEP,...: only the first incarnation (launch marks restarts). */
+    snprintf(buf, sizeof buf, "%s", c->faults.kill);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *at = strchr(tok, '@');
+        if (!at)
+            return LOCO_ERR(LOCO_EINVAL, "faults.kill: '%s': expected SITE@STEP", tok);
+        *at = '\0';
+        if (!strcmp(tok, is->site) && !getenv("LOCO_RESTARTED"))
+            f->kill_step = atoll(at + 1);
+    }
+    if (c->faults.slow[0]) {
+        snprintf(buf, sizeof buf, "%s", c->faults.slow);
+        char *star = strchr(buf, '*');
+        if (!star || atof(star + 1) < 1)
+            return LOCO_ERR(LOCO_EINVAL, "faults.slow: '%s': expected SITE*FACTOR (>= 1)", buf);
+        *star = '\0';
+        if (!strcmp(buf, is->site))
+            f->slow = atof(star + 1);
+    }
+    /* Pair specs: SITEA-SITEB@REST. */
+    const char *pairs[2] = {c->faults.partition, c->faults.link};
+    for (int w = 0; w < 2; w++) {
+        if (!pairs[w][0])
+            continue;
+        snprintf(buf, sizeof buf, "%s", pairs[w]);
+        char *dash = strchr(buf, '-'), *at = strchr(buf, '@');
+        if (!dash || !at || at < dash)
+            return LOCO_ERR(LOCO_EINVAL, "faults.%s: '%s': expected SITEA-SITEB@...",
+                            w ? "link" : "partition", pairs[w]);
+        *dash = *at = '\0';
+        int a, b;
+        LOCO_CHECK(loco_site_id(c, buf, &a, NULL));
+        LOCO_CHECK(loco_site_id(c, dash + 1, &b, NULL));
+        int peer = a == is->id ? b : b == is->id ? a : -1;
+        if (w == 0) {
+            char *plus = strchr(at + 1, '+');
+            if (!plus)
+                return LOCO_ERR(LOCO_EINVAL, "faults.partition: expected ...@STEP+MS");
+            f->part_peer = peer;
+            f->part_step = atoll(at + 1);
+            f->part_ms = atoll(plus + 1);
+        } else {
+            double d, j, g;
+            char *colon = strchr(at + 1, ':');
+            if (!colon || sscanf(colon + 1, "%lf/%lf/%lf", &d, &j, &g) != 3)
+                return LOCO_ERR(LOCO_EINVAL,
+                                "faults.link: expected ...@STEP:DELAY_MS/JITTER_MS/GBPS");
+            f->link_peer = peer;
+            f->link_step = atoll(at + 1);
+            f->link_wan = (loco_wan){.delay_ms = d, .jitter_ms = j, .gbps = g,
+                                     .seed = (uint64_t)c->faults.seed};
+        }
+    }
+    f->frames = (loco_link_faults){.drop = c->faults.drop, .corrupt = c->faults.corrupt,
+                                   .duplicate = c->faults.duplicate, .delay = c->faults.reorder,
+                                   .delay_ms = (double)c->faults.reorder_ms,
+                                   .types = 1u << LOCO_FRAME_PSEUDOGRAD,
+                                   .seed = (uint64_t)c->faults.seed * 1000003u + (uint64_t)is->id};
+    return 0;
+}
+
+static bool partitioned(const island *is, int peer) {
+    return peer == is->f.part_peer && is->f.part_until > 0 && loco_now() < is->f.part_until;
+}
+
+/* The faults a link to `peer` carries now. */
+static void arm_link(island *is, int peer, loco_link *l) {
+    const island_faults *f = &is->f;
+    if (partitioned(is, peer)) {
+        loco_link_faults cut = {.drop = 1.0, .seed = 1};
+        loco_link_set_faults(l, &cut);
+    } else if (f->frames.drop > 0 || f->frames.corrupt > 0 || f->frames.duplicate > 0 ||
+               f->frames.delay > 0) {
+        loco_link_set_faults(l, &f->frames);
+    }
+    if (f->link_done && peer == f->link_peer)
+        loco_link_set_wan(l, &f->link_wan);
+}
+
+/* After inner step `step`: the faults scheduled for it. */
+static void inject(island *is, int64_t step) {
+    island_faults *f = &is->f;
+    if (f->kill_step && step >= f->kill_step) {
+        loco_warn("faults: %s kills itself (SIGKILL) at step %lld", is->site, (long long)step);
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+    if (f->slow > 1 && is->step_s > 0) {
+        double extra = (f->slow - 1) * is->step_s;
+        struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    if (f->part_peer >= 0 && f->part_until == 0 && step >= f->part_step) {
+        f->part_until = loco_now() + f->part_ms / 1e3;
+        loco_warn("faults: %s cut from %s for %lld ms", is->site, is->q.m[f->part_peer].site,
+                  (long long)f->part_ms);
+        if (is->links[f->part_peer])
+            arm_link(is, f->part_peer, is->links[f->part_peer]);
+    }
+    if (f->part_peer >= 0 && f->part_until > 0 && loco_now() >= f->part_until &&
+        f->part_until != -1) {
+        loco_warn("faults: %s and %s reconnected", is->site, is->q.m[f->part_peer].site);
+        f->part_until = -1;
+        if (is->links[f->part_peer])
+            loco_link_set_faults(is->links[f->part_peer], NULL);
+    }
+    if (f->link_peer >= 0 && !f->link_done && step >= f->link_step) {
+        f->link_done = true;
+        loco_warn("faults: link %s-%s now %.0f ms delay, %.0f ms jitter, %.2f Gbit/s", is->site,
+                  is->q.m[f->link_peer].site, f->link_wan.delay_ms, f->link_wan.jitter_ms,
+                  f->link_wan.gbps);
+        if (is->links[f->link_peer])
+            loco_link_set_wan(is->links[f->link_peer], &f->link_wan);
+    }
+}
+
+/* -------------------------------------------------------- joining the run */
+
 /* Every rank learns the peer-listener address of every rank. */
 static int gather_addrs(island *is, char (*addrs)[LOCO_ADDR_MAX]) {
     char mine[LOCO_ADDR_MAX] = {0};
     snprintf(mine, sizeof mine, "%.80s:%d", is->cfg.faulttol.listen_host,
-             loco_net_listener_port(is->listener));
+             loco_peers_port(is->svc));
     size_t counts[LOCO_MAX_ISLAND_RANKS];
     for (int r = 0; r < is->ranks; r++)
         counts[r] = LOCO_ADDR_MAX;
     return loco_comm_allgather(is->world, mine, addrs, counts, LOCO_DT_U8);
 }
 
-/* Rank 0 registers; the quorum reaches every rank as JSON. */
+/* Rank 0's session call outcome reaches every rank: rc, verdict and the
+ * quorum as JSON. */
+static int share(island *is, int rc, loco_verdict *v) {
+    char *json = NULL;
+    int64_t head[3] = {rc, v ? *v : 0, 0};
+    if (is->rank == 0 && rc == 0) {
+        json = loco_quorum_to_json(&is->q);
+        head[2] = json ? (int64_t)strlen(json) + 1 : 0;
+    }
+    int rc2 = loco_comm_broadcast(is->world, head, 3, LOCO_DT_I64, 0);
+    if (rc2 < 0 || head[0] < 0) {
+        free(json);
+        if (rc2 < 0)
+            return rc2;
+        return is->rank == 0 ? (int)head[0]
+                             : LOCO_ERR(LOCO_EPEER, "island rank 0 lost the coordinator");
+    }
+    if (v)
+        *v = (loco_verdict)head[1];
+    if (head[2] > 0) {
+        if (is->rank != 0 && !(json = malloc((size_t)head[2])))
+            return LOCO_ERR(LOCO_ENOMEM, "quorum");
+        rc = loco_comm_broadcast(is->world, json, (size_t)head[2], LOCO_DT_U8, 0);
+        if (rc == 0 && is->rank != 0) {
+            loco_quorum_fini(&is->q);
+            rc = loco_quorum_from_json(&is->q, json, (size_t)head[2] - 1);
+        }
+        free(json);
+        LOCO_CHECK(rc);
+    }
+    return 0;
+}
+
+static loco_island_progress progress(const island *is, int64_t pending, uint64_t pending_hash) {
+    return (loco_island_progress){.committed = is->committed, .hash = is->committed_hash,
+                                  .pending = pending, .pending_hash = pending_hash};
+}
+
+/* Rank 0 registers; the first quorum reaches every rank. */
 static int join(island *is) {
     char (*addrs)[LOCO_ADDR_MAX] = loco_alloc((size_t)is->ranks * LOCO_ADDR_MAX);
     if (!addrs)
         return LOCO_ERR(LOCO_ENOMEM, "addresses");
     int rc = gather_addrs(is, addrs);
-    char *json = NULL;
-    int64_t len = 0;
     if (rc == 0 && is->rank == 0) {
         char mesh[160];
         snprintf(mesh, sizeof mesh, "dp=%lld tp=%lld pp=%lld cp=%lld ep=%lld zero=%lld",
@@ -77,71 +266,40 @@ static int join(island *is) {
         loco_island_info me = {.site = is->site, .n_ranks = is->ranks,
                                .addrs = (const char (*)[LOCO_ADDR_MAX])addrs, .mesh = mesh,
                                .model_hash = loco_config_hash(&is->cfg, agree)};
+        loco_island_progress pr = progress(is, 0, 0);
         int id;
-        rc = loco_session_join(&is->session, &is->cfg, &is->np, &me, &id, &is->q,
+        rc = loco_session_join(&is->session, &is->cfg, &is->np, &me, &pr, &id, &is->q,
                                (int)is->cfg.faulttol.timeout_ms);
         if (rc == 0 && id != is->id)
             rc = LOCO_ERR(LOCO_EPROTO, "coordinator calls %s island %d, outer.sites says %d",
                           is->site, id, is->id);
-        if (rc == 0) {
-            json = loco_quorum_to_json(&is->q);
-            len = json ? (int64_t)strlen(json) + 1 : 0;
-        }
     }
     loco_free(addrs);
-    /* Rank 0's outcome travels with the length: 0 = failed. */
-    int rc2 = loco_comm_broadcast(is->world, &len, 1, LOCO_DT_I64, 0);
-    if (rc < 0 || rc2 < 0) {
-        free(json);
-        return rc < 0 ? rc : rc2;
-    }
-    if (len <= 0)
-        return LOCO_ERR(LOCO_EPEER, "island rank 0 could not join the run");
-    if (is->rank != 0) {
-        json = malloc((size_t)len);
-        if (!json)
-            return LOCO_ERR(LOCO_ENOMEM, "quorum");
-    }
-    rc = loco_comm_broadcast(is->world, json, (size_t)len, LOCO_DT_U8, 0);
-    if (rc == 0 && is->rank != 0)
-        rc = loco_quorum_from_json(&is->q, json, (size_t)len - 1);
-    free(json);
-    LOCO_CHECK(rc);
+    LOCO_CHECK(share(is, rc, NULL));
     if (is->q.n != is->K)
         return LOCO_ERR(LOCO_EPROTO, "quorum of %d islands, outer.sites lists %d", is->q.n, is->K);
-    for (int k = 0; k < is->K; k++)
-        if (is->q.m[k].n_ranks != is->ranks)
-            return LOCO_ERR(LOCO_EPROTO, "island %s has %d ranks, this one %d", is->q.m[k].site,
-                            is->q.m[k].n_ranks, is->ranks);
     return 0;
 }
 
-/* Rank r links to rank r of every other island: it connects to the islands
- * above it and accepts those below. */
-static int connect_peers(island *is) {
-    for (int k = is->id + 1; k < is->K; k++) {
-        char host[LOCO_ADDR_MAX];
-        int port;
-        LOCO_CHECK(loco_parse_hostport(is->q.m[k].addrs[is->rank], host, sizeof host, &port));
-        loco_net_params p = is->np;
-        if (p.backend == LOCO_NET_TLS)
-            snprintf(p.expect_peer, sizeof p.expect_peer, "%s", is->q.m[k].site);
-        LOCO_CHECK(loco_net_connect(&is->peers[k], &p, host, port, -1));
+/* The links to every island of `mask` for the quorum's epoch: all links are
+ * dropped and built anew when the epoch changed. */
+static int ensure_links(island *is, uint64_t mask) {
+    if (is->links_epoch != is->q.epoch) {
+        drop_links(is);
+        is->links_epoch = is->q.epoch;
     }
-    for (int n = 0; n < is->id; n++) {
-        loco_link *l;
-        LOCO_CHECK(loco_net_accept(is->listener, &l, (int)is->cfg.faulttol.timeout_ms));
-        int from = -1;
-        for (int k = 0; k < is->id; k++)
-            if (!strcmp(loco_link_peer_name(l), is->q.m[k].site) && !is->peers[k])
-                from = k;
-        if (from < 0) {
-            int rc = LOCO_ERR(LOCO_EAUTH, "a peer link from '%s', which is no island below %s",
-                              loco_link_peer_name(l), is->site);
-            loco_link_destroy(l);
+    for (int k = 0; k < is->K; k++) {
+        if (k == is->id || !loco_quorum_has(mask, k) || is->links[k])
+            continue;
+        const loco_member *m = &is->q.m[k];
+        if (m->n_ranks != is->ranks)
+            return LOCO_ERR(LOCO_EPROTO, "island %s has %d ranks, this one %d", m->site,
+                            m->n_ranks, is->ranks);
+        int rc = loco_peers_link(is->svc, is->id, k, m->site, m->addrs[is->rank], is->q.epoch,
+                                 &is->links[k], (int)is->cfg.faulttol.timeout_ms);
+        if (rc < 0)
             return rc;
-        }
-        is->peers[from] = l;
+        arm_link(is, k, is->links[k]);
     }
     return 0;
 }
@@ -157,51 +315,282 @@ static int island_hash(island *is, uint64_t *h) {
     return 0;
 }
 
-static int outer_step(island *is, int64_t outer, int64_t inner) {
+/* θ_local ← θ_global on every rank. */
+static int adopt_global(island *is) {
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
-    loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->peers,
+    memcpy(own, loco_outer_theta(is->outer), (hi - lo) * sizeof(float));
+    return loco_trainer_sync_params(is->t);
+}
+
+static void record(island *is, int64_t outer, int64_t inner, const loco_exchange_stats *st,
+                   const double *sums, uint64_t h, int n_members) {
+    char hh[17];
+    loco_hash_hex(h, hh);
+    loco_info("outer step %lld (inner %lld, epoch %llu, %d islands) | sent %.2f MB for %.2f MB "
+              "raw (x%.1f) | exchange %.3f s | θ %s",
+              (long long)outer, (long long)inner, (unsigned long long)is->q.epoch, n_members,
+              sums[1] / 1e6, sums[0] / 1e6, sums[1] > 0 ? sums[0] / sums[1] : 0.0, sums[3], hh);
+    loco_metrics_begin(is->metrics);
+    loco_metrics_int(is->metrics, "outer_step", outer);
+    loco_metrics_int(is->metrics, "step", inner);
+    loco_metrics_int(is->metrics, "epoch", (int64_t)is->q.epoch);
+    loco_metrics_int(is->metrics, "members", n_members);
+    loco_metrics_num(is->metrics, "bytes_raw", sums[0]);
+    loco_metrics_num(is->metrics, "bytes_sent", sums[1]);
+    loco_metrics_num(is->metrics, "bytes_received", sums[2]);
+    loco_metrics_num(is->metrics, "compression_ratio", sums[1] > 0 ? sums[0] / sums[1] : 0);
+    loco_metrics_num(is->metrics, "exchange_s", sums[3]);
+    loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st->encode_s + st->apply_s);
+    loco_metrics_str(is->metrics, "theta_hash", hh);
+    loco_metrics_str(is->metrics, "algorithm",
+                     is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
+    loco_metrics_end(is->metrics);
+}
+
+/* One attempt at outer step `outer` in the quorum is->q (a go): as a
+ * member, or as an observer when it rejoins at this step. Returns the
+ * exchange outcome (0 or < 0) with *ok agreed across the island. */
+static int attempt(island *is, int64_t outer, int64_t inner, bool *planned, bool *ok,
+                   uint64_t *suspects, uint64_t *hash) {
+    const bool redo = *planned;
+    const bool observer = loco_quorum_has(is->q.observers, is->id);
+    loco_link *contrib[LOCO_MAX_PEERS] = {0}, *obs[LOCO_MAX_PEERS] = {0};
+    int ids[LOCO_MAX_PEERS];
+    int nc = 0, no = 0, me = -1;
+    int rc = ensure_links(is, is->q.members | is->q.observers);
+    for (int k = 0; k < is->K && rc == 0; k++) {
+        if (loco_quorum_has(is->q.members, k)) {
+            if (k == is->id)
+                me = nc;
+            ids[nc] = k;
+            contrib[nc++] = is->links[k];
+        } else if (loco_quorum_has(is->q.observers, k) && !observer) {
+            obs[no++] = is->links[k];
+        }
+    }
+    size_t lo, hi;
+    float *own = loco_trainer_owned_params(is->t, &lo, &hi);
+    loco_exchange x = {.n_islands = nc, .me = observer ? -1 : me, .peers = contrib,
                        .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
                        .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
                        .timeout_ms = (int)is->cfg.faulttol.timeout_ms,
-                       .est_rtt_s = is->rtt_s, .est_bytes_per_s = is->bytes_per_s};
-    loco_exchange_stats st;
-    if (is->algo == LOCO_EXCHANGE_RSAG)
-        LOCO_CHECK(loco_outer_step_rsag(is->outer, &x, own, outer, &st));
-    else
-        LOCO_CHECK(loco_outer_step_allgather(is->outer, &x, own, outer, &st));
+                       .est_rtt_s = is->rtt_s, .est_bytes_per_s = is->bytes_per_s,
+                       .redo = redo, .observers = obs, .n_observers = no};
+    loco_exchange_stats st = {.failed_peer = -1};
+    if (rc == 0) {
+        *planned = true; /* the pseudo-gradient is encoded from here on */
+        if (is->algo == LOCO_EXCHANGE_RSAG && no == 0 && !observer)
+            rc = loco_outer_step_rsag(is->outer, &x, own, outer, &st);
+        else
+            rc = loco_outer_step_allgather(is->outer, &x, own, outer, &st);
+    }
+    if (rc < 0)
+        loco_warn("outer step %lld (epoch %llu): %s", (long long)outer,
+                  (unsigned long long)is->q.epoch, loco_errmsg());
+    int bad = rc < 0;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    *ok = !bad;
+    uint64_t sus = 0;
+    if (st.failed_peer >= 0 && st.failed_peer < nc)
+        sus = 1ull << ids[st.failed_peer];
+    else if (bad)
+        sus = is->q.members & ~(1ull << is->id);
+    LOCO_CHECK(loco_comm_allreduce(is->world, &sus, 1, LOCO_DT_I64, LOCO_OP_MAX));
+    *suspects = sus;
+    if (!*ok) {
+        drop_links(is); /* a failed attempt leaves nothing on the wire for the next */
+        return 0;
+    }
     LOCO_CHECK(loco_trainer_sync_params(is->t));
-    LOCO_CHECK(rechoose(is, &st));
-    uint64_t h;
-    LOCO_CHECK(island_hash(is, &h));
-    /* Island totals of the bytes, for the metrics. */
-    double sums[4] = {(double)st.raw_bytes * (is->K - 1), (double)st.bytes_sent,
+    if (!observer)
+        LOCO_CHECK(rechoose(is, &st));
+    LOCO_CHECK(island_hash(is, hash));
+    double sums[4] = {(double)st.raw_bytes * (nc - 1), (double)st.bytes_sent,
                       (double)st.bytes_received, st.exchange_s};
     LOCO_CHECK(loco_comm_allreduce(is->world, sums, 3, LOCO_DT_F64, LOCO_OP_SUM));
     LOCO_CHECK(loco_comm_allreduce(is->world, sums + 3, 1, LOCO_DT_F64, LOCO_OP_MAX));
-    if (is->rank == 0) {
-        LOCO_CHECK(loco_session_heartbeat(is->session, inner, outer, h));
-        char hh[17];
-        loco_hash_hex(h, hh);
-        loco_info("outer step %lld (inner %lld) | sent %.2f MB for %.2f MB raw (x%.1f) | "
-                  "exchange %.3f s | θ %s",
-                  (long long)outer, (long long)inner, sums[1] / 1e6, sums[0] / 1e6,
-                  sums[1] > 0 ? sums[0] / sums[1] : 0.0, sums[3], hh);
-        loco_metrics_begin(is->metrics);
-        loco_metrics_int(is->metrics, "outer_step", outer);
-        loco_metrics_int(is->metrics, "step", inner);
-        loco_metrics_num(is->metrics, "bytes_raw", sums[0]);
-        loco_metrics_num(is->metrics, "bytes_sent", sums[1]);
-        loco_metrics_num(is->metrics, "bytes_received", sums[2]);
-        loco_metrics_num(is->metrics, "compression_ratio", sums[1] > 0 ? sums[0] / sums[1] : 0);
-        loco_metrics_num(is->metrics, "exchange_s", sums[3]);
-        loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st.encode_s + st.apply_s);
-        loco_metrics_str(is->metrics, "theta_hash", hh);
-        loco_metrics_str(is->metrics, "algorithm",
-                         is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
-        LOCO_CHECK(loco_metrics_end(is->metrics));
-    }
+    if (is->rank == 0)
+        record(is, outer, inner, &st, sums, *hash, nc);
     return 0;
+}
+
+static int rejoin(island *is);
+
+/* Outer step `outer` after inner step `inner`: ready, go, exchange, done,
+ * until committed (redoing it in each new epoch) or this island is out
+ * (then it rejoins). *finished when the run ended meanwhile. */
+static int outer_step(island *is, int64_t outer, int64_t inner, bool *finished) {
+    bool planned = false;
+    for (;;) {
+        loco_verdict v = 0;
+        int rc = 0;
+        if (is->rank == 0)
+            rc = loco_session_ready(is->session, outer, is->committed, &is->q, &v,
+                                    (int)is->cfg.faulttol.timeout_ms);
+        LOCO_CHECK(share(is, rc, &v));
+        if (v == LOCO_VERDICT_FINISHED) {
+            *finished = true;
+            return 0;
+        }
+        if (v == LOCO_VERDICT_JOIN)
+            return rejoin(is);
+        if (!loco_quorum_has(is->q.members, is->id))
+            return rejoin(is);
+        loco_peers_lock_state(is->svc);
+        bool ok;
+        uint64_t sus = 0, h = 0;
+        rc = attempt(is, outer, inner, &planned, &ok, &sus, &h);
+        if (rc < 0) {
+            loco_peers_unlock_state(is->svc);
+            return rc;
+        }
+        if (is->rank == 0) {
+            loco_island_progress pr = progress(is, ok ? outer : 0, ok ? h : 0);
+            loco_session_progress(is->session, &pr);
+            rc = loco_session_done(is->session, outer, is->q.epoch, ok, h, sus, &is->q, &v,
+                                   (int)is->cfg.faulttol.timeout_ms);
+        }
+        rc = share(is, rc, &v);
+        if (rc == 0 && v == LOCO_VERDICT_COMMIT) {
+            is->committed = outer;
+            is->committed_hash = h;
+            loco_peers_publish(is->svc, outer, inner);
+        }
+        loco_peers_unlock_state(is->svc);
+        LOCO_CHECK(rc);
+        if (is->rank == 0) {
+            loco_island_progress pr = progress(is, 0, 0);
+            loco_session_progress(is->session, &pr);
+        }
+        if (v == LOCO_VERDICT_COMMIT)
+            return 0;
+        if (v == LOCO_VERDICT_FINISHED) {
+            *finished = true;
+            return 0;
+        }
+        if (v == LOCO_VERDICT_JOIN) {
+            loco_outer_restore(is->outer);
+            return rejoin(is);
+        }
+        /* AGAIN: a new epoch; redo from the kept pseudo-gradient. */
+        drop_links(is);
+        loco_info("outer step %lld: redone in epoch %llu", (long long)outer,
+                  (unsigned long long)is->q.epoch);
+    }
+}
+
+/* Outside the quorum (restarted, dropped as a straggler or cut off): fetch
+ * θ_global and the outer momentum of the committed step from a member,
+ * check its hash, observe the next outer step and come back as a member. */
+static int rejoin(island *is) {
+    const int64_t H = is->cfg.outer.H;
+    for (int tries = 0;; tries++) {
+        if (tries > 1000)
+            return LOCO_ERR(LOCO_EPEER, "could not rejoin the run");
+        loco_verdict v = LOCO_VERDICT_JOIN;
+        /* is->q is a join (or a membership without us): it names the
+         * committed step and the members to fetch it from. */
+        if (is->q.committed != is->committed || is->q.committed_hash != is->committed_hash) {
+            char (*sites)[LOCO_NET_NAME_MAX] = loco_alloc(LOCO_MAX_ISLANDS * LOCO_NET_NAME_MAX);
+            char (*addrs)[LOCO_ADDR_MAX] = loco_alloc(LOCO_MAX_ISLANDS * LOCO_ADDR_MAX);
+            if (!sites || !addrs) {
+                loco_free(sites);
+                loco_free(addrs);
+                return LOCO_ERR(LOCO_ENOMEM, "donor list");
+            }
+            int nd = 0;
+            /* Start with a different donor per attempt, so a dead one is skipped. */
+            for (int j = 0; j < is->K; j++) {
+                int k = (j + tries) % is->K;
+                if (k != is->id && loco_quorum_has(is->q.members, k) &&
+                    is->q.m[k].n_ranks == is->ranks) {
+                    snprintf(sites[nd], LOCO_NET_NAME_MAX, "%s", is->q.m[k].site);
+                    snprintf(addrs[nd], LOCO_ADDR_MAX, "%s", is->q.m[k].addrs[is->rank]);
+                    nd++;
+                }
+            }
+            int64_t donor_inner = 0;
+            loco_state_stats st = {0};
+            int rc = loco_state_fetch(&is->np, nd, (const char (*)[LOCO_NET_NAME_MAX])sites,
+                                      (const char (*)[LOCO_ADDR_MAX])addrs, is->q.committed,
+                                      is->outer, &donor_inner, &st,
+                                      (int)is->cfg.faulttol.timeout_ms);
+            loco_free(sites);
+            loco_free(addrs);
+            int bad = rc < 0;
+            LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+            uint64_t h = 0;
+            if (!bad)
+                LOCO_CHECK(island_hash(is, &h));
+            if (!bad && h == is->q.committed_hash) {
+                is->committed = is->q.committed;
+                is->committed_hash = h;
+                LOCO_CHECK(adopt_global(is));
+                loco_trainer_set_step(is->t, is->committed * H);
+                loco_peers_publish(is->svc, is->committed, is->committed * H);
+                double b = (double)st.bytes, secs = st.seconds;
+                LOCO_CHECK(loco_comm_allreduce(is->world, &b, 1, LOCO_DT_F64, LOCO_OP_SUM));
+                if (is->rank == 0)
+                    loco_info("rejoin: fetched θ_global and momentum of outer step %lld "
+                              "(%.2f MB in %.3f s, %.1f MB/s, %d donor(s) tried); hash checked",
+                              (long long)is->committed, b / 1e6, secs,
+                              secs > 0 ? b / 1e6 / secs : 0.0, st.donors_tried);
+            } else if (is->rank == 0) {
+                loco_warn("rejoin: state of outer step %lld not fetched (%s); asking again",
+                          (long long)is->q.committed,
+                          bad ? loco_errmsg() : "hash differs from the committed one");
+            }
+        }
+        int rc = 0;
+        if (is->rank == 0)
+            rc = loco_session_ready(is->session, is->committed + 1, is->committed, &is->q, &v,
+                                    (int)is->cfg.faulttol.timeout_ms);
+        LOCO_CHECK(share(is, rc, &v));
+        if (v == LOCO_VERDICT_FINISHED)
+            return 0;
+        if (v == LOCO_VERDICT_JOIN || !loco_quorum_has(is->q.observers | is->q.members, is->id))
+            continue;
+        /* Go: observe this step (or, after a coordinator restart, take part). */
+        const int64_t s = is->committed + 1;
+        bool finished = false;
+        if (loco_quorum_has(is->q.members, is->id)) {
+            loco_trainer_set_step(is->t, is->committed * H);
+            return 0; /* a member again: the training loop goes on from here */
+        }
+        loco_peers_lock_state(is->svc);
+        bool ok;
+        uint64_t sus = 0, h = 0;
+        bool planned = false;
+        rc = attempt(is, s, s * H, &planned, &ok, &sus, &h);
+        if (rc == 0 && is->rank == 0)
+            rc = loco_session_done(is->session, s, is->q.epoch, ok, h, sus, &is->q, &v,
+                                   (int)is->cfg.faulttol.timeout_ms);
+        rc = share(is, rc, &v);
+        if (rc == 0 && v == LOCO_VERDICT_COMMIT) {
+            is->committed = s;
+            is->committed_hash = h;
+            loco_peers_publish(is->svc, s, s * H);
+        } else if (rc == 0) {
+            loco_outer_restore(is->outer);
+        }
+        loco_peers_unlock_state(is->svc);
+        LOCO_CHECK(rc);
+        if (is->rank == 0) {
+            loco_island_progress pr = progress(is, 0, 0);
+            loco_session_progress(is->session, &pr);
+        }
+        if (v == LOCO_VERDICT_COMMIT) {
+            loco_trainer_set_step(is->t, s * H);
+            if (is->rank == 0)
+                loco_info("rejoin: %s is a member again from outer step %lld (inner step %lld)",
+                          is->site, (long long)s, (long long)(s * H));
+            (void)finished;
+            return 0;
+        }
+        if (v == LOCO_VERDICT_FINISHED)
+            return 0;
+    }
 }
 
 /* Rank 0 reads the coordinator; its verdict reaches every rank. */
@@ -256,7 +645,8 @@ static int choose_algorithm(island *is, size_t n) {
     is->bytes_per_s = c->net.link_gbps * 1e9 / 8;
     is->measure = is->rtt_s <= 0 || is->bytes_per_s <= 0;
     if (is->measure) {
-        loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->peers,
+        LOCO_CHECK(ensure_links(is, is->q.members));
+        loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->links,
                            .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
                            .timeout_ms = (int)c->faulttol.timeout_ms};
         double mrtt, mbw;
@@ -285,6 +675,7 @@ static int rechoose(island *is, const loco_exchange_stats *st) {
 static int run_island(island *is, const char *resume) {
     const loco_config *c = &is->cfg;
     LOCO_CHECK(loco_site_id(c, is->site, &is->id, &is->K));
+    LOCO_CHECK(parse_faults(is));
     LOCO_CHECK(loco_net_params_from_config(&is->np, c));
     snprintf(is->np.name, sizeof is->np.name, "%s", is->site);
     LOCO_CHECK(loco_trainer_create_island(&is->t, c, resume, is->id, is->K));
@@ -293,11 +684,6 @@ static int run_island(island *is, const char *resume) {
     is->ranks = loco_comm_size(is->world);
     if (is->ranks > LOCO_MAX_ISLAND_RANKS)
         return LOCO_ERR(LOCO_EINVAL, "%d ranks, at most %d", is->ranks, LOCO_MAX_ISLAND_RANKS);
-    LOCO_CHECK(loco_net_listen(&is->listener, &is->np, c->faulttol.listen_host, 0));
-    LOCO_CHECK(join(is));
-    LOCO_CHECK(connect_peers(is));
-    loco_info("island %d (%s) of %d: linked to its peers; outer step every %lld steps (%s)",
-              is->id, is->site, is->K, (long long)c->outer.H, c->outer.optimizer);
     loco_outer_params op;
     loco_codec_params cp;
     LOCO_CHECK(loco_outer_params_from_config(&op, c));
@@ -305,26 +691,43 @@ static int run_island(island *is, const char *resume) {
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
     LOCO_CHECK(loco_outer_create(&is->outer, &op, &cp, hi - lo, own));
-    LOCO_CHECK(choose_algorithm(is, hi - lo));
+    LOCO_CHECK(island_hash(is, &is->committed_hash));
+    LOCO_CHECK(loco_peers_create(&is->svc, &is->np, c->faulttol.listen_host, is->outer,
+                                 (int)c->faulttol.timeout_ms));
+    loco_peers_publish(is->svc, 0, loco_trainer_steps_done(is->t));
+    LOCO_CHECK(join(is));
+    bool finished = false;
+    if (!loco_quorum_has(is->q.members, is->id) || is->q.join) {
+        loco_info("island %d (%s): the run is under way; rejoining", is->id, is->site);
+        LOCO_CHECK(rejoin(is));
+    } else {
+        LOCO_CHECK(choose_algorithm(is, hi - lo));
+    }
+    loco_info("island %d (%s) of %d: outer step every %lld steps (%s)", is->id, is->site, is->K,
+              (long long)c->outer.H, c->outer.optimizer);
     LOCO_CHECK(loco_trainer_begin_run(is->t));
     if (is->rank == 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/outer.jsonl", c->run.dir);
-        LOCO_CHECK(loco_metrics_open(&is->metrics, path, loco_trainer_steps_done(is->t) > 0));
+        LOCO_CHECK(loco_metrics_open(&is->metrics, path, true));
     }
-    while (loco_trainer_steps_done(is->t) < c->train.steps) {
+    while (!finished && loco_trainer_steps_done(is->t) < c->train.steps) {
         loco_step_stats s;
+        double t0 = loco_now();
         LOCO_CHECK(loco_trainer_step(is->t, &s));
+        is->step_s = loco_now() - t0;
+        inject(is, s.step);
+        LOCO_CHECK(check_coordinator(is));
         bool last = s.step == c->train.steps;
         if (s.step % c->outer.H == 0 || last) {
-            LOCO_CHECK(check_coordinator(is));
-            LOCO_CHECK(outer_step(is, (s.step + c->outer.H - 1) / c->outer.H, s.step));
+            int64_t outer = (s.step + c->outer.H - 1) / c->outer.H;
+            LOCO_CHECK(outer_step(is, outer, s.step, &finished));
         } else if (is->rank == 0) {
-            LOCO_CHECK(loco_session_heartbeat(is->session, s.step, 0, 0));
+            loco_session_heartbeat(is->session, s.step);
         }
         LOCO_CHECK(loco_trainer_after_step(is->t, &s));
     }
-    /* The coordinator's final word: every island's last θ_global agreed. */
+    /* The coordinator's final word: every member's last θ_global agreed. */
     int rc = is->rank == 0 ? loco_session_leave(is->session, (int)c->faulttol.timeout_ms) : 0;
     int bad = rc < 0;
     LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));

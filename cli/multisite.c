@@ -9,6 +9,8 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <sys/time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -55,9 +57,14 @@ int cli_coordinator(int argc, char **argv) {
         rc = loco_net_params_from_config(&np, &cfg);
     if (rc == 0)
         snprintf(np.name, sizeof np.name, "coordinator");
+    /* The run's timeline: events.jsonl in run.dir, shared with `loco launch`. */
+    char events[LOCO_PATH_MAX + 32];
+    snprintf(events, sizeof events, "%s/events.jsonl", cfg.run.dir);
+    if (rc == 0)
+        rc = loco_mkdirs(cfg.run.dir);
     loco_coord *c = NULL;
     if (rc == 0)
-        rc = loco_coord_create(&c, &cfg, &np, NULL, 0);
+        rc = loco_coord_create(&c, &cfg, &np, NULL, 0, events);
     if (rc == 0)
         rc = loco_coord_serve(c);
     loco_coord_destroy(c);
@@ -100,6 +107,9 @@ int cli_certs(int argc, char **argv) {
 
 typedef struct {
     char name[LOCO_NET_NAME_MAX];
+    char **argv;     /* to start it again after an injected kill */
+    double restart_at; /* loco_now() of a scheduled restart, 0 = none */
+    bool killed;     /* by a fault: its death is expected */
     pid_t pid;
     int fd;          /* its merged stdout/stderr */
     char line[4096]; /* a partial line */
@@ -114,8 +124,26 @@ static void on_signal(int sig) {
     stop_requested = 1;
 }
 
-/* Starts argv with stdout and stderr into a pipe. */
-static int spawn(child *c, char *const *argv) {
+/* One line of the run's timeline (docs/REPORTS.md). */
+static void launch_event(const char *path, const char *fmt, ...) {
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    char body[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    fprintf(f, "{\"t\":%.3f,%s}\n", (double)tv.tv_sec + tv.tv_usec / 1e6, body);
+    fclose(f);
+}
+
+/* Starts argv with stdout and stderr into a pipe; `restarted` marks a
+ * process started again after an injected kill (it does not kill itself
+ * twice). */
+static int spawn(child *c, char *const *argv, bool restarted) {
     int fds[2];
     if (pipe(fds) != 0)
         return LOCO_ERR(LOCO_EIO, "pipe: %s", strerror(errno));
@@ -124,6 +152,8 @@ static int spawn(child *c, char *const *argv) {
         return LOCO_ERR(LOCO_EIO, "fork: %s", strerror(errno));
     if (pid == 0) {
         setpgid(0, 0); /* its own group: a stop reaches mpirun's ranks too */
+        if (restarted)
+            setenv("LOCO_RESTARTED", "1", 1);
         dup2(fds[1], 1);
         dup2(fds[1], 2);
         close(fds[0]);
@@ -224,6 +254,20 @@ int cli_launch(int argc, char **argv) {
     static char coord_set[LOCO_ADDR_MAX + 64];
     snprintf(coord_set, sizeof coord_set, "faulttol.coordinator=%s:%d", host, port);
 
+    if ((rc = loco_mkdirs(cfg.run.dir)) < 0)
+        return cli_fail(rc);
+    char events[LOCO_PATH_MAX + 32];
+    snprintf(events, sizeof events, "%s/events.jsonl", cfg.run.dir);
+    {
+        char list[LOCO_MAX_ISLANDS * 72] = "";
+        size_t o = 0;
+        for (int k = 0; k < K; k++)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s\"%s\"", k ? "," : "", sites[k]);
+        launch_event(events, "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld",
+                     list, config, (long long)cfg.train.seed);
+    }
+    const double t_start = loco_now();
+    bool coord_killed = false;
     child kids[LOCO_MAX_ISLANDS + 1];
     memset(kids, 0, sizeof kids);
     int n_kids = 0;
@@ -232,8 +276,9 @@ int cli_launch(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     /* argv of every child: [mpirun ...] loco CMD CONFIG [--site S] --set ... */
     static char strs[LOCO_MAX_ISLANDS + 1][8][LOCO_PATH_MAX + 64];
+    static char *avs[LOCO_MAX_ISLANDS + 1][MAX_SETS * 2 + 32];
     for (int k = -1; k < K && rc == 0; k++) {
-        char *av[MAX_SETS * 2 + 32];
+        char **av = avs[k + 1];
         int n = 0;
         child *c = &kids[n_kids];
         char(*s)[LOCO_PATH_MAX + 64] = strs[k + 1];
@@ -279,7 +324,8 @@ int cli_launch(int argc, char **argv) {
             av[n++] = s[3];
         }
         av[n] = NULL;
-        rc = spawn(c, av);
+        c->argv = av;
+        rc = spawn(c, av, false);
         if (rc == 0)
             n_kids++;
     }
@@ -307,16 +353,62 @@ int cli_launch(int argc, char **argv) {
             for (int j = 0; j < np; j++)
                 if (pf[j].revents)
                     drain(&kids[map[j]]);
+        /* [faults]: the coordinator killed at a time, and restarted. */
+        double now = loco_now();
+        if (!stopping && !coord_killed && cfg.faults.coordinator_kill_s > 0 &&
+            now - t_start >= cfg.faults.coordinator_kill_s && !kids[0].done) {
+            coord_killed = true;
+            kids[0].killed = true;
+            printf("launch: faults: killing the coordinator (SIGKILL)\n");
+            launch_event(events, "\"kind\":\"fault\",\"fault\":\"kill_coordinator\","
+                                 "\"site\":\"coordinator\"");
+            kill(-kids[0].pid, SIGKILL);
+        }
         for (int i = 0; i < n_kids; i++) {
-            if (kids[i].done || kids[i].fd >= 0)
+            child *c = &kids[i];
+            if (c->done && c->restart_at > 0 && now >= c->restart_at && !stopping) {
+                c->restart_at = 0;
+                c->done = false;
+                c->killed = false;
+                c->len = 0;
+                bool coord = i == 0;
+                printf("launch: faults: restarting %s\n", c->name);
+                launch_event(events, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"",
+                             coord ? "restart_coordinator" : "restart", c->name);
+                if (spawn(c, c->argv, true) < 0) {
+                    failed = 1;
+                    c->done = true;
+                    alive--;
+                }
+            }
+            if (c->done && c->restart_at > 0 && stopping) {
+                c->restart_at = 0;
+                alive--;
+            }
+            if (c->done || c->fd >= 0)
                 continue;
             int st;
-            if (waitpid(kids[i].pid, &st, WNOHANG) == kids[i].pid) {
-                kids[i].done = true;
-                kids[i].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
+                c->done = true;
+                c->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
                 alive--;
-                if (kids[i].status != 0 && !stopping) {
-                    printf("launch: %s exited with status %d\n", kids[i].name, kids[i].status);
+                bool sigkill = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+                if (i > 0 && sigkill && cfg.faults.kill[0] && !stopping) {
+                    /* An island that killed itself as [faults] said. */
+                    c->killed = true;
+                    launch_event(events, "\"kind\":\"fault\",\"fault\":\"kill\",\"site\":\"%s\"",
+                                 c->name);
+                    if (cfg.faults.restart_ms >= 0) {
+                        c->restart_at = loco_now() + cfg.faults.restart_ms / 1e3;
+                        alive++; /* it comes back */
+                    }
+                    printf("launch: faults: %s was killed%s\n", c->name,
+                           cfg.faults.restart_ms >= 0 ? "; it restarts shortly" : "");
+                } else if (i == 0 && c->killed && !stopping) {
+                    c->restart_at = loco_now() + cfg.faults.coordinator_restart_ms / 1e3;
+                    alive++;
+                } else if (c->status != 0 && !stopping) {
+                    printf("launch: %s exited with status %d\n", c->name, c->status);
                     failed = 1;
                 }
             }
@@ -324,8 +416,10 @@ int cli_launch(int argc, char **argv) {
     }
     int worst = 0;
     for (int i = 0; i < n_kids; i++)
-        if (kids[i].status)
+        if (kids[i].status && !kids[i].killed)
             worst = kids[i].status;
+    launch_event(events, "\"kind\":\"launch_end\",\"status\":\"%s\"",
+                 failed || worst || stop_requested ? "failed" : "finished");
     printf("launch: %s\n", failed || worst || stop_requested ? "FAILED" : "done: every process finished cleanly");
     if (rc < 0)
         return cli_fail(rc);

@@ -1,43 +1,103 @@
-/* The coordinator: registration, the quorum, heartbeats and the check that
- * every island holds the same θ_global after each outer step. One thread
- * polls the listener and every link; the messages are small. */
+/* The coordinator: registration, quorum epochs, the go and the commit of
+ * every outer step, failure detection and rejoins. One thread polls the
+ * listener and every link; the messages are small.
+ *
+ * Per outer step s (= committed + 1): every member says READY(s); the
+ * coordinator answers GO (a QUORUM with outer_step s: members, and the
+ * rejoining islands that observe this step); each island exchanges and
+ * says DONE (with its θ_global hash) or FAILED (with the islands it
+ * suspects); all DONE with equal hashes is a COMMIT. A member lost or
+ * dropped, or a failed exchange, bumps the epoch and announces it (QUORUM
+ * with outer_step 0): the survivors say READY again and redo the step from
+ * the pseudo-gradient they kept. The coordinator holds nothing the islands
+ * cannot tell it again: a restarted one rebuilds the run from their
+ * registrations (docs/PROTOCOL.md). */
 #include "faulttol/faulttol.h"
 
 #include <cjson/cJSON.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
-#define HASH_RING 64
 #define MAX_PENDING 64
+
+typedef enum { ABSENT = 0, MEMBER, OUT } island_status;
 
 typedef struct {
     loco_link *link;
-    bool registered, bye;
-    char mesh[160];
-    uint64_t model_hash;
+    island_status status;
+    uint64_t inc;
+    bool bye;
     int n_ranks;
     char (*addrs)[LOCO_ADDR_MAX];
-    double last_seen;
-    loco_phi_detector phi;    /* over its heartbeat arrivals */
-    int64_t ring_step[HASH_RING];
-    uint64_t ring_hash[HASH_RING];
-    int64_t last_outer;
+    loco_phi_detector phi; /* over its frame arrivals */
+    loco_island_progress reg; /* what it said when it registered */
+    int64_t ready_step, ready_have;
+    int64_t done_step;
+    uint64_t done_epoch, done_hash, suspects;
+    bool done_ok;
 } island;
 
 struct loco_coord {
     loco_config cfg;
     loco_net_params np;
     loco_net_listener *listener;
-    int n;                              /* islands expected (outer.sites) */
+    int n; /* islands expected (outer.sites) */
     char sites[LOCO_MAX_ISLANDS][LOCO_NET_NAME_MAX];
-    island isl[LOCO_MAX_ISLANDS];       /* by id */
-    loco_link *pending[MAX_PENDING];    /* accepted, not yet registered */
-    int first_registered;               /* whose mesh the others must match, -1 */
-    bool quorum_sent;
+    island isl[LOCO_MAX_ISLANDS]; /* by id */
+    loco_link *pending[MAX_PENDING];
+    /* The mesh and model every island must match: the first registration's. */
+    bool have_ref;
+    char ref_mesh[160];
+    int ref_ranks;
+    uint64_t ref_model;
+    bool started;
+    double first_reg; /* a restarted coordinator waits for the others from here */
     uint64_t epoch;
-    int64_t checked_outer;              /* highest outer step verified */
+    int64_t committed;
+    uint64_t committed_hash;
+    bool exchanging;        /* GO sent for committed + 1, verdicts pending */
+    uint64_t go_members, go_observers;
+    double gather_t0;       /* first member ready for the step (straggler clock) */
+    int failures;           /* failed attempts of the current step */
+    FILE *events;
 };
+
+/* ----------------------------------------------------------- events */
+
+static void event(loco_coord *c, const char *fmt, ...) {
+    if (!c->events)
+        return;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    char body[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    fprintf(c->events, "{\"t\":%.3f,%s}\n", (double)tv.tv_sec + tv.tv_usec / 1e6, body);
+    fflush(c->events);
+}
+
+static void mask_sites(const loco_coord *c, uint64_t mask, char *out, size_t cap) {
+    size_t o = 0;
+    out[0] = '\0';
+    for (int i = 0; i < c->n && o + 70 < cap; i++)
+        if (loco_quorum_has(mask, i))
+            o += (size_t)snprintf(out + o, cap - o, "%s\"%s\"", o ? "," : "", c->sites[i]);
+}
+
+static uint64_t members(const loco_coord *c) {
+    uint64_t m = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].status == MEMBER)
+            m |= 1ull << i;
+    return m;
+}
+
+/* ------------------------------------------------------------- sending */
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -46,7 +106,7 @@ static void sleep_ms(int ms) {
 
 static int send_json(loco_link *l, int type, uint64_t epoch, const char *json) {
     loco_frame_hdr h = {.type = (uint16_t)type, .epoch = epoch};
-    return loco_link_send(l, &h, json, strlen(json));
+    return loco_link_send(l, &h, json, json ? strlen(json) : 0);
 }
 
 static void send_error(loco_link *l, const char *text) {
@@ -55,8 +115,82 @@ static void send_error(loco_link *l, const char *text) {
         loco_link_flush(l, 2000);
 }
 
+static char *quorum_json(loco_coord *c, int64_t outer_step, bool join, uint64_t mem,
+                         uint64_t obs) {
+    loco_quorum q = {.epoch = c->epoch, .outer_step = outer_step, .committed = c->committed,
+                     .committed_hash = c->committed_hash, .join = join, .n = c->n,
+                     .members = mem, .observers = obs};
+    for (int i = 0; i < c->n; i++) {
+        q.m[i].id = i;
+        snprintf(q.m[i].site, sizeof q.m[i].site, "%s", c->sites[i]);
+        if (c->isl[i].link) {
+            q.m[i].n_ranks = c->isl[i].n_ranks;
+            q.m[i].addrs = c->isl[i].addrs;
+        }
+    }
+    return loco_quorum_to_json(&q);
+}
+
+/* Sends a QUORUM to every island of mask `to`; a failed send is noticed
+ * when the link is next read. */
+static int announce(loco_coord *c, uint64_t to, int64_t outer_step, uint64_t mem, uint64_t obs) {
+    char *json = quorum_json(c, outer_step, false, mem, obs);
+    if (!json)
+        return LOCO_ERR(LOCO_ENOMEM, "quorum");
+    for (int i = 0; i < c->n; i++)
+        if (loco_quorum_has(to, i) && c->isl[i].link)
+            send_json(c->isl[i].link, LOCO_FRAME_QUORUM, c->epoch, json);
+    free(json);
+    return 0;
+}
+
+/* Tells island i it is outside the quorum: fetch the committed state from
+ * a member, then say ready. */
+static int send_join(loco_coord *c, int i) {
+    char *json = quorum_json(c, 0, true, members(c), 0);
+    if (!json)
+        return LOCO_ERR(LOCO_ENOMEM, "quorum");
+    if (c->isl[i].link)
+        send_json(c->isl[i].link, LOCO_FRAME_QUORUM, c->epoch, json);
+    free(json);
+    return 0;
+}
+
+/* A membership change: a new epoch, announced to everyone in the run. */
+static int new_epoch(loco_coord *c, const char *why) {
+    c->epoch++;
+    uint64_t m = members(c);
+    char list[LOCO_MAX_ISLANDS * 72];
+    mask_sites(c, m, list, sizeof list);
+    loco_info("coordinator: quorum epoch %llu: %d islands (%s)", (unsigned long long)c->epoch,
+              __builtin_popcountll(m), why);
+    event(c, "\"kind\":\"quorum\",\"epoch\":%llu,\"members\":[%s],\"outer_step\":%lld,\"why\":\"%s\"",
+          (unsigned long long)c->epoch, list, (long long)(c->committed + 1), why);
+    for (int i = 0; i < c->n; i++)
+        c->isl[i].ready_step = 0; /* everyone says ready again */
+    c->exchanging = false;
+    c->gather_t0 = 0;
+    uint64_t to = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link)
+            to |= 1ull << i;
+    return announce(c, to, 0, m, 0);
+}
+
+/* Stops the run: every live island hears why. */
+static int fail_run(loco_coord *c, const char *why) {
+    loco_error("coordinator: stopping the run: %s", why);
+    event(c, "\"kind\":\"end\",\"status\":\"failed\",\"reason\":\"%s\"", why);
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link)
+            send_error(c->isl[i].link, why);
+    return LOCO_ERR(LOCO_EPEER, "%s", why);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
 int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_params *np,
-                      const char *host, int port) {
+                      const char *host, int port, const char *events_path) {
     *out = NULL;
     loco_coord *c = loco_alloc(sizeof *c);
     if (!c)
@@ -64,9 +198,6 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
     int rc;
     c->cfg = *cfg;
     c->np = *np;
-    c->first_registered = -1;
-    c->epoch = 1;
-    c->checked_outer = 0;
     LOCO_CHECK_GOTO(loco_site_id(cfg, NULL, NULL, &c->n), out_fail);
     const char *p = cfg->outer.sites;
     for (int i = 0; i < c->n; i++) {
@@ -79,6 +210,13 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
         memcpy(c->sites[i], p, len);
         c->sites[i][len] = '\0';
         p = comma ? comma + 1 : p + len;
+    }
+    if (events_path) {
+        c->events = fopen(events_path, "a");
+        if (!c->events) {
+            rc = LOCO_ERR(LOCO_EIO, "cannot open %s for events", events_path);
+            goto out_fail;
+        }
     }
     char h[LOCO_ADDR_MAX];
     int prt;
@@ -101,28 +239,277 @@ out_fail:
 
 int loco_coord_port(const loco_coord *c) { return loco_net_listener_port(c->listener); }
 
+static void drop_island(island *is) {
+    loco_link_destroy(is->link);
+    is->link = NULL;
+    loco_free(is->addrs);
+    is->addrs = NULL;
+    loco_phi_fini(&is->phi);
+    is->status = ABSENT;
+    is->ready_step = is->done_step = 0;
+    is->bye = false;
+}
+
 void loco_coord_destroy(loco_coord *c) {
     if (!c)
         return;
     for (int i = 0; i < MAX_PENDING; i++)
         loco_link_destroy(c->pending[i]);
-    for (int i = 0; i < LOCO_MAX_ISLANDS; i++) {
-        loco_link_destroy(c->isl[i].link);
-        loco_free(c->isl[i].addrs);
-        loco_phi_fini(&c->isl[i].phi);
-    }
+    for (int i = 0; i < LOCO_MAX_ISLANDS; i++)
+        drop_island(&c->isl[i]);
     loco_net_listener_destroy(c->listener);
+    if (c->events)
+        fclose(c->events);
     loco_free(c);
 }
 
-/* Stops the run: every live island hears why. */
-static int fail_run(loco_coord *c, const char *why) {
-    loco_error("coordinator: stopping the run: %s", why);
-    for (int i = 0; i < c->n; i++)
-        if (c->isl[i].link)
-            send_error(c->isl[i].link, why);
-    return LOCO_ERR(LOCO_EPEER, "%s", why);
+/* ------------------------------------------------------- the step state */
+
+static int try_commit(loco_coord *c);
+
+/* Island i is gone (link closed, silent, or replaced by a restarted
+ * process). A member leaving starts a new epoch, unless every remaining
+ * member already finished the step (then it commits without it). */
+static int island_lost(loco_coord *c, int i, const char *reason) {
+    island *is = &c->isl[i];
+    bool was_member = is->status == MEMBER;
+    loco_warn("coordinator: island %d (%s) is out: %s", i, c->sites[i], reason);
+    event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"%s\"", c->sites[i], reason);
+    drop_island(is);
+    if (!was_member || !c->started)
+        return 0;
+    if (!members(c))
+        return fail_run(c, "every island of the quorum is gone");
+    if (c->exchanging) {
+        /* Everyone else may have finished with its contribution already. */
+        c->go_members &= ~(1ull << i);
+        c->go_observers &= ~(1ull << i);
+        LOCO_CHECK(try_commit(c));
+    }
+    return new_epoch(c, "an island left");
 }
+
+/* Commits when every member and observer of the go reported DONE for it;
+ * 1 when committed, 0 when still waiting, < 0 when the run must stop. */
+static int try_commit(loco_coord *c) {
+    const int64_t s = c->committed + 1;
+    uint64_t h = 0;
+    int first = -1;
+    for (int i = 0; i < c->n; i++) {
+        if (!loco_quorum_has(c->go_members, i))
+            continue;
+        const island *is = &c->isl[i];
+        if (is->done_step != s || is->done_epoch != c->epoch || !is->done_ok)
+            return 0;
+        if (first < 0) {
+            first = i;
+            h = is->done_hash;
+        } else if (is->done_hash != h) {
+            char why[512];
+            snprintf(why, sizeof why,
+                     "θ_global differs after outer step %lld: %s has %016llx, %s has %016llx",
+                     (long long)s, c->sites[first], (unsigned long long)h, c->sites[i],
+                     (unsigned long long)is->done_hash);
+            event(c, "\"kind\":\"divergence\",\"outer_step\":%lld,\"detail\":\"%s\"", (long long)s,
+                  why);
+            return fail_run(c, why);
+        }
+    }
+    if (first < 0)
+        return 0;
+    for (int i = 0; i < c->n; i++)
+        if (loco_quorum_has(c->go_observers, i)) {
+            const island *is = &c->isl[i];
+            if (is->done_step != s || is->done_epoch != c->epoch)
+                return 0;
+        }
+    c->committed = s;
+    c->committed_hash = h;
+    c->exchanging = false;
+    c->failures = 0;
+    c->gather_t0 = 0;
+    char json[160], hh[17];
+    loco_hash_hex(h, hh);
+    snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
+             (long long)s, (unsigned long long)c->epoch, hh);
+    bool joined = false;
+    for (int i = 0; i < c->n; i++) {
+        island *is = &c->isl[i];
+        if (!is->link)
+            continue;
+        if (loco_quorum_has(c->go_observers, i)) {
+            if (is->done_ok && is->done_hash == h) {
+                is->status = MEMBER; /* its hash check passed: it contributes next */
+                joined = true;
+                loco_info("coordinator: island %d (%s) rejoined at outer step %lld", i,
+                          c->sites[i], (long long)s);
+                event(c, "\"kind\":\"join\",\"site\":\"%s\",\"outer_step\":%lld", c->sites[i],
+                      (long long)s);
+            } else {
+                loco_warn("coordinator: %s failed its first step after rejoining; it fetches "
+                          "the state again",
+                          c->sites[i]);
+                send_join(c, i);
+                continue;
+            }
+        }
+        if (is->status == MEMBER)
+            send_json(is->link, LOCO_FRAME_COMMIT, c->epoch, json);
+        else if (is->status == OUT && is->ready_step == s) {
+            /* Ready too late to observe this step: its state is old now. */
+            is->ready_step = 0;
+            send_join(c, i);
+        }
+    }
+    char list[LOCO_MAX_ISLANDS * 72];
+    mask_sites(c, members(c), list, sizeof list);
+    event(c, "\"kind\":\"commit\",\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\",\"members\":[%s]",
+          (long long)s, (unsigned long long)c->epoch, hh, list);
+    loco_debug("coordinator: outer step %lld committed (%s)", (long long)s, hh);
+    if (joined)
+        return new_epoch(c, "an island rejoined") < 0 ? -1 : 1;
+    return 1;
+}
+
+/* Every member ready for the step: go (with the rejoining islands that
+ * hold the committed state as observers). Stragglers past the deadline
+ * leave the quorum when faulttol.straggler_policy = drop. */
+static int try_go(loco_coord *c) {
+    if (!c->started || c->exchanging)
+        return 0;
+    const int64_t s = c->committed + 1;
+    uint64_t mem = members(c), ready = 0;
+    for (int i = 0; i < c->n; i++)
+        if (loco_quorum_has(mem, i) && c->isl[i].ready_step == s)
+            ready |= 1ull << i;
+    if (!ready)
+        return 0;
+    if (!c->gather_t0)
+        c->gather_t0 = loco_now();
+    if (ready != mem) {
+        if (strcmp(c->cfg.faulttol.straggler_policy, "drop") ||
+            loco_now() - c->gather_t0 < c->cfg.faulttol.straggler_ms / 1e3)
+            return 0;
+        for (int i = 0; i < c->n; i++)
+            if (loco_quorum_has(mem & ~ready, i)) {
+                c->isl[i].status = OUT;
+                loco_warn("coordinator: %s is not ready for outer step %lld after %lld ms: left "
+                          "out of this step (it catches up through a state transfer)",
+                          c->sites[i], (long long)s, (long long)c->cfg.faulttol.straggler_ms);
+                event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"straggler\"",
+                      c->sites[i]);
+            }
+        uint64_t keep = ready;
+        LOCO_CHECK(new_epoch(c, "stragglers left out"));
+        /* The ready ones stay ready: they need not say it again. */
+        for (int i = 0; i < c->n; i++)
+            if (loco_quorum_has(keep, i))
+                c->isl[i].ready_step = s;
+        mem = keep;
+    }
+    uint64_t obs = 0;
+    for (int i = 0; i < c->n; i++) {
+        const island *is = &c->isl[i];
+        if (is->status == OUT && is->link && is->ready_step == s &&
+            is->ready_have == c->committed)
+            obs |= 1ull << i;
+    }
+    if (obs) {
+        c->epoch++;
+        char list[LOCO_MAX_ISLANDS * 72];
+        mask_sites(c, mem | obs, list, sizeof list);
+        event(c, "\"kind\":\"quorum\",\"epoch\":%llu,\"members\":[%s],\"outer_step\":%lld,"
+                 "\"why\":\"islands rejoin\"",
+              (unsigned long long)c->epoch, list, (long long)s);
+    }
+    c->go_members = mem;
+    c->go_observers = obs;
+    c->exchanging = true;
+    LOCO_CHECK(announce(c, mem | obs, s, mem, obs));
+    return 0;
+}
+
+static int handle_outer(loco_coord *c, int i, const char *json, size_t len) {
+    island *is = &c->isl[i];
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(j, "phase");
+    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+    const cJSON *hv = cJSON_GetObjectItemCaseSensitive(j, "have");
+    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(j, "epoch");
+    const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+    const cJSON *su = cJSON_GetObjectItemCaseSensitive(j, "suspects");
+    int rc = 0;
+    if (!cJSON_IsString(ph) || !cJSON_IsNumber(os) || !cJSON_IsNumber(hv) ||
+        !cJSON_IsNumber(ep) || !cJSON_IsString(hh) || !cJSON_IsString(su)) {
+        loco_warn("coordinator: malformed OUTER from %s: ignored", c->sites[i]);
+        goto out;
+    }
+    const int64_t s = (int64_t)os->valuedouble;
+    if (!strcmp(ph->valuestring, "ready")) {
+        is->ready_step = s;
+        is->ready_have = (int64_t)hv->valuedouble;
+        /* Outside the quorum, or behind it: fetch the state first. */
+        if (c->started && (is->status == OUT || s != c->committed + 1) &&
+            (s != c->committed + 1 || is->ready_have != c->committed)) {
+            is->status = OUT;
+            is->ready_step = 0;
+            rc = send_join(c, i);
+        }
+        goto out;
+    }
+    const uint64_t epoch = (uint64_t)ep->valuedouble;
+    if (s != c->committed + 1 || epoch != c->epoch || !c->exchanging) {
+        loco_debug("coordinator: stale %s from %s (step %lld epoch %llu)", ph->valuestring,
+                   c->sites[i], (long long)s, (unsigned long long)epoch);
+        goto out;
+    }
+    is->done_step = s;
+    is->done_epoch = epoch;
+    is->done_ok = !strcmp(ph->valuestring, "done");
+    is->done_hash = strtoull(hh->valuestring, NULL, 16);
+    is->suspects = strtoull(su->valuestring, NULL, 16);
+    if (is->done_ok) {
+        rc = try_commit(c);
+        goto out;
+    }
+    /* A failed exchange: retry with the same islands once (a dropped or
+     * corrupted frame costs a link, not a member); when the same step fails
+     * again, of two live islands that cannot reach each other the one with
+     * the higher id leaves and rejoins later. */
+    c->failures++;
+    char why[256];
+    snprintf(why, sizeof why, "exchange of outer step %lld failed at %s", (long long)s,
+             c->sites[i]);
+    event(c, "\"kind\":\"exchange_failed\",\"site\":\"%s\",\"outer_step\":%lld,\"attempt\":%d",
+          c->sites[i], (long long)s, c->failures);
+    if (c->failures >= 2) {
+        for (int k = 0; k < c->n; k++)
+            if (loco_quorum_has(is->suspects, k) && c->isl[k].status == MEMBER && k != i) {
+                int out_id = k > i ? k : i;
+                c->isl[out_id].status = OUT;
+                char r[160];
+                snprintf(r, sizeof r, "exchange failure between %s and %s", c->sites[i],
+                         c->sites[k]);
+                event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"%s\"",
+                      c->sites[out_id], r);
+                loco_warn("coordinator: %s leaves the quorum (%s)", c->sites[out_id], r);
+                send_join(c, out_id);
+                break;
+            }
+    }
+    if (!members(c)) {
+        rc = fail_run(c, "every island of the quorum is gone");
+        goto out;
+    }
+    rc = new_epoch(c, why);
+out:
+    cJSON_Delete(j);
+    return rc < 0 ? rc : 0;
+}
+
+/* ----------------------------------------------------------- registering */
+
+static int start_run(loco_coord *c);
 
 /* A REGISTER from a pending link: 1 when it became island `id`, 0 when it
  * was refused (the link is then closed), < 0 on failure. */
@@ -131,13 +518,21 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     const cJSON *site = cJSON_GetObjectItemCaseSensitive(j, "site");
     const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
     const cJSON *mh = cJSON_GetObjectItemCaseSensitive(j, "model_hash");
+    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(j, "inc");
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(j, "ranks");
+    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "committed");
+    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+    const cJSON *je = cJSON_GetObjectItemCaseSensitive(j, "epoch");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(j, "pending");
+    const cJSON *jph = cJSON_GetObjectItemCaseSensitive(j, "pending_hash");
     char why[1024] = "";
     int id = -1;
     int nr = cJSON_GetArraySize(ranks);
     if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
-        !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
-        strlen(mesh->valuestring) >= sizeof c->isl[0].mesh) {
+        !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
+        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !cJSON_IsNumber(jc) ||
+        !cJSON_IsString(jh) || !cJSON_IsNumber(je) || !cJSON_IsNumber(jp) ||
+        !cJSON_IsString(jph) || jc->valuedouble < 0) {
         snprintf(why, sizeof why, "malformed REGISTER");
         goto refuse;
     }
@@ -154,27 +549,53 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
                  site->valuestring, loco_link_peer_name(l));
         goto refuse;
     }
-    island *is = &c->isl[id];
-    if (is->link) {
-        snprintf(why, sizeof why, "site '%.64s' is already registered", site->valuestring);
-        goto refuse;
-    }
     uint64_t model_hash = strtoull(mh->valuestring, NULL, 16);
-    if (c->first_registered >= 0) {
-        const island *f = &c->isl[c->first_registered];
-        if (strcmp(f->mesh, mesh->valuestring) || f->n_ranks != nr) {
+    if (c->have_ref) {
+        if (strcmp(c->ref_mesh, mesh->valuestring) || c->ref_ranks != nr) {
             snprintf(why, sizeof why,
-                     "mesh of '%.64s' (%.150s, %d ranks) differs from '%.64s' (%.150s, %d ranks); "
-                     "islands of one run need the same mesh",
-                     site->valuestring, mesh->valuestring, nr, c->sites[c->first_registered],
-                     f->mesh, f->n_ranks);
+                     "mesh of '%.64s' (%.150s, %d ranks) differs from the run's (%.150s, %d "
+                     "ranks); islands of one run need the same mesh",
+                     site->valuestring, mesh->valuestring, nr, c->ref_mesh, c->ref_ranks);
             goto refuse;
         }
-        if (f->model_hash != model_hash) {
+        if (c->ref_model != model_hash) {
             snprintf(why, sizeof why,
-                     "'%.64s' has another [model]/[outer]/[compress] configuration than '%.64s'",
-                     site->valuestring, c->sites[c->first_registered]);
+                     "'%.64s' has another [model]/[outer]/[compress] configuration than the "
+                     "islands before it",
+                     site->valuestring);
             goto refuse;
+        }
+    }
+    island *is = &c->isl[id];
+    const uint64_t their_inc = strtoull(inc->valuestring, NULL, 16);
+    loco_island_progress reg = {.committed = (int64_t)jc->valuedouble,
+                                .hash = strtoull(jh->valuestring, NULL, 16),
+                                .epoch = (uint64_t)je->valuedouble,
+                                .pending = (int64_t)jp->valuedouble,
+                                .pending_hash = strtoull(jph->valuestring, NULL, 16)};
+    if (is->link && is->inc == their_inc) {
+        /* The same process lost its link and came back: keep its place. */
+        loco_link_destroy(is->link);
+        is->link = l;
+        is->reg = reg;
+        cJSON_Delete(j);
+        char ack[64];
+        snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
+        send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
+        if (c->started) {
+            char *q = quorum_json(c, 0, is->status != MEMBER, members(c), 0);
+            if (q)
+                send_json(l, LOCO_FRAME_QUORUM, c->epoch, q);
+            free(q);
+        }
+        return 1;
+    }
+    if (is->link) {
+        /* A new process for a site we still hold: the old one is dead. */
+        int rc = island_lost(c, id, "restarted (a new process registered)");
+        if (rc < 0) {
+            cJSON_Delete(j);
+            return rc;
         }
     }
     is->addrs = loco_alloc((size_t)nr * sizeof *is->addrs);
@@ -192,20 +613,31 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
         cJSON_Delete(j);
         return prc;
     }
+    loco_phi_start(&is->phi, loco_now());
     is->link = l;
-    is->registered = true;
+    is->inc = their_inc;
     is->n_ranks = nr;
-    is->model_hash = model_hash;
-    is->last_seen = loco_now();
-    snprintf(is->mesh, sizeof is->mesh, "%s", mesh->valuestring);
-    if (c->first_registered < 0)
-        c->first_registered = id;
+    is->reg = reg;
+    is->status = OUT;
+    is->bye = false;
+    if (!c->have_ref) {
+        c->have_ref = true;
+        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", mesh->valuestring);
+        c->ref_ranks = nr;
+        c->ref_model = model_hash;
+    }
+    if (!c->first_reg)
+        c->first_reg = loco_now();
     cJSON_Delete(j);
     char ack[64];
     snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
-    loco_info("coordinator: island %d = %s registered (%s, %d ranks)", id, is->mesh[0] ? c->sites[id] : "?",
-              is->mesh, nr);
+    loco_info("coordinator: island %d = %s registered (%s, %d ranks, committed outer step %lld)",
+              id, c->sites[id], c->ref_mesh, nr, (long long)reg.committed);
+    event(c, "\"kind\":\"register\",\"site\":\"%s\",\"committed\":%lld", c->sites[id],
+          (long long)reg.committed);
     int rc = send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
+    if (rc == 0 && c->started)
+        rc = send_join(c, id); /* the run goes on: it rejoins through a state transfer */
     return rc < 0 ? rc : 1;
 refuse:
     cJSON_Delete(j);
@@ -214,185 +646,191 @@ refuse:
     return 0;
 }
 
-static int send_quorum(loco_coord *c) {
-    loco_quorum q = {.epoch = c->epoch, .n = c->n};
-    for (int i = 0; i < c->n; i++) {
-        q.m[i].id = i;
-        snprintf(q.m[i].site, sizeof q.m[i].site, "%s", c->sites[i]);
-        q.m[i].n_ranks = c->isl[i].n_ranks;
-        q.m[i].addrs = c->isl[i].addrs;
-    }
-    char *json = loco_quorum_to_json(&q);
-    if (!json)
-        return LOCO_ERR(LOCO_ENOMEM, "quorum");
-    int rc = 0;
-    for (int i = 0; i < c->n && rc == 0; i++)
-        rc = send_json(c->isl[i].link, LOCO_FRAME_QUORUM, c->epoch, json);
-    free(json);
-    loco_info("coordinator: quorum epoch %llu: %d islands", (unsigned long long)c->epoch, c->n);
-    c->quorum_sent = true;
-    return rc;
-}
-
-/* Once every island reported outer step s, their hashes must agree. */
-static int check_step(loco_coord *c, int64_t s) {
-    uint64_t h[LOCO_MAX_ISLANDS] = {0};
-    for (int i = 0; i < c->n; i++) {
-        const island *is = &c->isl[i];
-        if (is->ring_step[s % HASH_RING] != s)
-            return 0; /* not everyone yet */
-        h[i] = is->ring_hash[s % HASH_RING];
-    }
-    for (int i = 1; i < c->n; i++)
-        if (h[i] != h[0]) {
-            char why[512];
-            snprintf(why, sizeof why,
-                     "θ_global differs after outer step %lld: %s has %016llx, %s has %016llx",
-                     (long long)s, c->sites[0], (unsigned long long)h[0], c->sites[i],
-                     (unsigned long long)h[i]);
-            return fail_run(c, why);
+/* The first quorum: of every site on a fresh start; after a coordinator
+ * restart (islands report committed steps), of those that registered
+ * within the grace period, at the newest committed step any of them
+ * holds. */
+static int start_run(loco_coord *c) {
+    int registered = 0;
+    int64_t newest = 0;
+    uint64_t newest_epoch = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link) {
+            registered++;
+            if (c->isl[i].reg.committed > newest)
+                newest = c->isl[i].reg.committed;
+            if (c->isl[i].reg.epoch > newest_epoch)
+                newest_epoch = c->isl[i].reg.epoch;
         }
-    if (s > c->checked_outer)
-        c->checked_outer = s;
-    loco_debug("coordinator: outer step %lld agrees (%016llx)", (long long)s,
-               (unsigned long long)h[0]);
+    const bool resumed = newest > 0 || newest_epoch > 0;
+    if (registered < c->n &&
+        (!resumed || loco_now() - c->first_reg < c->cfg.faulttol.timeout_ms / 1e3))
+        return 0;
+    c->committed = newest;
+    c->epoch = newest_epoch;
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link && c->isl[i].reg.committed == newest) {
+            c->committed_hash = c->isl[i].reg.hash;
+            break;
+        }
+    char hh[17];
+    loco_hash_hex(c->committed_hash, hh);
+    char json[160];
+    snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
+             (long long)newest, (unsigned long long)c->epoch, hh);
+    for (int i = 0; i < c->n; i++) {
+        island *is = &c->isl[i];
+        if (!is->link)
+            continue;
+        if (is->reg.committed == newest && is->reg.hash == c->committed_hash) {
+            is->status = MEMBER;
+        } else if (is->reg.committed == newest - 1 && is->reg.pending == newest &&
+                   is->reg.pending_hash == c->committed_hash) {
+            /* It finished the step the others committed: commit it there too. */
+            is->status = MEMBER;
+            send_json(is->link, LOCO_FRAME_COMMIT, c->epoch, json);
+        } else {
+            is->status = OUT;
+        }
+    }
+    c->started = true;
+    if (resumed)
+        loco_info("coordinator: resuming the run at committed outer step %lld", (long long)newest);
+    LOCO_CHECK(new_epoch(c, resumed ? "resumed" : "every island registered"));
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link && c->isl[i].status == OUT)
+            LOCO_CHECK(send_join(c, i));
     return 0;
 }
 
-static int handle_heartbeat(loco_coord *c, int id, const char *json, size_t len) {
-    island *is = &c->isl[id];
-    is->last_seen = loco_now();
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
-    const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
-    int rc = 0;
-    if (cJSON_IsNumber(os) && os->valuedouble >= 1 && cJSON_IsString(hh)) {
-        int64_t s = (int64_t)os->valuedouble;
-        if (s > is->last_outer) {
-            is->last_outer = s;
-            is->ring_step[s % HASH_RING] = s;
-            is->ring_hash[s % HASH_RING] = strtoull(hh->valuestring, NULL, 16);
-            rc = check_step(c, s);
-        }
-    }
-    cJSON_Delete(j);
-    return rc;
-}
+/* ------------------------------------------------------------- serving */
 
-/* Reads everything an island sent; 1 when something happened. */
-static int poll_island(loco_coord *c, int id, bool *busy) {
-    island *is = &c->isl[id];
-    for (;;) {
+/* Reads everything island i sent. */
+static int poll_island(loco_coord *c, int i, bool *busy) {
+    island *is = &c->isl[i];
+    while (is->link) {
         loco_frame_hdr h;
         void *payload = NULL;
         int rc = loco_link_recv(is->link, &h, &payload, 0);
         if (rc == LOCO_ETIMEDOUT)
             return 0;
         if (rc < 0) {
-            if (is->bye)
+            if (is->bye) {
+                drop_island(is);
                 return 0;
+            }
             char why[256];
-            snprintf(why, sizeof why, "island %d (%s) was lost: %s", id, c->sites[id],
-                     loco_errmsg());
-            loco_link_destroy(is->link);
-            is->link = NULL;
-            return fail_run(c, why);
+            snprintf(why, sizeof why, "link closed: %.200s", loco_errmsg());
+            return island_lost(c, i, why);
         }
         *busy = true;
         loco_phi_heartbeat(&is->phi, loco_now());
-        if (h.type == LOCO_FRAME_HEARTBEAT)
-            rc = handle_heartbeat(c, id, payload, h.payload_len);
+        rc = 0;
+        if (h.type == LOCO_FRAME_OUTER)
+            rc = handle_outer(c, i, payload, h.payload_len);
         else if (h.type == LOCO_FRAME_BYE) {
             is->bye = true;
-            loco_info("coordinator: island %d (%s) finished", id, c->sites[id]);
-        } else
+            loco_info("coordinator: island %d (%s) finished", i, c->sites[i]);
+        } else if (h.type != LOCO_FRAME_HEARTBEAT)
             loco_warn("coordinator: ignored a %s frame from %s", loco_frame_type_name(h.type),
-                      c->sites[id]);
+                      c->sites[i]);
         loco_free(payload);
         if (rc < 0)
             return rc;
     }
+    return 0;
+}
+
+static void accept_pending(loco_coord *c, bool *busy) {
+    loco_link *l;
+    if (loco_net_accept(c->listener, &l, 0) == 0) {
+        *busy = true;
+        int slot = -1;
+        for (int i = 0; i < MAX_PENDING && slot < 0; i++)
+            if (!c->pending[i])
+                slot = i;
+        if (slot < 0) {
+            send_error(l, "coordinator: too many unregistered connections");
+            loco_link_destroy(l);
+        } else {
+            c->pending[slot] = l;
+        }
+    }
+}
+
+static int read_pending(loco_coord *c, bool *busy) {
+    for (int i = 0; i < MAX_PENDING; i++) {
+        if (!c->pending[i])
+            continue;
+        loco_frame_hdr h;
+        void *payload = NULL;
+        int rc = loco_link_recv(c->pending[i], &h, &payload, 0);
+        if (rc == LOCO_ETIMEDOUT)
+            continue;
+        *busy = true;
+        if (rc == 0 && h.type == LOCO_FRAME_REGISTER) {
+            rc = handle_register(c, c->pending[i], payload, h.payload_len);
+            if (rc == 1)
+                c->pending[i] = NULL; /* now owned by its island */
+        } else if (rc == 0) {
+            send_error(c->pending[i], "expected REGISTER");
+        }
+        loco_free(payload);
+        if (rc < 0)
+            return rc;
+        if (c->pending[i]) {
+            loco_link_destroy(c->pending[i]);
+            c->pending[i] = NULL;
+        }
+    }
+    return 0;
 }
 
 int loco_coord_serve(loco_coord *c) {
     const double timeout = (double)c->cfg.faulttol.timeout_ms / 1000.0;
     for (;;) {
         bool busy = false;
-        loco_link *l;
-        if (loco_net_accept(c->listener, &l, 0) == 0) {
-            busy = true;
-            int slot = -1;
-            for (int i = 0; i < MAX_PENDING && slot < 0; i++)
-                if (!c->pending[i])
-                    slot = i;
-            if (slot < 0) {
-                send_error(l, "coordinator: too many unregistered connections");
-                loco_link_destroy(l);
-            } else {
-                c->pending[slot] = l;
-            }
-        }
-        for (int i = 0; i < MAX_PENDING; i++) {
-            if (!c->pending[i])
-                continue;
-            loco_frame_hdr h;
-            void *payload = NULL;
-            int rc = loco_link_recv(c->pending[i], &h, &payload, 0);
-            if (rc == LOCO_ETIMEDOUT)
-                continue;
-            busy = true;
-            if (rc == 0 && h.type == LOCO_FRAME_REGISTER) {
-                rc = handle_register(c, c->pending[i], payload, h.payload_len);
-                if (rc == 1)
-                    c->pending[i] = NULL; /* now owned by its island */
-            } else if (rc == 0) {
-                send_error(c->pending[i], "expected REGISTER");
-                rc = 0;
-            }
-            loco_free(payload);
-            if (rc < 0)
-                return rc;
-            if (c->pending[i]) {
-                loco_link_destroy(c->pending[i]);
-                c->pending[i] = NULL;
-            }
-        }
-        int registered = 0, done = 0;
+        accept_pending(c, &busy);
+        LOCO_CHECK(read_pending(c, &busy));
+        int done = 0, live_members = 0;
         for (int i = 0; i < c->n; i++) {
             island *is = &c->isl[i];
             if (!is->link)
                 continue;
-            registered++;
             LOCO_CHECK(poll_island(c, i, &busy));
+            if (!is->link)
+                continue;
             double now = loco_now();
-            if (is->bye)
-                done++;
-            else if (c->quorum_sent &&
-                     loco_phi_suspect(&is->phi, now, c->cfg.faulttol.phi, timeout)) {
+            if (is->status == MEMBER) {
+                live_members++;
+                if (is->bye)
+                    done++;
+            }
+            if (!is->bye && loco_phi_suspect(&is->phi, now, c->cfg.faulttol.phi, timeout)) {
                 char why[256];
                 snprintf(why, sizeof why,
-                         "island %d (%s) is suspected dead: silent for %.0f ms (phi %.1f, "
-                         "threshold %.1f; hard timeout %lld ms)",
-                         i, c->sites[i], (now - loco_phi_last(&is->phi)) * 1e3,
-                         loco_phi(&is->phi, now), c->cfg.faulttol.phi,
-                         (long long)c->cfg.faulttol.timeout_ms);
-                return fail_run(c, why);
+                         "silent for %.0f ms (phi %.1f, threshold %.1f; hard timeout %lld ms)",
+                         (now - loco_phi_last(&is->phi)) * 1e3, loco_phi(&is->phi, now),
+                         c->cfg.faulttol.phi, (long long)c->cfg.faulttol.timeout_ms);
+                LOCO_CHECK(island_lost(c, i, why));
             }
         }
-        if (!c->quorum_sent && registered == c->n) {
-            LOCO_CHECK(send_quorum(c));
-            for (int i = 0; i < c->n; i++) /* silence counts from now */
-                loco_phi_start(&c->isl[i].phi, loco_now());
-        }
-        if (c->quorum_sent && done == c->n) {
-            /* Everyone finished and every reported step agreed. */
+        if (!c->started && c->have_ref)
+            LOCO_CHECK(start_run(c));
+        LOCO_CHECK(try_go(c));
+        if (c->started && live_members > 0 && done == live_members && !c->exchanging) {
+            /* Every member finished and every committed step agreed. */
             for (int i = 0; i < c->n; i++) {
+                if (!c->isl[i].link)
+                    continue;
                 loco_frame_hdr h = {.type = LOCO_FRAME_BYE, .epoch = c->epoch};
                 if (loco_link_send(c->isl[i].link, &h, NULL, 0) == 0)
                     loco_link_flush(c->isl[i].link, 2000);
             }
             loco_info("coordinator: run finished; θ_global agreed through outer step %lld",
-                      (long long)c->checked_outer);
+                      (long long)c->committed);
+            event(c, "\"kind\":\"end\",\"status\":\"finished\",\"outer_step\":%lld",
+                  (long long)c->committed);
             return 0;
         }
         if (!busy)

@@ -2,8 +2,7 @@
  * (registration, ids, quorum epochs, heartbeats and the bitwise-agreement
  * check of θ_global) and the island side of that protocol. Messages are
  * net/ frames whose payloads are small JSON objects; docs/PROTOCOL.md lists
- * them. This version stops the run when an island fails; surviving failures
- * comes with the fault-tolerance issue. */
+ * them. */
 #ifndef LOCO_FAULTTOL_H
 #define LOCO_FAULTTOL_H
 
@@ -23,13 +22,22 @@ int loco_site_id(const loco_config *cfg, const char *site, int *id, int *n_sites
 typedef struct {
     int id;
     char site[LOCO_NET_NAME_MAX];
-    int n_ranks;
+    int n_ranks;                  /* 0: not registered now */
     char (*addrs)[LOCO_ADDR_MAX]; /* (n_ranks) "host:port" of each rank's peer listener */
 } loco_member;
 
+/* What the coordinator announces: membership of a quorum epoch and, with
+ * outer_step > 0, the go for that outer step. */
 typedef struct {
     uint64_t epoch;
-    int n;
+    int64_t outer_step;      /* go for this outer step; 0 = membership only */
+    int64_t committed;       /* last outer step every member agreed on */
+    uint64_t committed_hash; /* θ_global hash after it */
+    bool join;               /* to an island outside the quorum: fetch the state of
+                                `committed` from a member, then say ready */
+    int n;                   /* islands of the run (outer.sites) */
+    uint64_t members;        /* bit id: contributes to this step */
+    uint64_t observers;      /* bit id: joins at this step (receives, sends nothing) */
     loco_member m[LOCO_MAX_ISLANDS]; /* by id */
 } loco_quorum;
 
@@ -37,20 +45,27 @@ void loco_quorum_fini(loco_quorum *q);
 /* JSON form, as QUORUM frames carry it (caller frees with free()). */
 char *loco_quorum_to_json(const loco_quorum *q);
 int loco_quorum_from_json(loco_quorum *q, const char *json, size_t len);
+static inline bool loco_quorum_has(uint64_t mask, int id) {
+    return id >= 0 && id < 64 && ((mask >> id) & 1u);
+}
 
 /* ----------------------------------------------------------- coordinator */
 
 typedef struct loco_coord loco_coord;
 
 /* Listens on faulttol.coordinator (or host:port when given: port 0 picks
- * one) for the islands of outer.sites. */
+ * one) for the islands of outer.sites. Events (quorums, suspicions,
+ * commits, joins) are appended to events_path when not NULL. */
 int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_params *np,
-                      const char *host, int port);
+                      const char *host, int port, const char *events_path);
 int loco_coord_port(const loco_coord *c);
-/* Serves until every island said BYE (0) or the run must stop: an island
- * with another mesh or model is refused (it gets an ERROR, the others go
- * on waiting); θ_global hashes that differ at an outer step, or an island
- * lost before BYE, stop the run (ERROR to everyone, LOCO_EPEER here). */
+/* Serves until every member said BYE (0) or the run must stop. Islands
+ * lost or suspected leave the quorum (new epoch; the survivors redo the
+ * step without them); a restarted island or a dropped straggler rejoins
+ * through a state transfer; a coordinator restarted mid-run rebuilds the
+ * quorum from what the islands report when they re-register. θ_global
+ * hashes that differ at an outer step stop the run (ERROR to everyone,
+ * LOCO_EPEER here), as does an island with another mesh or model (refused). */
 int loco_coord_serve(loco_coord *c);
 void loco_coord_destroy(loco_coord *c);
 
@@ -67,21 +82,52 @@ typedef struct {
     uint64_t model_hash; /* hash of [model] and [outer]: islands must agree */
 } loco_island_info;
 
+/* What an island holds, sent with every (re)registration so that a
+ * restarted coordinator can rebuild the run. */
+typedef struct {
+    int64_t committed;     /* outer step of its θ_global (0: the initial one) */
+    uint64_t hash;         /* θ_global hash at committed */
+    uint64_t epoch;        /* last quorum epoch it knew (0: none) */
+    int64_t pending;       /* outer step done but not yet committed (0: none) */
+    uint64_t pending_hash; /* θ_global hash after it */
+} loco_island_progress;
+
+/* The coordinator's answer to a session call. */
+typedef enum {
+    LOCO_VERDICT_GO = 1,     /* exchange this step with q's members (q filled) */
+    LOCO_VERDICT_COMMIT = 2, /* every member agreed: the step is final */
+    LOCO_VERDICT_AGAIN = 3,  /* membership changed: say ready again and redo */
+    LOCO_VERDICT_JOIN = 4,   /* outside the quorum: fetch the state, rejoin (q filled) */
+    LOCO_VERDICT_FINISHED = 5, /* the run ended (BYE) */
+} loco_verdict;
+
 /* Connects to the coordinator, registers and waits (up to timeout_ms) for
- * the first quorum. A refusal is LOCO_EPEER with the coordinator's reason. */
+ * the first quorum (q: membership, or join = true). A refusal is
+ * LOCO_EPEER with the coordinator's reason. */
 int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net_params *np,
-                      const loco_island_info *me, int *island_id, loco_quorum *q,
-                      int timeout_ms);
-/* Records progress; with outer_step >= 1 it also sends that step's
- * θ_global hash at once. A thread of the session sends a heartbeat every
+                      const loco_island_info *me, const loco_island_progress *progress,
+                      int *island_id, loco_quorum *q, int timeout_ms);
+/* Ready for outer step `step` holding the committed θ_global of step
+ * `have`: waits for GO (q = members and observers of the step) or JOIN (q =
+ * the members to fetch from) or FINISHED. Survives a coordinator restart
+ * (reconnects and re-registers within timeout_ms). */
+int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum *q,
+                       loco_verdict *v, int timeout_ms);
+/* The outcome of the step's exchange in `epoch`: ok with the island's
+ * θ_global hash, or failed, suspecting the islands of mask `suspects`.
+ * Waits for COMMIT, AGAIN or JOIN (q filled for JOIN). */
+int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, uint64_t hash,
+                      uint64_t suspects, loco_quorum *q, loco_verdict *v, int timeout_ms);
+/* Records the committed state (for re-registration). */
+void loco_session_progress(loco_session *s, const loco_island_progress *p);
+/* Records progress; a thread of the session sends a heartbeat every
  * faulttol.heartbeat_ms from join to leave, whatever the island is doing. */
-int loco_session_heartbeat(loco_session *s, int64_t inner_step, int64_t outer_step,
-                           uint64_t hash);
-/* Reads what the coordinator sent since (never blocks): an ERROR becomes
- * LOCO_EPEER with its text. */
+int loco_session_heartbeat(loco_session *s, int64_t inner_step);
+/* Reads what the coordinator sent since (never blocks; reconnects when the
+ * coordinator went away): an ERROR becomes LOCO_EPEER with its text. */
 int loco_session_poll(loco_session *s);
 /* Says BYE and waits for the coordinator's final word (its own BYE once
- * every island finished with agreeing hashes, or an ERROR). */
+ * every member finished with agreeing hashes, or an ERROR). */
 int loco_session_leave(loco_session *s, int timeout_ms);
 void loco_session_destroy(loco_session *s);
 

@@ -1,16 +1,42 @@
-/* The island side of the coordinator protocol (held by island rank 0). */
+/* The island side of the coordinator protocol (held by island rank 0).
+ * The session survives the coordinator: when its link breaks, the next
+ * call reconnects and registers again with what the island holds
+ * (loco_island_progress), under the same incarnation, so a restarted
+ * coordinator can rebuild the run and a live one keeps the membership. */
 #include "faulttol/faulttol.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#define QUEUE 32
+
+typedef struct {
+    loco_frame_hdr h;
+    void *payload;
+} queued;
 
 struct loco_session {
+    pthread_mutex_t mu; /* link (the heartbeat thread sends on it) */
     loco_link *link;
-    uint64_t epoch;
+    bool broken;
     int id;
+    uint64_t inc; /* this process: a restarted island has another */
+    char host[LOCO_ADDR_MAX];
+    int port;
+    loco_net_params np;
+    char site[LOCO_NET_NAME_MAX], mesh[160];
+    uint64_t model_hash;
+    int n_ranks;
+    char (*addrs)[LOCO_ADDR_MAX];
+    loco_island_progress progress;
+    queued q[QUEUE];
+    int q_head, q_len;
+    double last_try;
     /* Heartbeats go out from their own thread, so a long step or exchange
      * never looks like silence to the coordinator. */
     pthread_t beat_thread;
@@ -18,18 +44,25 @@ struct loco_session {
     atomic_bool stop;
     atomic_llong inner_step;
     int beat_ms;
-    pthread_mutex_t mu;
     pthread_cond_t cv;
 };
 
-static int send_beat(loco_session *s, int64_t inner_step, int64_t outer_step, uint64_t hash) {
-    char json[160], hh[17];
-    loco_hash_hex(hash, hh);
-    snprintf(json, sizeof json, "{\"inner_step\":%lld,\"outer_step\":%lld,\"hash\":\"%s\"}",
-             (long long)inner_step, (long long)outer_step, hh);
-    loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = s->epoch,
-                        .step = (uint64_t)(outer_step > 0 ? outer_step : 0)};
-    return loco_link_send(s->link, &h, json, strlen(json));
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int send_locked(loco_session *s, int type, const char *json) {
+    pthread_mutex_lock(&s->mu);
+    int rc = LOCO_ERR(LOCO_EPEER, "no link to the coordinator");
+    if (s->link && !s->broken) {
+        loco_frame_hdr h = {.type = (uint16_t)type, .epoch = s->progress.epoch};
+        rc = loco_link_send(s->link, &h, json, json ? strlen(json) : 0);
+        if (rc < 0)
+            s->broken = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 static void *beat_main(void *arg) {
@@ -44,11 +77,14 @@ static void *beat_main(void *arg) {
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         if (atomic_load(&s->stop))
             break;
-        pthread_mutex_unlock(&s->mu);
-        int rc = send_beat(s, atomic_load(&s->inner_step), 0, 0);
-        pthread_mutex_lock(&s->mu);
-        if (rc < 0)
-            break; /* the link failed: the main thread hears it on poll */
+        if (s->link && !s->broken) {
+            char json[64];
+            snprintf(json, sizeof json, "{\"inner_step\":%lld}",
+                     (long long)atomic_load(&s->inner_step));
+            loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = s->progress.epoch};
+            if (loco_link_send(s->link, &h, json, strlen(json)) < 0)
+                s->broken = true; /* the main thread reconnects */
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -70,24 +106,141 @@ void loco_session_destroy(loco_session *s) {
         return;
     stop_beats(s);
     loco_link_destroy(s->link);
+    for (int i = 0; i < QUEUE; i++)
+        loco_free(s->q[i].payload);
+    loco_free(s->addrs);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     loco_free(s);
 }
 
-static int refusal(loco_session *s, const void *payload, size_t len) {
-    (void)s;
+static int refusal(const void *payload, size_t len) {
     return LOCO_ERR(LOCO_EPEER, "coordinator: %.*s", (int)(len > 900 ? 900 : len),
                     (const char *)payload);
 }
 
+/* One connection attempt and a REGISTER with the current progress. */
+static int connect_register(loco_session *s, int timeout_ms) {
+    loco_net_params p = s->np;
+    snprintf(p.expect_peer, sizeof p.expect_peer, "%s",
+             s->np.backend == LOCO_NET_TLS ? "coordinator" : "");
+    p.streams = 1;
+    loco_link *l;
+    LOCO_CHECK(loco_net_connect(&l, &p, s->host, s->port, timeout_ms));
+    cJSON *j = cJSON_CreateObject();
+    char hh[17];
+    cJSON_AddStringToObject(j, "site", s->site);
+    cJSON_AddStringToObject(j, "mesh", s->mesh);
+    loco_hash_hex(s->model_hash, hh);
+    cJSON_AddStringToObject(j, "model_hash", hh);
+    loco_hash_hex(s->inc, hh);
+    cJSON_AddStringToObject(j, "inc", hh);
+    cJSON *a = cJSON_AddArrayToObject(j, "ranks");
+    for (int r = 0; r < s->n_ranks; r++)
+        cJSON_AddItemToArray(a, cJSON_CreateString(s->addrs[r]));
+    const loco_island_progress *pr = &s->progress;
+    cJSON_AddNumberToObject(j, "committed", (double)pr->committed);
+    loco_hash_hex(pr->hash, hh);
+    cJSON_AddStringToObject(j, "hash", hh);
+    cJSON_AddNumberToObject(j, "epoch", (double)pr->epoch);
+    cJSON_AddNumberToObject(j, "pending", (double)pr->pending);
+    loco_hash_hex(pr->pending_hash, hh);
+    cJSON_AddStringToObject(j, "pending_hash", hh);
+    char *json = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!json) {
+        loco_link_destroy(l);
+        return LOCO_ERR(LOCO_ENOMEM, "REGISTER");
+    }
+    loco_frame_hdr h = {.type = LOCO_FRAME_REGISTER};
+    int rc = loco_link_send(l, &h, json, strlen(json));
+    cJSON_free(json);
+    if (rc < 0) {
+        loco_link_destroy(l);
+        return rc;
+    }
+    pthread_mutex_lock(&s->mu);
+    loco_link *old = s->link;
+    s->link = l;
+    s->broken = false;
+    pthread_mutex_unlock(&s->mu);
+    loco_link_destroy(old);
+    return 0;
+}
+
+/* After the link broke: attempts until deadline (one when deadline <= now). */
+static int reconnect(loco_session *s, double deadline) {
+    int rc;
+    do {
+        rc = connect_register(s, 2000);
+        if (rc == 0) {
+            loco_info("session: registered again with the coordinator (committed outer step %lld)",
+                      (long long)s->progress.committed);
+            return 0;
+        }
+        if (loco_now() < deadline)
+            sleep_ms(100);
+    } while (loco_now() < deadline);
+    return rc;
+}
+
+/* Next frame from the coordinator that is not a heartbeat-level concern:
+ * queued ones first. LOCO_ETIMEDOUT after timeout_ms; reconnects (until
+ * deadline) when the link broke. */
+static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int timeout_ms,
+                      double deadline) {
+    if (s->q_len > 0) {
+        queued *e = &s->q[s->q_head];
+        *h = e->h;
+        *payload = e->payload;
+        e->payload = NULL;
+        s->q_head = (s->q_head + 1) % QUEUE;
+        s->q_len--;
+        return 0;
+    }
+    for (;;) {
+        if (s->broken || !s->link) {
+            if (loco_now() >= deadline)
+                return LOCO_ERR(LOCO_EPEER, "lost the coordinator and could not register again");
+            if (reconnect(s, loco_now()) < 0) {
+                sleep_ms(100);
+                continue;
+            }
+        }
+        int rc = loco_link_recv(s->link, h, payload, timeout_ms);
+        if (rc == LOCO_ETIMEDOUT)
+            return rc;
+        if (rc < 0) {
+            loco_warn("session: lost the coordinator (%s); registering again", loco_errmsg());
+            pthread_mutex_lock(&s->mu);
+            s->broken = true;
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        if (h->type == LOCO_FRAME_ACK) {
+            cJSON *ack = cJSON_ParseWithLength(*payload, h->payload_len);
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(ack, "island_id");
+            if (cJSON_IsNumber(id))
+                s->id = id->valueint;
+            cJSON_Delete(ack);
+            loco_free(*payload);
+            *payload = NULL;
+            continue;
+        }
+        if (h->type == LOCO_FRAME_ERROR) {
+            rc = refusal(*payload, h->payload_len);
+            loco_free(*payload);
+            *payload = NULL;
+            return rc;
+        }
+        return 0;
+    }
+}
+
 int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net_params *np,
-                      const loco_island_info *me, int *island_id, loco_quorum *q,
-                      int timeout_ms) {
+                      const loco_island_info *me, const loco_island_progress *progress,
+                      int *island_id, loco_quorum *q, int timeout_ms) {
     *out = NULL;
-    char host[LOCO_ADDR_MAX];
-    int port;
-    LOCO_CHECK(loco_parse_hostport(cfg->faulttol.coordinator, host, sizeof host, &port));
     loco_session *s = loco_alloc(sizeof *s);
     if (!s)
         return LOCO_ERR(LOCO_ENOMEM, "session");
@@ -95,46 +248,39 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->beat_ms = (int)cfg->faulttol.heartbeat_ms;
-    int rc;
-    loco_net_params p = *np;
-    snprintf(p.expect_peer, sizeof p.expect_peer, "%s", np->backend == LOCO_NET_TLS ? "coordinator" : "");
-    p.streams = 1;
+    s->np = *np;
+    snprintf(s->site, sizeof s->site, "%s", me->site);
+    snprintf(s->mesh, sizeof s->mesh, "%s", me->mesh);
+    s->model_hash = me->model_hash;
+    s->n_ranks = me->n_ranks;
+    if (progress)
+        s->progress = *progress;
+    uint64_t seed[2] = {(uint64_t)getpid(), (uint64_t)(loco_now() * 1e9)};
+    s->inc = loco_hash64(seed, sizeof seed);
+    int rc = loco_parse_hostport(cfg->faulttol.coordinator, s->host, sizeof s->host, &s->port);
+    if (rc < 0)
+        goto out_fail;
+    s->addrs = loco_alloc((size_t)me->n_ranks * sizeof *s->addrs);
+    if (!s->addrs) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "addresses");
+        goto out_fail;
+    }
+    memcpy(s->addrs, me->addrs, (size_t)me->n_ranks * sizeof *s->addrs);
     /* The coordinator may start a moment after the islands. */
     double deadline = loco_now() + timeout_ms / 1000.0;
     for (;;) {
-        rc = loco_net_connect(&s->link, &p, host, port, -1);
+        rc = connect_register(s, -1);
         if (rc != LOCO_EIO || loco_now() > deadline)
             break;
-        struct timespec ts = {0, 100 * 1000000L};
-        nanosleep(&ts, NULL);
+        sleep_ms(100);
     }
     if (rc < 0)
         goto out_fail;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "site", me->site);
-    cJSON_AddStringToObject(j, "mesh", me->mesh);
-    char hh[17];
-    loco_hash_hex(me->model_hash, hh);
-    cJSON_AddStringToObject(j, "model_hash", hh);
-    cJSON *a = cJSON_AddArrayToObject(j, "ranks");
-    for (int r = 0; r < me->n_ranks; r++)
-        cJSON_AddItemToArray(a, cJSON_CreateString(me->addrs[r]));
-    char *json = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (!json) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "REGISTER");
-        goto out_fail;
-    }
-    loco_frame_hdr h = {.type = LOCO_FRAME_REGISTER};
-    rc = loco_link_send(s->link, &h, json, strlen(json));
-    cJSON_free(json);
-    if (rc < 0)
-        goto out_fail;
-    bool have_quorum = false;
-    while (!have_quorum) {
+    for (;;) {
         int left = (int)((deadline - loco_now()) * 1000);
+        loco_frame_hdr h;
         void *payload = NULL;
-        rc = loco_link_recv(s->link, &h, &payload, left > 0 ? left : 0);
+        rc = left > 0 ? next_frame(s, &h, &payload, left, deadline) : LOCO_ETIMEDOUT;
         if (rc == LOCO_ETIMEDOUT) {
             rc = LOCO_ERR(LOCO_ETIMEDOUT, "no quorum from the coordinator within %d ms (are all "
                                           "sites of outer.sites started?)",
@@ -143,26 +289,22 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
         }
         if (rc < 0)
             goto out_fail;
-        if (h.type == LOCO_FRAME_ERROR) {
-            rc = refusal(s, payload, h.payload_len);
-        } else if (h.type == LOCO_FRAME_ACK) {
-            cJSON *ack = cJSON_ParseWithLength(payload, h.payload_len);
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(ack, "island_id");
-            s->id = cJSON_IsNumber(id) ? id->valueint : -1;
-            cJSON_Delete(ack);
-        } else if (h.type == LOCO_FRAME_QUORUM) {
+        bool done = false;
+        if (h.type == LOCO_FRAME_QUORUM) {
             rc = loco_quorum_from_json(q, payload, h.payload_len);
-            s->epoch = q->epoch;
-            have_quorum = rc == 0;
+            done = rc == 0;
         }
         loco_free(payload);
         if (rc < 0)
             goto out_fail;
+        if (done)
+            break;
     }
     if (s->id < 0 || s->id >= q->n) {
         rc = LOCO_ERR(LOCO_EPROTO, "coordinator gave no valid island id");
         goto out_fail;
     }
+    s->progress.epoch = q->epoch;
     *island_id = s->id;
     if (pthread_create(&s->beat_thread, NULL, beat_main, s) != 0) {
         rc = LOCO_ERR(LOCO_EIO, "cannot start the heartbeat thread");
@@ -176,45 +318,197 @@ out_fail:
     return rc;
 }
 
-int loco_session_heartbeat(loco_session *s, int64_t inner_step, int64_t outer_step,
-                           uint64_t hash) {
+static int send_outer(loco_session *s, const char *phase, int64_t step, int64_t have,
+                      uint64_t epoch, uint64_t hash, uint64_t suspects) {
+    char json[256], hh[17];
+    loco_hash_hex(hash, hh);
+    snprintf(json, sizeof json,
+             "{\"phase\":\"%s\",\"outer_step\":%lld,\"have\":%lld,\"epoch\":%llu,\"hash\":\"%s\","
+             "\"suspects\":\"%016llx\"}",
+             phase, (long long)step, (long long)have, (unsigned long long)epoch, hh,
+             (unsigned long long)suspects);
+    return send_locked(s, LOCO_FRAME_OUTER, json);
+}
+
+static int64_t commit_step(const void *payload, size_t len) {
+    cJSON *j = cJSON_ParseWithLength(payload, len);
+    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+    int64_t s = cJSON_IsNumber(os) ? (int64_t)os->valuedouble : -1;
+    cJSON_Delete(j);
+    return s;
+}
+
+int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum *q,
+                       loco_verdict *v, int timeout_ms) {
+    double deadline = loco_now() + timeout_ms / 1000.0;
+    int rc = send_outer(s, "ready", step, have, 0, 0, 0);
+    (void)rc; /* a broken link is mended below, and READY sent again */
+    bool sent = rc == 0;
+    for (;;) {
+        if (loco_now() > deadline)
+            return LOCO_ERR(LOCO_ETIMEDOUT, "no go for outer step %lld from the coordinator "
+                                            "within %d ms",
+                            (long long)step, timeout_ms);
+        loco_frame_hdr h;
+        void *payload = NULL;
+        rc = next_frame(s, &h, &payload, 100, deadline);
+        if (rc == LOCO_ETIMEDOUT) {
+            if (!sent || s->broken)
+                sent = send_outer(s, "ready", step, have, 0, 0, 0) == 0;
+            continue;
+        }
+        if (rc < 0)
+            return rc;
+        if (h.type == LOCO_FRAME_BYE) {
+            loco_free(payload);
+            *v = LOCO_VERDICT_FINISHED;
+            return 0;
+        }
+        if (h.type != LOCO_FRAME_QUORUM) {
+            loco_free(payload);
+            continue; /* a COMMIT of a step already settled */
+        }
+        loco_quorum_fini(q);
+        rc = loco_quorum_from_json(q, payload, h.payload_len);
+        loco_free(payload);
+        LOCO_CHECK(rc);
+        s->progress.epoch = q->epoch;
+        if (q->join) {
+            *v = LOCO_VERDICT_JOIN;
+            return 0;
+        }
+        if (q->outer_step == step) {
+            *v = LOCO_VERDICT_GO;
+            return 0;
+        }
+        if (q->outer_step == 0) /* membership changed or a new coordinator: say it again */
+            sent = send_outer(s, "ready", step, have, 0, 0, 0) == 0;
+    }
+}
+
+int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, uint64_t hash,
+                      uint64_t suspects, loco_quorum *q, loco_verdict *v, int timeout_ms) {
+    double deadline = loco_now() + timeout_ms / 1000.0;
+    const char *phase = ok ? "done" : "failed";
+    bool sent = send_outer(s, phase, step, 0, epoch, hash, suspects) == 0;
+    for (;;) {
+        if (loco_now() > deadline)
+            return LOCO_ERR(LOCO_ETIMEDOUT, "no verdict on outer step %lld from the coordinator "
+                                            "within %d ms",
+                            (long long)step, timeout_ms);
+        loco_frame_hdr h;
+        void *payload = NULL;
+        int rc = next_frame(s, &h, &payload, 100, deadline);
+        if (rc == LOCO_ETIMEDOUT) {
+            if (!sent)
+                sent = send_outer(s, phase, step, 0, epoch, hash, suspects) == 0;
+            continue;
+        }
+        if (rc < 0)
+            return rc;
+        if (h.type == LOCO_FRAME_COMMIT) {
+            int64_t cs = commit_step(payload, h.payload_len);
+            loco_free(payload);
+            if (cs == step) {
+                *v = LOCO_VERDICT_COMMIT;
+                return 0;
+            }
+            continue;
+        }
+        if (h.type == LOCO_FRAME_BYE) {
+            loco_free(payload);
+            *v = LOCO_VERDICT_FINISHED;
+            return 0;
+        }
+        if (h.type != LOCO_FRAME_QUORUM) {
+            loco_free(payload);
+            continue;
+        }
+        loco_quorum_fini(q);
+        rc = loco_quorum_from_json(q, payload, h.payload_len);
+        loco_free(payload);
+        LOCO_CHECK(rc);
+        s->progress.epoch = q->epoch;
+        if (q->join) {
+            *v = LOCO_VERDICT_JOIN;
+            return 0;
+        }
+        if (q->outer_step == 0) {
+            *v = LOCO_VERDICT_AGAIN;
+            return 0;
+        }
+    }
+}
+
+void loco_session_progress(loco_session *s, const loco_island_progress *p) {
+    uint64_t epoch = s->progress.epoch;
+    s->progress = *p;
+    if (!p->epoch)
+        s->progress.epoch = epoch;
+}
+
+int loco_session_heartbeat(loco_session *s, int64_t inner_step) {
     atomic_store(&s->inner_step, inner_step);
-    if (outer_step < 1)
-        return 0; /* the heartbeat thread carries progress */
-    return send_beat(s, inner_step, outer_step, hash);
+    return 0;
 }
 
 int loco_session_poll(loco_session *s) {
     for (;;) {
+        if (s->broken) {
+            /* One attempt per 200 ms: the run goes on meanwhile. */
+            if (loco_now() - s->last_try < 0.2)
+                return 0;
+            s->last_try = loco_now();
+            if (reconnect(s, 0) < 0)
+                return 0;
+        }
         loco_frame_hdr h;
         void *payload = NULL;
         int rc = loco_link_recv(s->link, &h, &payload, 0);
         if (rc == LOCO_ETIMEDOUT)
             return 0;
-        if (rc < 0)
-            return LOCO_ERR(rc, "lost the coordinator: %s", loco_errmsg());
-        if (h.type == LOCO_FRAME_ERROR)
-            rc = refusal(s, payload, h.payload_len);
-        loco_free(payload);
-        if (rc < 0)
+        if (rc < 0) {
+            loco_warn("session: lost the coordinator (%s)", loco_errmsg());
+            pthread_mutex_lock(&s->mu);
+            s->broken = true;
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        if (h.type == LOCO_FRAME_ERROR) {
+            rc = refusal(payload, h.payload_len);
+            loco_free(payload);
             return rc;
+        }
+        if (h.type == LOCO_FRAME_ACK || s->q_len == QUEUE) {
+            loco_free(payload);
+            continue;
+        }
+        queued *e = &s->q[(s->q_head + s->q_len) % QUEUE];
+        e->h = h;
+        e->payload = payload;
+        s->q_len++;
     }
 }
 
 int loco_session_leave(loco_session *s, int timeout_ms) {
     stop_beats(s);
-    loco_frame_hdr h = {.type = LOCO_FRAME_BYE, .epoch = s->epoch};
-    LOCO_CHECK(loco_link_send(s->link, &h, NULL, 0));
+    double deadline = loco_now() + timeout_ms / 1000.0;
+    bool sent = send_locked(s, LOCO_FRAME_BYE, NULL) == 0;
     for (;;) {
+        if (loco_now() > deadline)
+            return LOCO_ERR(LOCO_ETIMEDOUT, "no final word from the coordinator within %d ms",
+                            timeout_ms);
+        loco_frame_hdr h;
         void *payload = NULL;
-        int rc = loco_link_recv(s->link, &h, &payload, timeout_ms);
-        if (rc < 0)
-            return LOCO_ERR(rc, "no final word from the coordinator: %s", loco_errmsg());
-        if (h.type == LOCO_FRAME_ERROR)
-            rc = refusal(s, payload, h.payload_len);
+        int rc = next_frame(s, &h, &payload, 100, deadline);
+        if (rc == LOCO_ETIMEDOUT) {
+            if (!sent || s->broken)
+                sent = send_locked(s, LOCO_FRAME_BYE, NULL) == 0;
+            continue;
+        }
         loco_free(payload);
         if (rc < 0)
-            return rc;
+            return LOCO_ERR(rc, "no final word from the coordinator: %s", loco_errmsg());
         if (h.type == LOCO_FRAME_BYE)
             return 0;
     }

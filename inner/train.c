@@ -124,6 +124,10 @@ out_fail:
 }
 
 int64_t loco_trainer_steps_done(const loco_trainer *t) { return t->step; }
+void loco_trainer_set_step(loco_trainer *t, int64_t step) {
+    t->step = step;
+    t->first_step = step;
+}
 
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
     loco_zero_range(t->zero, lo, hi);

@@ -45,6 +45,10 @@ static const char *const type_names[LOCO_FRAME_TYPE_END] = {
     [LOCO_FRAME_ACK] = "ACK",
     [LOCO_FRAME_ERROR] = "ERROR",
     [LOCO_FRAME_BYE] = "BYE",
+    [LOCO_FRAME_OUTER] = "OUTER",
+    [LOCO_FRAME_COMMIT] = "COMMIT",
+    [LOCO_FRAME_STATE_REQ] = "STATE_REQ",
+    [LOCO_FRAME_LINK] = "LINK",
 };
 
 const char *loco_frame_type_name(int type) {

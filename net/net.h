@@ -47,6 +47,10 @@ typedef enum {
     LOCO_FRAME_ACK = 7,
     LOCO_FRAME_ERROR = 8, /* the sender refuses something; payload is text */
     LOCO_FRAME_BYE = 9,   /* orderly leave */
+    LOCO_FRAME_OUTER = 10,     /* island -> coordinator: ready for / done with an outer step */
+    LOCO_FRAME_COMMIT = 11,    /* coordinator -> islands: an outer step every member agreed on */
+    LOCO_FRAME_STATE_REQ = 12, /* rejoining island -> live island: send θ_global from chunk k */
+    LOCO_FRAME_LINK = 13,      /* first frame of an island-to-island link: who and which start */
     LOCO_FRAME_TYPE_END
 } loco_frame_type;
 

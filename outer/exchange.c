@@ -39,6 +39,7 @@ typedef struct {
     atomic_int abort;
     int rc;
     size_t sent;
+    int bad_peer; /* contributor whose link failed, -1 */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } pipeline;
@@ -91,6 +92,15 @@ static void *sender(void *arg) {
             p->rc = loco_link_send(x->peers[k], &h, b, len);
             p->sent += len;
         }
+        /* Islands joining at this step hear every contribution. */
+        for (int k = 0; k < x->n_observers && p->rc == 0 && !p->rsag; k++) {
+            loco_frame_hdr h = {.type = LOCO_FRAME_PSEUDOGRAD, .epoch = x->epoch,
+                                .step = (uint64_t)p->step, .shard = x->shard,
+                                .chunk = (uint32_t)c, .n_chunks = (uint32_t)p->n_chunks,
+                                .raw_len = p->raw};
+            p->rc = loco_link_send(x->observers[k], &h, b, len);
+            p->sent += len;
+        }
         if (p->rc < 0)
             break;
     }
@@ -119,9 +129,11 @@ static int recv_chunk(const pipeline *p, int k, size_t chunk, void **payload, si
     const size_t total = p->rsag ? 2 * p->n_chunks : p->n_chunks;
     loco_frame_hdr h;
     int rc = loco_link_recv(x->peers[k], &h, payload, x->timeout_ms);
-    if (rc < 0)
+    if (rc < 0) {
+        ((pipeline *)p)->bad_peer = k;
         return LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)p->step, k,
                         loco_errmsg());
+    }
     if (h.type != LOCO_FRAME_PSEUDOGRAD || h.epoch != x->epoch || h.step != (uint64_t)p->step ||
         h.shard != x->shard || h.chunk != chunk || h.n_chunks != total) {
         loco_warn("outer step %lld: refused a %s frame from island %d (epoch %llu step %llu "
@@ -131,6 +143,7 @@ static int recv_chunk(const pipeline *p, int k, size_t chunk, void **payload, si
                   h.n_chunks, (unsigned long long)x->epoch, x->shard, chunk, total);
         loco_free(*payload);
         *payload = NULL;
+        ((pipeline *)p)->bad_peer = k;
         return LOCO_ERR(LOCO_EPROTO, "outer step %lld: stale or misdirected frame from island %d",
                         (long long)p->step, k);
     }
@@ -214,16 +227,69 @@ static int gather_stage(pipeline *p, loco_exchange_stats *s) {
     return rc;
 }
 
+/* An island joining at this step: every contributor's chunks, in
+ * contributor order, averaged and applied like everyone else does. */
+static int observe(loco_outer *o, const loco_exchange *x, float *theta_local, int64_t step,
+                   loco_exchange_stats *st) {
+    loco_exchange_stats s = {0};
+    double t0 = loco_now();
+    if (x->redo)
+        loco_outer_restore(o);
+    else
+        loco_outer_save(o);
+    const loco_codec_params *cp = loco_codec_get_params(loco_outer_codec(o));
+    pipeline p = {.o = o, .x = x, .theta_local = theta_local, .step = step,
+                  .raw = loco_outer_size(o) * sizeof(float), .bad_peer = -1,
+                  .n_chunks = loco_compress_chunk_count(loco_outer_size(o), cp)};
+    loco_outer_begin_average(o, x->n_islands);
+    int rc = 0;
+    for (size_t c = 0; c < p.n_chunks && rc == 0; c++) {
+        for (int k = 0; k < x->n_islands && rc == 0; k++) {
+            void *payload = NULL;
+            size_t len = 0;
+            rc = recv_chunk(&p, k, c, &payload, &len);
+            if (rc == 0) {
+                s.bytes_received += len;
+                rc = loco_outer_add_chunk(o, 1, k, payload, len);
+            }
+            loco_free(payload);
+        }
+        if (rc == 0)
+            rc = loco_outer_apply_chunk(o, c, theta_local);
+    }
+    double t1 = loco_now();
+    if (rc == 0)
+        rc = loco_outer_apply(o, theta_local);
+    s.raw_bytes = p.raw;
+    s.exchange_s = t1 - t0;
+    s.apply_s = loco_now() - t1;
+    s.failed_peer = p.bad_peer;
+    if (st)
+        *st = s;
+    return rc;
+}
+
 static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *theta_local,
                      int64_t step, loco_exchange_stats *st) {
     loco_exchange_stats s = {0};
-    if (x->n_islands > LOCO_MAX_PEERS || x->me < 0 || x->me >= x->n_islands)
-        return LOCO_ERR(LOCO_EINVAL, "island %d of %d (at most %d)", x->me, x->n_islands,
-                        LOCO_MAX_PEERS);
+    if (x->n_islands > LOCO_MAX_PEERS || x->me >= x->n_islands || x->n_observers < 0 ||
+        x->n_islands + x->n_observers > LOCO_MAX_PEERS)
+        return LOCO_ERR(LOCO_EINVAL, "island %d of %d + %d (at most %d)", x->me, x->n_islands,
+                        x->n_observers, LOCO_MAX_PEERS);
+    if (x->me < 0)
+        return observe(o, x, theta_local, step, st);
+    if (rsag && x->n_observers > 0)
+        return LOCO_ERR(LOCO_EINVAL, "outer: islands joining a step need the all-gather exchange");
     double t0 = loco_now();
     pipeline p = {.o = o, .x = x, .theta_local = theta_local, .step = step, .rsag = rsag,
-                  .raw = loco_outer_size(o) * sizeof(float)};
-    LOCO_CHECK(loco_outer_plan(o, theta_local, step, &p.n_chunks));
+                  .raw = loco_outer_size(o) * sizeof(float), .bad_peer = -1};
+    if (x->redo) {
+        loco_outer_restore(o);
+        p.n_chunks = loco_outer_planned_chunks(o);
+    } else {
+        loco_outer_save(o);
+        LOCO_CHECK(loco_outer_plan(o, theta_local, step, &p.n_chunks));
+    }
     p.bytes = loco_alloc((p.n_chunks ? p.n_chunks : 1) * sizeof *p.bytes);
     p.lens = loco_alloc((p.n_chunks ? p.n_chunks : 1) * sizeof *p.lens);
     if (!p.bytes || !p.lens) {
@@ -252,6 +318,7 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
         void *in = NULL;
         rc = loco_link_recv(x->peers[k], &h, &in, x->timeout_ms);
         if (rc < 0) {
+            p.bad_peer = k;
             rc = LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)step, k,
                           loco_errmsg());
         } else if (h.type != LOCO_FRAME_HEARTBEAT || h.step != (uint64_t)step ||
@@ -272,7 +339,7 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
     s.agreed_bytes_per_s = -agreed[1];
     pthread_t th;
     if (rc == 0)
-        rc = start(&p, &th, 1, loco_outer_encode_chunk);
+        rc = start(&p, &th, 1, x->redo ? loco_outer_reuse_chunk : loco_outer_encode_chunk);
     if (rc == 0)
         rc = finish(&p, th, reduce_stage(&p, &s));
     else
@@ -292,6 +359,7 @@ out:;
         rc = loco_outer_apply(o, theta_local);
     s.raw_bytes = p.raw;
     s.bytes_sent = p.sent;
+    s.failed_peer = p.bad_peer;
     s.exchange_s = t1 - t0;
     s.apply_s = loco_now() - t1;
     pthread_mutex_destroy(&p.mu);

@@ -30,6 +30,10 @@ struct loco_outer {
     unsigned char *final_have; /* (refs_cap) chunk decoded into avg2 */
     unsigned char *applied;    /* (refs_cap) chunk's outer update done */
     size_t final_done;
+    size_t *enc_len;           /* (refs_cap) bytes of each encoded chunk, for a redo */
+    /* θ_global and momentum before the current outer step: a step redone
+     * in a new quorum epoch starts again from them. */
+    float *theta_bak, *mom_bak;
 };
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
@@ -56,6 +60,9 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->enc2);
     loco_free(o->final_have);
     loco_free(o->applied);
+    loco_free(o->enc_len);
+    loco_free(o->theta_bak);
+    loco_free(o->mom_bak);
     loco_free(o);
 }
 
@@ -88,8 +95,12 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->applied = loco_alloc(o->refs_cap);
     o->avg2 = loco_alloc(bytes);
     o->enc2 = loco_alloc(o->enc_cap ? o->enc_cap : 1);
+    o->enc_len = loco_alloc(o->refs_cap * sizeof *o->enc_len);
+    o->theta_bak = loco_alloc(bytes);
+    o->mom_bak = loco_alloc(bytes);
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
-        !o->final_have || !o->applied || !o->avg2 || !o->enc2) {
+        !o->final_have || !o->applied || !o->avg2 || !o->enc2 || !o->enc_len || !o->theta_bak ||
+        !o->mom_bak) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
@@ -136,6 +147,7 @@ int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_
     for (size_t i = 0; i < o->n; i++)
         d[i] = th[i] - theta_local[i];
     LOCO_CHECK(loco_codec_plan(o->codec, &o->plan, o->delta, o->n, 0, (uint64_t)step));
+    memset(o->enc_len, 0, o->refs_cap * sizeof *o->enc_len);
     if (o->plan.n_chunks + 1 > o->refs_cap)
         return LOCO_ERR(LOCO_EINVAL, "outer: %zu chunks exceed the planned %zu", o->plan.n_chunks,
                         o->refs_cap);
@@ -150,8 +162,39 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
     unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
     LOCO_CHECK(loco_codec_encode_chunk(o->codec, worker, &o->plan, slot, o->plan.slot_bytes, len,
                                        o->delta, chunk));
+    o->enc_len[chunk] = *len;
     *bytes = slot;
     return 0;
+}
+
+int loco_outer_reuse_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
+                           size_t *len) {
+    if (chunk >= o->plan.n_chunks)
+        return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu of %zu", chunk, o->plan.n_chunks);
+    /* A chunk the failed attempt never reached is encoded now (its
+     * error-feedback state was not touched yet). */
+    if (!o->enc_len[chunk])
+        return loco_outer_encode_chunk(o, worker, chunk, bytes, len);
+    *bytes = o->enc + chunk * o->plan.slot_bytes;
+    *len = o->enc_len[chunk];
+    return 0;
+}
+
+size_t loco_outer_planned_chunks(const loco_outer *o) { return o->plan.n_chunks; }
+
+void loco_outer_save(loco_outer *o) {
+    memcpy(o->theta_bak, o->theta, o->n * sizeof(float));
+    memcpy(o->mom_bak, o->mom, o->n * sizeof(float));
+}
+
+void loco_outer_restore(loco_outer *o) {
+    memcpy(o->theta, o->theta_bak, o->n * sizeof(float));
+    memcpy(o->mom, o->mom_bak, o->n * sizeof(float));
+}
+
+void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom) {
+    memcpy(o->theta, theta, o->n * sizeof(float));
+    memcpy(o->mom, mom, o->n * sizeof(float));
 }
 
 void loco_outer_begin_average(loco_outer *o, int n_islands) {

@@ -14,6 +14,7 @@
 
 #include "compress/compress.h"
 #include "core/core.h"
+#include "faulttol/faulttol.h"
 #include "net/net.h"
 
 typedef struct {
@@ -42,6 +43,19 @@ int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, con
 int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_t *n_chunks);
 int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
                             size_t *len);
+/* A redo of the step (new quorum epoch) sends the chunks encoded before,
+ * unchanged (and encodes those not reached yet): same signature as
+ * loco_outer_encode_chunk. */
+int loco_outer_reuse_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
+                           size_t *len);
+size_t loco_outer_planned_chunks(const loco_outer *o);
+/* θ_global and momentum as they were before this outer step: save before
+ * the first attempt, restore before a redo. */
+void loco_outer_save(loco_outer *o);
+void loco_outer_restore(loco_outer *o);
+/* Replaces θ_global and momentum (n floats each): a rejoining island's
+ * state from a live one, or a checkpoint's. */
+void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom);
 /* Starts averaging K contributions. */
 void loco_outer_begin_average(loco_outer *o, int n_islands);
 /* Adds one island's encoded pseudo-gradient with weight 1/K; call in
@@ -97,6 +111,14 @@ typedef struct {
     /* This rank's current estimate of the links, sent to every peer ahead
      * of the chunks (0 = none): the algorithm choice of later steps. */
     double est_rtt_s, est_bytes_per_s;
+    /* A redo of this step in a new epoch: θ_global and momentum go back to
+     * where they were and the chunks already encoded are sent again. */
+    bool redo;
+    /* Islands that join at this step: they receive every contribution
+     * (all-gather only) and send none. An observer itself has me = -1 and
+     * peers = the n_islands contributors. */
+    loco_link **observers;
+    int n_observers;
 } loco_exchange;
 
 typedef struct {
@@ -109,6 +131,7 @@ typedef struct {
      * bandwidth among this rank's and the peers' (identical on every island
      * for this rank index). */
     double agreed_rtt_s, agreed_bytes_per_s;
+    int failed_peer; /* on failure: the contributor index whose link failed, else -1 */
 } loco_exchange_stats;
 
 /* One outer step by all-gather of encoded shards: encode, send the bytes to
@@ -143,5 +166,43 @@ loco_exchange_algo loco_exchange_choose(int n_islands, size_t n_chunks, double e
  * could not tell). */
 int loco_exchange_probe(const loco_exchange *x, size_t probe_bytes, double *rtt_s,
                         double *bytes_per_s);
+
+/* ------------------------------------------- peer links, state transfer */
+
+/* One rank's peer service: a listener for the links of the same rank of
+ * the other islands and for state requests, served from a thread. Links
+ * belong to one quorum epoch (LINK frame first); the lower island id
+ * connects. State requests get the committed θ_global and momentum of o,
+ * losslessly encoded (fp32 + zstd) in chunks, from any chunk on. */
+typedef struct loco_peers loco_peers;
+
+int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *host,
+                      loco_outer *o, int timeout_ms);
+void loco_peers_destroy(loco_peers *p); /* accepts NULL */
+int loco_peers_port(const loco_peers *p);
+/* The link to island `id` (certificate `site`, listener `addr`) for
+ * `epoch`: connects when me < id, else waits up to timeout_ms for id's. */
+int loco_peers_link(loco_peers *p, int me, int id, const char *site, const char *addr,
+                    uint64_t epoch, loco_link **out, int timeout_ms);
+/* The main thread holds the state lock while an outer step changes
+ * θ_global; publish says which outer step (and inner step) it now holds. */
+void loco_peers_lock_state(loco_peers *p);
+void loco_peers_unlock_state(loco_peers *p);
+void loco_peers_publish(loco_peers *p, int64_t committed, int64_t inner_step);
+
+typedef struct {
+    double seconds;
+    uint64_t bytes;  /* encoded payload bytes received */
+    int donors_tried;
+} loco_state_stats;
+
+/* Fetches θ_global and momentum of committed outer step `outer_step` into
+ * o from the first donor that has it (same rank of another island), going
+ * on from the chunk reached when a donor fails; *inner_step receives the
+ * donor's inner step. LOCO_EPEER when no donor could finish. */
+int loco_state_fetch(const loco_net_params *np, int n_donors,
+                     const char (*sites)[LOCO_NET_NAME_MAX], const char (*addrs)[LOCO_ADDR_MAX],
+                     int64_t outer_step, loco_outer *o, int64_t *inner_step, loco_state_stats *st,
+                     int timeout_ms);
 
 #endif /* LOCO_OUTER_H */
