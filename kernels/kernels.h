@@ -138,7 +138,7 @@ int loco_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte, cons
                           int B, int T, int C, loco_stream s);
 int loco_cuda_encoder_fwd_bf16(loco_bf16 *out, const int32_t *tok, const loco_bf16 *wte,
                                const loco_bf16 *wpe, int B, int T, int C, loco_stream s);
-/* Deterministic: each channel walks the tokens in order, as on the CPU. */
+/* Deterministic: every dwte row accumulates in token order, as on the CPU. */
 int loco_cuda_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                           int B, int T, int C, loco_stream s);
 int loco_cuda_encoder_bwd_bf16(float *dwte, float *dwpe, const loco_bf16 *dout,

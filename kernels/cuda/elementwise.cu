@@ -4,7 +4,7 @@
 
 #include "kernels/cuda/common.cuh"
 
-enum { EW_THREADS = 256, SUMSQ_PARTS = LOCO_CUDA_SUMSQ_OUT - 1 };
+enum { EW_THREADS = 256, SUMSQ_PARTS = LOCO_CUDA_SUMSQ_OUT - 1, ENC_BUCKETS = 64 };
 
 #define GRID_STRIDE(i, n)                                                                    \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
@@ -60,17 +60,22 @@ __global__ void encoder_bwd_wpe_kernel(float *dwpe, const T *dout, int B, int T_
     }
 }
 
-/* dwte rows scattered by token: one thread per channel walks every token in
- * order, as the CPU's channel slices do, so repeated tokens accumulate in a
- * fixed order with no atomics (and the same bits as the CPU in fp32). */
+/* dwte rows scattered by token. Thread (c, k) owns channel c of the rows
+ * whose token is k modulo ENC_BUCKETS and walks every token in order, so
+ * each row accumulates in token order, as on the CPU (the same bits in
+ * fp32), with no atomics; a warp is 32 channels of one bucket. */
 template <typename T>
 __global__ void encoder_bwd_wte_kernel(float *dwte, const T *dout, const int32_t *tok, long N,
                                        int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int k = blockIdx.y * blockDim.y + threadIdx.y;
     if (c >= C)
         return;
-    for (long bt = 0; bt < N; bt++)
-        dwte[(size_t)tok[bt] * C + c] += ld(dout + (size_t)bt * C + c);
+    for (long bt = 0; bt < N; bt++) {
+        const int32_t t = tok[bt];
+        if (t % ENC_BUCKETS == k)
+            dwte[(size_t)t * C + c] += ld(dout + (size_t)bt * C + c);
+    }
 }
 
 template <typename T>
@@ -93,8 +98,8 @@ static int encoder_bwd(float *dwte, float *dwpe, const T *dout, const int32_t *t
     const size_t n = (size_t)T_ * C;
     encoder_bwd_wpe_kernel<T><<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dwpe, dout, B, T_, C);
     CUDA_LAUNCHED("encoder_bwd (wpe)");
-    const int th = 64;
-    encoder_bwd_wte_kernel<T><<<(C + th - 1) / th, th, 0, s>>>(dwte, dout, tok, (long)B * T_, C);
+    const dim3 th(32, 8), grid((C + 31) / 32, ENC_BUCKETS / 8);
+    encoder_bwd_wte_kernel<T><<<grid, th, 0, s>>>(dwte, dout, tok, (long)B * T_, C);
     CUDA_LAUNCHED("encoder_bwd (wte)");
     return 0;
 }
