@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <time.h>
 #include <math.h>
 #include <stdlib.h>
@@ -76,6 +77,27 @@ static void island_fini(island *is) {
 static int rechoose(island *is, const loco_exchange_stats *st);
 
 /* ---------------------------------------------------------------- faults */
+
+/* An injected fault on the run's timeline (LOCO_EVENTS, set by `loco
+ * launch`; docs/REPORTS.md): written by the island itself, so the time is
+ * the moment it happened. */
+static void fault_event(const island *is, const char *fault, const char *peer,
+                        const char *detail) {
+    const char *path = getenv("LOCO_EVENTS");
+    if (!path || is->rank != 0)
+        return;
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    fprintf(f, "{\"t\":%.3f,\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"", (double)tv.tv_sec + tv.tv_usec / 1e6,
+            fault, is->site);
+    if (peer)
+        fprintf(f, ",\"peer\":\"%s\"", peer);
+    fprintf(f, ",\"detail\":\"%s\"}\n", detail);
+    fclose(f);
+}
 
 static int parse_faults(island *is) {
     const loco_config *c = &is->cfg;
@@ -165,8 +187,11 @@ static void arm_link(island *is, int peer, loco_link *l) {
 /* After inner step `step`: the faults scheduled for it. */
 static void inject(island *is, int64_t step) {
     island_faults *f = &is->f;
+    char d[160];
     if (f->kill_step && step >= f->kill_step) {
         loco_warn("faults: %s kills itself (SIGKILL) at step %lld", is->site, (long long)step);
+        snprintf(d, sizeof d, "SIGKILL at inner step %lld", (long long)step);
+        fault_event(is, "kill", NULL, d);
         fflush(NULL);
         raise(SIGKILL);
     }
@@ -179,12 +204,17 @@ static void inject(island *is, int64_t step) {
         f->part_until = loco_now() + f->part_ms / 1e3;
         loco_warn("faults: %s cut from %s for %lld ms", is->site, is->q.m[f->part_peer].site,
                   (long long)f->part_ms);
+        snprintf(d, sizeof d, "every frame between them dropped for %lld ms", (long long)f->part_ms);
+        if (is->id < f->part_peer) /* one event per pair */
+            fault_event(is, "partition", is->q.m[f->part_peer].site, d);
         if (is->links[f->part_peer])
             arm_link(is, f->part_peer, is->links[f->part_peer]);
     }
     if (f->part_peer >= 0 && f->part_until > 0 && loco_now() >= f->part_until &&
         f->part_until != -1) {
         loco_warn("faults: %s and %s reconnected", is->site, is->q.m[f->part_peer].site);
+        if (is->id < f->part_peer)
+            fault_event(is, "heal", is->q.m[f->part_peer].site, "partition over");
         f->part_until = -1;
         if (is->links[f->part_peer])
             loco_link_set_faults(is->links[f->part_peer], NULL);
@@ -194,6 +224,10 @@ static void inject(island *is, int64_t step) {
         loco_warn("faults: link %s-%s now %.0f ms delay, %.0f ms jitter, %.2f Gbit/s", is->site,
                   is->q.m[f->link_peer].site, f->link_wan.delay_ms, f->link_wan.jitter_ms,
                   f->link_wan.gbps);
+        snprintf(d, sizeof d, "%.0f ms delay, %.0f ms jitter, %.2f Gbit/s", f->link_wan.delay_ms,
+                 f->link_wan.jitter_ms, f->link_wan.gbps);
+        if (is->id < f->link_peer)
+            fault_event(is, "link", is->q.m[f->link_peer].site, d);
         if (is->links[f->link_peer])
             loco_link_set_wan(is->links[f->link_peer], &f->link_wan);
     }
@@ -705,6 +739,22 @@ static int run_island(island *is, const char *resume) {
     }
     loco_info("island %d (%s) of %d: outer step every %lld steps (%s)", is->id, is->site, is->K,
               (long long)c->outer.H, c->outer.optimizer);
+    if (!getenv("LOCO_RESTARTED")) {
+        char d[160];
+        const island_faults *f = &is->f;
+        const char *kinds[4] = {"corrupt", "drop", "duplicate", "reorder"};
+        const double probs[4] = {f->frames.corrupt, f->frames.drop, f->frames.duplicate,
+                                 f->frames.delay};
+        for (int k = 0; k < 4; k++)
+            if (probs[k] > 0 && is->id == 0) {
+                snprintf(d, sizeof d, "probability %g per island-to-island frame", probs[k]);
+                fault_event(is, kinds[k], NULL, d);
+            }
+        if (f->slow > 1) {
+            snprintf(d, sizeof d, "every inner step takes %.2fx as long", f->slow);
+            fault_event(is, "slow", NULL, d);
+        }
+    }
     LOCO_CHECK(loco_trainer_begin_run(is->t));
     if (is->rank == 0) {
         char path[PATH_MAX];

@@ -206,11 +206,94 @@ static int free_port(void) {
     return port;
 }
 
+static bool faults_active(const loco_config *c) {
+    return c->faults.kill[0] || c->faults.partition[0] || c->faults.link[0] ||
+           c->faults.corrupt > 0 || c->faults.drop > 0 || c->faults.duplicate > 0 ||
+           c->faults.reorder > 0 || c->faults.slow[0] || c->faults.coordinator_kill_s > 0;
+}
+
+/* True when DIR holds a run that finished (its events say so). */
+static bool finished_run(const char *dir) {
+    char path[LOCO_PATH_MAX * 2 + 32];
+    snprintf(path, sizeof path, "%s/events.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char line[2048];
+    bool ok = false;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"kind\":\"end\"") && strstr(line, "\"status\":\"finished\""))
+            ok = true;
+    fclose(f);
+    return ok;
+}
+
+/* The fault-free run of the same config and seed, in dir (reused when a
+ * finished one is there). */
+static int run_baseline(const char *self, const char *config, char **sets, int nsets,
+                        const char *dir) {
+    if (finished_run(dir)) {
+        printf("launch: reusing the fault-free baseline in %s\n", dir);
+        return 0;
+    }
+    printf("launch: fault-free baseline of the same config and seed first, in %s\n", dir);
+    fflush(stdout);
+    static char rundir[LOCO_PATH_MAX * 2 + 16];
+    snprintf(rundir, sizeof rundir, "run.dir=%s", dir);
+    static const char *const clear[] = {
+        "faults.kill=", "faults.partition=", "faults.link=", "faults.corrupt=0",
+        "faults.drop=0", "faults.duplicate=0", "faults.reorder=0", "faults.slow=",
+        "faults.coordinator_kill_s=0"};
+    char *av[MAX_SETS * 2 + 40];
+    int n = 0;
+    av[n++] = (char *)self;
+    av[n++] = "launch";
+    av[n++] = (char *)config;
+    for (int i = 0; i < nsets; i++) {
+        av[n++] = "--set";
+        av[n++] = sets[i];
+    }
+    for (size_t i = 0; i < sizeof clear / sizeof *clear; i++) {
+        av[n++] = "--set";
+        av[n++] = (char *)clear[i];
+    }
+    av[n++] = "--set";
+    av[n++] = rundir;
+    av[n++] = "--no-baseline";
+    av[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return LOCO_ERR(LOCO_EIO, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        execv(self, av);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return LOCO_ERR(LOCO_EPEER, "the fault-free baseline run in %s failed", dir);
+    return 0;
+}
+
 int cli_launch(int argc, char **argv) {
     const char *config;
     char *sets[MAX_SETS];
     int nsets;
-    int u = parse_config_args("launch", argc, argv, &config, sets, &nsets);
+    /* --no-baseline / --baseline DIR are launch's own; the rest is the config's. */
+    char *rest[MAX_SETS * 2 + 8];
+    int nrest = 0;
+    bool no_baseline = false;
+    const char *baseline = NULL;
+    for (int i = 0; i < argc && nrest < (int)(sizeof rest / sizeof *rest); i++) {
+        if (!strcmp(argv[i], "--no-baseline"))
+            no_baseline = true;
+        else if (!strcmp(argv[i], "--baseline") && i + 1 < argc)
+            baseline = argv[++i];
+        else
+            rest[nrest++] = argv[i];
+    }
+    int u = parse_config_args("launch", nrest, rest, &config, sets, &nsets);
     if (u)
         return u;
     loco_config cfg;
@@ -256,8 +339,18 @@ int cli_launch(int argc, char **argv) {
 
     if ((rc = loco_mkdirs(cfg.run.dir)) < 0)
         return cli_fail(rc);
+    const bool with_report = faults_active(&cfg) && !no_baseline;
+    char base_dir[LOCO_PATH_MAX * 2];
+    snprintf(base_dir, sizeof base_dir, "%s", baseline ? baseline : "");
+    if (with_report && !baseline)
+        snprintf(base_dir, sizeof base_dir, "%s/baseline", cfg.run.dir);
+    if (with_report && (rc = run_baseline(self, config, sets, nsets, base_dir)) < 0)
+        return cli_fail(rc);
     char events[LOCO_PATH_MAX + 32];
     snprintf(events, sizeof events, "%s/events.jsonl", cfg.run.dir);
+    /* A new timeline for this run (a baseline inside keeps its own). */
+    unlink(events);
+    setenv("LOCO_EVENTS", events, 1);
     {
         char list[LOCO_MAX_ISLANDS * 72] = "";
         size_t o = 0;
@@ -394,10 +487,9 @@ int cli_launch(int argc, char **argv) {
                 alive--;
                 bool sigkill = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
                 if (i > 0 && sigkill && cfg.faults.kill[0] && !stopping) {
-                    /* An island that killed itself as [faults] said. */
+                    /* An island that killed itself as [faults] said (it
+                     * wrote the event itself). */
                     c->killed = true;
-                    launch_event(events, "\"kind\":\"fault\",\"fault\":\"kill\",\"site\":\"%s\"",
-                                 c->name);
                     if (cfg.faults.restart_ms >= 0) {
                         c->restart_at = loco_now() + cfg.faults.restart_ms / 1e3;
                         alive++; /* it comes back */
@@ -423,5 +515,13 @@ int cli_launch(int argc, char **argv) {
     printf("launch: %s\n", failed || worst || stop_requested ? "FAILED" : "done: every process finished cleanly");
     if (rc < 0)
         return cli_fail(rc);
-    return failed || worst || stop_requested ? CLI_FAIL : CLI_OK;
+    bool bad = failed || worst || stop_requested;
+    if (with_report && !stop_requested) {
+        int ok = 0;
+        rc = cli_write_report(cfg.run.dir, base_dir, cfg.run.dir, &ok);
+        if (rc < 0)
+            return cli_fail(rc);
+        bad = bad || !ok;
+    }
+    return bad ? CLI_FAIL : CLI_OK;
 }

@@ -31,13 +31,16 @@ static const char *base_name(const char *path) {
 }
 
 int loco__err_set(int rc, const char *file, int line, const char *fmt, ...) {
-    int n = snprintf(err_msg, sizeof err_msg, "%s:%d: ", base_name(file), line);
-    if (n < 0 || n >= (int)sizeof err_msg)
+    /* Formatted aside first: the arguments may include loco_errmsg(). */
+    char tmp[sizeof err_msg];
+    int n = snprintf(tmp, sizeof tmp, "%s:%d: ", base_name(file), line);
+    if (n < 0 || n >= (int)sizeof tmp)
         n = 0;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err_msg + n, sizeof err_msg - (size_t)n, fmt, ap);
+    vsnprintf(tmp + n, sizeof tmp - (size_t)n, fmt, ap);
     va_end(ap);
+    memcpy(err_msg, tmp, sizeof err_msg);
     return rc;
 }
 

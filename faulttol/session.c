@@ -34,6 +34,7 @@ struct loco_session {
     int n_ranks;
     char (*addrs)[LOCO_ADDR_MAX];
     loco_island_progress progress;
+    bool finished; /* the coordinator's final BYE was seen */
     queued q[QUEUE];
     int q_head, q_len;
     double last_try;
@@ -233,6 +234,8 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
             *payload = NULL;
             return rc;
         }
+        if (h->type == LOCO_FRAME_BYE)
+            s->finished = true;
         return 0;
     }
 }
@@ -479,6 +482,8 @@ int loco_session_poll(loco_session *s) {
             loco_free(payload);
             return rc;
         }
+        if (h.type == LOCO_FRAME_BYE)
+            s->finished = true;
         if (h.type == LOCO_FRAME_ACK || s->q_len == QUEUE) {
             loco_free(payload);
             continue;
@@ -492,6 +497,8 @@ int loco_session_poll(loco_session *s) {
 
 int loco_session_leave(loco_session *s, int timeout_ms) {
     stop_beats(s);
+    if (s->finished)
+        return 0; /* the run ended while this island was outside the quorum */
     double deadline = loco_now() + timeout_ms / 1000.0;
     bool sent = send_locked(s, LOCO_FRAME_BYE, NULL) == 0;
     for (;;) {
@@ -507,8 +514,11 @@ int loco_session_leave(loco_session *s, int timeout_ms) {
             continue;
         }
         loco_free(payload);
-        if (rc < 0)
-            return LOCO_ERR(rc, "no final word from the coordinator: %s", loco_errmsg());
+        if (rc < 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", loco_errmsg());
+            return LOCO_ERR(rc, "no final word from the coordinator: %s", why);
+        }
         if (h.type == LOCO_FRAME_BYE)
             return 0;
     }
