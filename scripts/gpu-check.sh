@@ -36,6 +36,7 @@ if [ "${1:-}" = "--bundle" ]; then
                awk '$3 ~ /^\// {print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libresolv.so*) ;;
+      libstdc++.so*|libgcc_s.so*) ;; # newer ones there serve older binaries
       libcuda.so*|libcublas*|libnccl*) ;;
       *) cp -L "$lib" "$stage/lib/" ;;
     esac
@@ -51,8 +52,8 @@ status=0
 t_start=$(date +%s)
 say() { echo "gpu-check [$(( $(date +%s) - t_start ))s]: $*"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
-  tee "$LOG/device.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+  echo "no nvidia-smi"; } | tee "$LOG/device.txt"
 
 # CUDA libraries: the toolkit's, then the ones PyTorch's wheels bring.
 CUDA_LIBS=/usr/local/cuda/lib64
@@ -67,7 +68,7 @@ if [ -f "$BUNDLE" ]; then
   tar -C "$dir" -xJf "$BUNDLE"
   TESTBIN=$dir/bin/test_gpu
   BENCHBIN=$dir/bin/loco-gpu-bench
-  export LD_LIBRARY_PATH="$dir/lib:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+  LOCO_LD="$dir/lib:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 else
   say "building (make -j$JOBS)"
   if ! make -j"$JOBS" build/tests/test_gpu cuda >"$LOG/build.log" 2>&1; then
@@ -78,11 +79,12 @@ else
   fi
   TESTBIN=build/tests/test_gpu
   BENCHBIN=build/loco-gpu-bench
-  export LD_LIBRARY_PATH="$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+  LOCO_LD="$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 fi
 
 say "GPU tests"
-timeout 240 "$TESTBIN" --verbose --jobs 4 >"$LOG/tests.log" 2>&1
+# the bundle's libraries for loco's binaries alone (never for python3)
+timeout 240 env LD_LIBRARY_PATH="$LOCO_LD" "$TESTBIN" --verbose --jobs 4 >"$LOG/tests.log" 2>&1
 trc=$?
 grep -a -E "^\[(FAIL|SKIP)|Synthesis" "$LOG/tests.log"
 grep -a -q "^\[SKIP" "$LOG/tests.log" && { echo "gpu-check: a GPU test skipped on a GPU machine"; status=1; }
@@ -92,15 +94,17 @@ run_bench() { # name, seconds, command...
   local name=$1 secs=$2
   shift 2
   say "benchmark $name"
-  if timeout "$secs" "$@" >"$LOG/$name.log" 2>&1; then
+  timeout "$secs" "$@" >"$LOG/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then
     tail -n 3 "$LOG/$name.log"
   else
-    echo "gpu-check: $name failed or timed out (exit $?):"
+    echo "gpu-check: $name failed (exit $rc; 124 = timed out):"
     tail -n 15 "$LOG/$name.log"
     status=1
   fi
 }
-run_bench loco 120 "$BENCHBIN" --batch 16 --seq 1024 --steps 20 --warmup 3
+run_bench loco 120 env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --batch 16 --seq 1024 --steps 20 --warmup 3
 export PYTHONUNBUFFERED=1
 run_bench pytorch-eager 120 python3 bench/pytorch_gpt2.py --mode eager --steps 20 --warmup 3
 run_bench pytorch-compile 240 python3 bench/pytorch_gpt2.py --mode compile --steps 20 --warmup 3
