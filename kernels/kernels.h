@@ -171,8 +171,10 @@ int loco_cuda_matmul_fwd(loco_blas *h, float *out, const float *inp, const float
 int loco_cuda_matmul_fwd_bf16(loco_blas *h, loco_bf16 *out, const loco_bf16 *inp,
                               const loco_bf16 *w, const loco_bf16 *bias, int N, int C, int OC,
                               bool w_transposed, loco_stream s);
-/* Fused c_fc + GELU: out = gelu(inp @ W + bias) and pre (N,OC) = inp @ W +
- * bias (kept for the backward), both written by the GEMM's epilogue. */
+/* c_fc + GELU: out = gelu(inp @ W + bias) and pre (N,OC) = inp @ W + bias
+ * (kept for the backward). bf16: both written by the GEMM's epilogue where
+ * cuBLASLt offers it (OC a multiple of 8); fp32, and bf16 elsewhere: a bias
+ * GEMM and a GELU kernel. */
 int loco_cuda_matmul_gelu_fwd(loco_blas *h, float *out, float *pre, const float *inp,
                               const float *w, const float *bias, int N, int C, int OC,
                               loco_stream s);

@@ -250,9 +250,10 @@ static void check_matmul_gelu(bool bf16, int N, int C, int OC, uint64_t seed)
     gpu_env_fini(&e);
 }
 
-Test(gpu_kernels, matmul_gelu_f32_epilogue) { check_matmul_gelu(false, 64, 96, 128, 12); }
+Test(gpu_kernels, matmul_gelu_f32) { check_matmul_gelu(false, 64, 96, 128, 12); }
 Test(gpu_kernels, matmul_gelu_f32_awkward) { check_matmul_gelu(false, 37, 53, 71, 13); }
-Test(gpu_kernels, matmul_gelu_bf16) { check_matmul_gelu(true, 64, 96, 128, 14); }
+Test(gpu_kernels, matmul_gelu_bf16_epilogue) { check_matmul_gelu(true, 64, 96, 128, 14); }
+Test(gpu_kernels, matmul_gelu_bf16_awkward) { check_matmul_gelu(true, 37, 56, 71, 30); }
 
 /* ----------------------------------------------------------- attention */
 
