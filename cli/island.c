@@ -11,6 +11,8 @@
 #include <limits.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@
 /* The [faults] that concern this island (docs/FAULTS.md). */
 typedef struct {
     int64_t kill_step;       /* SIGKILL itself on reaching it (0 = never) */
+    int64_t freeze_step, freeze_ms; /* SIGSTOP itself there for that long */
     double slow;             /* each inner step takes this many times as long */
     int part_peer;           /* partition from this island, -1 = none */
     int64_t part_step, part_ms;
@@ -115,6 +118,17 @@ static int parse_faults(island *is) {
         if (!strcmp(tok, is->site) && !getenv("LOCO_RESTARTED"))
             f->kill_step = atoll(at + 1);
     }
+    snprintf(buf, sizeof buf, "%s", c->faults.freeze);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *at = strchr(tok, '@'), *plus = at ? strchr(at, '+') : NULL;
+        if (!at || !plus)
+            return LOCO_ERR(LOCO_EINVAL, "faults.freeze: '%s': expected SITE@STEP+MS", tok);
+        *at = '\0';
+        if (!strcmp(tok, is->site) && !getenv("LOCO_RESTARTED")) {
+            f->freeze_step = atoll(at + 1);
+            f->freeze_ms = atoll(plus + 1);
+        }
+    }
     if (c->faults.slow[0]) {
         snprintf(buf, sizeof buf, "%s", c->faults.slow);
         char *star = strchr(buf, '*');
@@ -194,6 +208,29 @@ static void inject(island *is, int64_t step) {
         fault_event(is, "kill", NULL, d);
         fflush(NULL);
         raise(SIGKILL);
+    }
+    if (f->freeze_step && step >= f->freeze_step) {
+        /* Every thread stops (heartbeats too) while the sockets stay open:
+         * only the failure detector can tell. A child wakes us up. */
+        f->freeze_step = 0;
+        loco_warn("faults: %s freezes (SIGSTOP) for %lld ms at step %lld", is->site,
+                  (long long)f->freeze_ms, (long long)step);
+        snprintf(d, sizeof d, "SIGSTOP for %lld ms at inner step %lld", (long long)f->freeze_ms,
+                 (long long)step);
+        fault_event(is, "freeze", NULL, d);
+        fflush(NULL);
+        pid_t parent = getpid(), waker = fork();
+        if (waker == 0) {
+            struct timespec ts = {(time_t)(f->freeze_ms / 1000), (long)(f->freeze_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            kill(parent, SIGCONT);
+            _exit(0);
+        }
+        if (waker > 0) {
+            raise(SIGSTOP);
+            waitpid(waker, NULL, 0);
+            fault_event(is, "thaw", NULL, "running again");
+        }
     }
     if (f->slow > 1 && is->step_s > 0) {
         double extra = (f->slow - 1) * is->step_s;
@@ -544,22 +581,25 @@ static int rejoin(island *is) {
                     nd++;
                 }
             }
-            int64_t donor_inner = 0;
+            int64_t donor_inner = 0, got = -1;
             loco_state_stats st = {0};
             int rc = loco_state_fetch(&is->np, nd, (const char (*)[LOCO_NET_NAME_MAX])sites,
-                                      (const char (*)[LOCO_ADDR_MAX])addrs, is->q.committed,
-                                      is->outer, &donor_inner, &st,
-                                      (int)is->cfg.faulttol.timeout_ms);
+                                      (const char (*)[LOCO_ADDR_MAX])addrs, &got, is->outer,
+                                      &donor_inner, &st, (int)is->cfg.faulttol.timeout_ms);
             loco_free(sites);
             loco_free(addrs);
-            int bad = rc < 0;
-            LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+            /* Every rank must hold the state of one step. */
+            int64_t v[3] = {rc < 0, got, -got};
+            LOCO_CHECK(loco_comm_allreduce(is->world, v, 3, LOCO_DT_I64, LOCO_OP_MAX));
+            bool bad = v[0] || v[1] != -v[2];
             uint64_t h = 0;
             if (!bad)
                 LOCO_CHECK(island_hash(is, &h));
-            if (!bad && h == is->q.committed_hash) {
-                is->committed = is->q.committed;
-                is->committed_hash = h;
+            /* The step the coordinator named must match its hash; a newer
+             * one is checked when this island's first step commits. */
+            if (!bad && (got != is->q.committed || h == is->q.committed_hash)) {
+                is->q.committed = is->committed = got;
+                is->q.committed_hash = is->committed_hash = h;
                 LOCO_CHECK(adopt_global(is));
                 loco_trainer_set_step(is->t, is->committed * H);
                 loco_peers_publish(is->svc, is->committed, is->committed * H);
@@ -573,7 +613,8 @@ static int rejoin(island *is) {
             } else if (is->rank == 0) {
                 loco_warn("rejoin: state of outer step %lld not fetched (%s); asking again",
                           (long long)is->q.committed,
-                          bad ? loco_errmsg() : "hash differs from the committed one");
+                          v[0] ? loco_errmsg() : bad ? "ranks fetched different steps"
+                                               : "hash differs from the committed one");
             }
         }
         int rc = 0;

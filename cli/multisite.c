@@ -110,6 +110,7 @@ typedef struct {
     char **argv;     /* to start it again after an injected kill */
     double restart_at; /* loco_now() of a scheduled restart, 0 = none */
     bool killed;     /* by a fault: its death is expected */
+    bool restarted;  /* started again after an injected kill */
     pid_t pid;
     int fd;          /* its merged stdout/stderr */
     char line[4096]; /* a partial line */
@@ -360,7 +361,7 @@ int cli_launch(int argc, char **argv) {
                      list, config, (long long)cfg.train.seed);
     }
     const double t_start = loco_now();
-    bool coord_killed = false;
+    bool coord_killed = false, run_over = false;
     child kids[LOCO_MAX_ISLANDS + 1];
     memset(kids, 0, sizeof kids);
     int n_kids = 0;
@@ -459,6 +460,12 @@ int cli_launch(int argc, char **argv) {
         }
         for (int i = 0; i < n_kids; i++) {
             child *c = &kids[i];
+            /* Once the coordinator finished the run, nothing comes back. */
+            if (c->done && c->restart_at > 0 && run_over) {
+                c->restart_at = 0;
+                alive--;
+                printf("launch: the run finished before %s could restart\n", c->name);
+            }
             if (c->done && c->restart_at > 0 && now >= c->restart_at && !stopping) {
                 c->restart_at = 0;
                 c->done = false;
@@ -468,6 +475,7 @@ int cli_launch(int argc, char **argv) {
                 printf("launch: faults: restarting %s\n", c->name);
                 launch_event(events, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"",
                              coord ? "restart_coordinator" : "restart", c->name);
+                c->restarted = true;
                 if (spawn(c, c->argv, true) < 0) {
                     failed = 1;
                     c->done = true;
@@ -499,6 +507,12 @@ int cli_launch(int argc, char **argv) {
                 } else if (i == 0 && c->killed && !stopping) {
                     c->restart_at = loco_now() + cfg.faults.coordinator_restart_ms / 1e3;
                     alive++;
+                } else if (i == 0 && c->status == 0) {
+                    run_over = true;
+                } else if (i > 0 && c->status != 0 && run_over && c->restarted) {
+                    /* Restarted too late to rejoin: the run is complete without it. */
+                    c->killed = true;
+                    printf("launch: %s came back after the run finished\n", c->name);
                 } else if (c->status != 0 && !stopping) {
                     printf("launch: %s exited with status %d\n", c->name, c->status);
                     failed = 1;

@@ -90,6 +90,7 @@ LOCO_SECTION_END(compress)
 
 LOCO_SECTION_BEGIN(faults)
 LOCO_KEY_STR(faults, kill, "", "SIGKILL islands at inner steps: SITE@STEP[,SITE@STEP...] (the island kills itself on reaching the step; `loco launch` restarts it)")
+LOCO_KEY_STR(faults, freeze, "", "freeze islands (SIGSTOP, silent but connected) at inner steps for a while: SITE@STEP+MS[,...]")
 LOCO_KEY_INT(faults, restart_ms, 1000, -1, 3600000, "`loco launch` restarts a killed island after this delay (-1 = never)")
 LOCO_KEY_STR(faults, partition, "", "cut the links between two sites: SITEA-SITEB@STEP+MS (from inner step STEP for MS ms)")
 LOCO_KEY_STR(faults, link, "", "change a link's emulation: SITEA-SITEB@STEP:DELAY_MS/JITTER_MS/GBPS")

@@ -38,6 +38,8 @@ typedef struct {
     int64_t done_step;
     uint64_t done_epoch, done_hash, suspects;
     bool done_ok;
+    double join_sent;  /* when it was last told to fetch the state (0: not) */
+    bool hold_spent;   /* the members already waited once for its transfer */
 } island;
 
 struct loco_coord {
@@ -150,10 +152,31 @@ static int send_join(loco_coord *c, int i) {
     char *json = quorum_json(c, 0, true, members(c), 0);
     if (!json)
         return LOCO_ERR(LOCO_ENOMEM, "quorum");
-    if (c->isl[i].link)
+    if (c->isl[i].link) {
         send_json(c->isl[i].link, LOCO_FRAME_QUORUM, c->epoch, json);
+        c->isl[i].join_sent = loco_now();
+    }
     free(json);
     return 0;
+}
+
+/* An island fetching the state should enter at the next step, not chase
+ * the members: the go waits for its transfer once (at most
+ * faulttol.timeout_ms), then goes without it. */
+static bool hold_for_joiners(loco_coord *c, int64_t s) {
+    bool hold = false;
+    for (int i = 0; i < c->n; i++) {
+        island *is = &c->isl[i];
+        if (is->status != OUT || !is->link || !is->join_sent || is->hold_spent)
+            continue;
+        if (is->ready_step == s && is->ready_have == c->committed)
+            continue; /* ready: it observes this step */
+        if (loco_now() - is->join_sent < c->cfg.faulttol.timeout_ms / 1e3)
+            hold = true;
+        else
+            is->hold_spent = true;
+    }
+    return hold;
 }
 
 /* A membership change: a new epoch, announced to everyone in the run. */
@@ -248,6 +271,8 @@ static void drop_island(island *is) {
     is->status = ABSENT;
     is->ready_step = is->done_step = 0;
     is->bye = false;
+    is->join_sent = 0;
+    is->hold_spent = false;
 }
 
 void loco_coord_destroy(loco_coord *c) {
@@ -340,6 +365,8 @@ static int try_commit(loco_coord *c) {
         if (loco_quorum_has(c->go_observers, i)) {
             if (is->done_ok && is->done_hash == h) {
                 is->status = MEMBER; /* its hash check passed: it contributes next */
+                is->join_sent = 0;
+                is->hold_spent = false;
                 joined = true;
                 loco_info("coordinator: island %d (%s) rejoined at outer step %lld", i,
                           c->sites[i], (long long)s);
@@ -407,6 +434,8 @@ static int try_go(loco_coord *c) {
                 c->isl[i].ready_step = s;
         mem = keep;
     }
+    if (hold_for_joiners(c, s))
+        return 0;
     uint64_t obs = 0;
     for (int i = 0; i < c->n; i++) {
         const island *is = &c->isl[i];

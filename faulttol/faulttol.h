@@ -110,7 +110,8 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
 /* Ready for outer step `step` holding the committed θ_global of step
  * `have`: waits for GO (q = members and observers of the step) or JOIN (q =
  * the members to fetch from) or FINISHED. Survives a coordinator restart
- * (reconnects and re-registers within timeout_ms). */
+ * (reconnects and re-registers); fails after timeout_ms without a
+ * coordinator (a live one may take as long as it needs). */
 int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum *q,
                        loco_verdict *v, int timeout_ms);
 /* The outcome of the step's exchange in `epoch`: ok with the island's

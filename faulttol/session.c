@@ -190,13 +190,23 @@ static int reconnect(loco_session *s, double deadline) {
  * deadline) when the link broke. */
 static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int timeout_ms,
                       double deadline) {
-    if (s->q_len > 0) {
+    while (s->q_len > 0) {
         queued *e = &s->q[s->q_head];
+        s->q_head = (s->q_head + 1) % QUEUE;
+        s->q_len--;
+        /* Of several announcements that piled up (an island busy or frozen
+         * for a while), only the newest one matters; commits all do. */
+        bool newer = false;
+        for (int i = 0; i < s->q_len && e->h.type == LOCO_FRAME_QUORUM; i++)
+            newer |= s->q[(s->q_head + i) % QUEUE].h.type == LOCO_FRAME_QUORUM;
+        if (newer) {
+            loco_free(e->payload);
+            e->payload = NULL;
+            continue;
+        }
         *h = e->h;
         *payload = e->payload;
         e->payload = NULL;
-        s->q_head = (s->q_head + 1) % QUEUE;
-        s->q_len--;
         return 0;
     }
     for (;;) {
@@ -348,9 +358,12 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
     (void)rc; /* a broken link is mended below, and READY sent again */
     bool sent = rc == 0;
     for (;;) {
+        /* Waiting on a live coordinator is not bounded (it watches the
+         * islands); timeout_ms bounds the time without one. */
+        if (!s->broken && s->link)
+            deadline = loco_now() + timeout_ms / 1000.0;
         if (loco_now() > deadline)
-            return LOCO_ERR(LOCO_ETIMEDOUT, "no go for outer step %lld from the coordinator "
-                                            "within %d ms",
+            return LOCO_ERR(LOCO_ETIMEDOUT, "no go for outer step %lld: no coordinator for %d ms",
                             (long long)step, timeout_ms);
         loco_frame_hdr h;
         void *payload = NULL;
@@ -395,9 +408,11 @@ int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, ui
     const char *phase = ok ? "done" : "failed";
     bool sent = send_outer(s, phase, step, 0, epoch, hash, suspects) == 0;
     for (;;) {
+        if (!s->broken && s->link)
+            deadline = loco_now() + timeout_ms / 1000.0;
         if (loco_now() > deadline)
-            return LOCO_ERR(LOCO_ETIMEDOUT, "no verdict on outer step %lld from the coordinator "
-                                            "within %d ms",
+            return LOCO_ERR(LOCO_ETIMEDOUT,
+                            "no verdict on outer step %lld: no coordinator for %d ms",
                             (long long)step, timeout_ms);
         loco_frame_hdr h;
         void *payload = NULL;

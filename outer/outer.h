@@ -196,13 +196,16 @@ typedef struct {
     int donors_tried;
 } loco_state_stats;
 
-/* Fetches θ_global and momentum of committed outer step `outer_step` into
- * o from the first donor that has it (same rank of another island), going
- * on from the chunk reached when a donor fails; *inner_step receives the
- * donor's inner step. LOCO_EPEER when no donor could finish. */
+/* Fetches the newest committed θ_global and momentum into o from the
+ * first donor that answers (same rank of another island), going on from
+ * the chunk reached with the next donor when one fails (from scratch when
+ * that one has moved on to a newer step); checks the donor's hash.
+ * *outer_step receives the step of the state, *inner_step the donor's
+ * inner step. LOCO_EPEER when no donor could finish. The caller checks the
+ * island's hash against the coordinator's before contributing. */
 int loco_state_fetch(const loco_net_params *np, int n_donors,
                      const char (*sites)[LOCO_NET_NAME_MAX], const char (*addrs)[LOCO_ADDR_MAX],
-                     int64_t outer_step, loco_outer *o, int64_t *inner_step, loco_state_stats *st,
-                     int timeout_ms);
+                     int64_t *outer_step, loco_outer *o, int64_t *inner_step,
+                     loco_state_stats *st, int timeout_ms);
 
 #endif /* LOCO_OUTER_H */

@@ -77,6 +77,8 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
     pthread_mutex_lock(&p->state_mu);
     char text[256];
     int rc = 0;
+    if (want < 0)
+        want = p->committed; /* the newest committed state */
     if (want != p->committed) {
         snprintf(text, sizeof text, "state of outer step %lld asked, this island holds %lld",
                  (long long)want, (long long)p->committed);
@@ -305,9 +307,10 @@ int loco_peers_link(loco_peers *p, int me, int id, const char *site, const char 
 
 /* One donor: the state from chunk *have on; *have advances as chunks land. */
 static int fetch_from(const loco_net_params *np0, const char *site, const char *addr,
-                      int64_t outer_step, loco_codec *codec, float *dst, size_t n,
-                      size_t *have, size_t *n_chunks, int64_t *inner_step, uint64_t *bytes,
-                      int timeout_ms) {
+                      int64_t *step_io, loco_codec *codec, float *dst, size_t n,
+                      size_t *have, size_t *n_chunks, int64_t *inner_step, uint64_t *hash,
+                      uint64_t *bytes, int timeout_ms) {
+    int64_t outer_step = *step_io;
     char host[LOCO_ADDR_MAX];
     int port;
     LOCO_CHECK(loco_parse_hostport(addr, host, sizeof host, &port));
@@ -331,14 +334,20 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
         const cJSON *jn = cJSON_GetObjectItemCaseSensitive(j, "n");
         const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "chunks");
         const cJSON *ji = cJSON_GetObjectItemCaseSensitive(j, "inner_step");
-        if (h.type != LOCO_FRAME_STATE || h.step != (uint64_t)outer_step || !cJSON_IsNumber(jn) ||
+        const cJSON *jo = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+        const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+        if (h.type != LOCO_FRAME_STATE || !cJSON_IsNumber(jo) ||
+            (outer_step >= 0 && jo->valuedouble != (double)outer_step) ||
+            h.step != (uint64_t)jo->valuedouble || !cJSON_IsNumber(jn) ||
             (size_t)jn->valuedouble != n || !cJSON_IsNumber(jc) || !cJSON_IsNumber(ji) ||
-            (*n_chunks && (size_t)jc->valuedouble != *n_chunks))
+            !cJSON_IsString(jh) || (*n_chunks && (size_t)jc->valuedouble != *n_chunks))
             rc = LOCO_ERR(LOCO_EPROTO, "%s: state header does not match (%zu elements wanted)",
                           site, n);
         else {
             *n_chunks = (size_t)jc->valuedouble;
             *inner_step = (int64_t)ji->valuedouble;
+            *hash = strtoull(jh->valuestring, NULL, 16);
+            outer_step = *step_io = (int64_t)jo->valuedouble;
         }
         cJSON_Delete(j);
     }
@@ -363,7 +372,7 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
 }
 
 int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites)[LOCO_NET_NAME_MAX],
-                     const char (*addrs)[LOCO_ADDR_MAX], int64_t outer_step, loco_outer *o,
+                     const char (*addrs)[LOCO_ADDR_MAX], int64_t *outer_step, loco_outer *o,
                      int64_t *inner_step, loco_state_stats *st, int timeout_ms) {
     const size_t n = loco_outer_size(o);
     loco_codec *codec = NULL;
@@ -378,7 +387,8 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
     for (size_t i = 0; i < 2 * n; i++)
         dst[i] = -0.0f;
     size_t have = 0, n_chunks = 0;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, hash = 0;
+    int64_t step = -1; /* the newest any donor has, fixed by the first answer */
     int rc = LOCO_ERR(LOCO_EPEER, "no island to fetch the state from");
     double t0 = loco_now();
     int tries = 0;
@@ -386,17 +396,31 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
         if (have > 0 && have == n_chunks)
             break;
         tries++;
-        rc = fetch_from(np, sites[k], addrs[k], outer_step, codec, dst, n, &have, &n_chunks,
-                        inner_step, &bytes, timeout_ms);
+        rc = fetch_from(np, sites[k], addrs[k], &step, codec, dst, n, &have, &n_chunks,
+                        inner_step, &hash, &bytes, timeout_ms);
         if (rc == 0)
             break;
+        if (rc == LOCO_EPEER && have > 0) {
+            /* The next donor moved on: start again from its newest state. */
+            for (size_t i = 0; i < 2 * n; i++)
+                dst[i] = -0.0f;
+            have = n_chunks = 0;
+            step = -1;
+        }
         loco_warn("state transfer from %s stopped after %zu of %zu chunks: %s; asking the next "
                   "island",
                   sites[k], have, n_chunks, loco_errmsg());
         sleep_ms(10);
     }
-    if (rc == 0)
+    if (rc == 0) {
         loco_outer_set_state(o, dst, dst + n);
+        if (loco_outer_hash(o) != hash)
+            rc = LOCO_ERR(LOCO_EPROTO, "state of outer step %lld: hash %016llx after the "
+                                       "transfer, the donor's is %016llx",
+                          (long long)step, (unsigned long long)loco_outer_hash(o),
+                          (unsigned long long)hash);
+        *outer_step = step;
+    }
     if (st) {
         st->seconds = loco_now() - t0;
         st->bytes = bytes;

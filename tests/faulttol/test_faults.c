@@ -1,0 +1,256 @@
+/* One scenario per fault kind, each a real `loco launch` of three islands
+ * over loopback TLS with the fault injected (configs/faults-*.ini): the
+ * run finishes, the islands of the last quorum end bit-identical, a
+ * rejoined island matches after its first outer step, detection happens
+ * within the configured bound, and no corrupted or stale frame is applied
+ * (that would break the agreement the coordinator checks every step). */
+#include "tests/support.h"
+#include "core/core.h"
+
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
+#define SMALL " --set train.steps=120 --set run.eval_every=0 --set run.log_every=1000"
+
+typedef struct {
+    char dir[64];
+    char out[1 << 17];
+    int rc;
+} scenario;
+
+static void run(scenario *s, const char *name, const char *extra) {
+    snprintf(s->dir, sizeof s->dir, "/tmp/loco-faults-XXXXXX");
+    cr_assert(mkdtemp(s->dir));
+    s->rc = test_run(s->out, sizeof s->out,
+                     LOCO " launch configs/faults-%s.ini --no-baseline --set run.dir=%s" SMALL " %s",
+                     name, s->dir, extra);
+}
+
+static void done(scenario *s) { loco_rmtree(s->dir); }
+
+/* Time of the first event of `kind` (and site, fault when given) at or
+ * after `after`; < 0 when none. */
+static double event_at(const scenario *s, const char *kind, const char *site, const char *fault,
+                       double after) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/events.jsonl", s->dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    char line[4096];
+    double t = -1;
+    while (t < 0 && fgets(line, sizeof line, f)) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "kind");
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "site");
+        const cJSON *fl = cJSON_GetObjectItemCaseSensitive(j, "fault");
+        const cJSON *tt = cJSON_GetObjectItemCaseSensitive(j, "t");
+        if (cJSON_IsString(k) && !strcmp(k->valuestring, kind) && cJSON_IsNumber(tt) &&
+            tt->valuedouble >= after &&
+            (!site || (cJSON_IsString(st) && !strcmp(st->valuestring, site))) &&
+            (!fault || (cJSON_IsString(fl) && !strcmp(fl->valuestring, fault))))
+            t = tt->valuedouble;
+        cJSON_Delete(j);
+    }
+    fclose(f);
+    return t;
+}
+
+/* The last outer step an island recorded and its θ_global hash. */
+static int last_outer(const scenario *s, const char *site, char hash[17]) {
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s/outer.jsonl", s->dir, site);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    char line[4096];
+    int step = -1;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "theta_hash");
+        if (cJSON_IsNumber(os) && cJSON_IsString(h) && os->valueint >= step) {
+            step = os->valueint;
+            snprintf(hash, 17, "%s", h->valuestring);
+        }
+        cJSON_Delete(j);
+    }
+    fclose(f);
+    return step;
+}
+
+/* Every island ends at the last outer step with the same θ_global. */
+static void all_agree(const scenario *s, int outer_steps) {
+    static const char *const sites[] = {"siteA", "siteB", "siteC"};
+    char h0[17] = "", h[17] = "";
+    for (int k = 0; k < 3; k++) {
+        int last = last_outer(s, sites[k], k ? h : h0);
+        cr_expect_eq(last, outer_steps, "%s ended at outer step %d", sites[k], last);
+        if (k)
+            cr_expect_str_eq(h, h0, "%s differs from siteA", sites[k]);
+    }
+    cr_expect(strstr(s->out, "run finished; θ_global agreed through outer step") != NULL);
+}
+
+TestSuite(faults, .timeout = 240);
+
+Test(faults, killed_island_is_detected_rejoins_and_matches) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill", "--set faults.kill=siteC@30 --set faults.restart_ms=200");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double kill = event_at(s, "fault", "siteC", "kill", 0);
+    double sus = event_at(s, "suspect", "siteC", NULL, kill);
+    double join = event_at(s, "join", "siteC", NULL, kill);
+    cr_assert(kill > 0 && sus > 0 && join > 0, "kill %.3f suspect %.3f join %.3f", kill, sus,
+              join);
+    cr_expect_lt(sus - kill, 3.0, "a dead island on a LAN is noticed within 3 s");
+    cr_expect(strstr(s->out, "hash checked") != NULL, "the rejoined island checked its state");
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, frozen_island_is_suspected_by_phi_and_rejoins) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill", "--set faults.kill= --set faults.freeze=siteB@40+2500");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double fr = event_at(s, "fault", "siteB", "freeze", 0);
+    double sus = event_at(s, "suspect", "siteB", NULL, fr);
+    cr_assert(fr > 0 && sus > 0);
+    cr_expect_lt(sus - fr, 3.0, "a silent island on a LAN is suspected within 3 s");
+    cr_expect(event_at(s, "join", "siteB", NULL, fr) > 0);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+/* 100 ms one way with 20 ms jitter on every link (200 ms RTT): the
+ * detector adapts and still notices a frozen island within
+ * faulttol.timeout_ms, without false suspicions before. */
+Test(faults, frozen_island_on_a_200ms_rtt_wan_within_the_bound) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill",
+        "--set faults.kill= --set faults.freeze=siteB@40+4000 --set net.wan_delay_ms=100"
+        " --set net.wan_jitter_ms=20 --set faulttol.heartbeat_ms=100"
+        " --set faulttol.phi_pause_ms=1000 --set faulttol.timeout_ms=3000");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double start = event_at(s, "start", NULL, NULL, 0);
+    double fr = event_at(s, "fault", "siteB", "freeze", 0);
+    double sus = event_at(s, "suspect", NULL, NULL, start);
+    cr_assert(fr > 0 && sus > 0);
+    cr_expect_geq(sus, fr, "no island was suspected before the freeze");
+    cr_expect_lt(sus - fr, 3.0, "suspected within faulttol.timeout_ms");
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, partition_redoes_the_step_and_the_cut_island_comes_back) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "partition", "--set faulttol.timeout_ms=1500");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double cut = event_at(s, "fault", "siteA", "partition", 0);
+    cr_assert(cut > 0);
+    cr_expect(event_at(s, "exchange_failed", NULL, NULL, cut) > 0,
+              "the exchange across the cut failed and was redone");
+    cr_expect(strstr(s->out, "redone in epoch") != NULL);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, corrupted_frames_are_refused_never_applied) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "corrupt", "--set faults.corrupt=0.1");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "checksum") || strstr(s->out, "refused"),
+              "receivers refused corrupted frames: %s", s->out);
+    cr_expect(event_at(s, "exchange_failed", NULL, NULL, 0) > 0);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, dropped_duplicated_and_reordered_frames_leave_no_trace) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "corrupt",
+        "--set faults.corrupt=0 --set faults.drop=0.02 --set faults.duplicate=0.05"
+        " --set faults.reorder=0.1 --set faulttol.timeout_ms=1500");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, straggler_is_left_out_and_catches_up) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "straggler", "");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double sus = event_at(s, "suspect", "siteB", NULL, 0);
+    cr_assert(sus > 0, "siteB was left out");
+    cr_expect(event_at(s, "join", "siteB", NULL, sus) > 0, "and came back");
+    char h0[17], h2[17];
+    cr_expect_eq(last_outer(s, "siteA", h0), 12);
+    cr_expect_eq(last_outer(s, "siteC", h2), 12);
+    cr_expect_str_eq(h0, h2);
+    done(s);
+    free(s);
+}
+
+Test(faults, restarted_coordinator_loses_nothing) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "coordinator", "--set faults.coordinator_kill_s=1.0");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double k = event_at(s, "fault", "coordinator", "kill_coordinator", 0);
+    cr_assert(k > 0);
+    cr_expect(strstr(s->out, "resuming the run at committed outer step") != NULL, "%s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, degraded_link_slows_but_does_not_break) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "link", "");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(event_at(s, "fault", "siteA", "link", 0) > 0);
+    cr_expect_lt(event_at(s, "suspect", NULL, NULL, 0), 0, "no island was suspected");
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+/* The whole experiment: baseline, fault run, report with a PASS verdict. */
+Test(faults, launch_writes_the_report_against_a_baseline) {
+    scenario *s = calloc(1, sizeof *s);
+    snprintf(s->dir, sizeof s->dir, "/tmp/loco-faults-XXXXXX");
+    cr_assert(mkdtemp(s->dir));
+    s->rc = test_run(s->out, sizeof s->out,
+                     LOCO " launch configs/faults-kill.ini --set run.dir=%s" SMALL
+                          " --set faults.kill=siteC@30 --set faults.restart_ms=200",
+                     s->dir);
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "verdict: PASS") != NULL, "%s", s->out);
+    char path[160];
+    snprintf(path, sizeof path, "%s/report.html", s->dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cr_expect(n > 100);
+    snprintf(path, sizeof path, "%s/baseline/events.jsonl", s->dir);
+    cr_expect(access(path, F_OK) == 0, "the baseline ran in run.dir/baseline");
+    /* A second launch reuses the stored baseline. */
+    s->rc = test_run(s->out, sizeof s->out,
+                     LOCO " launch configs/faults-kill.ini --set run.dir=%s" SMALL
+                          " --set faults.kill=siteC@30 --set faults.restart_ms=200",
+                     s->dir);
+    cr_expect_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "reusing the fault-free baseline") != NULL, "%s", s->out);
+    done(s);
+    free(s);
+}
