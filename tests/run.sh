@@ -16,6 +16,11 @@ build/tests/loco_tests --jobs "${LOCO_TEST_JOBS:-2}" 2>&1 | tee "$log" || status
 if [ -x tests/fuzz.sh ]; then
   bash tests/fuzz.sh || status=$?
 fi
+# GPU tests skip where there is no device or no CUDA build: say so, and why.
+gpu_skips=$(build/tests/loco_tests --filter 'gpu_*/*' --verbose 2>&1 | grep -a '^\[SKIP\] gpu_' | grep -av 'Test is disabled' || true)
+if [ -n "$gpu_skips" ]; then
+  echo "GPU tests: $(wc -l <<<"$gpu_skips") skipped: $(head -n 1 <<<"$gpu_skips" | sed 's/^\[SKIP\] [^ ]*: //')"
+fi
 # One closing line with the counts, after everything.
 line=$(grep -a "Synthesis: Tested:" "$log" | tail -n 1)
 passed=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")

@@ -14,7 +14,9 @@
  * reduce_scatter and allgather with uneven counts become grouped
  * ncclReduce / ncclBroadcast calls, one per block. NCCL has no tags: sends
  * and receives between two ranks must be posted in the same order, and a
- * receive of a different count than was sent is not detected. */
+ * receive of a different count than was sent is not detected. A split
+ * borrows its world's bootstrap communicator (for abort): destroy splits
+ * before their world. */
 #ifdef LOCO_HAVE_NCCL
 
 #include <cuda_runtime.h>
