@@ -668,6 +668,60 @@ static int rejoin(island *is) {
     }
 }
 
+/* The outer state next to the inner checkpoint of the same step
+ * (run.dir/outer_STEP/rank_R.safetensors, published atomically): what an
+ * island needs besides its weights and AdamW state to resume. */
+static int save_outer(island *is, int64_t step) {
+    char fin[PATH_MAX], tmp[PATH_MAX + 8], file[PATH_MAX + 64];
+    snprintf(fin, sizeof fin, "%s/outer_%08lld", is->cfg.run.dir, (long long)step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
+    int rc = 0;
+    if (is->rank == 0) {
+        loco_rmtree(tmp);
+        rc = loco_mkdirs(tmp);
+    }
+    int bad = rc < 0;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (!bad) {
+        snprintf(file, sizeof file, "%s/rank_%05d.safetensors", tmp, is->rank);
+        rc = loco_outer_save_file(is->outer, file, is->committed, is->q.epoch, step);
+        bad = rc < 0;
+        LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    }
+    if (!bad && is->rank == 0)
+        rc = loco_dir_commit(tmp, fin);
+    LOCO_CHECK(rc);
+    return bad ? LOCO_ERR(LOCO_EIO, "outer state of step %lld not written", (long long)step) : 0;
+}
+
+/* After --resume: the outer state saved with that checkpoint, when it is
+ * there and whole; else the island fetches it from the others. */
+static int load_outer(island *is) {
+    const int64_t step = loco_trainer_steps_done(is->t);
+    char file[PATH_MAX + 64];
+    snprintf(file, sizeof file, "%s/outer_%08lld/rank_%05d.safetensors", is->cfg.run.dir,
+             (long long)step, is->rank);
+    int64_t committed = 0, inner = 0;
+    uint64_t epoch = 0;
+    int rc = loco_outer_load_file(is->outer, file, &committed, &epoch, &inner);
+    int bad = rc < 0 || inner != step;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (bad) {
+        if (is->rank == 0)
+            loco_warn("resume: no usable outer state for step %lld (%s); this island fetches "
+                      "θ_global from the others",
+                      (long long)step, rc < 0 ? loco_errmsg() : "another step");
+        is->committed = 0;
+        return 0;
+    }
+    is->committed = committed;
+    LOCO_CHECK(island_hash(is, &is->committed_hash));
+    if (is->rank == 0)
+        loco_info("resume: outer state of outer step %lld (inner step %lld) loaded",
+                  (long long)committed, (long long)step);
+    return 0;
+}
+
 /* Rank 0 reads the coordinator; its verdict reaches every rank. */
 static int check_coordinator(island *is) {
     int ok = is->rank == 0 ? loco_session_poll(is->session) : 0;
@@ -767,9 +821,11 @@ static int run_island(island *is, const char *resume) {
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
     LOCO_CHECK(loco_outer_create(&is->outer, &op, &cp, hi - lo, own));
     LOCO_CHECK(island_hash(is, &is->committed_hash));
+    if (resume)
+        LOCO_CHECK(load_outer(is));
     LOCO_CHECK(loco_peers_create(&is->svc, &is->np, c->faulttol.listen_host, is->outer,
                                  (int)c->faulttol.timeout_ms));
-    loco_peers_publish(is->svc, 0, loco_trainer_steps_done(is->t));
+    loco_peers_publish(is->svc, is->committed, loco_trainer_steps_done(is->t));
     LOCO_CHECK(join(is));
     bool finished = false;
     if (!loco_quorum_has(is->q.members, is->id) || is->q.join) {
@@ -817,6 +873,9 @@ static int run_island(island *is, const char *resume) {
             loco_session_heartbeat(is->session, s.step);
         }
         LOCO_CHECK(loco_trainer_after_step(is->t, &s));
+        /* With each inner checkpoint, the outer state of the same step. */
+        if ((c->run.ckpt_every > 0 && s.step % c->run.ckpt_every == 0) || last)
+            LOCO_CHECK(save_outer(is, s.step));
     }
     /* The coordinator's final word: every member's last θ_global agreed. */
     int rc = is->rank == 0 ? loco_session_leave(is->session, (int)c->faulttol.timeout_ms) : 0;
@@ -853,14 +912,6 @@ int cli_island(int argc, char **argv) {
     }
     island is = {.site = site};
     int rc = cli_load_config(&is.cfg, config, nsets, sets);
-    /* Checkpoints hold the inner state only; an island resumed from one
-     * would restart its outer momentum and error feedback and drift from
-     * the others. Refuse rather than diverge. */
-    if (rc == 0 && resume)
-        rc = LOCO_ERR(LOCO_ENOTSUP,
-                      "loco island --resume: checkpoints do not hold the outer state (θ_global, "
-                      "momentum, error feedback) yet; restart the run, or use the checkpoint with "
-                      "loco train / eval / ckpt export");
     if (rc == 0)
         rc = run_island(&is, resume);
     if (rc < 0) {

@@ -4,6 +4,7 @@
 #include "faulttol/faulttol.h"
 #include "net/net.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -213,6 +214,29 @@ static bool faults_active(const loco_config *c) {
            c->faults.reorder > 0 || c->faults.slow[0] || c->faults.coordinator_kill_s > 0;
 }
 
+/* The newest checkpoint directory of an island (run.dir/SITE/ckpt_N), or
+ * "" when it has none. */
+static void newest_ckpt(const char *dir, char *out, size_t cap) {
+    out[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    long long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long step;
+        char tail;
+        char path[LOCO_PATH_MAX * 2 + 300];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        size_t len = strlen(path);
+        if (sscanf(e->d_name, "ckpt_%lld%c", &step, &tail) == 1 && step > best && len < cap) {
+            best = step;
+            memcpy(out, path, len + 1);
+        }
+    }
+    closedir(d);
+}
+
 /* True when DIR holds a run that finished (its events say so). */
 static bool finished_run(const char *dir) {
     char path[LOCO_PATH_MAX * 2 + 32];
@@ -277,6 +301,33 @@ static int run_baseline(const char *self, const char *config, char **sets, int n
     return 0;
 }
 
+/* A restarted island resumes from its own newest checkpoint (weights,
+ * AdamW, data position, outer state); the others' state then tells it what
+ * it missed. */
+static void with_resume(child *c, const char *run_dir) {
+    static char paths[LOCO_MAX_ISLANDS + 1][LOCO_PATH_MAX + 96];
+    static int used;
+    char dir[LOCO_PATH_MAX + 80], ck[LOCO_PATH_MAX + 96];
+    snprintf(dir, sizeof dir, "%s/%s", run_dir, c->name);
+    newest_ckpt(dir, ck, sizeof ck);
+    if (!ck[0] || used > LOCO_MAX_ISLANDS)
+        return;
+    int n = 0;
+    while (c->argv[n])
+        n++;
+    /* Replace an earlier --resume, else append one. */
+    for (int i = 0; i + 1 < n; i++)
+        if (!strcmp(c->argv[i], "--resume")) {
+            snprintf(paths[used], sizeof paths[used], "%s", ck);
+            c->argv[i + 1] = paths[used++];
+            return;
+        }
+    snprintf(paths[used], sizeof paths[used], "%s", ck);
+    c->argv[n] = "--resume";
+    c->argv[n + 1] = paths[used++];
+    c->argv[n + 2] = NULL;
+}
+
 int cli_launch(int argc, char **argv) {
     const char *config;
     char *sets[MAX_SETS];
@@ -284,13 +335,15 @@ int cli_launch(int argc, char **argv) {
     /* --no-baseline / --baseline DIR are launch's own; the rest is the config's. */
     char *rest[MAX_SETS * 2 + 8];
     int nrest = 0;
-    bool no_baseline = false;
+    bool no_baseline = false, resume_all = false;
     const char *baseline = NULL;
     for (int i = 0; i < argc && nrest < (int)(sizeof rest / sizeof *rest); i++) {
         if (!strcmp(argv[i], "--no-baseline"))
             no_baseline = true;
         else if (!strcmp(argv[i], "--baseline") && i + 1 < argc)
             baseline = argv[++i];
+        else if (!strcmp(argv[i], "--resume"))
+            resume_all = true;
         else
             rest[nrest++] = argv[i];
     }
@@ -416,6 +469,14 @@ int cli_launch(int argc, char **argv) {
             snprintf(s[3], sizeof s[3], "run.dir=%s/%s", cfg.run.dir, who);
             av[n++] = "--set";
             av[n++] = s[3];
+            /* --resume: every island from its newest checkpoint. */
+            char island_dir[LOCO_PATH_MAX + 80];
+            snprintf(island_dir, sizeof island_dir, "%s/%s", cfg.run.dir, who);
+            newest_ckpt(island_dir, s[4], sizeof s[4]);
+            if (resume_all && s[4][0]) {
+                av[n++] = "--resume";
+                av[n++] = s[4];
+            }
         }
         av[n] = NULL;
         c->argv = av;
@@ -476,6 +537,8 @@ int cli_launch(int argc, char **argv) {
                 launch_event(events, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"",
                              coord ? "restart_coordinator" : "restart", c->name);
                 c->restarted = true;
+                if (!coord)
+                    with_resume(c, cfg.run.dir);
                 if (spawn(c, c->argv, true) < 0) {
                     failed = 1;
                     c->done = true;

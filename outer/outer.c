@@ -1,6 +1,7 @@
 /* DiLoCo's outer step over one owned range. */
 #include "outer/outer.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 struct loco_outer {
@@ -353,3 +354,71 @@ const float *loco_outer_theta(const loco_outer *o) { return o->theta; }
 float *loco_outer_momentum(loco_outer *o) { return o->mom; }
 uint64_t loco_outer_hash(const loco_outer *o) { return loco_hash64(o->theta, o->n * sizeof(float)); }
 loco_codec *loco_outer_codec(loco_outer *o) { return o->codec; }
+
+/* ------------------------------------------------------- checkpointing */
+
+int loco_outer_save_file(loco_outer *o, const char *path, int64_t committed, uint64_t epoch,
+                         int64_t inner_step) {
+    const size_t n = o->n;
+    float *buf = loco_alloc((3 * n + 1) * sizeof(float));
+    if (!buf)
+        return LOCO_ERR(LOCO_ENOMEM, "outer checkpoint buffer");
+    memcpy(buf, o->theta, n * sizeof(float));
+    memcpy(buf + n, o->mom, n * sizeof(float));
+    const float *ef = loco_codec_ef(o->codec);
+    if (ef)
+        memcpy(buf + 2 * n, ef, n * sizeof(float));
+    loco_ttable tt;
+    loco_ttable_init(&tt);
+    const int64_t shape[1] = {(int64_t)n};
+    int rc = 0;
+    static const char *const names[3] = {"theta_global", "momentum", "error_feedback"};
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = loco_ttable_add(&tt, names[i], 1, shape, -1, false);
+    char cs[24], ep[24], is[24], hh[17];
+    snprintf(cs, sizeof cs, "%lld", (long long)committed);
+    snprintf(ep, sizeof ep, "%llu", (unsigned long long)epoch);
+    snprintf(is, sizeof is, "%lld", (long long)inner_step);
+    loco_hash_hex(loco_outer_hash(o), hh);
+    const char *meta[] = {"committed", cs, "epoch", ep, "inner_step", is, "theta_hash", hh, NULL};
+    if (rc == 0)
+        rc = loco_st_write(path, &tt, buf, NULL, meta);
+    loco_ttable_fini(&tt);
+    loco_free(buf);
+    return rc;
+}
+
+int loco_outer_load_file(loco_outer *o, const char *path, int64_t *committed, uint64_t *epoch,
+                         int64_t *inner_step) {
+    loco_st *st;
+    LOCO_CHECK(loco_st_open(&st, path));
+    const float *th = NULL, *mo = NULL, *ef = NULL;
+    int64_t shape[LOCO_TENSOR_MAX_DIM];
+    int nd = 0, rc = 0;
+    const char *cs = loco_st_meta(st, "committed"), *ep = loco_st_meta(st, "epoch");
+    const char *is = loco_st_meta(st, "inner_step"), *hh = loco_st_meta(st, "theta_hash");
+    static const char *const names[3] = {"theta_global", "momentum", "error_feedback"};
+    const float **dst[3] = {&th, &mo, &ef};
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        rc = loco_st_get(st, names[i], dst[i], &nd, shape);
+        if (rc == 0 && (nd != 1 || shape[0] != (int64_t)o->n))
+            rc = LOCO_ERR(LOCO_EPROTO, "%s: %s has %lld elements, this rank owns %zu", path,
+                          names[i], (long long)shape[0], o->n);
+    }
+    if (rc == 0 && (!cs || !ep || !is || !hh))
+        rc = LOCO_ERR(LOCO_EPROTO, "%s: outer step, epoch, inner step or hash missing", path);
+    if (rc == 0 && loco_hash64(th, o->n * sizeof(float)) != strtoull(hh, NULL, 16))
+        rc = LOCO_ERR(LOCO_EPROTO, "%s: θ_global does not match its recorded hash", path);
+    if (rc == 0) {
+        memcpy(o->theta, th, o->n * sizeof(float));
+        memcpy(o->mom, mo, o->n * sizeof(float));
+        float *e = loco_codec_ef(o->codec);
+        if (e)
+            memcpy(e, ef, o->n * sizeof(float));
+        *committed = strtoll(cs, NULL, 10);
+        *epoch = strtoull(ep, NULL, 10);
+        *inner_step = strtoll(is, NULL, 10);
+    }
+    loco_st_close(st);
+    return rc;
+}

@@ -95,6 +95,15 @@ uint64_t loco_outer_hash(const loco_outer *o);
 /* The codec (its error-feedback state belongs to the rank). */
 loco_codec *loco_outer_codec(loco_outer *o);
 
+/* The outer state of this rank in a safetensors file: θ_global,
+ * momentum and error feedback, with the committed outer step, epoch, inner
+ * step and θ hash as metadata (fsynced; the caller publishes atomically).
+ * Loading checks sizes and the hash (LOCO_EPROTO) before touching o. */
+int loco_outer_save_file(loco_outer *o, const char *path, int64_t committed, uint64_t epoch,
+                         int64_t inner_step);
+int loco_outer_load_file(loco_outer *o, const char *path, int64_t *committed, uint64_t *epoch,
+                         int64_t *inner_step);
+
 /* --------------------------------------------------------- the exchange */
 
 #define LOCO_MAX_PEERS 64

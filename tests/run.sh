@@ -13,6 +13,8 @@ trap 'rm -f "$log"' EXIT
 # Criterion runs each test in its own process; two at a time on two cores.
 status=0
 build/tests/loco_tests --jobs "${LOCO_TEST_JOBS:-2}" 2>&1 | tee "$log" || status=$?
+# Name the failures at the end, where CI logs are read.
+grep -a "^\[FAIL\]" "$log" || true
 if [ -x tests/fuzz.sh ]; then
   bash tests/fuzz.sh || status=$?
 fi

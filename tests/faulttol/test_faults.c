@@ -254,3 +254,60 @@ Test(faults, launch_writes_the_report_against_a_baseline) {
     done(s);
     free(s);
 }
+
+/* Every island stopped and started again from its checkpoint (mid outer
+ * interval: step 25 with H = 10), with a new coordinator: the run ends
+ * bit-identical to the one that never stopped. */
+Test(faults, whole_run_resumes_from_checkpoints_bit_identical) {
+    static const char *const sites[] = {"siteA", "siteB", "siteC"};
+    scenario *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=25";
+    run(a, "kill", args);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    snprintf(b->dir, sizeof b->dir, "/tmp/loco-faults-XXXXXX");
+    cr_assert(mkdtemp(b->dir));
+    b->rc = test_run(b->out, sizeof b->out, "cp -r %s/. %s/ && cd %s && rm -rf */ckpt_00000050 "
+                     "*/outer_00000050 */ckpt_00000060 */outer_00000060", a->dir, b->dir, b->dir);
+    cr_assert_eq(b->rc, 0, "%s", b->out);
+    b->rc = test_run(b->out, sizeof b->out,
+                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
+                          SMALL " %s",
+                     b->dir, args);
+    cr_assert_eq(b->rc, 0, "%s", b->out);
+    cr_expect(strstr(b->out, "outer state of outer step 2 (inner step 25) loaded") != NULL, "%s",
+              b->out);
+    for (int k = 0; k < 3; k++) {
+        char ha[17], hb[17];
+        cr_expect_eq(last_outer(a, sites[k], ha), 6);
+        cr_expect_eq(last_outer(b, sites[k], hb), 6);
+        cr_expect_str_eq(ha, hb, "%s", sites[k]);
+    }
+    done(a);
+    done(b);
+    free(a);
+    free(b);
+}
+
+/* A torn outer state (truncated file) is never used: the island says so
+ * and fetches θ_global from the others instead. */
+Test(faults, torn_outer_state_is_refused_and_fetched_instead) {
+    scenario *a = calloc(1, sizeof *a);
+    const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=30";
+    run(a, "kill", args);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    a->rc = test_run(a->out, sizeof a->out,
+                     "cd %s && rm -rf */ckpt_00000060 */outer_00000060 && "
+                     "truncate -s 100 siteB/outer_00000030/rank_00000.safetensors",
+                     a->dir);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    a->rc = test_run(a->out, sizeof a->out,
+                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
+                          SMALL " %s",
+                     a->dir, args);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    cr_expect(strstr(a->out, "no usable outer state for step 30") != NULL, "%s", a->out);
+    cr_expect(strstr(a->out, "hash checked") != NULL, "siteB fetched the state: %s", a->out);
+    all_agree(a, 6);
+    done(a);
+    free(a);
+}
