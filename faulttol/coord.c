@@ -458,6 +458,11 @@ static int try_go(loco_coord *c) {
     return 0;
 }
 
+/* A JSON number in [lo, hi] (NaN and overflowing values refused). */
+static bool num_in(const cJSON *j, double lo, double hi) {
+    return cJSON_IsNumber(j) && j->valuedouble >= lo && j->valuedouble <= hi;
+}
+
 static int handle_outer(loco_coord *c, int i, const char *json, size_t len) {
     island *is = &c->isl[i];
     cJSON *j = cJSON_ParseWithLength(json, len);
@@ -468,8 +473,8 @@ static int handle_outer(loco_coord *c, int i, const char *json, size_t len) {
     const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
     const cJSON *su = cJSON_GetObjectItemCaseSensitive(j, "suspects");
     int rc = 0;
-    if (!cJSON_IsString(ph) || !cJSON_IsNumber(os) || !cJSON_IsNumber(hv) ||
-        !cJSON_IsNumber(ep) || !cJSON_IsString(hh) || !cJSON_IsString(su)) {
+    if (!cJSON_IsString(ph) || !num_in(os, 0, 1e15) || !num_in(hv, 0, 1e15) ||
+        !num_in(ep, 0, 1e15) || !cJSON_IsString(hh) || !cJSON_IsString(su)) {
         loco_warn("coordinator: malformed OUTER from %s: ignored", c->sites[i]);
         goto out;
     }
@@ -559,9 +564,9 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     int nr = cJSON_GetArraySize(ranks);
     if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
         !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
-        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !cJSON_IsNumber(jc) ||
-        !cJSON_IsString(jh) || !cJSON_IsNumber(je) || !cJSON_IsNumber(jp) ||
-        !cJSON_IsString(jph) || jc->valuedouble < 0) {
+        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !num_in(jc, 0, 1e15) ||
+        !cJSON_IsString(jh) || !num_in(je, 0, 1e15) || !num_in(jp, 0, 1e15) ||
+        !cJSON_IsString(jph)) {
         snprintf(why, sizeof why, "malformed REGISTER");
         goto refuse;
     }

@@ -18,7 +18,7 @@ grep -q -m1 avx2 /proc/cpuinfo 2>/dev/null && arch=x86-64-v3
 mkdir -p "$out"
 # The library parts go into an archive, so the linker takes only the objects
 # the targets need (core/ files with other dependencies stay out).
-srcs="$(ls core/*.c) kernels/cpu/quant.c $(ls compress/*.c) $(ls net/*.c)"
+srcs="$(ls core/*.c) kernels/cpu/quant.c $(ls compress/*.c) $(ls net/*.c) $(ls faulttol/*.c) $(ls outer/*.c)"
 flags="-std=c11 -D_GNU_SOURCE -g -O1 -march=$arch -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
        -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION"
@@ -34,11 +34,11 @@ done
 rm -f "$out/libfuzzloco.a"
 # shellcheck disable=SC2086
 ar rcs "$out/libfuzzloco.a" $objs
-for t in decode roundtrip frame; do
+for t in decode roundtrip frame state; do
   # shellcheck disable=SC2086
   "$cc" $flags -fsanitize=fuzzer -o "$out/fuzz_$t" "fuzz/fuzz_$t.c" "$out/libfuzzloco.a" $libs
 done
-for t in decode roundtrip frame; do
+for t in decode roundtrip frame state; do
   corpus="$out/corpus-$t"
   mkdir -p "$corpus"
   seeds=""

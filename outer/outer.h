@@ -205,6 +205,19 @@ typedef struct {
     int donors_tried;
 } loco_state_stats;
 
+/* The messages of a state transfer (docs/PROTOCOL.md), parsed from
+ * untrusted bytes: LOCO_EPROTO on anything malformed. */
+typedef struct {
+    int64_t outer_step, inner_step;
+    size_t n, chunks; /* elements per tensor; chunks of θ_global ‖ momentum */
+    uint64_t hash;    /* of θ_global */
+} loco_state_meta;
+int loco_state_request_parse(const void *payload, size_t len, int64_t *outer_step,
+                             size_t *from);
+int loco_state_meta_parse(const void *payload, size_t len, loco_state_meta *m);
+/* The lossless codec state chunks use (fp32 + zstd), for 2n elements. */
+int loco_state_codec_create(loco_codec **out, size_t n);
+
 /* Fetches the newest committed θ_global and momentum into o from the
  * first donor that answers (same rank of another island), going on from
  * the chunk reached with the next donor when one fails (from scratch when

@@ -45,7 +45,49 @@ struct loco_peers {
     atomic_int serving;
 };
 
-static int state_codec(loco_codec **out, size_t n) {
+int loco_state_request_parse(const void *payload, size_t len, int64_t *outer_step,
+                             size_t *from) {
+    cJSON *j = cJSON_ParseWithLength(payload, len);
+    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(j, "from");
+    int rc = 0;
+    if (!cJSON_IsNumber(os) || !cJSON_IsNumber(fr) || fr->valuedouble < 0 ||
+        fr->valuedouble > 1e15 || os->valuedouble < -1 || os->valuedouble > 1e15)
+        rc = LOCO_ERR(LOCO_EPROTO, "STATE_REQ: malformed request");
+    else {
+        *outer_step = (int64_t)os->valuedouble;
+        *from = (size_t)fr->valuedouble;
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+int loco_state_meta_parse(const void *payload, size_t len, loco_state_meta *m) {
+    cJSON *j = cJSON_ParseWithLength(payload, len);
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(j, "n");
+    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "chunks");
+    const cJSON *ji = cJSON_GetObjectItemCaseSensitive(j, "inner_step");
+    const cJSON *jo = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+    int rc = 0;
+    if (!cJSON_IsNumber(jn) || !cJSON_IsNumber(jc) || !cJSON_IsNumber(ji) ||
+        !cJSON_IsNumber(jo) || !cJSON_IsString(jh) || jn->valuedouble < 0 ||
+        jn->valuedouble > 1e15 || jc->valuedouble < 0 || jc->valuedouble > 1e12 ||
+        jo->valuedouble < 0 || jo->valuedouble > 1e15 || ji->valuedouble < 0 ||
+        ji->valuedouble > 1e15 || strlen(jh->valuestring) != 16)
+        rc = LOCO_ERR(LOCO_EPROTO, "STATE: malformed header");
+    else {
+        m->n = (size_t)jn->valuedouble;
+        m->chunks = (size_t)jc->valuedouble;
+        m->inner_step = (int64_t)ji->valuedouble;
+        m->outer_step = (int64_t)jo->valuedouble;
+        m->hash = strtoull(jh->valuestring, NULL, 16);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+int loco_state_codec_create(loco_codec **out, size_t n) {
     loco_codec_params cp;
     loco_codec_params_default(&cp);
     cp.codec = LOCO_CODEC_NONE;
@@ -66,12 +108,12 @@ static void sleep_ms(int ms) {
 /* Sends the committed state from chunk `from` on. Runs on the service
  * thread; holds state_mu so θ_global cannot change under it. */
 static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len) {
-    cJSON *j = cJSON_ParseWithLength(req, len);
-    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
-    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(j, "from");
-    int64_t want = cJSON_IsNumber(os) ? (int64_t)os->valuedouble : -1;
-    size_t from = cJSON_IsNumber(fr) && fr->valuedouble >= 0 ? (size_t)fr->valuedouble : 0;
-    cJSON_Delete(j);
+    int64_t want;
+    size_t from;
+    if (loco_state_request_parse(req, len, &want, &from) < 0) {
+        loco_warn("refused a state request from %s: %s", loco_link_peer_name(l), loco_errmsg());
+        return;
+    }
     const size_t n = loco_outer_size(p->o);
     atomic_store(&p->serving, 1);
     pthread_mutex_lock(&p->state_mu);
@@ -193,7 +235,7 @@ int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *h
     pthread_cond_init(&p->cv, NULL);
     pthread_mutex_init(&p->state_mu, NULL);
     const size_t n = loco_outer_size(o);
-    int rc = state_codec(&p->codec, n);
+    int rc = loco_state_codec_create(&p->codec, n);
     if (rc == 0) {
         p->staging = loco_alloc((2 * n + 1) * sizeof(float));
         if (!p->staging)
@@ -330,26 +372,19 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
         rc = LOCO_ERR(LOCO_EPEER, "%s: %.*s", site, (int)(h.payload_len > 300 ? 300 : h.payload_len),
                       (const char *)payload);
     } else if (rc == 0) {
-        cJSON *j = cJSON_ParseWithLength(payload, h.payload_len);
-        const cJSON *jn = cJSON_GetObjectItemCaseSensitive(j, "n");
-        const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "chunks");
-        const cJSON *ji = cJSON_GetObjectItemCaseSensitive(j, "inner_step");
-        const cJSON *jo = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
-        const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
-        if (h.type != LOCO_FRAME_STATE || !cJSON_IsNumber(jo) ||
-            (outer_step >= 0 && jo->valuedouble != (double)outer_step) ||
-            h.step != (uint64_t)jo->valuedouble || !cJSON_IsNumber(jn) ||
-            (size_t)jn->valuedouble != n || !cJSON_IsNumber(jc) || !cJSON_IsNumber(ji) ||
-            !cJSON_IsString(jh) || (*n_chunks && (size_t)jc->valuedouble != *n_chunks))
+        loco_state_meta m;
+        if (h.type != LOCO_FRAME_STATE || loco_state_meta_parse(payload, h.payload_len, &m) < 0 ||
+            (outer_step >= 0 && m.outer_step != outer_step) ||
+            h.step != (uint64_t)m.outer_step || m.n != n ||
+            (*n_chunks && m.chunks != *n_chunks))
             rc = LOCO_ERR(LOCO_EPROTO, "%s: state header does not match (%zu elements wanted)",
                           site, n);
         else {
-            *n_chunks = (size_t)jc->valuedouble;
-            *inner_step = (int64_t)ji->valuedouble;
-            *hash = strtoull(jh->valuestring, NULL, 16);
-            outer_step = *step_io = (int64_t)jo->valuedouble;
+            *n_chunks = m.chunks;
+            *inner_step = m.inner_step;
+            *hash = m.hash;
+            outer_step = *step_io = m.outer_step;
         }
-        cJSON_Delete(j);
     }
     loco_free(payload);
     while (rc == 0 && *have < *n_chunks) {
@@ -376,7 +411,7 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
                      int64_t *inner_step, loco_state_stats *st, int timeout_ms) {
     const size_t n = loco_outer_size(o);
     loco_codec *codec = NULL;
-    LOCO_CHECK(state_codec(&codec, n));
+    LOCO_CHECK(loco_state_codec_create(&codec, n));
     float *dst = loco_alloc((2 * n + 1) * sizeof(float));
     if (!dst) {
         loco_codec_destroy(codec);
