@@ -14,5 +14,7 @@ int loco_bench_memory(int argc, char **argv);
 int loco_bench_exchange(int argc, char **argv);
 /* Pseudo-gradient codecs against memcpy and raw libzstd. */
 int loco_bench_compress(int argc, char **argv);
+/* State transfer to a rejoining island over emulated WAN (TLS). */
+int loco_bench_rejoin(int argc, char **argv);
 
 #endif /* LOCO_BENCH_H */

@@ -200,9 +200,11 @@ void loco_peers_unlock_state(loco_peers *p);
 void loco_peers_publish(loco_peers *p, int64_t committed, int64_t inner_step);
 
 typedef struct {
-    double seconds;
+    double seconds;   /* request to last chunk, connection set-up included */
+    double stream_s;  /* first chunk header to last chunk: the data phase */
     uint64_t bytes;  /* encoded payload bytes received */
     int donors_tried;
+    size_t chunks, resumed_from; /* the state's chunks; where the last donor started */
 } loco_state_stats;
 
 /* The messages of a state transfer (docs/PROTOCOL.md), parsed from

@@ -351,8 +351,9 @@ int loco_peers_link(loco_peers *p, int me, int id, const char *site, const char 
 static int fetch_from(const loco_net_params *np0, const char *site, const char *addr,
                       int64_t *step_io, loco_codec *codec, float *dst, size_t n,
                       size_t *have, size_t *n_chunks, int64_t *inner_step, uint64_t *hash,
-                      uint64_t *bytes, int timeout_ms) {
+                      uint64_t *bytes, double *stream_s, bool *moved_on, int timeout_ms) {
     int64_t outer_step = *step_io;
+    *moved_on = false;
     char host[LOCO_ADDR_MAX];
     int port;
     LOCO_CHECK(loco_parse_hostport(addr, host, sizeof host, &port));
@@ -369,6 +370,7 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
     if (rc == 0)
         rc = loco_link_recv(l, &h, &payload, timeout_ms);
     if (rc == 0 && h.type == LOCO_FRAME_ERROR) {
+        *moved_on = true;
         rc = LOCO_ERR(LOCO_EPEER, "%s: %.*s", site, (int)(h.payload_len > 300 ? 300 : h.payload_len),
                       (const char *)payload);
     } else if (rc == 0) {
@@ -387,6 +389,7 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
         }
     }
     loco_free(payload);
+    const double t_data = loco_now();
     while (rc == 0 && *have < *n_chunks) {
         payload = NULL;
         rc = loco_link_recv(l, &h, &payload, timeout_ms);
@@ -402,6 +405,7 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
         }
         loco_free(payload);
     }
+    *stream_s += loco_now() - t_data;
     loco_link_destroy(l);
     return rc;
 }
@@ -410,6 +414,8 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
                      const char (*addrs)[LOCO_ADDR_MAX], int64_t *outer_step, loco_outer *o,
                      int64_t *inner_step, loco_state_stats *st, int timeout_ms) {
     const size_t n = loco_outer_size(o);
+    if (st)
+        memset(st, 0, sizeof *st);
     loco_codec *codec = NULL;
     LOCO_CHECK(loco_state_codec_create(&codec, n));
     float *dst = loco_alloc((2 * n + 1) * sizeof(float));
@@ -424,6 +430,7 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
     size_t have = 0, n_chunks = 0;
     uint64_t bytes = 0, hash = 0;
     int64_t step = -1; /* the newest any donor has, fixed by the first answer */
+    double stream_s = 0;
     int rc = LOCO_ERR(LOCO_EPEER, "no island to fetch the state from");
     double t0 = loco_now();
     int tries = 0;
@@ -431,11 +438,16 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
         if (have > 0 && have == n_chunks)
             break;
         tries++;
+        const size_t start_chunk = have;
+        bool moved_on = false;
         rc = fetch_from(np, sites[k], addrs[k], &step, codec, dst, n, &have, &n_chunks,
-                        inner_step, &hash, &bytes, timeout_ms);
-        if (rc == 0)
+                        inner_step, &hash, &bytes, &stream_s, &moved_on, timeout_ms);
+        if (rc == 0) {
+            if (st)
+                st->resumed_from = start_chunk;
             break;
-        if (rc == LOCO_EPEER && have > 0) {
+        }
+        if (moved_on && have > 0) {
             /* The next donor moved on: start again from its newest state. */
             for (size_t i = 0; i < 2 * n; i++)
                 dst[i] = -0.0f;
@@ -458,6 +470,8 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
     }
     if (st) {
         st->seconds = loco_now() - t0;
+        st->stream_s = stream_s;
+        st->chunks = n_chunks;
         st->bytes = bytes;
         st->donors_tried = tries;
     }
