@@ -84,6 +84,27 @@ static int rechoose(island *is, const loco_exchange_stats *st);
 /* An injected fault on the run's timeline (LOCO_EVENTS, set by `loco
  * launch`; docs/REPORTS.md): written by the island itself, so the time is
  * the moment it happened. */
+/* A frame this island refused (corrupted, stale, misdirected): on the
+ * timeline too, so reports show when frame faults were caught. */
+static void refused_event(const island *is, const char *reason) {
+    const char *path = getenv("LOCO_EVENTS");
+    if (!path || is->rank != 0)
+        return;
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    fprintf(f, "{\"t\":%.3f,\"kind\":\"refused\",\"site\":\"%s\",\"reason\":\"", (double)tv.tv_sec + tv.tv_usec / 1e6, is->site);
+    for (const char *c = reason; *c && c - reason < 300; c++)
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "'");
+        else if ((unsigned char)*c >= 0x20)
+            fputc(*c, f);
+    fprintf(f, "\"}\n");
+    fclose(f);
+}
+
 static void fault_event(const island *is, const char *fault, const char *peer,
                         const char *detail) {
     const char *path = getenv("LOCO_EVENTS");
@@ -456,9 +477,12 @@ static int attempt(island *is, int64_t outer, int64_t inner, bool *planned, bool
         else
             rc = loco_outer_step_allgather(is->outer, &x, own, outer, &st);
     }
-    if (rc < 0)
+    if (rc < 0) {
         loco_warn("outer step %lld (epoch %llu): %s", (long long)outer,
                   (unsigned long long)is->q.epoch, loco_errmsg());
+        if (rc == LOCO_EPROTO)
+            refused_event(is, loco_errmsg());
+    }
     int bad = rc < 0;
     LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
     *ok = !bad;

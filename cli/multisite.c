@@ -209,7 +209,7 @@ static int free_port(void) {
 }
 
 static bool faults_active(const loco_config *c) {
-    return c->faults.kill[0] || c->faults.partition[0] || c->faults.link[0] ||
+    return c->faults.kill[0] || c->faults.freeze[0] || c->faults.partition[0] || c->faults.link[0] ||
            c->faults.corrupt > 0 || c->faults.drop > 0 || c->faults.duplicate > 0 ||
            c->faults.reorder > 0 || c->faults.slow[0] || c->faults.coordinator_kill_s > 0;
 }
@@ -266,7 +266,7 @@ static int run_baseline(const char *self, const char *config, char **sets, int n
     static char rundir[LOCO_PATH_MAX * 2 + 16];
     snprintf(rundir, sizeof rundir, "run.dir=%s", dir);
     static const char *const clear[] = {
-        "faults.kill=", "faults.partition=", "faults.link=", "faults.corrupt=0",
+        "faults.kill=", "faults.freeze=", "faults.partition=", "faults.link=", "faults.corrupt=0",
         "faults.drop=0", "faults.duplicate=0", "faults.reorder=0", "faults.slow=",
         "faults.coordinator_kill_s=0"};
     char *av[MAX_SETS * 2 + 40];
