@@ -63,9 +63,9 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
-def batch(step, B, T, device):
+def batch(step, B, T, V, device):
     p = torch.arange(step * B * T, (step + 1) * B * T + 1, dtype=torch.int64)
-    tok = ((p // 7) * 31 + (p % 7) * 3) % 997
+    tok = ((p // 7) * 31 + (p % 7) * 3) % 997 % V
     return tok[:-1].view(B, T).to(device), tok[1:].view(B, T).to(device)
 
 
@@ -98,7 +98,7 @@ def main():
     tokens = a.batch * a.seq
     t_sum, measured, first, loss_v = 0.0, 0, None, None
     for s in range(a.warmup + a.steps):
-        x, y = batch(s, a.batch, a.seq, dev)
+        x, y = batch(s, a.batch, a.seq, a.vocab, dev)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):

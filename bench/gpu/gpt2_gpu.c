@@ -157,7 +157,7 @@ static int load_batch(gpu_model *g, const uint16_t *shard, size_t shard_n, int s
         if (shard)
             tok[i] = shard[p % shard_n] % (uint32_t)g->o.V;
         else /* a learnable stream: short arithmetic runs */
-            tok[i] = (int32_t)(((p / 7) * 31 + (p % 7) * 3) % 997);
+            tok[i] = (int32_t)(((p / 7) * 31 + (p % 7) * 3) % 997 % (size_t)g->o.V);
     }
     int rc = loco_cuda_copy(g->inputs, tok, N * 4, NULL);
     if (rc == 0)
