@@ -281,9 +281,12 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
     memcpy(s->addrs, me->addrs, (size_t)me->n_ranks * sizeof *s->addrs);
     /* The coordinator may start a moment after the islands. */
     double deadline = loco_now() + timeout_ms / 1000.0;
+    /* Anything but a refusal (another CA, a bad configuration) is worth
+     * another try until the deadline: nobody listening yet, a coordinator
+     * that went down during the handshake. */
     for (;;) {
         rc = connect_register(s, -1);
-        if (rc != LOCO_EIO || loco_now() > deadline)
+        if (rc == 0 || rc == LOCO_EAUTH || rc == LOCO_EINVAL || loco_now() > deadline)
             break;
         sleep_ms(100);
     }
