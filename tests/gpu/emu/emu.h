@@ -1,0 +1,145 @@
+/* Host emulation of the CUDA execution model, enough for kernels/cuda:
+ * every thread of a block is a std::thread, __syncthreads a barrier, warp
+ * shuffles go through a per-block exchange array, __shared__ variables are
+ * function statics (blocks run one after another), dynamic shared memory
+ * one buffer. Rounded intrinsics (__fadd_rn, ...) are IEEE host operations
+ * kept apart with volatile; bf16 is rounded to nearest even. No timing, no
+ * memory spaces: a "device pointer" is a host pointer. */
+#ifndef LOCO_GPU_EMU_H
+#define LOCO_GPU_EMU_H
+
+#include <algorithm>
+#include <barrier>
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#define LOCO_HAVE_CUDA 1
+extern "C" {
+#include "compress/compress.h"
+#include "core/core.h"
+#include "kernels/kernels.h"
+}
+
+using std::max;
+using std::min;
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+static dim3 blockIdx, blockDim, gridDim;
+static thread_local dim3 threadIdx;
+static std::barrier<> *g_bar;
+static double g_xchg[1024];
+static float *g_smem;
+static std::vector<float> g_smem_buf;
+
+static inline void __syncthreads() { g_bar->arrive_and_wait(); }
+
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
+    const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;
+    double d = 0;
+    std::memcpy(&d, &v, sizeof v);
+    g_bar->arrive_and_wait();
+    g_xchg[tid] = d;
+    g_bar->arrive_and_wait();
+    T r;
+    std::memcpy(&r, &g_xchg[tid ^ (unsigned)o], sizeof r);
+    return r;
+}
+
+/* Runs f as every thread of every block; a thread that returns early drops
+ * out of the block's barrier, as an exited CUDA thread does. */
+static void emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
+    if (g_smem_buf.size() < smem / 4 + 1)
+        g_smem_buf.resize(smem / 4 + 1);
+    g_smem = g_smem_buf.data();
+    blockDim = block;
+    gridDim = grid;
+    const unsigned nt = block.x * block.y;
+    for (unsigned by = 0; by < grid.y; by++)
+        for (unsigned bx = 0; bx < grid.x; bx++) {
+            blockIdx = dim3(bx, by);
+            std::barrier<> bar(nt);
+            g_bar = &bar;
+            std::vector<std::thread> ts;
+            for (unsigned t = 0; t < nt; t++)
+                ts.emplace_back([&, t] {
+                    threadIdx = dim3(t % block.x, t / block.x);
+                    f();
+                    bar.arrive_and_drop();
+                });
+            for (auto &th : ts)
+                th.join();
+        }
+}
+
+struct __nv_bfloat16 {
+    uint16_t u;
+};
+static inline float __bfloat162float(__nv_bfloat16 h) {
+    const uint32_t u = (uint32_t)h.u << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return {(uint16_t)((u + 0x7fffU + ((u >> 16) & 1)) >> 16)};
+}
+
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+static inline double __dmul_rn(double a, double b) { volatile double r = a * b; return r; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __uint2float_rn(uint32_t u) { return (float)u; }
+
+/* The runtime calls the .cu files make. */
+typedef int cudaError_t;
+#define cudaSuccess 0
+#define cudaFuncAttributeMaxDynamicSharedMemorySize 0
+static inline int cudaFuncSetAttribute(...) { return 0; }
+/* cudaMalloc's pointers are 256-byte aligned, and the slab relies on it */
+static inline cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+    return *p ? 0 : 2;
+}
+static inline cudaError_t cudaFree(void *p) { free(p); return 0; }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, loco_stream) { memset(p, v, n); return 0; }
+static inline cudaError_t cudaGetLastError() { return 0; }
+static inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+static inline cudaError_t cudaStreamSynchronize(loco_stream) { return 0; }
+enum { cudaMemcpyDefault = 4 };
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int, loco_stream) {
+    memmove(d, s, n);
+    return 0;
+}
+static inline const char *cudaGetErrorString(cudaError_t) { return "emulated"; }
+
+/* common.cuh's helpers */
+#define CUDA_CHECK(call) (void)(call)
+#define CUDA_LAUNCHED(what) (void)0
+__attribute__((unused)) static inline float ld(const float *p) { return *p; }
+__attribute__((unused)) static inline float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__attribute__((unused)) static inline void st(float *p, float v) { *p = v; }
+__attribute__((unused)) static inline void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+static inline __nv_bfloat16 *bf(loco_bf16 *p) { return reinterpret_cast<__nv_bfloat16 *>(p); }
+static inline const __nv_bfloat16 *bf(const loco_bf16 *p) {
+    return reinterpret_cast<const __nv_bfloat16 *>(p);
+}
+/* one block: every kernel that uses it strides over the grid */
+static inline unsigned grid_for(size_t, unsigned) { return 1; }
+
+#endif
