@@ -1,23 +1,43 @@
 /* Fused causal attention, flash-attention style: the T x T matrix is never
- * stored. Forward: one thread per query row streams key/value tiles through
- * shared memory with an online softmax and saves the row's log-sum-exp.
- * Backward: the probabilities are recomputed from it, in two kernels so
- * that nothing is accumulated with atomics (deterministic): one thread per
- * key row sums dK and dV over the query tiles at or after it, one thread per
- * query row sums dQ over the key tiles at or before it.
+ * stored. Forward: each query row streams key/value tiles through shared
+ * memory with an online softmax (rescaled once per group of keys) and saves
+ * the row's log-sum-exp. Backward: the probabilities are recomputed from
+ * it, in two kernels so that nothing is accumulated with atomics
+ * (deterministic): one pass per key row sums dK and dV over the query tiles
+ * at or after it, one per query row sums dQ over the key tiles before it.
  *
- * Math in fp32 on the CUDA cores (not tensor cores), head size padded with
- * zeros to 32, 64 or 128. */
+ * A row belongs to `split` adjacent threads (1, 2 or 4 for head sizes 32,
+ * 64, 128), each holding 32 of its dimensions in registers, interleaved in
+ * chunks of 4 so that the threads of a row read neighbouring words of a
+ * tile (no bank conflicts, 16-byte loads); dot products are summed across
+ * them with shuffles. Loops run the same trip count for the whole block
+ * (keys outside the causal mask are computed and then dropped), so that
+ * every shuffle sees all its lanes. Math in fp32 on the CUDA cores (not
+ * tensor cores); the head size is padded with zeros to 32, 64 or 128. */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
 
-enum { ROWS = 64 }; /* threads per block, one row each */
+enum { ROWS = 64, KEY_GROUP = 8 }; /* rows per block; keys per softmax rescale */
 
-/* rows of the tile streamed past each thread's row */
-template <int HS> struct tile {
-    static constexpr int n = HS <= 64 ? 64 : 32;
+template <int HS> struct geo {
+    static constexpr int split = HS >= 64 ? HS / 32 : 1; /* threads per row */
+    static constexpr int dp = HS / split;                /* dimensions per thread */
+    static constexpr int threads = ROWS * split;
+    static constexpr int tile = HS <= 64 ? 64 : 32; /* rows of a streamed tile */
 };
+
+/* Dimension held in register r by the row's thread `part`. */
+template <int HS> __device__ __forceinline__ int dim_of(int part, int r) {
+    return 4 * (part + geo<HS>::split * (r / 4)) + (r % 4);
+}
+
+/* Sum over the `split` threads of a row (adjacent lanes). */
+template <int S> __device__ __forceinline__ float row_sum(float v) {
+    for (int o = 1; o < S; o <<= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 /* sm[r][d] = rows r0 .. r0+rows-1 of a (T, *) matrix with row stride
  * `stride` starting at base, columns < hs; zeros past T or hs. */
@@ -30,22 +50,32 @@ __device__ void load_rows(float *sm, const T *base, size_t stride, int r0, int r
     }
 }
 
+/* x[r] = row t's dimensions of this thread (times mul), 0 past T or hs. */
 template <int HS, typename T>
-__global__ void __launch_bounds__(ROWS)
+__device__ __forceinline__ void load_own(float *x, const T *row, int part, bool in, int hs,
+                                         float mul) {
+#pragma unroll
+    for (int r = 0; r < geo<HS>::dp; r++) {
+        const int d = dim_of<HS>(part, r);
+        x[r] = in && d < hs ? ld(row + d) * mul : 0.0f;
+    }
+}
+
+template <int HS, typename T>
+__global__ void __launch_bounds__(geo<HS>::threads)
     attn_fwd_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale) {
-    constexpr int KT = tile<HS>::n;
+    constexpr int S = geo<HS>::split, DP = geo<HS>::dp, KT = geo<HS>::tile;
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = sm + KT * HS;
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
-    const int q0 = blockIdx.x * ROWS, i = q0 + threadIdx.x;
+    const int part = threadIdx.x % S, q0 = blockIdx.x * ROWS, i = q0 + threadIdx.x / S;
     const size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
-    float q[HS], o[HS];
+    float q[DP], o[DP];
+    load_own<HS>(q, base + (size_t)i * C3, part, i < T_, hs, scale);
 #pragma unroll
-    for (int d = 0; d < HS; d++) {
-        q[d] = i < T_ && d < hs ? ld(base + (size_t)i * C3 + d) * scale : 0.0f;
-        o[d] = 0.0f;
-    }
+    for (int r = 0; r < DP; r++)
+        o[r] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const int last = min(q0 + ROWS, T_) - 1;
     for (int k0 = 0; k0 <= last; k0 += KT) {
@@ -53,30 +83,53 @@ __global__ void __launch_bounds__(ROWS)
         load_rows<HS>(Ks, base + C, C3, k0, KT, T_, hs);
         load_rows<HS>(Vs, base + 2 * C, C3, k0, KT, T_, hs);
         __syncthreads();
-        const int jn = i < T_ ? min(KT, i - k0 + 1) : 0;
-        for (int jj = 0; jj < jn; jj++) {
-            float s = 0.0f;
+        const int jend = min(KT, last - k0 + 1); /* the same for the block */
+        for (int j0 = 0; j0 < jend; j0 += KEY_GROUP) {
+            float sc[KEY_GROUP];
+            float mx = m;
 #pragma unroll
-            for (int d = 0; d < HS; d++)
-                s += q[d] * Ks[jj * HS + d];
-            const float mn = fmaxf(m, s);
-            const float corr = expf(m - mn), p = expf(s - mn);
-            l = l * corr + p;
+            for (int g = 0; g < KEY_GROUP; g++) {
+                const int jj = j0 + g;
+                float ps = 0.0f;
+                if (jj < jend)
 #pragma unroll
-            for (int d = 0; d < HS; d++)
-                o[d] = o[d] * corr + p * Vs[jj * HS + d];
-            m = mn;
+                    for (int r = 0; r < DP; r++)
+                        ps += q[r] * Ks[jj * HS + dim_of<HS>(part, r)];
+                const float sv = row_sum<S>(ps);
+                sc[g] = jj < jend && k0 + jj <= i && i < T_ ? sv : -INFINITY;
+                mx = fmaxf(mx, sc[g]);
+            }
+            if (mx == -INFINITY) /* nothing this row may see yet */
+                continue;
+            const float corr = expf(m - mx);
+            l *= corr;
+#pragma unroll
+            for (int r = 0; r < DP; r++)
+                o[r] *= corr;
+#pragma unroll
+            for (int g = 0; g < KEY_GROUP; g++) {
+                const float p = expf(sc[g] - mx);
+                l += p;
+                if (j0 + g < jend)
+#pragma unroll
+                    for (int r = 0; r < DP; r++)
+                        o[r] += p * Vs[(j0 + g) * HS + dim_of<HS>(part, r)];
+            }
+            m = mx;
         }
     }
     if (i >= T_)
         return;
-    lse[(size_t)bh * T_ + i] = m + logf(l);
+    if (part == 0)
+        lse[(size_t)bh * T_ + i] = m + logf(l);
     T *orow = out + ((size_t)b * T_ + i) * C + (size_t)h * hs;
     const float il = 1.0f / l;
 #pragma unroll
-    for (int d = 0; d < HS; d++)
+    for (int r = 0; r < DP; r++) {
+        const int d = dim_of<HS>(part, r);
         if (d < hs)
-            st(orow + d, o[d] * il);
+            st(orow + d, o[r] * il);
+    }
 }
 
 /* Dsum[bh, i] = sum_d dO[i, d] O[i, d]: the softmax backward's row term. */
@@ -96,51 +149,50 @@ __global__ void attn_bwd_dsum_kernel(float *Dsum, const T *dout, const T *out, i
 }
 
 template <int HS, typename T>
-__global__ void __launch_bounds__(ROWS)
+__global__ void __launch_bounds__(geo<HS>::threads)
     attn_bwd_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse,
                         const float *Dsum, int T_, int C, int NH, float scale) {
-    constexpr int QT = tile<HS>::n;
+    constexpr int S = geo<HS>::split, DP = geo<HS>::dp, QT = geo<HS>::tile;
     extern __shared__ float sm[];
-    float *Qs = sm, *dOs = Qs + QT * HS, *dk = dOs + QT * HS, *dv = dk + HS * ROWS;
-    float *ls = dv + HS * ROWS, *Ds = ls + QT;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, tid = threadIdx.x;
-    const int k0 = blockIdx.x * ROWS, j = k0 + tid;
+    float *Qs = sm, *dOs = Qs + QT * HS, *ls = dOs + QT * HS, *Ds = ls + QT;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+    const int part = threadIdx.x % S, k0 = blockIdx.x * ROWS, j = k0 + threadIdx.x / S;
     const size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
     const T *dobase = dout + (size_t)b * T_ * C + (size_t)h * hs;
-    float k[HS], v[HS];
+    float k[DP], v[DP], dk[DP], dv[DP];
+    load_own<HS>(k, base + (size_t)j * C3 + C, part, j < T_, hs, scale);
+    load_own<HS>(v, base + (size_t)j * C3 + 2 * C, part, j < T_, hs, 1.0f);
 #pragma unroll
-    for (int d = 0; d < HS; d++) {
-        const bool in = j < T_ && d < hs;
-        k[d] = in ? ld(base + (size_t)j * C3 + C + d) * scale : 0.0f;
-        v[d] = in ? ld(base + (size_t)j * C3 + 2 * C + d) : 0.0f;
-        dk[d * ROWS + tid] = 0.0f;
-        dv[d * ROWS + tid] = 0.0f;
-    }
+    for (int r = 0; r < DP; r++)
+        dk[r] = dv[r] = 0.0f;
     for (int i0 = k0; i0 < T_; i0 += QT) {
         __syncthreads();
         load_rows<HS>(Qs, base, C3, i0, QT, T_, hs);
         load_rows<HS>(dOs, dobase, C, i0, QT, T_, hs);
-        for (int r = tid; r < QT; r += blockDim.x) {
+        for (int r = threadIdx.x; r < QT; r += blockDim.x) {
             const bool in = i0 + r < T_;
             ls[r] = in ? lse[(size_t)bh * T_ + i0 + r] : 0.0f;
             Ds[r] = in ? Dsum[(size_t)bh * T_ + i0 + r] : 0.0f;
         }
         __syncthreads();
-        const int ib = max(0, j - i0), ie = j < T_ ? min(QT, T_ - i0) : 0;
-        for (int ii = ib; ii < ie; ii++) {
-            float s = 0.0f, dp = 0.0f;
+        const int iend = min(QT, T_ - i0); /* the same for the block */
+        for (int ii = 0; ii < iend; ii++) {
+            float ps = 0.0f, pdp = 0.0f;
 #pragma unroll
-            for (int d = 0; d < HS; d++) {
-                s += Qs[ii * HS + d] * k[d];
-                dp += dOs[ii * HS + d] * v[d];
+            for (int r = 0; r < DP; r++) {
+                const int d = dim_of<HS>(part, r);
+                ps += Qs[ii * HS + d] * k[r];
+                pdp += dOs[ii * HS + d] * v[r];
             }
-            const float p = expf(s - ls[ii]);
+            const float sv = row_sum<S>(ps), dp = row_sum<S>(pdp);
+            const float p = i0 + ii >= j && j < T_ ? expf(sv - ls[ii]) : 0.0f;
             const float ds = p * (dp - Ds[ii]);
 #pragma unroll
-            for (int d = 0; d < HS; d++) {
-                dv[d * ROWS + tid] += p * dOs[ii * HS + d];
-                dk[d * ROWS + tid] += ds * Qs[ii * HS + d];
+            for (int r = 0; r < DP; r++) {
+                const int d = dim_of<HS>(part, r);
+                dv[r] += p * dOs[ii * HS + d];
+                dk[r] += ds * Qs[ii * HS + d];
             }
         }
     }
@@ -149,32 +201,32 @@ __global__ void __launch_bounds__(ROWS)
     T *dkrow = dqkv + ((size_t)b * T_ + j) * C3 + C + (size_t)h * hs;
     T *dvrow = dkrow + C;
 #pragma unroll
-    for (int d = 0; d < HS; d++)
+    for (int r = 0; r < DP; r++) {
+        const int d = dim_of<HS>(part, r);
         if (d < hs) {
-            st(dkrow + d, ld(dkrow + d) + dk[d * ROWS + tid] * scale);
-            st(dvrow + d, ld(dvrow + d) + dv[d * ROWS + tid]);
+            st(dkrow + d, ld(dkrow + d) + dk[r] * scale);
+            st(dvrow + d, ld(dvrow + d) + dv[r]);
         }
+    }
 }
 
 template <int HS, typename T>
-__global__ void __launch_bounds__(ROWS)
+__global__ void __launch_bounds__(geo<HS>::threads)
     attn_bwd_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *Dsum,
                        int T_, int C, int NH, float scale) {
-    constexpr int KT = tile<HS>::n;
+    constexpr int S = geo<HS>::split, DP = geo<HS>::dp, KT = geo<HS>::tile;
     extern __shared__ float sm[];
-    float *Ks = sm, *Vs = Ks + KT * HS, *dq = Vs + KT * HS;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, tid = threadIdx.x;
-    const int q0 = blockIdx.x * ROWS, i = q0 + tid;
+    float *Ks = sm, *Vs = Ks + KT * HS;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+    const int part = threadIdx.x % S, q0 = blockIdx.x * ROWS, i = q0 + threadIdx.x / S;
     const size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
-    float q[HS], g[HS];
+    float q[DP], g[DP], dq[DP];
+    load_own<HS>(q, base + (size_t)i * C3, part, i < T_, hs, scale);
+    load_own<HS>(g, dout + ((size_t)b * T_ + i) * C + (size_t)h * hs, part, i < T_, hs, 1.0f);
 #pragma unroll
-    for (int d = 0; d < HS; d++) {
-        const bool in = i < T_ && d < hs;
-        q[d] = in ? ld(base + (size_t)i * C3 + d) * scale : 0.0f;
-        g[d] = in ? ld(dout + ((size_t)b * T_ + i) * C + (size_t)h * hs + d) : 0.0f;
-        dq[d * ROWS + tid] = 0.0f;
-    }
+    for (int r = 0; r < DP; r++)
+        dq[r] = 0.0f;
     const float li = i < T_ ? lse[(size_t)bh * T_ + i] : 0.0f;
     const float Di = i < T_ ? Dsum[(size_t)bh * T_ + i] : 0.0f;
     const int last = min(q0 + ROWS, T_) - 1;
@@ -183,37 +235,41 @@ __global__ void __launch_bounds__(ROWS)
         load_rows<HS>(Ks, base + C, C3, k0, KT, T_, hs);
         load_rows<HS>(Vs, base + 2 * C, C3, k0, KT, T_, hs);
         __syncthreads();
-        const int jn = i < T_ ? min(KT, i - k0 + 1) : 0;
-        for (int jj = 0; jj < jn; jj++) {
-            float s = 0.0f, dp = 0.0f;
+        const int jend = min(KT, last - k0 + 1); /* the same for the block */
+        for (int jj = 0; jj < jend; jj++) {
+            float ps = 0.0f, pdp = 0.0f;
 #pragma unroll
-            for (int d = 0; d < HS; d++) {
-                s += q[d] * Ks[jj * HS + d];
-                dp += g[d] * Vs[jj * HS + d];
+            for (int r = 0; r < DP; r++) {
+                const int d = dim_of<HS>(part, r);
+                ps += q[r] * Ks[jj * HS + d];
+                pdp += g[r] * Vs[jj * HS + d];
             }
-            const float ds = expf(s - li) * (dp - Di);
+            const float sv = row_sum<S>(ps), dp = row_sum<S>(pdp);
+            const float ds = k0 + jj <= i && i < T_ ? expf(sv - li) * (dp - Di) : 0.0f;
 #pragma unroll
-            for (int d = 0; d < HS; d++)
-                dq[d * ROWS + tid] += ds * Ks[jj * HS + d];
+            for (int r = 0; r < DP; r++)
+                dq[r] += ds * Ks[jj * HS + dim_of<HS>(part, r)];
         }
     }
     if (i >= T_)
         return;
     T *dqrow = dqkv + ((size_t)b * T_ + i) * C3 + (size_t)h * hs;
 #pragma unroll
-    for (int d = 0; d < HS; d++)
+    for (int r = 0; r < DP; r++) {
+        const int d = dim_of<HS>(part, r);
         if (d < hs)
-            st(dqrow + d, ld(dqrow + d) + dq[d * ROWS + tid] * scale);
+            st(dqrow + d, ld(dqrow + d) + dq[r] * scale);
+    }
 }
 
 template <int HS, typename T>
 static int fwd_hs(T *out, float *lse, const T *qkv, int B, int T_, int C, int NH, loco_stream s) {
-    const size_t smem = 2 * tile<HS>::n * HS * sizeof(float);
+    const size_t smem = 2 * geo<HS>::tile * HS * sizeof(float);
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<HS, T>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((T_ + ROWS - 1) / ROWS, B * NH);
-    attn_fwd_kernel<HS, T><<<grid, ROWS, smem, s>>>(out, lse, qkv, T_, C, NH,
-                                                    1.0f / sqrtf((float)(C / NH)));
+    attn_fwd_kernel<HS, T><<<grid, geo<HS>::threads, smem, s>>>(out, lse, qkv, T_, C, NH,
+                                                                1.0f / sqrtf((float)(C / NH)));
     CUDA_LAUNCHED("attention_fwd");
     return 0;
 }
@@ -223,18 +279,18 @@ static int bwd_hs(T *dqkv, float *Dsum, const T *dout, const T *qkv, const float
                   int T_, int C, int NH, loco_stream s) {
     const float scale = 1.0f / sqrtf((float)(C / NH));
     const dim3 grid((T_ + ROWS - 1) / ROWS, B * NH);
-    const int n = tile<HS>::n;
-    const size_t smem_kv = (2 * n * HS + 2 * HS * ROWS + 2 * n) * sizeof(float);
-    const size_t smem_q = (2 * n * HS + HS * ROWS) * sizeof(float);
+    const int n = geo<HS>::tile;
+    const size_t smem_kv = (2 * n * HS + 2 * n) * sizeof(float);
+    const size_t smem_q = 2 * n * HS * sizeof(float);
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkv_kernel<HS, T>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<HS, T>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    attn_bwd_dkv_kernel<HS, T><<<grid, ROWS, smem_kv, s>>>(dqkv, dout, qkv, lse, Dsum, T_, C, NH,
-                                                           scale);
+    attn_bwd_dkv_kernel<HS, T><<<grid, geo<HS>::threads, smem_kv, s>>>(dqkv, dout, qkv, lse,
+                                                                       Dsum, T_, C, NH, scale);
     CUDA_LAUNCHED("attention_bwd (dk, dv)");
-    attn_bwd_dq_kernel<HS, T><<<grid, ROWS, smem_q, s>>>(dqkv, dout, qkv, lse, Dsum, T_, C, NH,
-                                                         scale);
+    attn_bwd_dq_kernel<HS, T><<<grid, geo<HS>::threads, smem_q, s>>>(dqkv, dout, qkv, lse, Dsum,
+                                                                     T_, C, NH, scale);
     CUDA_LAUNCHED("attention_bwd (dq)");
     return 0;
 }
