@@ -104,7 +104,8 @@ run_bench() { # name, seconds, command...
     status=1
   fi
 }
-run_bench loco 120 env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --batch 16 --seq 1024 --steps 20 --warmup 3
+run_bench loco 150 env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --batch 16 --seq 1024 --steps 20 --warmup 3 \
+  --profile 3
 export PYTHONUNBUFFERED=1
 run_bench pytorch-eager 120 python3 bench/pytorch_gpt2.py --mode eager --steps 20 --warmup 3
 run_bench pytorch-compile 240 python3 bench/pytorch_gpt2.py --mode compile --steps 20 --warmup 3
@@ -130,6 +131,11 @@ for r in rows:
         continue
     print(f"{r['impl']:<18}{r['step_ms']:>10.1f}{r['tok_per_s']:>12.0f}{100 * r['mfu']:>7.1f}%"
           f"{r['loss_first']:>12.3f} -> {r['loss_last']:.3f}")
+try:
+    prof = [l for l in open(os.path.join(log, "loco.log")) if l.startswith("profile")]
+    print("loco " + prof[-1].strip() if prof else "")
+except OSError:
+    pass
 PY
 say "done (status $status)"
 exit $status

@@ -7,7 +7,8 @@
  *
  * Data: a learnable synthetic token stream (the loss must fall, a cheap
  * sanity check of the whole backward), or an llm.c .bin shard (--data).
- * Prints one line per measured step and a JSON summary line last:
+ * Prints one line per step, with --profile N the time per kind of kernel
+ * over N more steps, and a JSON summary line last:
  *   {"impl": "loco", "tok_per_s": ..., "mfu": ..., ...}
  * MFU uses loco_gpt_flops_per_token (6N + attention) and the device's
  * dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM). */
@@ -22,7 +23,7 @@
 #include "kernels/kernels.h"
 
 typedef struct {
-    int B, T, L, NH, C, V, steps, warmup;
+    int B, T, L, NH, C, V, steps, warmup, profile;
     double peak_tflops, lr;
     const char *data;
 } opts;
@@ -168,6 +169,28 @@ static int load_batch(gpu_model *g, const uint16_t *shard, size_t shard_n, int s
     return rc;
 }
 
+/* --profile: steps that wait for the device around every kernel call and
+ * add up the time per kind (slower than the timed steps; it says where the
+ * time goes). */
+enum { P_MATMUL, P_ATTN, P_LN, P_XENT, P_ELEM, P_OPT, P_N };
+static const char *const prof_names[P_N] = {"matmul", "attention", "layernorm",
+                                           "cross-entropy", "element-wise", "adamw"};
+static double g_prof[P_N];
+static bool g_profiling;
+
+#define RUN(kind, call)                                                                           \
+    do {                                                                                          \
+        if (!g_profiling) {                                                                       \
+            LOCO_CHECK(call);                                                                     \
+            break;                                                                                \
+        }                                                                                         \
+        LOCO_CHECK(loco_cuda_sync(NULL));                                                         \
+        const double t0_ = now();                                                                 \
+        LOCO_CHECK(call);                                                                         \
+        LOCO_CHECK(loco_cuda_sync(NULL));                                                         \
+        g_prof[kind] += now() - t0_;                                                              \
+    } while (0)
+
 #define W(name) ((loco_bf16 *)tensor(g, g->wbf, 2, name))
 #define G(name) ((float *)tensor(g, g->grads, 4, name))
 
@@ -180,77 +203,77 @@ static int step(gpu_model *g, float *loss, int t) {
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
 #define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
     /* forward */
-    LOCO_CHECK(loco_cuda_encoder_fwd_bf16(g->encoded, g->inputs, W("transformer.wte.weight"),
+    RUN(P_ELEM, loco_cuda_encoder_fwd_bf16(g->encoded, g->inputs, W("transformer.wte.weight"),
                                           W("transformer.wpe.weight"), B, T, C, NULL));
     for (int l = 0; l < L; l++) {
         layer_acts *a = &g->la[l];
         const loco_bf16 *res = l == 0 ? g->encoded : g->la[l - 1].res3;
-        LOCO_CHECK(loco_cuda_layernorm_fwd_bf16(a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"),
+        RUN(P_LN, loco_cuda_layernorm_fwd_bf16(a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"),
                                                 LW("ln_1.bias"), N, C, NULL));
-        LOCO_CHECK(loco_cuda_matmul_fwd_bf16(h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
+        RUN(P_MATMUL, loco_cuda_matmul_fwd_bf16(h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
                                              LW("attn.c_attn.bias"), N, C, 3 * C, false, NULL));
-        LOCO_CHECK(loco_cuda_attention_fwd_bf16(a->atty, a->lse, a->qkv, B, T, C, NH, NULL));
-        LOCO_CHECK(loco_cuda_matmul_fwd_bf16(h, g->scratch_btc, a->atty, LW("attn.c_proj.weight"),
+        RUN(P_ATTN, loco_cuda_attention_fwd_bf16(a->atty, a->lse, a->qkv, B, T, C, NH, NULL));
+        RUN(P_MATMUL, loco_cuda_matmul_fwd_bf16(h, g->scratch_btc, a->atty, LW("attn.c_proj.weight"),
                                              LW("attn.c_proj.bias"), N, C, C, false, NULL));
-        LOCO_CHECK(loco_cuda_residual_fwd_bf16(a->res2, res, g->scratch_btc, nc, NULL));
-        LOCO_CHECK(loco_cuda_layernorm_fwd_bf16(a->ln2, a->ln2m, a->ln2r, a->res2,
+        RUN(P_ELEM, loco_cuda_residual_fwd_bf16(a->res2, res, g->scratch_btc, nc, NULL));
+        RUN(P_LN, loco_cuda_layernorm_fwd_bf16(a->ln2, a->ln2m, a->ln2r, a->res2,
                                                 LW("ln_2.weight"), LW("ln_2.bias"), N, C, NULL));
-        LOCO_CHECK(loco_cuda_matmul_gelu_fwd_bf16(h, a->fchg, a->fch, a->ln2, LW("mlp.c_fc.weight"),
+        RUN(P_MATMUL, loco_cuda_matmul_gelu_fwd_bf16(h, a->fchg, a->fch, a->ln2, LW("mlp.c_fc.weight"),
                                                   LW("mlp.c_fc.bias"), N, C, 4 * C, NULL));
-        LOCO_CHECK(loco_cuda_matmul_fwd_bf16(h, g->scratch_btc, a->fchg, LW("mlp.c_proj.weight"),
+        RUN(P_MATMUL, loco_cuda_matmul_fwd_bf16(h, g->scratch_btc, a->fchg, LW("mlp.c_proj.weight"),
                                              LW("mlp.c_proj.bias"), N, 4 * C, C, false, NULL));
-        LOCO_CHECK(loco_cuda_residual_fwd_bf16(a->res3, a->res2, g->scratch_btc, nc, NULL));
+        RUN(P_ELEM, loco_cuda_residual_fwd_bf16(a->res3, a->res2, g->scratch_btc, nc, NULL));
     }
     const loco_bf16 *last = g->la[L - 1].res3;
-    LOCO_CHECK(loco_cuda_layernorm_fwd_bf16(g->lnf, g->lnfm, g->lnfr, last,
+    RUN(P_LN, loco_cuda_layernorm_fwd_bf16(g->lnf, g->lnfm, g->lnfr, last,
                                             W("transformer.ln_f.weight"),
                                             W("transformer.ln_f.bias"), N, C, NULL));
-    LOCO_CHECK(loco_cuda_matmul_fwd_bf16(h, g->logits, g->lnf, W("transformer.wte.weight"), NULL,
+    RUN(P_MATMUL, loco_cuda_matmul_fwd_bf16(h, g->logits, g->lnf, W("transformer.wte.weight"), NULL,
                                          N, C, V, true, NULL));
-    LOCO_CHECK(loco_cuda_xent_fwd_bwd_bf16(g->losses, g->logits, g->logits, g->targets, N, V,
+    RUN(P_XENT, loco_cuda_xent_fwd_bwd_bf16(g->losses, g->logits, g->logits, g->targets, N, V,
                                            1.0f / (float)N, NULL));
     /* backward */
-    LOCO_CHECK(loco_cuda_zero(g->grads, g->P * 4, NULL));
-    LOCO_CHECK(loco_cuda_zero(g->dbtc, nc * 2, NULL));
-    LOCO_CHECK(loco_cuda_matmul_bwd_bf16(h, g->dbtc, G("transformer.wte.weight"), NULL, g->logits,
+    RUN(P_ELEM, loco_cuda_zero(g->grads, g->P * 4, NULL));
+    RUN(P_ELEM, loco_cuda_zero(g->dbtc, nc * 2, NULL));
+    RUN(P_MATMUL, loco_cuda_matmul_bwd_bf16(h, g->dbtc, G("transformer.wte.weight"), NULL, g->logits,
                                          g->lnf, W("transformer.wte.weight"), N, C, V, true, NULL));
-    LOCO_CHECK(loco_cuda_zero(g->dres, nc * 2, NULL));
-    LOCO_CHECK(loco_cuda_layernorm_bwd_bf16(g->dres, G("transformer.ln_f.weight"),
+    RUN(P_ELEM, loco_cuda_zero(g->dres, nc * 2, NULL));
+    RUN(P_LN, loco_cuda_layernorm_bwd_bf16(g->dres, G("transformer.ln_f.weight"),
                                             G("transformer.ln_f.bias"), g->dbtc, last,
                                             W("transformer.ln_f.weight"), g->lnfm, g->lnfr, N, C,
                                             NULL));
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *a = &g->la[l];
         const loco_bf16 *res = l == 0 ? g->encoded : g->la[l - 1].res3;
-        LOCO_CHECK(loco_cuda_zero(g->dfchg, nc * 4 * 2, NULL));
-        LOCO_CHECK(loco_cuda_matmul_bwd_bf16(h, g->dfchg, LG("mlp.c_proj.weight"),
+        RUN(P_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * 2, NULL));
+        RUN(P_MATMUL, loco_cuda_matmul_bwd_bf16(h, g->dfchg, LG("mlp.c_proj.weight"),
                                              LG("mlp.c_proj.bias"), g->dres, a->fchg,
                                              LW("mlp.c_proj.weight"), N, 4 * C, C, false, NULL));
-        LOCO_CHECK(loco_cuda_zero(g->dfch, nc * 4 * 2, NULL));
-        LOCO_CHECK(loco_cuda_gelu_bwd_bf16(g->dfch, a->fch, g->dfchg, nc * 4, NULL));
-        LOCO_CHECK(loco_cuda_zero(g->dbtc, nc * 2, NULL));
-        LOCO_CHECK(loco_cuda_matmul_bwd_bf16(h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"),
+        RUN(P_ELEM, loco_cuda_zero(g->dfch, nc * 4 * 2, NULL));
+        RUN(P_ELEM, loco_cuda_gelu_bwd_bf16(g->dfch, a->fch, g->dfchg, nc * 4, NULL));
+        RUN(P_ELEM, loco_cuda_zero(g->dbtc, nc * 2, NULL));
+        RUN(P_MATMUL, loco_cuda_matmul_bwd_bf16(h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"),
                                              g->dfch, a->ln2, LW("mlp.c_fc.weight"), N, C, 4 * C,
                                              false, NULL));
-        LOCO_CHECK(loco_cuda_layernorm_bwd_bf16(g->dres, LG("ln_2.weight"), LG("ln_2.bias"),
+        RUN(P_LN, loco_cuda_layernorm_bwd_bf16(g->dres, LG("ln_2.weight"), LG("ln_2.bias"),
                                                 g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m,
                                                 a->ln2r, N, C, NULL));
-        LOCO_CHECK(loco_cuda_zero(g->dbtc, nc * 2, NULL));
-        LOCO_CHECK(loco_cuda_matmul_bwd_bf16(h, g->dbtc, LG("attn.c_proj.weight"),
+        RUN(P_ELEM, loco_cuda_zero(g->dbtc, nc * 2, NULL));
+        RUN(P_MATMUL, loco_cuda_matmul_bwd_bf16(h, g->dbtc, LG("attn.c_proj.weight"),
                                              LG("attn.c_proj.bias"), g->dres, a->atty,
                                              LW("attn.c_proj.weight"), N, C, C, false, NULL));
-        LOCO_CHECK(loco_cuda_zero(g->dqkv, nc * 3 * 2, NULL));
-        LOCO_CHECK(loco_cuda_attention_bwd_bf16(g->dqkv, g->attn_scratch, g->dbtc, a->atty, a->qkv,
+        RUN(P_ELEM, loco_cuda_zero(g->dqkv, nc * 3 * 2, NULL));
+        RUN(P_ATTN, loco_cuda_attention_bwd_bf16(g->dqkv, g->attn_scratch, g->dbtc, a->atty, a->qkv,
                                                 a->lse, B, T, C, NH, NULL));
-        LOCO_CHECK(loco_cuda_zero(g->dbtc, nc * 2, NULL));
-        LOCO_CHECK(loco_cuda_matmul_bwd_bf16(h, g->dbtc, LG("attn.c_attn.weight"),
+        RUN(P_ELEM, loco_cuda_zero(g->dbtc, nc * 2, NULL));
+        RUN(P_MATMUL, loco_cuda_matmul_bwd_bf16(h, g->dbtc, LG("attn.c_attn.weight"),
                                              LG("attn.c_attn.bias"), g->dqkv, a->ln1,
                                              LW("attn.c_attn.weight"), N, C, 3 * C, false, NULL));
-        LOCO_CHECK(loco_cuda_layernorm_bwd_bf16(g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
+        RUN(P_LN, loco_cuda_layernorm_bwd_bf16(g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
                                                 g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r,
                                                 N, C, NULL));
     }
-    LOCO_CHECK(loco_cuda_encoder_bwd_bf16(G("transformer.wte.weight"), G("transformer.wpe.weight"),
+    RUN(P_ELEM, loco_cuda_encoder_bwd_bf16(G("transformer.wte.weight"), G("transformer.wpe.weight"),
                                           g->dres, g->inputs, B, T, C, NULL));
 #undef LW
 #undef LG
@@ -258,12 +281,12 @@ static int step(gpu_model *g, float *loss, int t) {
      * copy; no norm clipping, as bench/pytorch_gpt2.py */
     for (int i = 0; i < g->tt.n; i++) {
         const loco_tensor *tn = &g->tt.t[i];
-        LOCO_CHECK(loco_cuda_adamw_update(g->params + tn->offset, g->grads + tn->offset,
+        RUN(P_OPT, loco_cuda_adamw_update(g->params + tn->offset, g->grads + tn->offset,
                                           g->m + tn->offset, g->v + tn->offset, tn->numel,
                                           (float)g->o.lr, 0.9f, 0.95f, 1e-8f,
                                           tn->decay ? 0.1f : 0.0f, t, NULL));
     }
-    LOCO_CHECK(loco_cuda_cast_bf16(g->wbf, g->params, g->P, NULL));
+    RUN(P_OPT, loco_cuda_cast_bf16(g->wbf, g->params, g->P, NULL));
     /* the mean loss, on the host (part of the step, as a trainer logs it) */
     float *hl = malloc((size_t)N * sizeof *hl);
     if (!hl)
@@ -307,7 +330,7 @@ static uint16_t *read_shard(const char *path, size_t *n) {
 static void usage(void) {
     fprintf(stderr, "usage: loco-gpu-bench [--batch B] [--seq T] [--layers L] [--heads NH] "
                     "[--embd C] [--vocab V] [--steps N] [--warmup N] [--lr X] "
-                    "[--peak-tflops X] [--data shard.bin]\n");
+                    "[--peak-tflops X] [--data shard.bin] [--profile N]\n");
 }
 
 int main(int argc, char **argv) {
@@ -332,6 +355,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--lr")) g.o.lr = atof(v);
         else if (!strcmp(a, "--peak-tflops")) g.o.peak_tflops = atof(v);
         else if (!strcmp(a, "--data")) g.o.data = v;
+        else if (!strcmp(a, "--profile")) g.o.profile = atoi(v);
         else {
             usage();
             return 2;
@@ -370,6 +394,27 @@ int main(int argc, char **argv) {
         }
         printf("step %3d  loss %.4f  %.1f ms  %.0f tok/s%s\n", s + 1, loss, dt * 1e3,
                tokens / dt, s < g.o.warmup ? "  (warm-up)" : "");
+    }
+    if (rc < 0) {
+        fprintf(stderr, "loco-gpu-bench: %s\n", loco_errmsg());
+        teardown(&g);
+        free(shard);
+        return 1;
+    }
+    if (rc == 0 && g.o.profile > 0) {
+        g_profiling = true;
+        for (int s = 0; rc == 0 && s < g.o.profile; s++) {
+            rc = load_batch(&g, shard, shard_n, g.o.warmup + g.o.steps + s);
+            if (rc == 0)
+                rc = step(&g, &loss, g.o.warmup + g.o.steps + s + 1);
+        }
+        double total = 0;
+        for (int k = 0; k < P_N; k++)
+            total += g_prof[k];
+        printf("profile (ms per step, each call waited for):");
+        for (int k = 0; k < P_N; k++)
+            printf(" %s %.1f (%.0f%%)%s", prof_names[k], 1e3 * g_prof[k] / g.o.profile,
+                   total > 0 ? 100 * g_prof[k] / total : 0.0, k + 1 < P_N ? "," : "\n");
     }
     if (rc < 0) {
         fprintf(stderr, "loco-gpu-bench: %s\n", loco_errmsg());
