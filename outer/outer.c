@@ -33,8 +33,12 @@ struct loco_outer {
     size_t final_done;
     size_t *enc_len;           /* (refs_cap) bytes of each encoded chunk, for a redo */
     /* θ_global and momentum before the current outer step: a step redone
-     * in a new quorum epoch starts again from them. */
+     * in a new quorum epoch starts again from them. Copied chunk by chunk
+     * just before the update touches the chunk, so the copy rides in the
+     * pipelined apply instead of a whole-shard pass up front. */
     float *theta_bak, *mom_bak;
+    unsigned char *backed;     /* (refs_cap) chunk copied since loco_outer_save */
+    bool armed;
 };
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
@@ -64,6 +68,7 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->enc_len);
     loco_free(o->theta_bak);
     loco_free(o->mom_bak);
+    loco_free(o->backed);
     loco_free(o);
 }
 
@@ -99,9 +104,10 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->enc_len = loco_alloc(o->refs_cap * sizeof *o->enc_len);
     o->theta_bak = loco_alloc(bytes);
     o->mom_bak = loco_alloc(bytes);
+    o->backed = loco_alloc(o->refs_cap);
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
         !o->final_have || !o->applied || !o->avg2 || !o->enc2 || !o->enc_len || !o->theta_bak ||
-        !o->mom_bak) {
+        !o->mom_bak || !o->backed) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
@@ -184,18 +190,40 @@ int loco_outer_reuse_chunk(loco_outer *o, int worker, size_t chunk, const void *
 size_t loco_outer_planned_chunks(const loco_outer *o) { return o->plan.n_chunks; }
 
 void loco_outer_save(loco_outer *o) {
-    memcpy(o->theta_bak, o->theta, o->n * sizeof(float));
-    memcpy(o->mom_bak, o->mom, o->n * sizeof(float));
+    memset(o->backed, 0, o->refs_cap);
+    o->armed = true;
+}
+
+/* Chunk c's range as it was before this step, kept before the first write. */
+static void back_up(loco_outer *o, size_t c) {
+    if (!o->armed || o->backed[c])
+        return;
+    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
+    const size_t lo = c * per, hi = lo + per < o->n ? lo + per : o->n;
+    memcpy(o->theta_bak + lo, o->theta + lo, (hi - lo) * sizeof(float));
+    memcpy(o->mom_bak + lo, o->mom + lo, (hi - lo) * sizeof(float));
+    o->backed[c] = 1;
 }
 
 void loco_outer_restore(loco_outer *o) {
-    memcpy(o->theta, o->theta_bak, o->n * sizeof(float));
-    memcpy(o->mom, o->mom_bak, o->n * sizeof(float));
+    if (!o->armed)
+        return;
+    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
+    const size_t chunks = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
+    for (size_t c = 0; c < chunks; c++) {
+        if (!o->backed[c])
+            continue;
+        const size_t lo = c * per, hi = lo + per < o->n ? lo + per : o->n;
+        memcpy(o->theta + lo, o->theta_bak + lo, (hi - lo) * sizeof(float));
+        memcpy(o->mom + lo, o->mom_bak + lo, (hi - lo) * sizeof(float));
+        o->backed[c] = 0;
+    }
 }
 
 void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom) {
     memcpy(o->theta, theta, o->n * sizeof(float));
     memcpy(o->mom, mom, o->n * sizeof(float));
+    o->armed = false; /* nothing of an earlier step to go back to */
 }
 
 void loco_outer_begin_average(loco_outer *o, int n_islands) {
@@ -325,6 +353,7 @@ int loco_outer_apply_chunk(loco_outer *o, size_t chunk, float *theta_local) {
         o->applied[chunk])
         return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu is not ready to apply", chunk);
     size_t lo = chunk * per, hi = lo + per < o->n ? lo + per : o->n;
+    back_up(o, chunk);
     apply_range(o, lo, hi, theta_local);
     o->applied[chunk] = 1;
     return 0;
@@ -340,7 +369,7 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
     for (size_t c = 0; c < want;) {
         size_t d = c;
         while (d < want && !o->applied[d])
-            d++;
+            back_up(o, d++);
         if (d > c)
             apply_range(o, c * per, d * per < o->n ? d * per : o->n, theta_local);
         c = d + 1;
@@ -412,6 +441,7 @@ int loco_outer_load_file(loco_outer *o, const char *path, int64_t *committed, ui
     if (rc == 0) {
         memcpy(o->theta, th, o->n * sizeof(float));
         memcpy(o->mom, mo, o->n * sizeof(float));
+        o->armed = false;
         float *e = loco_codec_ef(o->codec);
         if (e)
             memcpy(e, ef, o->n * sizeof(float));

@@ -189,6 +189,8 @@ int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *h
                       loco_outer *o, int timeout_ms);
 void loco_peers_destroy(loco_peers *p); /* accepts NULL */
 int loco_peers_port(const loco_peers *p);
+/* Encoded state bytes this rank has served to rejoining islands. */
+uint64_t loco_peers_served_bytes(loco_peers *p);
 /* The link to island `id` (certificate `site`, listener `addr`) for
  * `epoch`: connects when me < id, else waits up to timeout_ms for id's. */
 int loco_peers_link(loco_peers *p, int me, int id, const char *site, const char *addr,

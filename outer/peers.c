@@ -41,7 +41,7 @@ struct loco_peers {
     int64_t committed, inner_step;
     loco_codec *codec; /* lossless: fp32 + zstd, no error feedback */
     float *staging;    /* (2n) θ_global then momentum */
-    uint64_t served_bytes;
+    atomic_ullong served_bytes;
     atomic_int serving;
 };
 
@@ -151,7 +151,7 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
                             .raw_len = 2 * n * sizeof(float)};
         if (rc == 0)
             rc = loco_link_send(l, &h, slot, clen);
-        p->served_bytes += clen;
+        atomic_fetch_add(&p->served_bytes, clen);
     }
     loco_free(slot);
     if (rc == 0)
@@ -255,6 +255,8 @@ int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *h
 }
 
 int loco_peers_port(const loco_peers *p) { return loco_net_listener_port(p->listener); }
+
+uint64_t loco_peers_served_bytes(loco_peers *p) { return atomic_load(&p->served_bytes); }
 
 void loco_peers_destroy(loco_peers *p) {
     if (!p)
