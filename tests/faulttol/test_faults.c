@@ -227,7 +227,7 @@ Test(faults, dropped_duplicated_and_reordered_frames_leave_no_trace) {
 
 Test(faults, straggler_is_left_out_and_catches_up) {
     scenario *s = calloc(1, sizeof *s);
-    run(s, "straggler", "");
+    run(s, "straggler", "--set faulttol.straggler_ms=400");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     double sus = event_at(s, "suspect", "siteB", NULL, 0);
     cr_assert(sus > 0, "siteB was left out");
