@@ -556,7 +556,9 @@ int cli_launch(int argc, char **argv) {
                 c->done = true;
                 c->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
                 alive--;
-                bool sigkill = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+                /* mpirun reports a rank killed by SIGKILL as exit status 137. */
+                bool sigkill = (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) ||
+                               (WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGKILL);
                 if (i > 0 && sigkill && cfg.faults.kill[0] && !stopping) {
                     /* An island that killed itself as [faults] said (it
                      * wrote the event itself). */

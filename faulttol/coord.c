@@ -822,8 +822,18 @@ static int read_pending(loco_coord *c, bool *busy) {
 
 int loco_coord_serve(loco_coord *c) {
     const double timeout = (double)c->cfg.faulttol.timeout_ms / 1000.0;
+    double last_loop = loco_now();
     for (;;) {
         bool busy = false;
+        /* A coordinator that was not scheduled for a while (an overloaded
+         * machine, a paused VM) heard nobody meanwhile: that silence is its
+         * own, not the islands'. */
+        const double gap = loco_now() - last_loop;
+        last_loop = loco_now();
+        if (gap > 0.2)
+            for (int i = 0; i < c->n; i++)
+                if (c->isl[i].link && loco_phi_beats(&c->isl[i].phi) > 0)
+                    c->isl[i].phi.last_s += gap;
         accept_pending(c, &busy);
         LOCO_CHECK(read_pending(c, &busy));
         int done = 0, live_members = 0;
@@ -840,7 +850,12 @@ int loco_coord_serve(loco_coord *c) {
                 if (is->bye)
                     done++;
             }
-            if (!is->bye && loco_phi_suspect(&is->phi, now, c->cfg.faulttol.phi, timeout)) {
+            /* The last member standing is only ever lost with its link:
+             * when everyone looks silent at once the fault is more likely
+             * here than there. */
+            const bool last_member = is->status == MEMBER && __builtin_popcountll(members(c)) == 1;
+            if (!is->bye && !last_member &&
+                loco_phi_suspect(&is->phi, now, c->cfg.faulttol.phi, timeout)) {
                 char why[256];
                 snprintf(why, sizeof why,
                          "silent for %.0f ms (phi %.1f, threshold %.1f; hard timeout %lld ms)",
