@@ -256,9 +256,17 @@ static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio,
 
 int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, size_t n,
                     size_t state_offset, uint64_t nonce) {
+    return loco_codec_plan_sampled(c, plan, src, n, n, state_offset, nonce);
+}
+
+int loco_codec_plan_sampled(loco_codec *c, loco_encode_plan *plan, const float *sample,
+                            size_t sample_n, size_t n, size_t state_offset, uint64_t nonce) {
     const loco_codec_params *p = &c->p;
+    const float *src = sample;
     if (n > 0 && !src)
         return LOCO_ERR(LOCO_EINVAL, "compress: NULL source for %zu elements", n);
+    if (n > 0 && (sample_n == 0 || sample_n > n))
+        return LOCO_ERR(LOCO_EINVAL, "compress: a sample of %zu elements for %zu", sample_n, n);
     if (p->error_feedback && p->codec != LOCO_CODEC_NONE && n > 0 &&
         (state_offset > p->n_state || n > p->n_state - state_offset))
         return LOCO_ERR(LOCO_EINVAL,
@@ -277,7 +285,7 @@ int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, siz
     if (p->zstd != LOCO_ZSTD_AUTO || n == 0)
         return 0;
     double ratio = 0, bps = 0;
-    LOCO_CHECK(sample_zstd(c, src, n, &ratio, &bps));
+    LOCO_CHECK(sample_zstd(c, src, sample_n, &ratio, &bps));
     plan->sampled_ratio = ratio;
     const double link_bps = c->link_gbps * 1e9 / 8;
     /* Streaming hides the slower of compressor and link: zstd pays when it

@@ -138,6 +138,11 @@ typedef struct {
  * decoded values) may differ between runs. */
 int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, size_t n,
                     size_t state_offset, uint64_t nonce);
+/* The same for a range of n elements the caller produces chunk by chunk:
+ * zstd=auto decides from `sample` (sample_n <= n elements the caller drew
+ * from the range) instead of reading the range. */
+int loco_codec_plan_sampled(loco_codec *c, loco_encode_plan *plan, const float *sample,
+                            size_t sample_n, size_t n, size_t state_offset, uint64_t nonce);
 
 /* Encodes chunk `chunk` of the planned range (src is the range's first
  * element) into dst, using worker `worker`'s workspace. dst_cap must be at

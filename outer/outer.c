@@ -39,7 +39,18 @@ struct loco_outer {
     float *theta_bak, *mom_bak;
     unsigned char *backed;     /* (refs_cap) chunk copied since loco_outer_save */
     bool armed;
+    /* The pipelined path works chunk by chunk: Δ of a chunk is computed
+     * right before it is encoded, and a chunk of avg zeroed right before
+     * its first contribution, so no whole-shard pass delays the first
+     * bytes on the wire. */
+    const float *theta_local; /* of the current plan */
+    unsigned char *delta_ready, *avg_zeroed, *avg2_zeroed; /* (refs_cap) */
+    float *sample;            /* (SAMPLE_N) Δ at spread positions, for zstd=auto */
 };
+
+#define SAMPLE_PIECES 8
+#define SAMPLE_PIECE 4096
+#define SAMPLE_N (SAMPLE_PIECES * SAMPLE_PIECE)
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
     p->H = cfg->outer.H;
@@ -69,6 +80,10 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->theta_bak);
     loco_free(o->mom_bak);
     loco_free(o->backed);
+    loco_free(o->delta_ready);
+    loco_free(o->avg_zeroed);
+    loco_free(o->avg2_zeroed);
+    loco_free(o->sample);
     loco_free(o);
 }
 
@@ -105,9 +120,14 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->theta_bak = loco_alloc(bytes);
     o->mom_bak = loco_alloc(bytes);
     o->backed = loco_alloc(o->refs_cap);
+    o->delta_ready = loco_alloc(o->refs_cap);
+    o->avg_zeroed = loco_alloc(o->refs_cap);
+    o->avg2_zeroed = loco_alloc(o->refs_cap);
+    o->sample = loco_alloc(SAMPLE_N * sizeof(float));
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
         !o->final_have || !o->applied || !o->avg2 || !o->enc2 || !o->enc_len || !o->theta_bak ||
-        !o->mom_bak || !o->backed) {
+        !o->mom_bak || !o->backed || !o->delta_ready || !o->avg_zeroed || !o->avg2_zeroed ||
+        !o->sample) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
@@ -147,13 +167,34 @@ int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, con
     return 0;
 }
 
+/* [lo, hi) of chunk c of the codec's chunking. */
+static void chunk_range(const loco_outer *o, size_t c, size_t *lo, size_t *hi) {
+    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
+    *lo = c * per;
+    *hi = *lo + per < o->n ? *lo + per : o->n;
+}
+
 int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_t *n_chunks) {
-    const float *restrict th = o->theta;
-    float *restrict d = o->delta;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < o->n; i++)
-        d[i] = th[i] - theta_local[i];
-    LOCO_CHECK(loco_codec_plan(o->codec, &o->plan, o->delta, o->n, 0, (uint64_t)step));
+    o->theta_local = theta_local;
+    memset(o->delta_ready, 0, o->refs_cap);
+    /* zstd=auto decides from Δ at a few spread positions (the chunks'
+     * Δ is computed as each is encoded). */
+    size_t m = o->n;
+    const float *sample = o->delta;
+    if (o->n > SAMPLE_N) {
+        for (size_t k = 0; k < SAMPLE_PIECES; k++) {
+            const size_t off = k * (o->n - SAMPLE_PIECE) / (SAMPLE_PIECES - 1);
+            for (size_t i = 0; i < SAMPLE_PIECE; i++)
+                o->sample[k * SAMPLE_PIECE + i] = o->theta[off + i] - theta_local[off + i];
+        }
+        sample = o->sample;
+        m = SAMPLE_N;
+    } else {
+        for (size_t i = 0; i < o->n; i++)
+            o->delta[i] = o->theta[i] - theta_local[i];
+    }
+    LOCO_CHECK(loco_codec_plan_sampled(o->codec, &o->plan, sample, m ? m : 1, o->n, 0,
+                                       (uint64_t)step));
     memset(o->enc_len, 0, o->refs_cap * sizeof *o->enc_len);
     if (o->plan.n_chunks + 1 > o->refs_cap)
         return LOCO_ERR(LOCO_EINVAL, "outer: %zu chunks exceed the planned %zu", o->plan.n_chunks,
@@ -166,6 +207,15 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
                             size_t *len) {
     if (chunk >= o->plan.n_chunks)
         return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu of %zu", chunk, o->plan.n_chunks);
+    if (!o->delta_ready[chunk]) {
+        size_t lo, hi;
+        chunk_range(o, chunk, &lo, &hi);
+        const float *restrict th = o->theta, *restrict tl = o->theta_local;
+        float *restrict d = o->delta;
+        for (size_t i = lo; i < hi; i++)
+            d[i] = th[i] - tl[i];
+        o->delta_ready[chunk] = 1;
+    }
     unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
     LOCO_CHECK(loco_codec_encode_chunk(o->codec, worker, &o->plan, slot, o->plan.slot_bytes, len,
                                        o->delta, chunk));
@@ -226,8 +276,18 @@ void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom) {
     o->armed = false; /* nothing of an earlier step to go back to */
 }
 
+/* Zeroes chunk c of avg (or avg2) before its first contribution. */
+static void zero_chunk(loco_outer *o, float *buf, unsigned char *zeroed, size_t c) {
+    if (zeroed[c])
+        return;
+    size_t lo, hi;
+    chunk_range(o, c, &lo, &hi);
+    memset(buf + lo, 0, (hi - lo) * sizeof(float));
+    zeroed[c] = 1;
+}
+
 void loco_outer_begin_average(loco_outer *o, int n_islands) {
-    memset(o->avg, 0, o->n * sizeof(float));
+    memset(o->avg_zeroed, 0, o->refs_cap);
     memset(o->chunk_next, 0, o->refs_cap * sizeof *o->chunk_next);
     memset(o->applied, 0, o->refs_cap);
     o->expect = n_islands;
@@ -237,7 +297,11 @@ void loco_outer_begin_average(loco_outer *o, int n_islands) {
 }
 
 int loco_outer_rs_plan(loco_outer *o, int64_t step) {
-    memset(o->avg2, 0, o->n * sizeof(float));
+    /* zstd=auto samples the whole avg: chunks reduced elsewhere read as 0. */
+    const size_t chunks = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
+    for (size_t c = 0; c < chunks; c++)
+        zero_chunk(o, o->avg, o->avg_zeroed, c);
+    memset(o->avg2_zeroed, 0, o->refs_cap);
     memset(o->final_have, 0, o->refs_cap);
     o->final_done = 0;
     o->use_avg2 = true;
@@ -265,6 +329,7 @@ int loco_outer_rs_add(loco_outer *o, int worker, size_t chunk, const void *bytes
         return LOCO_ERR(LOCO_EPROTO, "outer: reduced chunk %zu is not the one expected (element "
                                      "%llu) or came twice",
                         chunk, (unsigned long long)info.first);
+    zero_chunk(o, o->avg2, o->avg2_zeroed, chunk);
     LOCO_CHECK(loco_codec_decode_chunk(o->codec2, worker, o->avg2, o->n, 1.0f, bytes, len));
     o->final_have[chunk] = 1;
     o->final_done++;
@@ -285,6 +350,7 @@ int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *byte
     if (o->chunk_next[c] != island)
         return LOCO_ERR(LOCO_EPROTO, "outer: chunk %zu from island %d out of order (expected %d)",
                         c, island, o->chunk_next[c]);
+    zero_chunk(o, o->avg, o->avg_zeroed, c);
     LOCO_CHECK(loco_codec_decode_chunk(o->codec, worker, o->avg, o->n, 1.0f / (float)o->expect,
                                        bytes, len));
     if (++o->chunk_next[c] == o->expect)
@@ -316,6 +382,8 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
     if (covered != o->n)
         return LOCO_ERR(LOCO_EPROTO, "outer: contribution covers %zu of %zu elements", covered,
                         o->n);
+    for (size_t c = 0; c < k; c++)
+        zero_chunk(o, o->avg, o->avg_zeroed, c);
     LOCO_CHECK(loco_codec_decode(o->codec, o->avg, o->n, 1.0f / (float)o->expect, bytes, len,
                                  o->refs, k));
     o->added++;
