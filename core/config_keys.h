@@ -24,6 +24,8 @@ LOCO_KEY_NUM(train, beta2, 0.95, 0, 0.999999, "AdamW second-moment decay")
 LOCO_KEY_NUM(train, eps, 1e-8, 0, 1, "AdamW epsilon")
 LOCO_KEY_NUM(train, grad_clip, 1.0, 0, 1e9, "clip the global gradient norm to this (0 = off)")
 LOCO_KEY_INT(train, seed, 1337, 0, 9223372036854775807LL, "seed of weight initialisation and sampling")
+LOCO_KEY_ENUM(train, device, "cpu", "cpu|cuda", "where the island trains: cpu, or cuda (one GPU, one rank, the kernels/cuda twins; needs a CUDA build)")
+LOCO_KEY_ENUM(train, dtype, "fp32", "fp32|bf16", "precision of the passes: fp32, or bf16 weight copy and activations with fp32 master weights, optimizer state and reductions (needs train.device = cuda)")
 LOCO_SECTION_END(train)
 
 LOCO_SECTION_BEGIN(data)

@@ -136,8 +136,10 @@ typedef struct {
 
 /* Allocation choices for loco_gpt_init_ex: ZeRO-3 keeps no full
  * parameter buffer, ZeRO-2 and 3 no full gradient buffer; their views are
- * then bound per unit with loco_gpt_bind_unit. */
-enum { LOCO_GPT_NO_PARAMS = 1, LOCO_GPT_NO_GRADS = 2 };
+ * then bound per unit with loco_gpt_bind_unit. A model whose passes run on
+ * a GPU (loco_gpt_cuda) keeps no host activations: its forward passes
+ * return LOCO_EINVAL. */
+enum { LOCO_GPT_NO_PARAMS = 1, LOCO_GPT_NO_GRADS = 2, LOCO_GPT_NO_ACTS = 4 };
 
 /* GPT-2 (as Hugging Face's GPT2LMHeadModel and llm.c define it) over flat,
  * layer-major parameter and gradient buffers described by `tt`. Caller owns
@@ -221,6 +223,59 @@ float loco_lr_at(const loco_config *cfg, int64_t step);
 /* Global L2 norm of grads; scales them down to max_norm when above it
  * (max_norm <= 0: no clipping). Returns the norm before clipping. */
 double loco_clip_grad_norm(float *grads, size_t n, double max_norm);
+
+/* ------------------------------------------------------- model on a GPU */
+
+#if defined(LOCO_HAVE_CUDA)
+/* The same GPT-2 on one GPU, through the kernels/cuda twins, in the CPU
+ * model's order of kernels and over the same flat layout (the table of
+ * loco_gpt_build_table): fp32 master weights, gradients and AdamW state in
+ * device memory (one slab); with bf16, a bf16 copy of the weights and bf16
+ * activations and activation gradients (every reduction, LayerNorm
+ * statistic and loss in fp32), else everything in fp32. Attention keeps
+ * the log-sum-exp per row, not the T x T probabilities. Host pointers in,
+ * host pointers out: callers see no CUDA type. Every call waits for the
+ * device before it returns what it computed; errors are LOCO_ECUDA (or
+ * LOCO_ENOMEM when the device is too small) with CUDA's reason. */
+typedef struct loco_gpt_cuda loco_gpt_cuda;
+
+/* Kinds of kernel timed by loco_gpt_cuda_profile. */
+enum { LOCO_PROF_MATMUL, LOCO_PROF_ATTN, LOCO_PROF_LN, LOCO_PROF_XENT, LOCO_PROF_ELEM,
+       LOCO_PROF_OPT, LOCO_PROF_N };
+extern const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N];
+
+/* Device model for batches up to B x T (T <= cfg->seq_len), bf16 or fp32.
+ * Parameters and AdamW moments start at zero (loco_gpt_cuda_upload). */
+int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                         bool bf16);
+void loco_gpt_cuda_destroy(loco_gpt_cuda *g); /* accepts NULL */
+/* Bytes of device memory it holds (slab and cuBLASLt workspace). */
+size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g);
+/* Copies host flat buffers (n_params floats each) to the device; a NULL
+ * buffer leaves that state as it is. Refreshes the bf16 weight copy. */
+int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, const float *v);
+/* Copies device state into host flat buffers; NULL ones are skipped. */
+int loco_gpt_cuda_download(loco_gpt_cuda *g, float *params, float *grads, float *m, float *v);
+int loco_gpt_cuda_zero_grad(loco_gpt_cuda *g);
+/* As loco_gpt_forward and loco_gpt_forward_backward (gradients of
+ * loss_scale * mean loss ADDED to the device gradients); inputs and
+ * targets are host arrays, checked against the vocabulary. */
+int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
+                          int T, float *mean_loss);
+int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
+                                   const int32_t *targets, int B, int T, float loss_scale,
+                                   float *mean_loss);
+/* loco_clip_grad_norm on the device gradients (the same fixed-order sum). */
+int loco_gpt_cuda_clip(loco_gpt_cuda *g, double max_norm, double *norm);
+/* One AdamW update of every tensor with opt's hyper-parameters as update
+ * number opt->t + 1 (opt->t is advanced; opt's host moments are not
+ * touched: they live on the device), then the bf16 weight copy. */
+int loco_gpt_cuda_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr);
+/* on: from now, every kernel call is waited for and its time added to
+ * secs[kind] (LOCO_PROF_N doubles, caller-owned; slower, says where the
+ * time goes). off: secs is ignored and calls only enqueue. */
+void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs);
+#endif /* LOCO_HAVE_CUDA */
 
 /* ----------------------------------------------------------- checkpoints */
 

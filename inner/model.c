@@ -201,15 +201,19 @@ int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsi
         m->grads = loco_alloc(m->n_params * sizeof(float));
     m->p.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
     m->g.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
-    size_t n_act = carve_acts(m, NULL);
+    const bool want_a = !(flags & LOCO_GPT_NO_ACTS);
+    size_t n_act = want_a ? carve_acts(m, NULL) : 0;
     m->act_bytes = n_act * sizeof(float);
-    m->act_slab = loco_alloc(m->act_bytes);
-    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->act_slab) {
+    if (want_a)
+        m->act_slab = loco_alloc(m->act_bytes);
+    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h ||
+        (want_a && !m->act_slab)) {
         rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats",
                       m->n_params, n_act);
         goto out_fail;
     }
-    carve_acts(m, m->act_slab);
+    if (want_a)
+        carve_acts(m, m->act_slab);
     for (int u = 0; u < loco_gpt_num_units(m); u++) {
         size_t lo, hi;
         loco_gpt_unit_range(m, u, &lo, &hi);
@@ -267,6 +271,9 @@ void loco_gpt_zero_grad(loco_gpt *m) {
 }
 
 static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
+    if (!m->act_slab)
+        return LOCO_ERR(LOCO_EINVAL, "this model holds no activations (LOCO_GPT_NO_ACTS: its "
+                                     "passes run on the device)");
     if (B < 1 || T < 1 || B > m->B || T > m->T)
         return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the model's capacity %dx%d", B, T, m->B,
                         m->T);

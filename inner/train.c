@@ -1,5 +1,7 @@
 /* The single-island training loop: micro-batches, clipping, AdamW, logging,
- * evaluation and checkpoints. */
+ * evaluation and checkpoints; on the CPU, or (train.device = cuda) on one
+ * GPU through loco_gpt_cuda, with the host model and optimizer kept as the
+ * layouts checkpoints and the outer loop read. */
 #include "inner/inner.h"
 #include "inner/mesh/mesh.h"
 #include "inner/parallel/parallel.h"
@@ -27,11 +29,18 @@ struct loco_trainer {
     double unigram;            /* nats, NAN when unknown */
     double t_start;            /* of this run, for the ETA */
     int64_t first_step;
+#if defined(LOCO_HAVE_CUDA)
+    loco_gpt_cuda *dev;        /* train.device = cuda: the model that trains */
+#endif
+    bool host_stale;           /* the device holds newer parameters and moments */
 };
 
 void loco_trainer_destroy(loco_trainer *t) {
     if (!t)
         return;
+#if defined(LOCO_HAVE_CUDA)
+    loco_gpt_cuda_destroy(t->dev);
+#endif
     loco_zero_destroy(t->zero);
     loco_gpt_fini(&t->model);
     loco_data_close(t->train);
@@ -42,6 +51,59 @@ void loco_trainer_destroy(loco_trainer *t) {
     loco_mesh_fini(&t->mesh);
     loco_comm_destroy(t->world);
     loco_free(t);
+}
+
+static bool on_device(const loco_trainer *t) { return !strcmp(t->cfg.train.device, "cuda"); }
+
+/* train.device and train.dtype against this build and the mesh. */
+static int check_device(const loco_config *cfg, int world) {
+    const bool cuda = !strcmp(cfg->train.device, "cuda");
+    if (!strcmp(cfg->train.dtype, "bf16") && !cuda)
+        return LOCO_ERR(LOCO_EINVAL, "train.dtype = bf16 needs train.device = cuda (the CPU path "
+                                     "computes in fp32)");
+    if (!cuda)
+        return 0;
+#if !defined(LOCO_HAVE_CUDA)
+    return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: built without CUDA (no nvcc when loco "
+                                  "was built); use train.device = cpu");
+#else
+    if (world > 1)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "train.device = cuda trains on one rank; this island has %d (multi-rank "
+                        "GPU training over NCCL is not wired into the trainer yet)",
+                        world);
+    return 0;
+#endif
+}
+
+/* After device steps: the host parameters and AdamW moments catch up. */
+static int host_sync(loco_trainer *t) {
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev && t->host_stale) {
+        size_t lo, hi;
+        float *params;
+        loco_zero_held_params(t->zero, &lo, &hi, &params);
+        loco_adamw *opt = loco_zero_optimizer(t->zero, NULL, NULL);
+        LOCO_CHECK(loco_gpt_cuda_download(t->dev, params, NULL, opt->m, opt->v));
+    }
+#endif
+    t->host_stale = false;
+    return 0;
+}
+
+/* The host parameters (and moments, with `moments`) go to the device. */
+static int device_load(loco_trainer *t, bool moments) {
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev) {
+        size_t lo, hi;
+        float *params;
+        loco_zero_held_params(t->zero, &lo, &hi, &params);
+        loco_adamw *opt = loco_zero_optimizer(t->zero, NULL, NULL);
+        LOCO_CHECK(loco_gpt_cuda_upload(t->dev, params, moments ? opt->m : NULL,
+                                        moments ? opt->v : NULL));
+    }
+#endif
+    return 0;
 }
 
 /* The flat ranges this rank holds, as a checkpoint sees them. */
@@ -80,6 +142,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     t->unigram = NAN;
     loco_set_threads((int)cfg->run.threads);
     LOCO_CHECK_GOTO(loco_comm_world(&t->world, cfg->parallel.backend), out_fail);
+    LOCO_CHECK_GOTO(check_device(cfg, loco_comm_size(t->world)), out_fail);
     LOCO_CHECK_GOTO(loco_mesh_init(&t->mesh, cfg, t->world), out_fail);
     t->dp = t->mesh.group[LOCO_DIM_DP];
     t->root = loco_comm_rank(t->world) == 0;
@@ -87,7 +150,15 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         loco_log_set_level(LOCO_LOG_WARN);
     loco_gpt_config mc = loco_gpt_config_from(cfg);
     unsigned flags = loco_zero_model_flags((int)cfg->parallel.zero_stage);
+    if (on_device(t))
+        flags |= LOCO_GPT_NO_ACTS; /* the passes run on the device */
     LOCO_CHECK_GOTO(loco_gpt_init_ex(&t->model, &mc, t->B, t->T, flags), out_fail);
+#if defined(LOCO_HAVE_CUDA)
+    if (on_device(t))
+        LOCO_CHECK_GOTO(loco_gpt_cuda_create(&t->dev, &mc, t->B, t->T,
+                                             !strcmp(cfg->train.dtype, "bf16")),
+                        out_fail);
+#endif
     LOCO_CHECK_GOTO(loco_zero_create(&t->zero, &t->model, t->dp, cfg), out_fail);
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
@@ -116,6 +187,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     } else {
         loco_zero_init_weights(t->zero, &t->rng);
     }
+    LOCO_CHECK_GOTO(device_load(t, true), out_fail);
     *out = t;
     return 0;
 out_fail:
@@ -131,20 +203,59 @@ void loco_trainer_set_step(loco_trainer *t, int64_t step) {
 
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
     loco_zero_range(t->zero, lo, hi);
+    if (host_sync(t) < 0)
+        return NULL;
     return loco_zero_owned_params(t->zero);
 }
 
-int loco_trainer_sync_params(loco_trainer *t) { return loco_zero_sync_params(t->zero); }
+int loco_trainer_sync_params(loco_trainer *t) {
+    LOCO_CHECK(loco_zero_sync_params(t->zero));
+    return device_load(t, false);
+}
 int loco_trainer_rank(const loco_trainer *t) { return loco_comm_rank(t->world); }
 struct loco_comm *loco_trainer_world(loco_trainer *t) { return t->world; }
 int loco_trainer_ranks(const loco_trainer *t) { return loco_comm_size(t->world); }
-loco_gpt *loco_trainer_model(loco_trainer *t) { return &t->model; }
+loco_gpt *loco_trainer_model(loco_trainer *t) {
+    if (host_sync(t) < 0)
+        loco_warn("the model's parameters could not be copied from the device: %s",
+                  loco_errmsg());
+    return &t->model;
+}
+
+#if defined(LOCO_HAVE_CUDA)
+/* The step of loco_trainer_step on the device: same batches, schedule,
+ * clipping and AdamW (the host optimizer's t and hyper-parameters). */
+static int device_step(loco_trainer *t, double *loss_sum, float lr, double *norm) {
+    const int accum = (int)t->cfg.train.grad_accum;
+    LOCO_CHECK(loco_gpt_cuda_zero_grad(t->dev));
+    for (int micro = 0; micro < accum; micro++) {
+        LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));
+        float loss;
+        LOCO_CHECK(loco_gpt_cuda_forward_backward(t->dev, t->inputs, t->targets, t->B, t->T,
+                                                  1.0f / (float)accum, &loss));
+        *loss_sum += loss;
+    }
+    LOCO_CHECK(loco_gpt_cuda_clip(t->dev, t->cfg.train.grad_clip, norm));
+    if (!isfinite(*norm))
+        return 0; /* as loco_zero_step: the caller reports divergence */
+    t->host_stale = true;
+    return loco_gpt_cuda_adamw(t->dev, loco_zero_optimizer(t->zero, NULL, NULL), lr);
+}
+#endif
 
 int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     double t0 = loco_now();
     const int accum = (int)t->cfg.train.grad_accum;
-    loco_gpt_zero_grad(&t->model);
     double loss_sum = 0;
+    float lr = loco_lr_at(&t->cfg, t->step);
+    double norm;
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev) {
+        LOCO_CHECK(device_step(t, &loss_sum, lr, &norm));
+        goto stepped;
+    }
+#endif
+    loco_gpt_zero_grad(&t->model);
     for (int micro = 0; micro < accum; micro++) {
         LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));
         loco_zero_micro_begin(t->zero, micro == 0, micro == accum - 1);
@@ -153,9 +264,10 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
                                              1.0f / (float)accum, &loss));
         loss_sum += loss;
     }
-    float lr = loco_lr_at(&t->cfg, t->step);
-    double norm;
     LOCO_CHECK(loco_zero_step(t->zero, lr, t->cfg.train.grad_clip, &norm));
+#if defined(LOCO_HAVE_CUDA)
+stepped:
+#endif
     if (!isfinite(norm))
         return LOCO_ERR(LOCO_EINVAL, "step %lld: gradient norm is %g (training diverged)",
                         (long long)t->step + 1, norm);
@@ -184,6 +296,13 @@ int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *t
     for (int b = 0; b < batches; b++) {
         float loss;
         LOCO_CHECK(loco_data_next(t->val, t->inputs, t->targets));
+#if defined(LOCO_HAVE_CUDA)
+        if (t->dev) {
+            LOCO_CHECK(loco_gpt_cuda_forward(t->dev, t->inputs, t->targets, t->B, t->T, &loss));
+            sum += loss;
+            continue;
+        }
+#endif
         LOCO_CHECK(loco_gpt_forward(&t->model, t->inputs, t->targets, t->B, t->T, &loss));
         sum += loss;
     }
@@ -215,6 +334,7 @@ static int save_to_url(loco_trainer *t, const char *url) {
 int loco_trainer_save(loco_trainer *t, const char *dir) {
     if (loco_store_is_url(dir))
         return save_to_url(t, dir);
+    LOCO_CHECK(host_sync(t));
     static const char *const model_sections[] = {"model", NULL};
     loco_ckpt_state st = {
         .step = t->step,
@@ -344,6 +464,12 @@ int loco_trainer_begin_run(loco_trainer *t) {
               (long long)c->train.steps, (long long)tokens_per_step,
               loco_comm_size(t->world), loco_comm_backend(t->world), dp,
               loco_zero_stage(t->zero), loco_set_threads((int)c->run.threads), c->run.dir);
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev)
+        loco_info("device: one GPU (train.device = cuda), %s passes, fp32 master weights and "
+                  "AdamW state, %.1f MiB of device memory",
+                  c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20));
+#endif
     t->t_start = loco_now();
     t->first_step = t->step;
     return 0;

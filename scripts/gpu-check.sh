@@ -3,7 +3,8 @@
 # (written for an H200: CUDA, PyTorch and Python, but none of Debian's -dev
 # packages and no network). It runs every GPU test (tests/gpu: each CUDA
 # kernel against its CPU twin, the GPU codecs byte for byte, the nccl
-# backend on one rank), then benchmarks GPT-2 124M training (B=16, T=1024,
+# backend on one rank, the whole model's loss and gradients against the
+# CPU model, 20 trainer steps with train.device = cuda against cpu), then benchmarks GPT-2 124M training (B=16, T=1024,
 # bf16) with loco's CUDA kernels (build/loco-gpu-bench) beside the same model
 # in PyTorch, eager and torch.compile (bench/pytorch_gpt2.py), and prints a
 # table last. Budget: under 8 minutes.

@@ -1,0 +1,258 @@
+/* The whole GPT-2 on the GPU (inner/gpt_cuda.c) against the CPU model, and
+ * training through the trainer with train.device = cuda against cpu.
+ *
+ *   model: the tiny fixture model (tests/fixtures/gpt2_tiny.safetensors):
+ *     loss and every parameter gradient, fp32 within 1e-5 relative (per
+ *     tensor, max |diff| / max |ref|); bf16 (the CPU model run on the same
+ *     bf16-rounded weights, the GPU's activations in bf16): the loss within
+ *     1e-3, gradients within 2e-2 (the worst tensor, the last c_proj
+ *     weight, is at 1.04e-2 on tests/gpu/emu: bf16 activations' rounding
+ *     of 2^-9 compounds through two blocks).
+ *   train: 20 optimizer steps (warm-up, cosine schedule, clipping, AdamW)
+ *     on a synthetic shard, every step's loss: fp32 within 1e-4 relative;
+ *     bf16 within 2e-2 relative (bf16 activations move each step's loss by
+ *     ~1e-3, and the weights drift apart over the steps), and the bf16
+ *     loss must fall as the fp32 one does. The checkpoint of the GPU run
+ *     holds the device's parameters.
+ *
+ * Without a device or a CUDA build the GPU tests skip with the reason;
+ * the configuration errors are checked everywhere. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "inner/inner.h"
+
+#define FIXTURE "tests/fixtures/gpt2_tiny.safetensors"
+/* tests/gpu/emu/run.sh builds this file with fewer steps and a longer
+ * timeout (every emulated CUDA thread is a host thread). */
+#ifndef TRAIN_STEPS
+#define TRAIN_STEPS 20
+#endif
+#ifndef TRAIN_TIMEOUT
+#define TRAIN_TIMEOUT 240
+#endif
+#define TOL_MODEL_LOSS_BF16 1e-3
+#define TOL_MODEL_GRAD_BF16 2e-2
+#define TOL_TRAIN_F32 1e-4
+#define TOL_TRAIN_BF16 2e-2
+
+static void train_config(loco_config *cfg, const char *dir) {
+    loco_config_defaults(cfg);
+    cfg->model.n_layer = 2;
+    cfg->model.n_head = 2;
+    cfg->model.n_embd = 32;
+    cfg->model.seq_len = 32;
+    cfg->train.batch_size = 4;
+    cfg->train.steps = TRAIN_STEPS;
+    cfg->train.warmup_steps = 3;
+    cfg->train.lr = 1e-2;
+    cfg->train.grad_clip = 1.0;
+    cfg->run.threads = 1;
+    cfg->run.log_every = 1000;
+    cfg->run.eval_every = 0;
+    cfg->data.val[0] = '\0';
+    snprintf(cfg->data.train, sizeof cfg->data.train, "%s/train_000000.bin", dir);
+    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run", dir);
+    loco_log_set_level(LOCO_LOG_WARN);
+}
+
+static char *tmpdir(void) {
+    char *d = strdup("/tmp/loco-gpu-train-XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+Test(gpu_train, bf16_needs_cuda) {
+    char *dir = tmpdir();
+    loco_config cfg;
+    train_config(&cfg, dir);
+    snprintf(cfg.train.dtype, sizeof cfg.train.dtype, "bf16");
+    loco_trainer *t = NULL;
+    cr_assert_eq(loco_trainer_create(&t, &cfg, NULL), LOCO_EINVAL);
+    cr_expect(strstr(loco_errmsg(), "train.dtype = bf16 needs train.device = cuda"), "%s",
+              loco_errmsg());
+    cr_assert_null(t);
+    loco_rmtree(dir);
+    free(dir);
+}
+
+#ifndef LOCO_HAVE_CUDA
+Test(gpu_train, cuda_without_cuda_build_is_refused) {
+    char *dir = tmpdir();
+    loco_config cfg;
+    train_config(&cfg, dir);
+    snprintf(cfg.train.device, sizeof cfg.train.device, "cuda");
+    loco_trainer *t = NULL;
+    cr_assert_eq(loco_trainer_create(&t, &cfg, NULL), LOCO_ENOTSUP);
+    cr_expect(strstr(loco_errmsg(), "built without CUDA"), "%s", loco_errmsg());
+    loco_rmtree(dir);
+    free(dir);
+}
+
+Test(gpu_model, skipped) {
+    cr_skip_test("built without the CUDA toolkit (no nvcc found by make): the GPU model and "
+                 "train.device = cuda not compiled");
+}
+#else
+
+#include "tests/gpu/gpu_test.h"
+
+/* ------------------------------------------------------------- model */
+
+static const loco_gpt_config fx_cfg = {
+    .n_layer = 2, .n_head = 4, .n_embd = 48, .seq_len = 16, .vocab_size = 97};
+enum { FX_B = 3, FX_T = 13 };
+
+static void check_model(bool bf16) {
+    gpu_require();
+    loco_set_threads(2);
+    loco_st *fx;
+    cr_assert_eq(loco_st_open(&fx, FIXTURE), 0, "%s", loco_errmsg());
+    loco_gpt cpu;
+    cr_assert_eq(loco_gpt_init(&cpu, &fx_cfg, FX_B, FX_T), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_st_read_into(fx, &cpu.tt, cpu.params, NULL), 0, "%s", loco_errmsg());
+    const float *tok;
+    int64_t shape[4];
+    int ndim;
+    cr_assert_eq(loco_st_get(fx, "tokens", &tok, &ndim, shape), 0);
+    cr_assert(ndim == 2 && shape[0] == FX_B && shape[1] == FX_T + 1);
+    int32_t in[FX_B * FX_T], tg[FX_B * FX_T];
+    for (int b = 0; b < FX_B; b++)
+        for (int t = 0; t < FX_T; t++) {
+            in[b * FX_T + t] = (int32_t)tok[b * (FX_T + 1) + t];
+            tg[b * FX_T + t] = (int32_t)tok[b * (FX_T + 1) + t + 1];
+        }
+    const size_t P = cpu.n_params;
+    loco_gpt_cuda *dev;
+    GPU_OK(loco_gpt_cuda_create(&dev, &fx_cfg, FX_B, FX_T, bf16));
+    GPU_OK(loco_gpt_cuda_upload(dev, cpu.params, NULL, NULL));
+    if (bf16) /* the CPU sees the GPU's bf16 weight copy */
+        for (size_t i = 0; i < P; i++)
+            cpu.params[i] = bf2f(f2bf(cpu.params[i]));
+    float loss = 0, want = 0, fwd = 0;
+    loco_gpt_zero_grad(&cpu);
+    cr_assert_eq(loco_gpt_forward_backward(&cpu, in, tg, FX_B, FX_T, 1.0f, &want), 0);
+    GPU_OK(loco_gpt_cuda_zero_grad(dev));
+    GPU_OK(loco_gpt_cuda_forward_backward(dev, in, tg, FX_B, FX_T, 1.0f, &loss));
+    GPU_OK(loco_gpt_cuda_forward(dev, in, tg, FX_B, FX_T, &fwd));
+    float *grads = malloc(P * sizeof *grads);
+    cr_assert_not_null(grads);
+    GPU_OK(loco_gpt_cuda_download(dev, NULL, grads, NULL, NULL));
+    const double tol = bf16 ? TOL_MODEL_GRAD_BF16 : TOL_F32;
+    const double tol_loss = bf16 ? TOL_MODEL_LOSS_BF16 : TOL_F32;
+    cr_expect_leq(fabs((double)loss - want), tol_loss * want, "loss: gpu %.7f cpu %.7f", loss, want);
+    cr_expect_eq(fwd, loss, "forward-only loss %.7f, with backward %.7f", fwd, loss);
+    double worst = 0;
+    for (int i = 0; i < cpu.tt.n; i++) {
+        const loco_tensor *t = &cpu.tt.t[i];
+        const double e = rel_err(grads + t->offset, cpu.grads + t->offset, t->numel);
+        worst = fmax(worst, e);
+        cr_expect_leq(e, tol, "%s gradient: rel err %.3g > %.3g", t->name, e, tol);
+    }
+    cr_log_info("%s model: loss gpu %.6f cpu %.6f, worst gradient rel err %.3g",
+                bf16 ? "bf16" : "fp32", loss, want, worst);
+    free(grads);
+    loco_gpt_cuda_destroy(dev);
+    loco_gpt_fini(&cpu);
+    loco_st_close(fx);
+}
+
+Test(gpu_model, loss_and_gradients_f32, .timeout = 120) { check_model(false); }
+Test(gpu_model, loss_and_gradients_bf16, .timeout = 120) { check_model(true); }
+
+/* ------------------------------------------------------------- train */
+
+/* A learnable byte stream: short arithmetic runs, 32K tokens. */
+static void write_shard(const char *dir) {
+    enum { N = 1 << 15 };
+    int32_t *tok = malloc(N * sizeof *tok);
+    cr_assert_not_null(tok);
+    for (size_t p = 0; p < N; p++)
+        tok[p] = (int32_t)(((p / 7) * 31 + (p % 7) * 3) % 251);
+    char path[512];
+    snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+    cr_assert_eq(loco_data_write_shard(path, tok, N, 1), 0, "%s", loco_errmsg());
+    free(tok);
+}
+
+static void train(const loco_config *cfg, float *losses, double *norms) {
+    loco_trainer *t;
+    cr_assert_eq(loco_trainer_create(&t, cfg, NULL), 0, "%s", loco_errmsg());
+    for (int i = 0; i < TRAIN_STEPS; i++) {
+        loco_step_stats s;
+        cr_assert_eq(loco_trainer_step(t, &s), 0, "step %d: %s", i + 1, loco_errmsg());
+        losses[i] = s.loss;
+        norms[i] = s.grad_norm;
+    }
+    if (!strcmp(cfg->train.device, "cuda")) {
+        /* the checkpoint holds what the device trained */
+        char ck[600];
+        snprintf(ck, sizeof ck, "%s/ckpt", cfg->run.dir);
+        cr_assert_eq(loco_trainer_save(t, ck), 0, "%s", loco_errmsg());
+        const loco_gpt *m = loco_trainer_model(t);
+        loco_gpt back;
+        cr_assert_eq(loco_gpt_init(&back, &m->cfg, 1, 1), 0);
+        loco_ckpt_state st;
+        cr_assert_eq(loco_ckpt_load(ck, cfg, &back, NULL, &st), 0, "%s", loco_errmsg());
+        cr_expect_eq(st.step, TRAIN_STEPS);
+        cr_expect(!memcmp(back.params, m->params, m->n_params * sizeof(float)),
+                  "the checkpoint's parameters differ from the trainer's");
+        loco_gpt_fini(&back);
+    }
+    loco_trainer_destroy(t);
+}
+
+static void check_training(bool bf16) {
+    gpu_require();
+    char *dir = tmpdir();
+    write_shard(dir);
+    loco_config cfg;
+    train_config(&cfg, dir);
+    float cpu[TRAIN_STEPS], gpu[TRAIN_STEPS];
+    double cpu_norm[TRAIN_STEPS], gpu_norm[TRAIN_STEPS];
+    train(&cfg, cpu, cpu_norm);
+    snprintf(cfg.train.device, sizeof cfg.train.device, "cuda");
+    snprintf(cfg.train.dtype, sizeof cfg.train.dtype, "%s", bf16 ? "bf16" : "fp32");
+    train(&cfg, gpu, gpu_norm);
+    const double tol = bf16 ? TOL_TRAIN_BF16 : TOL_TRAIN_F32;
+    double worst = 0;
+    for (int i = 0; i < TRAIN_STEPS; i++) {
+        const double e = fabs((double)gpu[i] - cpu[i]) / cpu[i];
+        worst = fmax(worst, e);
+        cr_expect_leq(e, tol, "step %d: loss gpu %.6f cpu %.6f (rel %.3g > %.3g)", i + 1,
+                      gpu[i], cpu[i], e, tol);
+    }
+    if (TRAIN_STEPS >= 20)
+        cr_expect_lt(gpu[TRAIN_STEPS - 1], gpu[0] - 0.5, "GPU loss %.4f -> %.4f did not fall",
+                     gpu[0], gpu[TRAIN_STEPS - 1]);
+    cr_log_info("%s training: loss cpu %.4f -> %.4f, gpu %.4f -> %.4f, worst rel diff %.3g",
+                bf16 ? "bf16" : "fp32", cpu[0], cpu[TRAIN_STEPS - 1], gpu[0],
+                gpu[TRAIN_STEPS - 1], worst);
+    loco_rmtree(dir);
+    free(dir);
+}
+
+Test(gpu_train, twenty_steps_f32_match_cpu, .timeout = TRAIN_TIMEOUT) { check_training(false); }
+Test(gpu_train, twenty_steps_bf16_match_cpu, .timeout = TRAIN_TIMEOUT) { check_training(true); }
+
+Test(gpu_train, cuda_without_device_is_a_clear_error) {
+    int n = 0;
+    if (loco_cuda_device_count(&n) == 0)
+        cr_skip_test("a device is present: nothing to refuse");
+    char *dir = tmpdir();
+    write_shard(dir);
+    loco_config cfg;
+    train_config(&cfg, dir);
+    snprintf(cfg.train.device, sizeof cfg.train.device, "cuda");
+    loco_trainer *t = NULL;
+    cr_assert_eq(loco_trainer_create(&t, &cfg, NULL), LOCO_ECUDA);
+    cr_expect(strstr(loco_errmsg(), "no CUDA device"), "%s", loco_errmsg());
+    cr_assert_null(t);
+    loco_rmtree(dir);
+    free(dir);
+}
+#endif
