@@ -411,6 +411,8 @@ static int island_hash(island *is, uint64_t *h) {
 static int adopt_global(island *is) {
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
     memcpy(own, loco_outer_theta(is->outer), (hi - lo) * sizeof(float));
     return loco_trainer_sync_params(is->t);
 }
@@ -463,6 +465,8 @@ static int attempt(island *is, int64_t outer, int64_t inner, bool *planned, bool
     }
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
+    if (!own && rc == 0)
+        rc = LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
     loco_exchange x = {.n_islands = nc, .me = observer ? -1 : me, .peers = contrib,
                        .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
                        .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
@@ -843,6 +847,8 @@ static int run_island(island *is, const char *resume) {
     LOCO_CHECK(loco_codec_params_from_config(&cp, c));
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
     LOCO_CHECK(loco_outer_create(&is->outer, &op, &cp, hi - lo, own));
     LOCO_CHECK(island_hash(is, &is->committed_hash));
     if (resume)

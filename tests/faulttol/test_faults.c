@@ -362,13 +362,13 @@ Test(faults, torn_outer_state_is_refused_and_fetched_instead) {
 Test(faults, killed_two_rank_island_rejoins_shard_by_shard) {
     scenario *s = calloc(1, sizeof *s);
     run(s, "kill",
-        "--set parallel.dp=2 --set parallel.zero_stage=1 --set train.steps=80"
-        " --set faults.kill=siteC@25 --set faults.restart_ms=200");
+        "--set parallel.dp=2 --set parallel.zero_stage=1 --set train.steps=200"
+        " --set faults.kill=siteC@20 --set faults.restart_ms=100");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     double kill = event_at(s, "fault", "siteC", "kill", 0);
     cr_assert(kill > 0);
-    cr_expect(event_at(s, "join", "siteC", NULL, kill) > 0, "siteC came back");
-    all_agree(s, 8);
+    cr_expect(event_at(s, "join", "siteC", NULL, kill) > 0, "siteC came back: %s", s->out);
+    all_agree(s, 20);
     done(s);
     free(s);
 }
