@@ -514,7 +514,7 @@ static int attempt(island *is, int64_t outer, int64_t inner, bool *planned, bool
     return 0;
 }
 
-static int rejoin(island *is);
+static int rejoin(island *is, bool *finished);
 
 /* Outer step `outer` after inner step `inner`: ready, go, exchange, done,
  * until committed (redoing it in each new epoch) or this island is out
@@ -532,10 +532,8 @@ static int outer_step(island *is, int64_t outer, int64_t inner, bool *finished) 
             *finished = true;
             return 0;
         }
-        if (v == LOCO_VERDICT_JOIN)
-            return rejoin(is);
-        if (!loco_quorum_has(is->q.members, is->id))
-            return rejoin(is);
+        if (v == LOCO_VERDICT_JOIN || !loco_quorum_has(is->q.members, is->id))
+            return rejoin(is, finished);
         loco_peers_lock_state(is->svc);
         bool ok;
         uint64_t sus = 0, h = 0;
@@ -570,7 +568,7 @@ static int outer_step(island *is, int64_t outer, int64_t inner, bool *finished) 
         }
         if (v == LOCO_VERDICT_JOIN) {
             loco_outer_restore(is->outer);
-            return rejoin(is);
+            return rejoin(is, finished);
         }
         /* AGAIN: a new epoch; redo from the kept pseudo-gradient. */
         drop_links(is);
@@ -582,7 +580,7 @@ static int outer_step(island *is, int64_t outer, int64_t inner, bool *finished) 
 /* Outside the quorum (restarted, dropped as a straggler or cut off): fetch
  * θ_global and the outer momentum of the committed step from a member,
  * check its hash, observe the next outer step and come back as a member. */
-static int rejoin(island *is) {
+static int rejoin(island *is, bool *finished) {
     const int64_t H = is->cfg.outer.H;
     for (int tries = 0;; tries++) {
         if (tries > 1000)
@@ -650,13 +648,14 @@ static int rejoin(island *is) {
             rc = loco_session_ready(is->session, is->committed + 1, is->committed, &is->q, &v,
                                     (int)is->cfg.faulttol.timeout_ms);
         LOCO_CHECK(share(is, rc, &v));
-        if (v == LOCO_VERDICT_FINISHED)
+        if (v == LOCO_VERDICT_FINISHED) {
+            *finished = true;
             return 0;
+        }
         if (v == LOCO_VERDICT_JOIN || !loco_quorum_has(is->q.observers | is->q.members, is->id))
             continue;
         /* Go: observe this step (or, after a coordinator restart, take part). */
         const int64_t s = is->committed + 1;
-        bool finished = false;
         if (loco_quorum_has(is->q.members, is->id)) {
             loco_trainer_set_step(is->t, is->committed * H);
             return 0; /* a member again: the training loop goes on from here */
@@ -688,11 +687,12 @@ static int rejoin(island *is) {
             if (is->rank == 0)
                 loco_info("rejoin: %s is a member again from outer step %lld (inner step %lld)",
                           is->site, (long long)s, (long long)(s * H));
-            (void)finished;
             return 0;
         }
-        if (v == LOCO_VERDICT_FINISHED)
+        if (v == LOCO_VERDICT_FINISHED) {
+            *finished = true;
             return 0;
+        }
     }
 }
 
@@ -860,7 +860,7 @@ static int run_island(island *is, const char *resume) {
     bool finished = false;
     if (!loco_quorum_has(is->q.members, is->id) || is->q.join) {
         loco_info("island %d (%s): the run is under way; rejoining", is->id, is->site);
-        LOCO_CHECK(rejoin(is));
+        LOCO_CHECK(rejoin(is, &finished));
     } else {
         LOCO_CHECK(choose_algorithm(is, hi - lo));
     }

@@ -169,8 +169,36 @@ static int connect_register(loco_session *s, int timeout_ms) {
     return 0;
 }
 
+/* What the old link still holds after it broke (a send may notice first,
+ * e.g. the heartbeat thread's): the coordinator's last frames, its final
+ * BYE among them, must not be lost. Queued; an ERROR is kept as the
+ * session's verdict. */
+static void drain(loco_session *s) {
+    if (!s->link)
+        return;
+    for (;;) {
+        loco_frame_hdr h;
+        void *payload = NULL;
+        if (loco_link_recv(s->link, &h, &payload, 0) != 0)
+            return;
+        if (h.type == LOCO_FRAME_BYE)
+            s->finished = true;
+        if (h.type == LOCO_FRAME_ACK || s->q_len == QUEUE) {
+            loco_free(payload);
+            continue;
+        }
+        queued *e = &s->q[(s->q_head + s->q_len) % QUEUE];
+        e->h = h;
+        e->payload = payload;
+        s->q_len++;
+    }
+}
+
 /* After the link broke: attempts until deadline (one when deadline <= now). */
 static int reconnect(loco_session *s, double deadline) {
+    drain(s);
+    if (s->finished)
+        return LOCO_ERR(LOCO_EPEER, "the coordinator ended the run");
     int rc;
     do {
         rc = connect_register(s, 2000);
@@ -207,10 +235,19 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
         *h = e->h;
         *payload = e->payload;
         e->payload = NULL;
+        if (h->type == LOCO_FRAME_ERROR) {
+            int rc = refusal(*payload, h->payload_len);
+            loco_free(*payload);
+            *payload = NULL;
+            return rc;
+        }
         return 0;
     }
     for (;;) {
         if (s->broken || !s->link) {
+            drain(s);
+            if (s->q_len > 0)
+                return next_frame(s, h, payload, timeout_ms, deadline);
             if (loco_now() >= deadline)
                 return LOCO_ERR(LOCO_EPEER, "lost the coordinator and could not register again");
             if (reconnect(s, loco_now()) < 0) {
@@ -244,8 +281,10 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
             *payload = NULL;
             return rc;
         }
-        if (h->type == LOCO_FRAME_BYE)
+        if (h->type == LOCO_FRAME_BYE) {
+            loco_debug("session: the coordinator ended the run");
             s->finished = true;
+        }
         return 0;
     }
 }
@@ -356,6 +395,8 @@ static int64_t commit_step(const void *payload, size_t len) {
 
 int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum *q,
                        loco_verdict *v, int timeout_ms) {
+    loco_debug("session: ready for outer step %lld (holding %lld; %d queued, link %s)",
+               (long long)step, (long long)have, s->q_len, s->broken ? "broken" : "up");
     double deadline = loco_now() + timeout_ms / 1000.0;
     int rc = send_outer(s, "ready", step, have, 0, 0, 0);
     (void)rc; /* a broken link is mended below, and READY sent again */
@@ -363,6 +404,10 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
     for (;;) {
         /* Waiting on a live coordinator is not bounded (it watches the
          * islands); timeout_ms bounds the time without one. */
+        if (s->finished && s->q_len == 0) {
+            *v = LOCO_VERDICT_FINISHED; /* the run ended; nothing else will come */
+            return 0;
+        }
         if (!s->broken && s->link)
             deadline = loco_now() + timeout_ms / 1000.0;
         if (loco_now() > deadline)
@@ -411,6 +456,10 @@ int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, ui
     const char *phase = ok ? "done" : "failed";
     bool sent = send_outer(s, phase, step, 0, epoch, hash, suspects) == 0;
     for (;;) {
+        if (s->finished && s->q_len == 0) {
+            *v = LOCO_VERDICT_FINISHED;
+            return 0;
+        }
         if (!s->broken && s->link)
             deadline = loco_now() + timeout_ms / 1000.0;
         if (loco_now() > deadline)
@@ -500,8 +549,10 @@ int loco_session_poll(loco_session *s) {
             loco_free(payload);
             return rc;
         }
-        if (h.type == LOCO_FRAME_BYE)
+        if (h.type == LOCO_FRAME_BYE) {
+            loco_debug("session: the coordinator ended the run (seen while polling)");
             s->finished = true;
+        }
         if (h.type == LOCO_FRAME_ACK || s->q_len == QUEUE) {
             loco_free(payload);
             continue;

@@ -227,12 +227,13 @@ Test(faults, dropped_duplicated_and_reordered_frames_leave_no_trace) {
 
 Test(faults, straggler_is_left_out_and_catches_up) {
     scenario *s = calloc(1, sizeof *s);
-    run(s, "straggler", "--set faulttol.straggler_ms=400");
+    run(s, "straggler",
+        "--set faults.slow=siteB*10 --set faulttol.straggler_ms=300 --set train.steps=300");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     double sus = event_at(s, "suspect", "siteB", NULL, 0);
     cr_assert(sus > 0, "siteB was left out");
     cr_expect(event_at(s, "join", "siteB", NULL, sus) > 0, "and came back");
-    all_agree(s, 12);
+    all_agree(s, 30);
     done(s);
     free(s);
 }
