@@ -32,13 +32,13 @@ struct loco_outer {
     unsigned char *applied;    /* (refs_cap) chunk's outer update done */
     size_t final_done;
     size_t *enc_len;           /* (refs_cap) bytes of each encoded chunk, for a redo */
-    /* θ_global and momentum before the current outer step: a step redone
-     * in a new quorum epoch starts again from them. Copied chunk by chunk
-     * just before the update touches the chunk, so the copy rides in the
-     * pipelined apply instead of a whole-shard pass up front. */
+    /* Double buffers: the outer update reads θ_global and momentum and
+     * writes the next ones into theta_bak / mom_bak, and the pointers swap
+     * when every chunk is done. A step redone in a new quorum epoch then
+     * finds the state before the step intact (swapping back if the step had
+     * finished here), at no extra memory traffic. */
     float *theta_bak, *mom_bak;
-    unsigned char *backed;     /* (refs_cap) chunk copied since loco_outer_save */
-    bool armed;
+    bool swapped; /* the update of the current step was completed here */
     /* The pipelined path works chunk by chunk: Δ of a chunk is computed
      * right before it is encoded, and a chunk of avg zeroed right before
      * its first contribution, so no whole-shard pass delays the first
@@ -79,7 +79,6 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->enc_len);
     loco_free(o->theta_bak);
     loco_free(o->mom_bak);
-    loco_free(o->backed);
     loco_free(o->delta_ready);
     loco_free(o->avg_zeroed);
     loco_free(o->avg2_zeroed);
@@ -119,14 +118,13 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->enc_len = loco_alloc(o->refs_cap * sizeof *o->enc_len);
     o->theta_bak = loco_alloc(bytes);
     o->mom_bak = loco_alloc(bytes);
-    o->backed = loco_alloc(o->refs_cap);
     o->delta_ready = loco_alloc(o->refs_cap);
     o->avg_zeroed = loco_alloc(o->refs_cap);
     o->avg2_zeroed = loco_alloc(o->refs_cap);
     o->sample = loco_alloc(SAMPLE_N * sizeof(float));
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
         !o->final_have || !o->applied || !o->avg2 || !o->enc2 || !o->enc_len || !o->theta_bak ||
-        !o->mom_bak || !o->backed || !o->delta_ready || !o->avg_zeroed || !o->avg2_zeroed ||
+        !o->mom_bak || !o->delta_ready || !o->avg_zeroed || !o->avg2_zeroed ||
         !o->sample) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
@@ -239,41 +237,26 @@ int loco_outer_reuse_chunk(loco_outer *o, int worker, size_t chunk, const void *
 
 size_t loco_outer_planned_chunks(const loco_outer *o) { return o->plan.n_chunks; }
 
-void loco_outer_save(loco_outer *o) {
-    memset(o->backed, 0, o->refs_cap);
-    o->armed = true;
-}
+void loco_outer_save(loco_outer *o) { o->swapped = false; }
 
-/* Chunk c's range as it was before this step, kept before the first write. */
-static void back_up(loco_outer *o, size_t c) {
-    if (!o->armed || o->backed[c])
-        return;
-    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
-    const size_t lo = c * per, hi = lo + per < o->n ? lo + per : o->n;
-    memcpy(o->theta_bak + lo, o->theta + lo, (hi - lo) * sizeof(float));
-    memcpy(o->mom_bak + lo, o->mom + lo, (hi - lo) * sizeof(float));
-    o->backed[c] = 1;
+static void swap_state(loco_outer *o) {
+    float *t = o->theta, *m = o->mom;
+    o->theta = o->theta_bak;
+    o->mom = o->mom_bak;
+    o->theta_bak = t;
+    o->mom_bak = m;
 }
 
 void loco_outer_restore(loco_outer *o) {
-    if (!o->armed)
-        return;
-    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
-    const size_t chunks = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
-    for (size_t c = 0; c < chunks; c++) {
-        if (!o->backed[c])
-            continue;
-        const size_t lo = c * per, hi = lo + per < o->n ? lo + per : o->n;
-        memcpy(o->theta + lo, o->theta_bak + lo, (hi - lo) * sizeof(float));
-        memcpy(o->mom + lo, o->mom_bak + lo, (hi - lo) * sizeof(float));
-        o->backed[c] = 0;
-    }
+    if (o->swapped)
+        swap_state(o);
+    o->swapped = false;
 }
 
 void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom) {
     memcpy(o->theta, theta, o->n * sizeof(float));
     memcpy(o->mom, mom, o->n * sizeof(float));
-    o->armed = false; /* nothing of an earlier step to go back to */
+    o->swapped = false; /* nothing of an earlier step to go back to */
 }
 
 /* Zeroes chunk c of avg (or avg2) before its first contribution. */
@@ -394,19 +377,24 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
  * neither on the thread count nor on how the range is cut. */
 static void apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
     const float lr = o->p.lr, mu = o->p.momentum;
-    float *restrict th = o->theta, *restrict m = o->mom;
+    const float *restrict th = o->theta, *restrict m = o->mom;
+    float *restrict th2 = o->theta_bak, *restrict m2 = o->mom_bak;
     const float *restrict avg = o->use_avg2 ? o->avg2 : o->avg;
     const bool nesterov = o->p.nesterov;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = lo; i < hi; i++) {
         float g = avg[i];
+        float t = th[i];
         if (nesterov) {
-            m[i] = mu * m[i] + g;
-            th[i] -= lr * (g + mu * m[i]);
+            float mm = mu * m[i] + g;
+            m2[i] = mm;
+            t -= lr * (g + mu * mm);
         } else {
-            th[i] -= g;
+            m2[i] = m[i];
+            t -= g;
         }
-        theta_local[i] = th[i];
+        th2[i] = t;
+        theta_local[i] = t;
     }
 }
 
@@ -421,7 +409,6 @@ int loco_outer_apply_chunk(loco_outer *o, size_t chunk, float *theta_local) {
         o->applied[chunk])
         return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu is not ready to apply", chunk);
     size_t lo = chunk * per, hi = lo + per < o->n ? lo + per : o->n;
-    back_up(o, chunk);
     apply_range(o, lo, hi, theta_local);
     o->applied[chunk] = 1;
     return 0;
@@ -437,12 +424,14 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
     for (size_t c = 0; c < want;) {
         size_t d = c;
         while (d < want && !o->applied[d])
-            back_up(o, d++);
+            d++;
         if (d > c)
             apply_range(o, c * per, d * per < o->n ? d * per : o->n, theta_local);
         c = d + 1;
     }
     o->expect = o->added = 0;
+    swap_state(o); /* the new θ_global and momentum are current */
+    o->swapped = true;
     return 0;
 }
 
@@ -509,7 +498,7 @@ int loco_outer_load_file(loco_outer *o, const char *path, int64_t *committed, ui
     if (rc == 0) {
         memcpy(o->theta, th, o->n * sizeof(float));
         memcpy(o->mom, mo, o->n * sizeof(float));
-        o->armed = false;
+        o->swapped = false;
         float *e = loco_codec_ef(o->codec);
         if (e)
             memcpy(e, ef, o->n * sizeof(float));
