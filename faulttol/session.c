@@ -169,20 +169,33 @@ static int connect_register(loco_session *s, int timeout_ms) {
     return 0;
 }
 
-/* What the old link still holds after it broke (a send may notice first,
- * e.g. the heartbeat thread's): the coordinator's last frames, its final
- * BYE among them, must not be lost. Queued; an ERROR is kept as the
- * session's verdict. */
-static void drain(loco_session *s) {
+/* Reads every frame the link holds now into the queue (the coordinator's
+ * final BYE sets `finished`). With `refuse`, an ERROR ends the read as
+ * LOCO_EPEER with its text (*refused set); without, it is queued like the rest (next_frame
+ * turns it into the error). Returns LOCO_ETIMEDOUT when the link is empty,
+ * else the link's error. Also used on a link a send found broken (e.g. the
+ * heartbeat thread): its last frames must not be lost. */
+static int drain(loco_session *s, bool refuse, bool *refused) {
+    if (refused)
+        *refused = false;
     if (!s->link)
-        return;
+        return LOCO_EPEER;
     for (;;) {
         loco_frame_hdr h;
         void *payload = NULL;
-        if (loco_link_recv(s->link, &h, &payload, 0) != 0)
-            return;
-        if (h.type == LOCO_FRAME_BYE)
+        int rc = loco_link_recv(s->link, &h, &payload, 0);
+        if (rc != 0)
+            return rc;
+        if (h.type == LOCO_FRAME_ERROR && refuse) {
+            rc = refusal(payload, h.payload_len);
+            loco_free(payload);
+            *refused = true;
+            return rc;
+        }
+        if (h.type == LOCO_FRAME_BYE) {
+            loco_debug("session: the coordinator ended the run");
             s->finished = true;
+        }
         if (h.type == LOCO_FRAME_ACK || s->q_len == QUEUE) {
             loco_free(payload);
             continue;
@@ -196,7 +209,7 @@ static void drain(loco_session *s) {
 
 /* After the link broke: attempts until deadline (one when deadline <= now). */
 static int reconnect(loco_session *s, double deadline) {
-    drain(s);
+    drain(s, false, NULL);
     if (s->finished)
         return LOCO_ERR(LOCO_EPEER, "the coordinator ended the run");
     int rc;
@@ -245,7 +258,7 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
     }
     for (;;) {
         if (s->broken || !s->link) {
-            drain(s);
+            drain(s, false, NULL);
             if (s->q_len > 0)
                 return next_frame(s, h, payload, timeout_ms, deadline);
             if (loco_now() >= deadline)
@@ -523,45 +536,25 @@ int loco_session_heartbeat(loco_session *s, int64_t inner_step) {
 }
 
 int loco_session_poll(loco_session *s) {
-    for (;;) {
-        if (s->broken) {
-            /* One attempt per 200 ms: the run goes on meanwhile. */
-            if (loco_now() - s->last_try < 0.2)
-                return 0;
-            s->last_try = loco_now();
-            if (reconnect(s, 0) < 0)
-                return 0;
-        }
-        loco_frame_hdr h;
-        void *payload = NULL;
-        int rc = loco_link_recv(s->link, &h, &payload, 0);
-        if (rc == LOCO_ETIMEDOUT)
+    if (s->broken) {
+        /* One attempt per 200 ms: the run goes on meanwhile. */
+        if (loco_now() - s->last_try < 0.2)
             return 0;
-        if (rc < 0) {
-            loco_warn("session: lost the coordinator (%s)", loco_errmsg());
-            pthread_mutex_lock(&s->mu);
-            s->broken = true;
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        if (h.type == LOCO_FRAME_ERROR) {
-            rc = refusal(payload, h.payload_len);
-            loco_free(payload);
-            return rc;
-        }
-        if (h.type == LOCO_FRAME_BYE) {
-            loco_debug("session: the coordinator ended the run (seen while polling)");
-            s->finished = true;
-        }
-        if (h.type == LOCO_FRAME_ACK || s->q_len == QUEUE) {
-            loco_free(payload);
-            continue;
-        }
-        queued *e = &s->q[(s->q_head + s->q_len) % QUEUE];
-        e->h = h;
-        e->payload = payload;
-        s->q_len++;
+        s->last_try = loco_now();
+        if (reconnect(s, 0) < 0)
+            return 0;
     }
+    bool refused;
+    int rc = drain(s, true, &refused);
+    if (rc == LOCO_ETIMEDOUT)
+        return 0;
+    if (refused)
+        return rc; /* the coordinator stopped the run */
+    loco_warn("session: lost the coordinator (%s)", loco_errmsg());
+    pthread_mutex_lock(&s->mu);
+    s->broken = true;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 int loco_session_leave(loco_session *s, int timeout_ms) {
