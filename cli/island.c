@@ -3,14 +3,16 @@
  * DiLoCo's outer step on the range it owns with the same rank of every other
  * island, over TLS links, and rank 0 keeps the coordinator informed. */
 #include "cli/cli.h"
+
+#include <cjson/cJSON.h>
 #include "faulttol/faulttol.h"
 #include "inner/comm/comm.h"
 #include "inner/inner.h"
 #include "outer/outer.h"
 
+#include <cjson/cJSON.h>
 #include <limits.h>
 #include <signal.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
@@ -81,46 +83,40 @@ static int rechoose(island *is, const loco_exchange_stats *st);
 
 /* ---------------------------------------------------------------- faults */
 
-/* An injected fault on the run's timeline (LOCO_EVENTS, set by `loco
- * launch`; docs/REPORTS.md): written by the island itself, so the time is
- * the moment it happened. */
+/* A string as a JSON string literal (quotes included) in out. */
+static void json_str(const char *in, char *out, size_t cap) {
+    cJSON *j = cJSON_CreateString(in);
+    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
+    snprintf(out, cap, "%s", t ? t : "\"\"");
+    cJSON_free(t);
+    cJSON_Delete(j);
+}
+
 /* A frame this island refused (corrupted, stale, misdirected): on the
- * timeline too, so reports show when frame faults were caught. */
+ * timeline too (LOCO_EVENTS, set by `loco launch`; docs/REPORTS.md), so
+ * reports show when frame faults were caught. */
 static void refused_event(const island *is, const char *reason) {
     const char *path = getenv("LOCO_EVENTS");
     if (!path || is->rank != 0)
         return;
-    FILE *f = fopen(path, "a");
-    if (!f)
-        return;
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    fprintf(f, "{\"t\":%.3f,\"kind\":\"refused\",\"site\":\"%s\",\"reason\":\"", (double)tv.tv_sec + tv.tv_usec / 1e6, is->site);
-    for (const char *c = reason; *c && c - reason < 300; c++)
-        if (*c == '"' || *c == '\\')
-            fprintf(f, "'");
-        else if ((unsigned char)*c >= 0x20)
-            fputc(*c, f);
-    fprintf(f, "\"}\n");
-    fclose(f);
+    char r[400];
+    json_str(reason, r, sizeof r);
+    loco_event_append(path, "\"kind\":\"refused\",\"site\":\"%s\",\"reason\":%s", is->site, r);
 }
 
+/* An injected fault on the timeline, written by the island itself, so the
+ * time is the moment it happened. */
 static void fault_event(const island *is, const char *fault, const char *peer,
                         const char *detail) {
     const char *path = getenv("LOCO_EVENTS");
     if (!path || is->rank != 0)
         return;
-    FILE *f = fopen(path, "a");
-    if (!f)
-        return;
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    fprintf(f, "{\"t\":%.3f,\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"", (double)tv.tv_sec + tv.tv_usec / 1e6,
-            fault, is->site);
+    char d[400], p[96] = "";
+    json_str(detail, d, sizeof d);
     if (peer)
-        fprintf(f, ",\"peer\":\"%s\"", peer);
-    fprintf(f, ",\"detail\":\"%s\"}\n", detail);
-    fclose(f);
+        snprintf(p, sizeof p, ",\"peer\":\"%s\"", peer);
+    loco_event_append(path, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"%s,\"detail\":%s",
+                      fault, is->site, p, d);
 }
 
 static int parse_faults(island *is) {

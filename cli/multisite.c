@@ -10,8 +10,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <sys/time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -124,22 +122,6 @@ static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) {
     (void)sig;
     stop_requested = 1;
-}
-
-/* One line of the run's timeline (docs/REPORTS.md). */
-static void launch_event(const char *path, const char *fmt, ...) {
-    FILE *f = fopen(path, "a");
-    if (!f)
-        return;
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    char body[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
-    va_end(ap);
-    fprintf(f, "{\"t\":%.3f,%s}\n", (double)tv.tv_sec + tv.tv_usec / 1e6, body);
-    fclose(f);
 }
 
 /* Starts argv with stdout and stderr into a pipe; `restarted` marks a
@@ -410,7 +392,7 @@ int cli_launch(int argc, char **argv) {
         size_t o = 0;
         for (int k = 0; k < K; k++)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s\"%s\"", k ? "," : "", sites[k]);
-        launch_event(events, "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld",
+        loco_event_append(events, "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld",
                      list, config, (long long)cfg.train.seed);
     }
     const double t_start = loco_now();
@@ -515,7 +497,7 @@ int cli_launch(int argc, char **argv) {
             coord_killed = true;
             kids[0].killed = true;
             printf("launch: faults: killing the coordinator (SIGKILL)\n");
-            launch_event(events, "\"kind\":\"fault\",\"fault\":\"kill_coordinator\","
+            loco_event_append(events, "\"kind\":\"fault\",\"fault\":\"kill_coordinator\","
                                  "\"site\":\"coordinator\"");
             kill(-kids[0].pid, SIGKILL);
         }
@@ -534,7 +516,7 @@ int cli_launch(int argc, char **argv) {
                 c->len = 0;
                 bool coord = i == 0;
                 printf("launch: faults: restarting %s\n", c->name);
-                launch_event(events, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"",
+                loco_event_append(events, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"",
                              coord ? "restart_coordinator" : "restart", c->name);
                 c->restarted = true;
                 if (!coord)
@@ -589,7 +571,7 @@ int cli_launch(int argc, char **argv) {
     for (int i = 0; i < n_kids; i++)
         if (kids[i].status && !kids[i].killed)
             worst = kids[i].status;
-    launch_event(events, "\"kind\":\"launch_end\",\"status\":\"%s\"",
+    loco_event_append(events, "\"kind\":\"launch_end\",\"status\":\"%s\"",
                  failed || worst || stop_requested ? "failed" : "finished");
     printf("launch: %s\n", failed || worst || stop_requested ? "FAILED" : "done: every process finished cleanly");
     if (rc < 0)

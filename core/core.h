@@ -244,6 +244,13 @@ void loco_metrics_num(loco_metrics *m, const char *key, double v);
 void loco_metrics_str(loco_metrics *m, const char *key, const char *v);
 int loco_metrics_end(loco_metrics *m);
 
+/* Appends {"t": <unix seconds>, <fields>} as one line to the JSONL file at
+ * path (created if missing) with a single O_APPEND write, so several
+ * processes can share a timeline (a run's events.jsonl). fields_fmt is a
+ * printf format of the remaining JSON members, already escaped. */
+int loco_event_append(const char *path, const char *fields_fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* ---------------------------------------------------------------- config */
 
 #define LOCO_PATH_MAX 512

@@ -4,6 +4,10 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <math.h>
 #include <string.h>
 
@@ -75,4 +79,26 @@ int loco_metrics_end(loco_metrics *m) {
     int ok = fprintf(m->f, "%s\n", s) >= 0 && fflush(m->f) == 0;
     cJSON_free(s);
     return ok ? 0 : LOCO_ERR(LOCO_EIO, "metrics write failed: %s", strerror(errno));
+}
+
+int loco_event_append(const char *path, const char *fields_fmt, ...) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    char line[2048];
+    int n = snprintf(line, sizeof line, "{\"t\":%.3f,", (double)tv.tv_sec + tv.tv_usec / 1e6);
+    va_list ap;
+    va_start(ap, fields_fmt);
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 2, fields_fmt, ap);
+    va_end(ap);
+    if (m < 0 || (size_t)(n + m) >= sizeof line - 2)
+        return LOCO_ERR(LOCO_EINVAL, "event for %s: longer than %zu bytes", path, sizeof line);
+    n += m;
+    line[n++] = '}';
+    line[n++] = '\n';
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return LOCO_ERR(LOCO_EIO, "open %s: %s", path, strerror(errno));
+    ssize_t w = write(fd, line, (size_t)n);
+    close(fd);
+    return w == n ? 0 : LOCO_ERR(LOCO_EIO, "write %s: %s", path, strerror(errno));
 }

@@ -18,7 +18,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
 
 #define MAX_PENDING 64
@@ -64,23 +63,21 @@ struct loco_coord {
     uint64_t go_members, go_observers;
     double gather_t0;       /* first member ready for the step (straggler clock) */
     int failures;           /* failed attempts of the current step */
-    FILE *events;
+    char events[LOCO_PATH_MAX]; /* the run's timeline, "" = none */
 };
 
 /* ----------------------------------------------------------- events */
 
 static void event(loco_coord *c, const char *fmt, ...) {
-    if (!c->events)
+    if (!c->events[0])
         return;
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
     char body[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    fprintf(c->events, "{\"t\":%.3f,%s}\n", (double)tv.tv_sec + tv.tv_usec / 1e6, body);
-    fflush(c->events);
+    if (loco_event_append(c->events, "%s", body) < 0)
+        loco_warn("coordinator: %s", loco_errmsg());
 }
 
 static void mask_sites(const loco_coord *c, uint64_t mask, char *out, size_t cap) {
@@ -235,11 +232,13 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
         p = comma ? comma + 1 : p + len;
     }
     if (events_path) {
-        c->events = fopen(events_path, "a");
-        if (!c->events) {
+        FILE *f = fopen(events_path, "a"); /* refuse an unwritable path now */
+        if (!f) {
             rc = LOCO_ERR(LOCO_EIO, "cannot open %s for events", events_path);
             goto out_fail;
         }
+        fclose(f);
+        snprintf(c->events, sizeof c->events, "%s", events_path);
     }
     char h[LOCO_ADDR_MAX];
     int prt;
@@ -283,8 +282,6 @@ void loco_coord_destroy(loco_coord *c) {
     for (int i = 0; i < LOCO_MAX_ISLANDS; i++)
         drop_island(&c->isl[i]);
     loco_net_listener_destroy(c->listener);
-    if (c->events)
-        fclose(c->events);
     loco_free(c);
 }
 
