@@ -4,6 +4,8 @@
 #ifndef LOCO_BENCH_H
 #define LOCO_BENCH_H
 
+#include "net/net.h"
+
 /* Training step throughput (tiny and GPT-2 124M shapes) against sgemm. */
 int loco_bench_step(int argc, char **argv);
 /* Bytes per rank of parameters, gradients, optimizer state, unit buffers
@@ -16,5 +18,11 @@ int loco_bench_exchange(int argc, char **argv);
 int loco_bench_compress(int argc, char **argv);
 /* State transfer to a rejoining island over emulated WAN (TLS). */
 int loco_bench_rejoin(int argc, char **argv);
+
+/* Makes a PKI for siteA and siteB in dir (a mkdtemp template, filled in)
+ * and their link parameters over emulated WAN: gbps and rtt_ms, TLS over
+ * `streams` connections. The caller removes dir. */
+int bench_wan_pair(char *dir, double gbps, double rtt_ms, int streams, loco_net_params *pa,
+                   loco_net_params *pb);
 
 #endif /* LOCO_BENCH_H */

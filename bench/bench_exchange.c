@@ -51,24 +51,8 @@ int loco_bench_exchange(int argc, char **argv) {
         return LOCO_ERR(LOCO_EINVAL, "bench exchange: --mparams and --gbps must be > 0");
     const size_t n = (size_t)(mparams * 1e6);
     char dir[] = "/tmp/loco-bench-exchange-XXXXXX";
-    if (!mkdtemp(dir))
-        return LOCO_ERR(LOCO_EIO, "mkdtemp failed");
-    const char *names[] = {"siteA", "siteB"};
-    int rc = loco_net_make_certs(dir, names, 2, 1);
     loco_net_params pa, pb;
-    loco_net_params_default(&pa);
-    pa.streams = 4;
-    pa.link_gbps = gbps;
-    pa.rtt_ms = rtt_ms;
-    pa.max_frame_bytes = 64u << 20;
-    pa.wan = (loco_wan){.delay_ms = rtt_ms / 2, .gbps = gbps, .seed = 1};
-    pb = pa;
-    snprintf(pa.cert, sizeof pa.cert, "%s/siteA.pem", dir);
-    snprintf(pa.key, sizeof pa.key, "%s/siteA.key", dir);
-    snprintf(pb.cert, sizeof pb.cert, "%s/siteB.pem", dir);
-    snprintf(pb.key, sizeof pb.key, "%s/siteB.key", dir);
-    snprintf(pa.ca, sizeof pa.ca, "%s/ca.pem", dir);
-    snprintf(pb.ca, sizeof pb.ca, "%s/ca.pem", dir);
+    int rc = bench_wan_pair(dir, gbps, rtt_ms, 4, &pa, &pb);
     snprintf(pa.expect_peer, sizeof pa.expect_peer, "siteB");
     loco_net_listener *l = NULL;
     loco_link *la = NULL, *lb = NULL;

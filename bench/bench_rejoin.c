@@ -36,23 +36,8 @@ int loco_bench_rejoin(int argc, char **argv) {
         return LOCO_ERR(LOCO_EINVAL, "bench rejoin: --mparams, --gbps, --streams must be > 0");
     const size_t n = (size_t)(mparams * 1e6);
     char dir[] = "/tmp/loco-bench-rejoin-XXXXXX";
-    if (!mkdtemp(dir))
-        return LOCO_ERR(LOCO_EIO, "mkdtemp failed");
-    const char *names[] = {"siteA", "siteB"};
-    int rc = loco_net_make_certs(dir, names, 2, 1);
     loco_net_params pa, pb;
-    loco_net_params_default(&pa);
-    pa.streams = streams;
-    pa.link_gbps = gbps;
-    pa.rtt_ms = rtt_ms;
-    pa.wan = (loco_wan){.delay_ms = rtt_ms / 2, .gbps = gbps, .seed = 1};
-    pb = pa;
-    snprintf(pa.cert, sizeof pa.cert, "%s/siteA.pem", dir);
-    snprintf(pa.key, sizeof pa.key, "%s/siteA.key", dir);
-    snprintf(pb.cert, sizeof pb.cert, "%s/siteB.pem", dir);
-    snprintf(pb.key, sizeof pb.key, "%s/siteB.key", dir);
-    snprintf(pa.ca, sizeof pa.ca, "%s/ca.pem", dir);
-    snprintf(pb.ca, sizeof pb.ca, "%s/ca.pem", dir);
+    int rc = bench_wan_pair(dir, gbps, rtt_ms, streams, &pa, &pb);
     loco_outer_params op = {.H = 1, .nesterov = true, .lr = 0.7f, .momentum = 0.9f};
     loco_codec_params cp;
     loco_codec_params_default(&cp);
