@@ -435,6 +435,8 @@ static void record(island *is, int64_t outer, int64_t inner, const loco_exchange
     loco_metrics_str(is->metrics, "theta_hash", hh);
     loco_metrics_str(is->metrics, "algorithm",
                      is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
+    loco_metrics_int(is->metrics, "zstd", st->zstd);
+    loco_metrics_num(is->metrics, "sender_encode_s", st->sender_encode_s);
     loco_metrics_end(is->metrics);
 }
 

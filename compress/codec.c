@@ -59,6 +59,12 @@ struct loco_codec {
     worker_ws *ws; /* [n_workers] */
     float *ef;     /* [n_state] with error feedback, else NULL */
     double link_gbps;
+    /* zstd=auto, measured: seconds per element of the last exchange
+     * without [0] and with [1] the zstd stage (0 = none yet), and the plan
+     * count when each was taken. */
+    double xch_s[2];
+    uint64_t xch_at[2], plans;
+    bool noted; /* an exchange reports its times: plan from them */
     ZSTD_CCtx *plan_cctx;
     bool plan_warm;  /* plan_cctx has compressed once (timing is fair) */
     float *sample_x; /* zstd=auto: the gathered sample */
@@ -205,6 +211,15 @@ void loco_codec_set_link_gbps(loco_codec *c, double gbps) {
     c->link_gbps = gbps > 0 && isfinite(gbps) ? gbps : 0;
 }
 
+void loco_codec_note_exchange(loco_codec *c, bool zstd, double seconds, size_t n) {
+    c->noted = true;
+    /* The first exchange of a run writes its buffers for the first time
+     * (page faults): too slow to tell anything about zstd. */
+    if (c->plans > 1 && n > 0 && seconds > 0 && isfinite(seconds)) {
+        c->xch_s[zstd] = seconds / (double)n;
+        c->xch_at[zstd] = c->plans;
+    }
+}
 /* --------------------------------------------------------------- planning */
 
 /* zstd=auto: quantizes SAMPLE_PIECES evenly spaced pieces (nearest, no
@@ -288,9 +303,26 @@ int loco_codec_plan_sampled(loco_codec *c, loco_encode_plan *plan, const float *
     LOCO_CHECK(sample_zstd(c, src, sample_n, &ratio, &bps));
     plan->sampled_ratio = ratio;
     const double link_bps = c->link_gbps * 1e9 / 8;
-    /* Streaming hides the slower of compressor and link: zstd pays when it
-     * shrinks enough and the compressors outrun the link. */
-    plan->zstd = ratio >= p->auto_min_ratio && (link_bps <= 0 || bps * c->n_workers > link_bps);
+    const uint64_t now = ++c->plans;
+    /* Streaming hides the slower of compressor and link: with no
+     * measurement, zstd pays when it shrinks enough and one compressor
+     * outruns the link. */
+    plan->zstd = ratio >= p->auto_min_ratio && (link_bps <= 0 || bps > link_bps);
+    if (ratio < p->auto_min_ratio || link_bps <= 0)
+        return 0;
+    /* Then the exchanges decide: try the way not measured yet, keep the
+     * faster, and re-time the slower now and then (the load changes). */
+    const double *t = c->xch_s;
+    if (t[0] > 0 && t[1] > 0) {
+        const bool best = t[1] < t[0];
+        plan->zstd = now - c->xch_at[!best] >= LOCO_ZSTD_RETRY ? !best : best;
+    } else if (t[0] > 0 || t[1] > 0) {
+        plan->zstd = t[0] > 0;
+    } else if (c->noted) {
+        /* The same order on every island (with, then without), so that
+         * islands time the same combination of choices. */
+        plan->zstd = true;
+    }
     return 0;
 }
 
@@ -316,6 +348,16 @@ static void write_header(uint8_t *h, const loco_codec_params *p, uint32_t flags,
 
 int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
                             size_t dst_cap, size_t *dst_len, const float *src, size_t chunk) {
+    *dst_len = 0;
+    if (chunk >= plan->n_chunks || plan->chunk_elems != c->chunk_elems)
+        return LOCO_ERR(LOCO_EINVAL, "compress: chunk %zu of a plan with %zu chunks", chunk,
+                        plan->n_chunks);
+    return loco_codec_encode_chunk_from(c, worker, plan, dst, dst_cap, dst_len,
+                                        src + chunk * c->chunk_elems, chunk);
+}
+
+int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
+                                 size_t dst_cap, size_t *dst_len, const float *x, size_t chunk) {
     const loco_codec_params *p = &c->p;
     *dst_len = 0;
     if (worker < 0 || worker >= c->n_workers)
@@ -343,7 +385,7 @@ int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *p
     worker_ws *w = &c->ws[worker];
     uint32_t flags = planes ? FLAG_PLANES : 0;
     size_t enc_len = raw_len;
-    if (loco_quant(p->codec, plan->zstd ? w->raw : payload, src + first, ef, count, &qa) < 0)
+    if (loco_quant(p->codec, plan->zstd ? w->raw : payload, x, ef, count, &qa) < 0)
         return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
                         first + count);
     if (plan->zstd) {

@@ -109,6 +109,15 @@ void loco_codec_ef_reset(loco_codec *c);
 /* Link speed that zstd=auto compares with the compressor (net/ reports the
  * measured one); 0 = unknown. */
 void loco_codec_set_link_gbps(loco_codec *c, double gbps);
+/* How long one whole exchange of n elements took (wall seconds, transfer,
+ * encode and decode together), with the zstd stage or without. With a
+ * known link, zstd=auto then times both ways as the run goes and keeps the
+ * faster (see loco_codec_plan): what zstd saves on the wire and what it
+ * costs on cores busy with other work are measured, not guessed from a
+ * sample timed on an idle core. */
+void loco_codec_note_exchange(loco_codec *c, bool zstd, double seconds, size_t n);
+/* zstd=auto re-times the slower way after this many plans. */
+#define LOCO_ZSTD_RETRY 16
 
 /* ------------------------------------------------------------- encoding */
 
@@ -132,10 +141,17 @@ typedef struct {
 /* Plans the encoding of src[0, n): chunking, and for zstd=auto whether the
  * zstd stage pays (a sample of the quantized payload is compressed; zstd is
  * skipped below auto_min_ratio, or when a known link is faster than the
- * compressor). Does not touch the error-feedback state. state_offset + n must
- * not exceed n_state when error feedback is on. With a link speed set, the
- * decision depends on measured compressor speed, so the bytes (never the
- * decoded values) may differ between runs. */
+ * compressor). With a known link and exchanges noted
+ * (loco_codec_note_exchange), the sample's guess holds for the first plan
+ * only (its exchange, slowed by first-touch page faults, is not timed): the
+ * second is timed with zstd and the third without (in this order on every
+ * island, as each island's time depends on its peers' choices too), then
+ * the faster measured way is kept, and the slower is tried again every
+ * LOCO_ZSTD_RETRY plans. Does not
+ * touch the error-feedback state. state_offset + n must not exceed n_state
+ * when error feedback is on. With a link speed set, the decision depends on
+ * measured speeds, so the bytes (never the decoded values) may differ
+ * between runs. */
 int loco_codec_plan(loco_codec *c, loco_encode_plan *plan, const float *src, size_t n,
                     size_t state_offset, uint64_t nonce);
 /* The same for a range of n elements the caller produces chunk by chunk:
@@ -152,6 +168,11 @@ int loco_codec_plan_sampled(loco_codec *c, loco_encode_plan *plan, const float *
  * state of the chunk is then unspecified: reset it). */
 int loco_codec_encode_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
                             size_t dst_cap, size_t *dst_len, const float *src, size_t chunk);
+/* The same with x holding only the chunk's own elements (x[0] is element
+ * chunk * chunk_elems of the range): a caller that computes each chunk's
+ * values just before encoding them keeps them in a cache-sized buffer. */
+int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
+                                 size_t dst_cap, size_t *dst_len, const float *x, size_t chunk);
 
 /* Encodes every chunk of the plan on the handle's workers: chunk i is written
  * at dst + i * plan->slot_bytes and described by chunks[i] (plan->n_chunks

@@ -39,7 +39,8 @@ typedef struct {
     atomic_int abort;
     int rc;
     size_t sent;
-    int bad_peer; /* contributor whose link failed, -1 */
+    double encode_s; /* wall seconds of the sender's encode calls */
+    int bad_peer;    /* contributor whose link failed, -1 */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } pipeline;
@@ -71,7 +72,9 @@ static void *sender(void *arg) {
             continue;
         const void *b;
         size_t len;
+        const double te = loco_now();
         p->rc = p->encode(p->o, 0, c, &b, &len);
+        p->encode_s += loco_now() - te;
         if (p->rc < 0)
             break;
         p->bytes[c] = b;
@@ -300,7 +303,8 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
     pthread_mutex_init(&p.mu, NULL);
     pthread_cond_init(&p.cv, NULL);
     loco_outer_begin_average(o, x->n_islands);
-    /* Link estimates travel ahead of the chunks and come back agreed. */
+    /* Link estimates travel ahead of the chunks (the same links keep the
+     * order) and come back agreed while the first chunks are encoded. */
     double est[2] = {x->est_rtt_s, -x->est_bytes_per_s};
     int rc = 0;
     for (int k = 0; k < x->n_islands && rc == 0; k++) {
@@ -310,6 +314,11 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
                             .step = (uint64_t)step, .shard = x->shard};
         rc = loco_link_send(x->peers[k], &h, est, sizeof est);
     }
+    pthread_t th;
+    if (rc == 0)
+        rc = start(&p, &th, 1, x->redo ? loco_outer_reuse_chunk : loco_outer_encode_chunk);
+    if (rc < 0)
+        goto out;
     double agreed[2] = {est[0], est[1]};
     for (int k = 0; k < x->n_islands && rc == 0; k++) {
         if (k == x->me)
@@ -337,15 +346,11 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
     }
     s.agreed_rtt_s = agreed[0];
     s.agreed_bytes_per_s = -agreed[1];
-    pthread_t th;
-    if (rc == 0)
-        rc = start(&p, &th, 1, x->redo ? loco_outer_reuse_chunk : loco_outer_encode_chunk);
-    if (rc == 0)
-        rc = finish(&p, th, reduce_stage(&p, &s));
-    else
-        goto out;
+    rc = finish(&p, th, rc == 0 ? reduce_stage(&p, &s) : rc);
     for (size_t c = 0; c < p.n_chunks; c++)
         s.encoded_bytes += p.bytes[c] ? p.lens[c] : 0;
+    s.sender_encode_s = p.encode_s;
+    s.zstd = loco_outer_planned_zstd(o);
     if (rc == 0 && rsag) {
         rc = loco_outer_rs_plan(o, step);
         if (rc == 0)
@@ -362,6 +367,9 @@ out:;
     s.failed_peer = p.bad_peer;
     s.exchange_s = t1 - t0;
     s.apply_s = loco_now() - t1;
+    /* zstd=auto times its choice (a redo only resent bytes). */
+    if (rc == 0 && !x->redo)
+        loco_codec_note_exchange(loco_outer_codec(o), s.zstd, s.exchange_s, loco_outer_size(o));
     pthread_mutex_destroy(&p.mu);
     pthread_cond_destroy(&p.cv);
     loco_free(p.bytes);

@@ -44,7 +44,9 @@ struct loco_outer {
      * its first contribution, so no whole-shard pass delays the first
      * bytes on the wire. */
     const float *theta_local; /* of the current plan */
-    unsigned char *delta_ready, *avg_zeroed, *avg2_zeroed; /* (refs_cap) */
+    float *chunk_delta; /* (workers × chunk elements) Δ of the chunk being encoded */
+    int workers;
+    unsigned char *avg_zeroed, *avg2_zeroed; /* (refs_cap) */
     float *sample;            /* (SAMPLE_N) Δ at spread positions, for zstd=auto */
 };
 
@@ -79,7 +81,7 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->enc_len);
     loco_free(o->theta_bak);
     loco_free(o->mom_bak);
-    loco_free(o->delta_ready);
+    loco_free(o->chunk_delta);
     loco_free(o->avg_zeroed);
     loco_free(o->avg2_zeroed);
     loco_free(o->sample);
@@ -118,13 +120,14 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->enc_len = loco_alloc(o->refs_cap * sizeof *o->enc_len);
     o->theta_bak = loco_alloc(bytes);
     o->mom_bak = loco_alloc(bytes);
-    o->delta_ready = loco_alloc(o->refs_cap);
+    o->workers = c.threads;
+    o->chunk_delta = loco_alloc((size_t)c.threads * loco_compress_chunk_elems(&c) * sizeof(float));
     o->avg_zeroed = loco_alloc(o->refs_cap);
     o->avg2_zeroed = loco_alloc(o->refs_cap);
     o->sample = loco_alloc(SAMPLE_N * sizeof(float));
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
         !o->final_have || !o->applied || !o->avg2 || !o->enc2 || !o->enc_len || !o->theta_bak ||
-        !o->mom_bak || !o->delta_ready || !o->avg_zeroed || !o->avg2_zeroed ||
+        !o->mom_bak || !o->chunk_delta || !o->avg_zeroed || !o->avg2_zeroed ||
         !o->sample) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
@@ -174,7 +177,6 @@ static void chunk_range(const loco_outer *o, size_t c, size_t *lo, size_t *hi) {
 
 int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_t *n_chunks) {
     o->theta_local = theta_local;
-    memset(o->delta_ready, 0, o->refs_cap);
     /* zstd=auto decides from Δ at a few spread positions (the chunks'
      * Δ is computed as each is encoded). */
     size_t m = o->n;
@@ -205,18 +207,20 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
                             size_t *len) {
     if (chunk >= o->plan.n_chunks)
         return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu of %zu", chunk, o->plan.n_chunks);
-    if (!o->delta_ready[chunk]) {
-        size_t lo, hi;
-        chunk_range(o, chunk, &lo, &hi);
-        const float *restrict th = o->theta, *restrict tl = o->theta_local;
-        float *restrict d = o->delta;
-        for (size_t i = lo; i < hi; i++)
-            d[i] = th[i] - tl[i];
-        o->delta_ready[chunk] = 1;
-    }
+    if (worker < 0 || worker >= o->workers)
+        return LOCO_ERR(LOCO_EINVAL, "outer: worker %d outside [0, %d)", worker, o->workers);
+    /* Δ of the chunk goes through a chunk-sized buffer that stays in
+     * cache, instead of a whole-shard array written and read back. */
+    size_t lo, hi;
+    chunk_range(o, chunk, &lo, &hi);
+    const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
+    const float *restrict th = o->theta + lo, *restrict tl = o->theta_local + lo;
+    float *restrict d = o->chunk_delta + (size_t)worker * per;
+    for (size_t i = 0; i < hi - lo; i++)
+        d[i] = th[i] - tl[i];
     unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
-    LOCO_CHECK(loco_codec_encode_chunk(o->codec, worker, &o->plan, slot, o->plan.slot_bytes, len,
-                                       o->delta, chunk));
+    LOCO_CHECK(loco_codec_encode_chunk_from(o->codec, worker, &o->plan, slot, o->plan.slot_bytes,
+                                            len, d, chunk));
     o->enc_len[chunk] = *len;
     *bytes = slot;
     return 0;
@@ -238,6 +242,10 @@ int loco_outer_reuse_chunk(loco_outer *o, int worker, size_t chunk, const void *
 size_t loco_outer_planned_chunks(const loco_outer *o) { return o->plan.n_chunks; }
 
 void loco_outer_save(loco_outer *o) { o->swapped = false; }
+
+bool loco_outer_planned_zstd(const loco_outer *o) {
+    return o->plan.zstd;
+}
 
 static void swap_state(loco_outer *o) {
     float *t = o->theta, *m = o->mom;

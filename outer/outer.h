@@ -49,6 +49,8 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
 int loco_outer_reuse_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
                            size_t *len);
 size_t loco_outer_planned_chunks(const loco_outer *o);
+/* The current plan runs the zstd stage. */
+bool loco_outer_planned_zstd(const loco_outer *o);
 /* θ_global and momentum as they were before this outer step: save before
  * the first attempt, restore before a redo. */
 void loco_outer_save(loco_outer *o);
@@ -136,6 +138,10 @@ typedef struct {
     size_t bytes_sent;     /* payload bytes sent to all peers */
     size_t bytes_received; /* payload bytes received from all peers */
     double encode_s, exchange_s, apply_s;
+    /* Pipelined exchanges: seconds the sender spent encoding (overlapped
+     * with the transfer), and whether the chunks went through zstd. */
+    double sender_encode_s;
+    bool zstd;
     /* Estimates agreed with every peer: the largest RTT and smallest
      * bandwidth among this rank's and the peers' (identical on every island
      * for this rank index). */

@@ -366,6 +366,69 @@ Test(compress_codec, zstd_auto_decides_by_ratio_and_link) {
     free(x);
 }
 
+/* With a known link, the exchanges' own timings decide after the sample's
+ * first guess: the other way is tried, the faster kept, the slower re-timed
+ * every LOCO_ZSTD_RETRY plans; the first (cold) exchange is not timed. */
+Test(compress_codec, zstd_auto_keeps_the_faster_measured_way) {
+    const size_t n = 1 << 18;
+    float *x = gaussian(n, 7, 0.01);
+    loco_encode_plan plan;
+    loco_codec *c;
+    loco_codec_params p = params(LOCO_CODEC_BF16, LOCO_ZSTD_AUTO, 1 << 20, 1);
+    cr_assert_eq(loco_codec_create(&c, &p), 0);
+    loco_codec_set_link_gbps(c, 0.1);
+    /* plan 1: the sample says compress; its exchange is cold, not timed */
+    cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, 1), 0);
+    cr_assert(plan.zstd);
+    loco_codec_note_exchange(c, true, 0.001, n);
+    /* plan 2: still the guess, timed (slow, as on a machine short of cores) */
+    cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, 2), 0);
+    cr_assert(plan.zstd);
+    loco_codec_note_exchange(c, true, 2.0, n);
+    /* plan 3: the other way, faster */
+    cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, 3), 0);
+    cr_assert_not(plan.zstd);
+    loco_codec_note_exchange(c, false, 1.5, n);
+    /* then the faster is kept until the slower is due for a re-timing */
+    int64_t k = 4;
+    for (; k < 2 + LOCO_ZSTD_RETRY; k++) {
+        cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, (uint64_t)k), 0);
+        cr_assert_not(plan.zstd, "plan %lld", (long long)k);
+        loco_codec_note_exchange(c, false, 1.5, n);
+    }
+    cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, (uint64_t)k), 0);
+    cr_assert(plan.zstd, "plan %lld re-times zstd", (long long)k);
+    /* the load changed: zstd is faster now, and stays */
+    loco_codec_note_exchange(c, true, 1.0, n);
+    for (int m = 0; m < 4; m++) {
+        cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, (uint64_t)++k), 0);
+        cr_assert(plan.zstd);
+        loco_codec_note_exchange(c, true, 1.0, n);
+    }
+    loco_codec_destroy(c);
+    /* whatever the sample guessed, every island times with, then without */
+    cr_assert_eq(loco_codec_create(&c, &p), 0);
+    loco_codec_set_link_gbps(c, 1e6);
+    const bool order[] = {false, true, false};
+    for (int m = 0; m < 3; m++) {
+        cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, (uint64_t)m), 0);
+        cr_assert_eq(plan.zstd, order[m], "plan %d", m + 1);
+        loco_codec_note_exchange(c, plan.zstd, 1.0, n);
+    }
+    loco_codec_destroy(c);
+    /* a ratio under auto_min_ratio is never tried, whatever is timed */
+    p = params(LOCO_CODEC_INT8, LOCO_ZSTD_AUTO, 1 << 20, 1);
+    cr_assert_eq(loco_codec_create(&c, &p), 0);
+    loco_codec_set_link_gbps(c, 0.1);
+    for (int m = 0; m < 4; m++) {
+        cr_assert_eq(loco_codec_plan(c, &plan, x, n, 0, (uint64_t)m), 0);
+        cr_assert_not(plan.zstd);
+        loco_codec_note_exchange(c, false, 5.0, n);
+    }
+    loco_codec_destroy(c);
+    free(x);
+}
+
 /* ---- bounds ---- */
 
 Test(compress_codec, output_within_bound_even_when_incompressible) {
