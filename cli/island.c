@@ -502,6 +502,11 @@ static int attempt(island *is, int64_t outer, int64_t inner, bool *planned, bool
     LOCO_CHECK(loco_trainer_sync_params(is->t));
     if (!observer)
         LOCO_CHECK(rechoose(is, &st));
+    /* zstd=auto weighs the wire against its own cost: the link speed the
+     * islands agreed on, unless the config gives one. */
+    if (is->cfg.compress.link_gbps <= 0 && st.agreed_bytes_per_s > 0 &&
+        isfinite(st.agreed_bytes_per_s))
+        loco_codec_set_link_gbps(loco_outer_codec(is->outer), st.agreed_bytes_per_s * 8 / 1e9);
     LOCO_CHECK(island_hash(is, hash));
     double sums[4] = {(double)st.raw_bytes * (nc - 1), (double)st.bytes_sent,
                       (double)st.bytes_received, st.exchange_s};
@@ -843,6 +848,8 @@ static int run_island(island *is, const char *resume) {
     loco_codec_params cp;
     LOCO_CHECK(loco_outer_params_from_config(&op, c));
     LOCO_CHECK(loco_codec_params_from_config(&cp, c));
+    if (cp.link_gbps <= 0)
+        cp.link_gbps = c->net.link_gbps; /* the link as the config describes it, if at all */
     size_t lo, hi;
     float *own = loco_trainer_owned_params(is->t, &lo, &hi);
     if (!own)

@@ -86,7 +86,7 @@ LOCO_KEY_ENUM(compress, zstd, "auto", "on|off|auto", "zstd stage over each chunk
 LOCO_KEY_INT(compress, zstd_level, 1, -100, 22, "zstd level (negative = faster, less compression)")
 LOCO_KEY_INT(compress, chunk_mb, 4, 1, 1024, "MiB of fp32 input per independently compressed chunk")
 LOCO_KEY_NUM(compress, auto_min_ratio, 1.1, 1, 1000, "zstd=auto: skip zstd when a sample compresses less than this")
-LOCO_KEY_NUM(compress, link_gbps, 0, 0, 1000000, "zstd=auto: link speed in Gbit/s (0 = unknown, measured by net/)")
+LOCO_KEY_NUM(compress, link_gbps, 0, 0, 1000000, "zstd=auto: link speed in Gbit/s (0 = net.link_gbps, else what the islands measured)")
 LOCO_KEY_INT(compress, threads, 0, 0, 4096, "threads that encode and decode chunks (0 = run.threads)")
 LOCO_SECTION_END(compress)
 
