@@ -314,7 +314,9 @@ int loco_codec_plan_sampled(loco_codec *c, loco_encode_plan *plan, const float *
      * faster, and re-time the slower now and then (the load changes). */
     const double *t = c->xch_s;
     if (t[0] > 0 && t[1] > 0) {
-        const bool best = t[1] < t[0];
+        /* zstd has to earn the cores it takes from everything else (the
+         * inner loop, other ranks): kept only when clearly faster. */
+        const bool best = t[1] < t[0] * (1 - LOCO_ZSTD_MARGIN);
         plan->zstd = now - c->xch_at[!best] >= LOCO_ZSTD_RETRY ? !best : best;
     } else if (t[0] > 0 || t[1] > 0) {
         plan->zstd = t[0] > 0;

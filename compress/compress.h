@@ -116,8 +116,10 @@ void loco_codec_set_link_gbps(loco_codec *c, double gbps);
  * costs on cores busy with other work are measured, not guessed from a
  * sample timed on an idle core. */
 void loco_codec_note_exchange(loco_codec *c, bool zstd, double seconds, size_t n);
-/* zstd=auto re-times the slower way after this many plans. */
+/* zstd=auto re-times the slower way after this many plans, and keeps zstd
+ * only when it makes the exchange this much faster. */
 #define LOCO_ZSTD_RETRY 16
+#define LOCO_ZSTD_MARGIN 0.05
 
 /* ------------------------------------------------------------- encoding */
 
@@ -146,8 +148,9 @@ typedef struct {
  * only (its exchange, slowed by first-touch page faults, is not timed): the
  * second is timed with zstd and the third without (in this order on every
  * island, as each island's time depends on its peers' choices too), then
- * the faster measured way is kept, and the slower is tried again every
- * LOCO_ZSTD_RETRY plans. Does not
+ * the faster measured way is kept (zstd only when faster by
+ * LOCO_ZSTD_MARGIN), and the slower is tried again every LOCO_ZSTD_RETRY
+ * plans. Does not
  * touch the error-feedback state. state_offset + n must not exceed n_state
  * when error feedback is on. With a link speed set, the decision depends on
  * measured speeds, so the bytes (never the decoded values) may differ
