@@ -10,6 +10,9 @@
 #   TAG=name         suffix of the output folder (runs/experiment-diloco-STEPS-TAG)
 #   DILOCO_SET="..." extra arguments for the DiLoCo run only, e.g.
 #                    "--set outer.optimizer=average --set outer.H=25 --set compress.codec=int4"
+#                    (docs/EXPERIMENTS.md's within-2% setting adds
+#                    "--set train.batch_size=64 --set train.warmup_steps=100", with
+#                    DP_SET="--set train.batch_size=64")
 #   DP_SET="..."     extra arguments for the data-parallel run only
 #   DP_FROM=dir      reuse the data-parallel run in dir/dp (same STEPS and DP_SET)
 #                    instead of training it again
