@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -28,6 +29,15 @@ __attribute__((format(printf, 3, 4))) static inline int test_run(char *out, size
         ;
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A new directory /tmp/NAME-XXXXXX; free() the returned path. */
+static inline char *test_tmpdir(const char *name) {
+    char *d = malloc(strlen(name) + 16);
+    cr_assert(d);
+    sprintf(d, "/tmp/%s-XXXXXX", name);
+    cr_assert(mkdtemp(d), "mkdtemp %s", d);
+    return d;
 }
 
 #endif

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "inner/inner.h"
+#include "tests/support.h"
 
 #define FIXTURE "tests/fixtures/gpt2_tiny.safetensors"
 /* tests/gpu/emu/run.sh builds this file with fewer steps and a longer
@@ -60,14 +61,8 @@ static void train_config(loco_config *cfg, const char *dir) {
     loco_log_set_level(LOCO_LOG_WARN);
 }
 
-static char *tmpdir(void) {
-    char *d = strdup("/tmp/loco-gpu-train-XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
-}
-
 Test(gpu_train, bf16_needs_cuda) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-gpu-train");
     loco_config cfg;
     train_config(&cfg, dir);
     snprintf(cfg.train.dtype, sizeof cfg.train.dtype, "bf16");
@@ -82,7 +77,7 @@ Test(gpu_train, bf16_needs_cuda) {
 
 #ifndef LOCO_HAVE_CUDA
 Test(gpu_train, cuda_without_cuda_build_is_refused) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-gpu-train");
     loco_config cfg;
     train_config(&cfg, dir);
     snprintf(cfg.train.device, sizeof cfg.train.device, "cuda");
@@ -208,7 +203,7 @@ static void train(const loco_config *cfg, float *losses, double *norms) {
 
 static void check_training(bool bf16) {
     gpu_require();
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-gpu-train");
     write_shard(dir);
     loco_config cfg;
     train_config(&cfg, dir);
@@ -243,7 +238,7 @@ Test(gpu_train, cuda_without_device_is_a_clear_error) {
     int n = 0;
     if (loco_cuda_device_count(&n) == 0)
         cr_skip_test("a device is present: nothing to refuse");
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-gpu-train");
     write_shard(dir);
     loco_config cfg;
     train_config(&cfg, dir);

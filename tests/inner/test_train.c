@@ -2,6 +2,7 @@
  * `make data`): loss falls, runs repeat bit for bit, resume continues the
  * same curve, and the learning-rate schedule has its shape. */
 #include "inner/inner.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -27,12 +28,6 @@ static void small_config(loco_config *cfg, const char *dir) {
     loco_log_set_level(LOCO_LOG_WARN);
 }
 
-static char *tmpdir(void) {
-    char *d = strdup("/tmp/loco-train-XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
-}
-
 /* Trains `steps` steps, recording losses; returns the params' hash. */
 static uint64_t train(const loco_config *cfg, const char *resume, int steps, float *losses) {
     loco_trainer *t;
@@ -49,7 +44,7 @@ static uint64_t train(const loco_config *cfg, const char *resume, int steps, flo
 }
 
 Test(train, loss_falls_on_real_data, .timeout = 120) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-train");
     loco_config cfg;
     small_config(&cfg, dir);
     cfg.train.steps = 200;
@@ -78,7 +73,7 @@ Test(train, loss_falls_on_real_data, .timeout = 120) {
 }
 
 Test(train, same_seed_same_bits, .timeout = 120) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-train");
     loco_config cfg;
     small_config(&cfg, dir);
     float a[12], b[12], c[12];
@@ -94,7 +89,7 @@ Test(train, same_seed_same_bits, .timeout = 120) {
 }
 
 Test(train, two_threads_repeat_bit_for_bit, .timeout = 120) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-train");
     loco_config cfg;
     small_config(&cfg, dir);
     cfg.run.threads = 2;
@@ -106,7 +101,7 @@ Test(train, two_threads_repeat_bit_for_bit, .timeout = 120) {
 }
 
 Test(train, resume_continues_the_same_curve, .timeout = 120) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-train");
     loco_config cfg;
     small_config(&cfg, dir);
     cfg.train.grad_accum = 2;
@@ -136,7 +131,7 @@ Test(train, resume_continues_the_same_curve, .timeout = 120) {
 }
 
 Test(train, run_writes_metrics_and_final_checkpoint, .timeout = 120) {
-    char *dir = tmpdir();
+    char *dir = test_tmpdir("loco-train");
     loco_config cfg;
     small_config(&cfg, dir);
     cfg.train.steps = 4;
