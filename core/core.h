@@ -186,6 +186,8 @@ typedef struct {
     size_t offset; /* in elements from the start of the flat buffer */
     size_t numel;
     int split_dim; /* dimension tensor parallelism splits, -1 for none */
+    int split_parts; /* fused parts along split_dim split one by one (3 for
+                      * c_attn's q, k, v); 1 otherwise */
     bool decay;    /* weight decay applies (2-D weights) */
 } loco_tensor;
 

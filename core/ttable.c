@@ -45,6 +45,7 @@ int loco_ttable_add(loco_ttable *tt, const char *name, int ndim, const int64_t *
     }
     t->offset = tt->numel;
     t->split_dim = split_dim;
+    t->split_parts = 1;
     t->decay = decay;
     tt->numel += t->numel;
     tt->n++;

@@ -64,6 +64,8 @@ typedef struct {
     int n_layer, n_head, n_embd; /* L, NH, C */
     int seq_len;                 /* maxT: rows of the position table */
     int vocab_size;              /* V */
+    int tp;                      /* tensor-parallel degree t: tables, buffers and passes
+                                  * hold one tp rank's slice (0 or 1: the whole model) */
 } loco_gpt_config;
 
 /* Views of one block's tensors inside a flat buffer (HF GPT-2 layouts). */
@@ -159,8 +161,25 @@ struct loco_gpt {
     size_t act_bytes;       /* activations and backward scratch allocated */
 };
 
-/* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg. */
+/* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg.
+ * With cfg->tp = t > 1 the shapes are one tp rank's slice (Megatron 1-D):
+ * c_attn (C, 3C/t) and its bias hold n_head/t heads' q, k and v; c_fc
+ * (C, 4C/t) and bias by columns; attn.c_proj (C/t, C) and mlp.c_proj
+ * (4C/t, C) by rows; wte (Vp/t, C) by vocabulary rows, Vp =
+ * loco_gpt_vocab_padded; everything else whole (replicated). Every tp rank
+ * has the same table. LOCO_EINVAL when t does not divide n_head or 4C. */
 int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg);
+/* V rounded up to a multiple of tp: the rows of wte over all tp ranks.
+ * Padding rows are zero, never looked up and never in the softmax. */
+int loco_gpt_vocab_padded(const loco_gpt_config *cfg);
+/* Where element g (row-major inside the whole tensor gt, a tensor of the
+ * tp = 1 table) lives when the model is split over t tp ranks: *rank and
+ * the element's index *j inside that rank's slice; a replicated tensor
+ * gives *rank = -1 (every rank holds it at j = g). */
+void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_t *j);
+/* The inverse: element j of tp rank k's slice of gt -> *g in the whole
+ * tensor; false for vocabulary padding (no whole-tensor element). */
+bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g);
 /* Allocates parameters, gradients and activations for batches up to B x T
  * (T <= seq_len). Parameters start at zero: call loco_gpt_init_weights or
  * load a checkpoint. */

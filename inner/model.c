@@ -17,33 +17,50 @@ loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
     return c;
 }
 
+static int tp_of(const loco_gpt_config *cfg) { return cfg->tp > 1 ? cfg->tp : 1; }
+
+int loco_gpt_vocab_padded(const loco_gpt_config *cfg) {
+    const int t = tp_of(cfg);
+    return (cfg->vocab_size + t - 1) / t * t;
+}
+
 int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
-    const int64_t C = cfg->n_embd, V = cfg->vocab_size, maxT = cfg->seq_len;
+    const int t = tp_of(cfg);
+    if (cfg->n_head % t || (4 * (int64_t)cfg->n_embd) % t)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "parallel.tp = %d must divide model.n_head (%d) and 4 x model.n_embd "
+                        "(%lld): Megatron tensor parallelism splits whole heads and MLP columns",
+                        t, cfg->n_head, 4 * (long long)cfg->n_embd);
+    const int64_t C = cfg->n_embd, maxT = cfg->seq_len;
+    const int64_t Vl = loco_gpt_vocab_padded(cfg) / t, Cl = C / t, Fl = 4 * C / t;
     loco_ttable_init(tt);
     /* split_dim: the dimension Megatron-style tensor parallelism splits —
      * columns of c_attn/c_fc (dim 1 in Conv1D layout), rows of the output
-     * projections (dim 0), vocabulary rows of wte. */
+     * projections (dim 0), vocabulary rows of wte. The shapes are the slice
+     * one tp rank holds (the whole tensor when tp = 1). */
     int rc;
 #define ADD1(name, n0, split, decay)                                                               \
     LOCO_CHECK_GOTO(loco_ttable_add(tt, name, 1, (int64_t[]){n0}, split, decay), out_fail)
 #define ADD2(name, n0, n1, split)                                                                  \
     LOCO_CHECK_GOTO(loco_ttable_add(tt, name, 2, (int64_t[]){n0, n1}, split, true), out_fail)
-    ADD2("transformer.wte.weight", V, C, 0);
+    ADD2("transformer.wte.weight", Vl, C, 0);
     ADD2("transformer.wpe.weight", maxT, C, -1);
     for (int l = 0; l < cfg->n_layer; l++) {
         char n[LOCO_TENSOR_NAME_MAX];
 #define NAME(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), n)
         ADD1(NAME("ln_1.weight"), C, -1, false);
         ADD1(NAME("ln_1.bias"), C, -1, false);
-        ADD2(NAME("attn.c_attn.weight"), C, 3 * C, 1);
-        ADD1(NAME("attn.c_attn.bias"), 3 * C, 0, false);
-        ADD2(NAME("attn.c_proj.weight"), C, C, 0);
+        ADD2(NAME("attn.c_attn.weight"), C, 3 * Cl, 1);
+        tt->t[tt->n - 1].split_parts = 3; /* q, k and v each split by heads */
+        ADD1(NAME("attn.c_attn.bias"), 3 * Cl, 0, false);
+        tt->t[tt->n - 1].split_parts = 3;
+        ADD2(NAME("attn.c_proj.weight"), Cl, C, 0);
         ADD1(NAME("attn.c_proj.bias"), C, -1, false);
         ADD1(NAME("ln_2.weight"), C, -1, false);
         ADD1(NAME("ln_2.bias"), C, -1, false);
-        ADD2(NAME("mlp.c_fc.weight"), C, 4 * C, 1);
-        ADD1(NAME("mlp.c_fc.bias"), 4 * C, 0, false);
-        ADD2(NAME("mlp.c_proj.weight"), 4 * C, C, 0);
+        ADD2(NAME("mlp.c_fc.weight"), C, Fl, 1);
+        ADD1(NAME("mlp.c_fc.bias"), Fl, 0, false);
+        ADD2(NAME("mlp.c_proj.weight"), Fl, C, 0);
         ADD1(NAME("mlp.c_proj.bias"), C, -1, false);
 #undef NAME
     }
@@ -55,6 +72,56 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
 out_fail:
     loco_ttable_fini(tt);
     return rc;
+}
+
+/* Extent of gt's split dimension over all t ranks: rounded up to t parts
+ * (only wte's vocabulary ever needs it; the rest divide exactly). */
+static size_t tp_extent(const loco_tensor *gt, int t) {
+    const size_t n = (size_t)gt->shape[gt->split_dim], q = (size_t)t * (size_t)gt->split_parts;
+    return (n + q - 1) / q * q;
+}
+
+/* Row-major strides of gt's split dimension: elements after it (inner)
+ * and the size of the tensor's trailing block from it on. */
+static void split_strides(const loco_tensor *gt, size_t *inner) {
+    *inner = 1;
+    for (int d = gt->split_dim + 1; d < gt->ndim; d++)
+        *inner *= (size_t)gt->shape[d];
+}
+
+void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_t *j) {
+    if (gt->split_dim < 0 || t <= 1) {
+        *rank = t <= 1 ? 0 : -1;
+        *j = g;
+        return;
+    }
+    size_t inner;
+    split_strides(gt, &inner);
+    const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
+    const size_t parts = (size_t)gt->split_parts, part_len = ext / parts, chunk = part_len / t;
+    const size_t outer = g / (inner * n), x = g / inner % n, in = g % inner;
+    const size_t part = x / part_len, r = x % part_len;
+    const size_t xl = part * chunk + r % chunk, nl = ext / (size_t)t;
+    *rank = (int)(r / chunk);
+    *j = (outer * nl + xl) * inner + in;
+}
+
+bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g) {
+    if (gt->split_dim < 0 || t <= 1) {
+        *g = j;
+        return true;
+    }
+    size_t inner;
+    split_strides(gt, &inner);
+    const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
+    const size_t parts = (size_t)gt->split_parts, chunk = ext / parts / (size_t)t;
+    const size_t nl = ext / (size_t)t;
+    const size_t outer = j / (inner * nl), xl = j / inner % nl, in = j % inner;
+    const size_t x = xl / chunk * (ext / parts) + (size_t)k * chunk + xl % chunk;
+    if (x >= n)
+        return false;
+    *g = (outer * n + x) * inner + in;
+    return true;
 }
 
 int loco_gpt_num_units(const loco_gpt *m) { return m->cfg.n_layer + 2; }

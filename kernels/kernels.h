@@ -72,6 +72,46 @@ void loco_residual_bwd(float *da, float *db, const float *dout, size_t n);
 void loco_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
                        const int32_t *targets, int N, int V, float dscale);
 
+/* ---------------------------------------------- tensor parallelism (Megatron)
+ * The pieces a tp rank computes on its slice; the model's collectives over
+ * the tp group join them (inner/model.c). */
+
+/* Vocabulary-parallel embedding: out (N,C) row n = wte[tok[n] - v_lo] when
+ * v_lo <= tok[n] < v_lo + v_n, else zeros. wte (v_n, C) is this rank's
+ * slice of the rows. out is overwritten. */
+void loco_embed_fwd(float *out, const int32_t *tok, const float *wte, int v_lo, int v_n, int N,
+                    int C);
+/* dwte (v_n, C) += dout (N,C) rows whose token falls in [v_lo, v_lo + v_n);
+ * every dwte row accumulates in ascending n (deterministic). */
+void loco_embed_bwd(float *dwte, const float *dout, const int32_t *tok, int v_lo, int v_n, int N,
+                    int C);
+/* Rows row0 .. row0+N-1 of a (B,T) batch flattened to B*T rows:
+ * out[i,:] += wpe[(row0 + i) % T, :]. out (N,C), wpe (>=T, C). */
+void loco_pos_fwd(float *out, const float *wpe, int row0, int N, int T, int C);
+/* dwpe[(row0 + i) % T, :] += dout[i, :], each dwpe row in ascending i. */
+void loco_pos_bwd(float *dwpe, const float *dout, int row0, int N, int T, int C);
+/* out (N,OC) += bias (OC) on every row: a row-parallel layer's bias, added
+ * once after the reduction. */
+void loco_bias_fwd(float *out, const float *bias, int N, int OC);
+/* Vocabulary-parallel cross-entropy in three steps around two all-reduces
+ * (MAX of rowmax, then SUM of sumexp and tlogit); logits (N, Vl) is this
+ * rank's slice of the columns [v_lo, v_lo + Vl), of which the first v_valid
+ * are real vocabulary (the rest padding, never in the softmax).
+ * 1. rowmax (N) = max over the valid local columns (-INFINITY if none). */
+void loco_xent_vp_max(float *rowmax, const float *logits, int N, int Vl, int v_valid);
+/* 2. With the global rowmax: sumexp (N) = sum over valid local columns of
+ *    exp(logit - rowmax); tlogit (N) = the target's logit when the target
+ *    is a valid local column, else 0. */
+void loco_xent_vp_sum(float *sumexp, float *tlogit, const float *logits, const float *rowmax,
+                      const int32_t *targets, int v_lo, int N, int Vl, int v_valid);
+/* 3. With the global sums: losses (N) = log(sumexp) + rowmax - tlogit; if
+ *    dlogits is not NULL (it may equal logits) it is OVERWRITTEN with
+ *    dscale * (softmax - onehot) on valid columns and 0 on padding.
+ *    Rows whose target is negative: loss 0, gradient 0 (as loco_xent_fwd_bwd). */
+void loco_xent_vp_finish(float *losses, float *dlogits, const float *logits, const float *rowmax,
+                         const float *sumexp, const float *tlogit, const int32_t *targets,
+                         int v_lo, int N, int Vl, int v_valid, float dscale);
+
 /* One AdamW update of n parameters at step t (1-based, for bias
  * correction): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). */
@@ -227,6 +267,26 @@ int loco_cuda_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
 int loco_cuda_xent_fwd_bwd_bf16(float *losses, loco_bf16 *dlogits, const loco_bf16 *logits,
                                 const int32_t *targets, int N, int V, float dscale,
                                 loco_stream s);
+
+/* Tensor-parallel pieces (fp32), as their CPU twins above; the backward
+ * twins are deterministic (no atomics), accumulating in the CPU's order. */
+int loco_cuda_embed_fwd(float *out, const int32_t *tok, const float *wte, int v_lo, int v_n, int N,
+                        int C, loco_stream s);
+int loco_cuda_embed_bwd(float *dwte, const float *dout, const int32_t *tok, int v_lo, int v_n,
+                        int N, int C, loco_stream s);
+int loco_cuda_pos_fwd(float *out, const float *wpe, int row0, int N, int T, int C, loco_stream s);
+int loco_cuda_pos_bwd(float *dwpe, const float *dout, int row0, int N, int T, int C,
+                      loco_stream s);
+int loco_cuda_bias_fwd(float *out, const float *bias, int N, int OC, loco_stream s);
+int loco_cuda_xent_vp_max(float *rowmax, const float *logits, int N, int Vl, int v_valid,
+                          loco_stream s);
+int loco_cuda_xent_vp_sum(float *sumexp, float *tlogit, const float *logits, const float *rowmax,
+                          const int32_t *targets, int v_lo, int N, int Vl, int v_valid,
+                          loco_stream s);
+int loco_cuda_xent_vp_finish(float *losses, float *dlogits, const float *logits,
+                             const float *rowmax, const float *sumexp, const float *tlogit,
+                             const int32_t *targets, int v_lo, int N, int Vl, int v_valid,
+                             float dscale, loco_stream s);
 
 /* fp32 master weights and state; the bf16 weight copy is made afterwards
  * with loco_cuda_cast_bf16. */
