@@ -1,7 +1,10 @@
 /* `loco bench memory CONFIG`: the bytes each rank actually allocates for
  * parameters, gradients, optimizer state, unit buffers and activations,
  * beside the ZeRO formula for the configured stage. Run it under mpirun
- * with parallel.dp = N to see the sharding. */
+ * with parallel.dp = N to see the sharding. Then the activations one
+ * block keeps per recompute mode (tp alone and tp + sp) beside their
+ * formula, and the bytes the tp collectives of one micro-batch move beside
+ * the analytic volume. */
 #include "bench/bench.h"
 #include "core/core.h"
 #include "inner/inner.h"
@@ -11,6 +14,137 @@
 #include <string.h>
 
 #define MB(x) ((double)(x) / (1024.0 * 1024.0))
+
+static const char *const mode_names[3] = {"none", "selective", "full"};
+
+/* Per rank: what one block keeps for its backward under each recompute
+ * mode, tp alone and tp + sp, measured from the model's carve beside the
+ * formula of docs/PERFORMANCE.md. Collective over world. */
+static int activation_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) {
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    mc.tp = (int)cfg->parallel.tp;
+    const int n_sp = mc.tp > 1 ? 2 : 1, n = loco_comm_size(world);
+    enum { COLS = 12 }; /* 2 sp x 3 modes x (measured, formula) */
+    double mine[COLS] = {0};
+    for (int sp = 0; sp < n_sp; sp++)
+        for (int mode = 0; mode < 3; mode++) {
+            loco_gpt m;
+            loco_gpt_parallel par = {.tp = mc.tp > 1 ? mesh->group[LOCO_DIM_TP] : NULL,
+                                     .sp = sp, .recompute = (loco_recompute)mode};
+            LOCO_CHECK(loco_gpt_init_par(&m, &mc, (int)cfg->train.batch_size, mc.seq_len,
+                                         LOCO_GPT_NO_PARAMS | LOCO_GPT_NO_GRADS |
+                                             LOCO_GPT_NO_ACTS,
+                                         &par));
+            mine[(sp * 3 + mode) * 2] = (double)m.block_act_bytes;
+            mine[(sp * 3 + mode) * 2 + 1] = loco_gpt_block_act_formula(&m, (loco_recompute)mode);
+            loco_gpt_fini(&m);
+        }
+    double *all = loco_alloc((size_t)n * COLS * sizeof(double));
+    size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
+    int rc = 0;
+    if (!all || !counts)
+        rc = LOCO_ERR(LOCO_ENOMEM, "activation table");
+    for (int i = 0; rc == 0 && i < n; i++)
+        counts[i] = COLS;
+    if (rc == 0)
+        rc = loco_comm_allgather(world, mine, all, counts, LOCO_DT_F64);
+    if (rc == 0 && loco_comm_rank(world) == 0) {
+        printf("\nactivation bytes one block keeps for its backward (fp32), B x T = %lld x %d, "
+               "tp = %d: measured (the model's buffers) beside the formula\n\n",
+               (long long)cfg->train.batch_size, mc.seq_len, mc.tp);
+        printf("| rank | sp | recompute | measured MB | formula MB | diff |\n|---|---|---|---|---|---|\n");
+        for (int i = 0; i < n; i++)
+            for (int sp = 0; sp < n_sp; sp++)
+                for (int mode = 0; mode < 3; mode++) {
+                    const double *x = all + (size_t)COLS * i + (sp * 3 + mode) * 2;
+                    printf("| %d | %s | %s | %.3f | %.3f | %+.2f%% |\n", i, sp ? "on" : "off",
+                           mode_names[mode], MB(x[0]), MB(x[1]), 100.0 * (x[0] - x[1]) / x[1]);
+                }
+    }
+    loco_free(all);
+    loco_free(counts);
+    return rc;
+}
+
+/* The bytes per rank the tensor-parallel collectives of one micro-batch's
+ * forward and backward move, counted as ring algorithms move them, from
+ * the shapes alone: S = B*T*C*4 bytes of one activation. */
+static void tp_comm_formula(const loco_config *cfg, double *ar, double *rs, double *ag) {
+    const double t = (double)cfg->parallel.tp, L = (double)cfg->model.n_layer;
+    const double N = (double)cfg->train.batch_size * (double)cfg->model.seq_len;
+    const double C = (double)cfg->model.n_embd, S = N * C * 4, share = (t - 1) / t;
+    const bool full = !strcmp(cfg->train.recompute, "full");
+    const double Lr = full ? (cfg->train.recompute_layers ? (double)cfg->train.recompute_layers : L)
+                           : 0; /* blocks whose forward runs twice */
+    /* The vocabulary-parallel loss: row max (N) and sum of exp + target
+     * logit (2N), all-reduced. */
+    const double xent = 3 * N * 4;
+    if (!cfg->parallel.sp) {
+        /* embedding, 2 per block forward (+2 per recomputed block), head
+         * input and 2 per block backward */
+        *ar = 2 * share * (S * (1 + 2 * L + 2 * Lr + 1 + 2 * L) + xent);
+        *rs = *ag = 0;
+        return;
+    }
+    /* Forward: embedding RS; per block AG, RS, AG, RS; ln_f AG. Backward:
+     * head RS; per block AG (dres), AG (ln_2 again), RS, AG (dres), AG
+     * (ln_1 again), RS; embedding AG. Recomputed blocks repeat the forward. */
+    *rs = share * S * (1 + 2 * L + 2 * Lr + 1 + 2 * L);
+    *ag = share * S * (2 * L + 2 * Lr + 1 + 4 * L + 1);
+    /* replicated gradients of this rank's rows: 6C per block, ln_f 2C, wpe T*C */
+    *ar = 2 * share * (xent + 4 * (6 * C * L + 2 * C + (double)cfg->model.seq_len * C));
+}
+
+/* One micro-batch through the configured model: the bytes its tp
+ * collectives moved beside tp_comm_formula. Collective over world. */
+static int comm_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) {
+    if (cfg->parallel.tp < 2)
+        return 0;
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    mc.tp = (int)cfg->parallel.tp;
+    const int B = (int)cfg->train.batch_size, T = mc.seq_len;
+    loco_gpt_parallel par = {.tp = mesh->group[LOCO_DIM_TP], .sp = cfg->parallel.sp,
+                             .recompute_layers = (int)cfg->train.recompute_layers};
+    par.recompute = !strcmp(cfg->train.recompute, "full")        ? LOCO_RECOMPUTE_FULL
+                    : !strcmp(cfg->train.recompute, "selective") ? LOCO_RECOMPUTE_SELECTIVE
+                                                                 : LOCO_RECOMPUTE_NONE;
+    loco_gpt m;
+    LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
+    int rc = 0;
+    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
+    if (!tok) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "tokens");
+        goto out;
+    }
+    loco_rng rng;
+    loco_rng_seed(&rng, 1);
+    loco_gpt_init_weights(&m, &rng);
+    for (size_t i = 0; i < (size_t)B * T * 2; i++)
+        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)mc.vocab_size);
+    float loss;
+    const double t0 = loco_now();
+    LOCO_CHECK_GOTO(loco_gpt_forward_backward(&m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss),
+                    out);
+    const double dt = loco_now() - t0;
+    double ar, rs, ag;
+    tp_comm_formula(cfg, &ar, &rs, &ag);
+    if (loco_comm_rank(world) == 0) {
+        printf("\ntensor-parallel collectives of one micro-batch (forward + backward), tp = %d%s, "
+               "recompute %s, per rank, as ring algorithms move them (%lld calls, %.3f s):\n\n",
+               mc.tp, cfg->parallel.sp ? " + sp" : "", cfg->train.recompute,
+               (long long)m.comm.calls, dt);
+        printf("| collective | measured MB | analytic MB |\n|---|---|---|\n");
+        printf("| all-reduce | %.3f | %.3f |\n", MB(m.comm.allreduce), MB(ar));
+        printf("| reduce-scatter | %.3f | %.3f |\n", MB(m.comm.reduce_scatter), MB(rs));
+        printf("| all-gather | %.3f | %.3f |\n", MB(m.comm.allgather), MB(ag));
+        printf("| total | %.3f | %.3f |\n",
+               MB(m.comm.allreduce + m.comm.reduce_scatter + m.comm.allgather), MB(ar + rs + ag));
+    }
+out:
+    loco_free(tok);
+    loco_gpt_fini(&m);
+    return rc;
+}
 
 int loco_bench_memory(int argc, char **argv) {
     const char *path = NULL;
@@ -40,9 +174,12 @@ int loco_bench_memory(int argc, char **argv) {
     LOCO_CHECK_GOTO(loco_comm_world(&world, cfg.parallel.backend), out);
     LOCO_CHECK_GOTO(loco_mesh_init(&mesh, &cfg, world), out);
     loco_gpt_config mc = loco_gpt_config_from(&cfg);
+    mc.tp = (int)cfg.parallel.tp;
     const int stage = (int)cfg.parallel.zero_stage;
-    LOCO_CHECK_GOTO(loco_gpt_init_ex(&m, &mc, (int)cfg.train.batch_size, (int)mc.seq_len,
-                                     loco_zero_model_flags(stage)),
+    loco_gpt_parallel par = {.tp = mc.tp > 1 ? mesh.group[LOCO_DIM_TP] : NULL,
+                             .sp = cfg.parallel.sp};
+    LOCO_CHECK_GOTO(loco_gpt_init_par(&m, &mc, (int)cfg.train.batch_size, (int)mc.seq_len,
+                                      loco_zero_model_flags(stage), &par),
                     out);
     LOCO_CHECK_GOTO(loco_zero_create(&z, &m, mesh.group[LOCO_DIM_DP], &cfg), out);
     loco_mem_report r;
@@ -69,9 +206,9 @@ int loco_bench_memory(int argc, char **argv) {
         const double P = (double)m.n_params;
         const double formula = loco_zero_formula_bytes(stage, m.n_params, dp);
         static const char *const f[] = {"16P", "8P + 8P/N", "4P + 12P/N", "16P/N"};
-        printf("loco bench memory: %s, %.1fM parameters (P), fp32 + AdamW, ZeRO-%d, dp = %d, "
-               "B x T = %lld x %d\n",
-               path, P / 1e6, stage, dp, (long long)cfg.train.batch_size, mc.seq_len);
+        printf("loco bench memory: %s, %.1fM parameters (P) in this rank's tp slice, fp32 + "
+               "AdamW, ZeRO-%d, dp = %d, tp = %d, B x T = %lld x %d\n",
+               path, P / 1e6, stage, dp, mc.tp, (long long)cfg.train.batch_size, mc.seq_len);
         printf("formula for the persistent state: %s = %.1f MB per rank\n\n", f[stage],
                MB(formula));
         printf("| rank | params MB | grads MB | optimizer MB | persistent MB | formula MB | "
@@ -92,6 +229,10 @@ int loco_bench_memory(int argc, char **argv) {
     }
     loco_free(all);
     loco_free(counts);
+    if (rc == 0)
+        rc = activation_table(&cfg, &mesh, world);
+    if (rc == 0)
+        rc = comm_table(&cfg, &mesh, world);
 out:
     loco_zero_destroy(z);
     loco_gpt_fini(&m);

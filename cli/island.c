@@ -346,8 +346,9 @@ static int join(island *is) {
     int rc = gather_addrs(is, addrs);
     if (rc == 0 && is->rank == 0) {
         char mesh[160];
-        snprintf(mesh, sizeof mesh, "dp=%lld tp=%lld pp=%lld cp=%lld ep=%lld zero=%lld",
+        snprintf(mesh, sizeof mesh, "dp=%lld tp=%lld sp=%d pp=%lld cp=%lld ep=%lld zero=%lld",
                  (long long)is->cfg.parallel.dp, (long long)is->cfg.parallel.tp,
+                 (int)is->cfg.parallel.sp,
                  (long long)is->cfg.parallel.pp, (long long)is->cfg.parallel.cp,
                  (long long)is->cfg.parallel.ep, (long long)is->cfg.parallel.zero_stage);
         static const char *const agree[] = {"model", "outer", "compress", NULL};

@@ -6,6 +6,8 @@
 
 #include "core/core.h"
 
+struct loco_comm;
+
 /* ------------------------------------------------------------------ data */
 
 /* Token shards in llm.c's .bin format: a header of 256 int32 (magic,
@@ -89,34 +91,73 @@ typedef struct {
     float *lnfw, *lnfb;  /* (C) */
 } loco_gpt_tensors;
 
+/* Activations of one block. R = rows of the LayerNorm / residual regions:
+ * N = B*T, or N/t with sequence parallelism (this tp rank's rows); Cl =
+ * C/t, Fl = 4C/t, NHl = NH/t: the tp slice. With recompute, the fields
+ * of a recomputed block point into one shared block (full) and att into
+ * one shared buffer (selective): they hold the last block computed. */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd;   /* (R, C), (R), (R) */
+    float *qkv;                         /* (N, 3Cl) */
+    float *atty;                        /* (N, Cl) */
+    float *att;                         /* (B, NHl, T, T) */
+    float *attproj;                     /* (R, C) */
+    float *res2;                        /* (R, C) */
+    float *ln2, *ln2_mean, *ln2_rstd;   /* (R, C), (R), (R) */
+    float *fch, *fch_gelu;              /* (N, Fl) */
+    float *fcproj;                      /* (R, C) */
+    float *res3;                        /* (R, C) the block's output: always kept */
+} loco_gpt_layer_acts;
+
 /* Activations of one forward pass, kept for backward. */
 typedef struct {
-    float *encoded;            /* (B, T, C) */
-    float *ln1, *ln1_mean, *ln1_rstd;   /* (L, B, T, C), (L, B, T) x2 */
-    float *qkv;                /* (L, B, T, 3C) */
-    float *atty;               /* (L, B, T, C) */
-    float *att;                /* (L, B, NH, T, T) */
-    float *attproj;            /* (L, B, T, C) */
-    float *residual2;          /* (L, B, T, C) */
-    float *ln2, *ln2_mean, *ln2_rstd;   /* (L, B, T, C), (L, B, T) x2 */
-    float *fch;                /* (L, B, T, 4C) */
-    float *fch_gelu;           /* (L, B, T, 4C) */
-    float *fcproj;             /* (L, B, T, C) */
-    float *residual3;          /* (L, B, T, C) */
-    float *lnf, *lnf_mean, *lnf_rstd;   /* (B, T, C), (B, T) x2 */
-    float *logits;             /* (B, T, V); holds dlogits after a training pass */
-    float *losses;             /* (B, T) */
+    float *encoded;            /* (R, C) */
+    loco_gpt_layer_acts *layer; /* (L) */
+    float *lnf;                /* (N, C): all rows, gathered under sp */
+    float *lnf_mean, *lnf_rstd;/* (R) */
+    float *logits;             /* (N, Vl) this tp rank's vocabulary columns; holds
+                                * dlogits after a training pass */
+    float *losses;             /* (N) */
+    float *xent;               /* (3N): vocabulary-parallel row max, sum of exp,
+                                * target logit */
 } loco_gpt_acts;
 
-/* Gradient scratch of one block, reused from layer to layer in backward. */
+/* Gradient and communication scratch, reused from layer to layer. */
 typedef struct {
-    float *dres;   /* (B, T, C) gradient of the residual stream */
-    float *dbtc;   /* (B, T, C) */
-    float *dqkv;   /* (B, T, 3C) */
-    float *datt;   /* (B, NH, T, T) */
-    float *dfch;   /* (B, T, 4C) */
-    float *dfchg;  /* (B, T, 4C) */
+    float *dres;   /* (R, C) gradient of the residual stream */
+    float *dbtc;   /* (R, C) */
+    float *full;   /* (N, C) partial sums before a reduction, gathered gradients */
+    float *gather; /* (N, C) gathered LayerNorm output (sp) */
+    float *dqkv;   /* (N, 3Cl) */
+    float *datt;   /* (B, NHl, T, T) */
+    float *dfch;   /* (N, Fl) */
+    float *dfchg;  /* (N, Fl) */
+    float *atty;   /* (N, Cl) attention output of a selective recompute */
+    float *drep;   /* (max(6C, T*C)) sp: this rank's part of replicated gradients */
 } loco_gpt_scratch;
+
+/* Activation recompute (train.recompute). */
+typedef enum { LOCO_RECOMPUTE_NONE = 0, LOCO_RECOMPUTE_SELECTIVE, LOCO_RECOMPUTE_FULL } loco_recompute;
+
+/* How the passes split over ranks and what they keep: tensor parallelism
+ * over `tp` (the group of cfg->tp ranks, this rank's position in it
+ * choosing the slice), sequence parallelism, recompute. All zero: one
+ * rank, everything kept. */
+typedef struct {
+    struct loco_comm *tp;     /* not owned; NULL when cfg->tp <= 1 */
+    bool sp;                  /* needs tp; B*T must divide by tp */
+    loco_recompute recompute;
+    int recompute_layers;     /* full: only the first N blocks (0 = all) */
+} loco_gpt_parallel;
+
+/* Bytes the tensor-parallel collectives of this model moved, counted per
+ * rank as ring algorithms move them: an all-reduce of S bytes over t ranks
+ * 2(t-1)/t * S, a reduce-scatter or all-gather (t-1)/t * S (S = the whole
+ * buffer). */
+typedef struct {
+    double allreduce, reduce_scatter, allgather; /* bytes */
+    int64_t calls;
+} loco_gpt_comm_stats;
 
 typedef struct loco_gpt loco_gpt;
 
@@ -159,6 +200,12 @@ struct loco_gpt {
     loco_gpt_scratch s;
     loco_gpt_hooks hooks;   /* all NULL: plain single-rank passes */
     size_t act_bytes;       /* activations and backward scratch allocated */
+    size_t block_act_bytes; /* what block 0 keeps from its forward for its
+                             * backward (with recompute: less) */
+    loco_gpt_parallel par;
+    int tp_rank;            /* position in par.tp (0 without tp) */
+    size_t *tp_counts;      /* (t) counts of the v-collectives */
+    loco_gpt_comm_stats comm;
 };
 
 /* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg.
@@ -186,6 +233,20 @@ bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g
 int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T);
 /* Same, with LOCO_GPT_NO_* flags. */
 int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags);
+/* Same, split over ranks as par says (NULL: as loco_gpt_init_ex). With
+ * cfg->tp = t > 1, par->tp must be a group of t ranks; the tables and
+ * buffers are this rank's slice, and every pass is collective over the
+ * group. LOCO_EINVAL for sp without tp, B*T not divisible by t under sp,
+ * and the shapes loco_gpt_build_table refuses. */
+int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags,
+                      const loco_gpt_parallel *par);
+/* The activation bytes per block the formula of docs/PERFORMANCE.md gives
+ * for this model's B, T, tp, sp and a recompute mode: what one block keeps
+ * from its forward for its backward. */
+double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode);
+/* Whether tensor i of the model's table is replicated over tp (LayerNorms,
+ * wpe, row-parallel biases) rather than split. */
+bool loco_gpt_tensor_replicated(const loco_gpt *m, int i);
 void loco_gpt_fini(loco_gpt *m);
 int loco_gpt_num_units(const loco_gpt *m);
 /* Flat-buffer range [*lo, *hi) of a unit. */
@@ -322,8 +383,9 @@ int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_ad
  * state: parameters of [p_lo, p_hi) at params, AdamW moments of
  * [o_lo, o_hi) at m and v (both may be NULL to skip the optimizer). */
 typedef struct {
-    const loco_ttable *tt;
-    loco_gpt_config model;
+    const loco_ttable *tt;  /* the table of this rank's slice (model.tp) */
+    loco_gpt_config model;  /* model.tp = t > 1: tt is tp rank tp_rank's slice */
+    int tp_rank;
     float *params;
     size_t p_lo, p_hi;
     float *m, *v;
@@ -331,27 +393,43 @@ typedef struct {
     int64_t adam_t;
 } loco_ckpt_view;
 
-/* The single-file layout above, from a view holding every range. */
+/* The single-file layout above, from a view holding every range of the
+ * whole model (LOCO_EINVAL for a tp > 1 slice: use the sharded layout). */
 int loco_ckpt_save_view(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
                         const loco_ckpt_state *st);
 /* Sharded layout, written by each rank into the same temporary directory:
- * shard_NNNNN.safetensors holds flat ranges "params", "exp_avg",
- * "exp_avg_sq" of [lo, hi); *hash receives its XXH3. */
+ * shard_NNNNN.safetensors (NNNNN = index, the shard's position in the
+ * manifest's arrays) holds flat ranges "params", "exp_avg", "exp_avg_sq"
+ * of [lo, hi) of the view's buffers (of tp rank v->tp_rank's slice when
+ * v->model.tp > 1, also named in its metadata); *hash receives its XXH3.
+ * Moments are written as zeros when v->m is NULL. */
 int loco_ckpt_write_shard(const char *tmpdir, int index, const loco_ckpt_view *v, size_t lo,
                           size_t hi, uint64_t *hash);
-/* Then one rank writes state.json (the manifest: every shard's range and
- * checksum), config.json and config.ini, and publishes tmpdir as dir. */
+/* Then one rank writes state.json (the manifest: every shard's range,
+ * checksum and, when v->model.tp = t > 1, "tp": t and each shard's
+ * "tp_rank" from tp_ranks (NULL: all 0)), config.json and config.ini, and
+ * publishes tmpdir as dir. Shard i is the file written with index i. The
+ * shards of each tp rank must tile its slice [0, v->tt->numel) in order,
+ * every rank of [0, t) having shards, else LOCO_EINVAL and nothing is
+ * published. With t = 1 the manifest is the one written before tensor
+ * parallelism. */
 int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_config *cfg,
                              const loco_ckpt_view *v, int n_shards, const size_t *los,
-                             const size_t *his, const uint64_t *hashes,
+                             const size_t *his, const uint64_t *hashes, const int *tp_ranks,
                              const loco_ckpt_state *st);
-/* Fills the view's ranges from a checkpoint of either layout, whatever the
- * number of shards it was written with (resharding), after checking every
- * file it needs; on error the view is untouched. */
+/* Fills the view's ranges (of tp rank v->tp_rank's slice when v->model.tp
+ * > 1) from a checkpoint of either layout, whatever the number of shards
+ * and the tp it was written with (resharding across dp by range overlap,
+ * across tp element by element; the single layout counts as tp = 1),
+ * after checking every file it needs; on error the view is untouched. A
+ * checkpoint whose tp does not divide the model's n_head, or one with a
+ * tp rank whose shards are missing or do not tile its slice, is
+ * LOCO_EPROTO naming the checkpoint (and the rank). */
 int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                         loco_ckpt_state *st);
 /* Writes OUT/model.safetensors + OUT/config.json (Hugging Face) from a
- * checkpoint of either layout, using the checkpoint's own config.ini. */
+ * checkpoint of either layout and any tp, using the checkpoint's own
+ * config.ini (the whole model, whatever its parallel.tp says). */
 int loco_ckpt_export(const char *dir, const char *out);
 
 /* Checkpoints at a URL. A location that is a URL (loco_store_is_url:

@@ -1,6 +1,7 @@
 /* GPT-2 forward and backward over flat buffers (llm.c's structure, Hugging
  * Face's names and layouts). Every loop lives in kernels/. */
 #include "inner/inner.h"
+#include "inner/comm/comm.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -198,11 +199,49 @@ static int grads_ready(loco_gpt *m, int unit) {
     return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : 0;
 }
 
-/* Carves the activation slab; with base NULL only counts. Returns floats. */
+/* The shapes of the passes on this rank: rows of the residual regions,
+ * the tp slice's widths and where this rank's rows and vocabulary start. */
+typedef struct {
+    int t, k;          /* tp size and rank */
+    bool sp;
+    size_t N, R, row0; /* all rows, this rank's residual rows, its first row */
+    int C, Cl, Fl, NHl, Vl, v_lo, v_valid;
+} dims;
+
+static dims dims_of(const loco_gpt *m, int B, int T) {
+    dims d;
+    d.t = tp_of(&m->cfg);
+    d.k = m->tp_rank;
+    d.sp = m->par.sp;
+    d.N = (size_t)B * (size_t)T;
+    d.R = d.sp ? d.N / (size_t)d.t : d.N;
+    d.row0 = d.sp ? d.R * (size_t)d.k : 0;
+    d.C = m->cfg.n_embd;
+    d.Cl = d.C / d.t;
+    d.Fl = 4 * d.C / d.t;
+    d.NHl = m->cfg.n_head / d.t;
+    d.Vl = loco_gpt_vocab_padded(&m->cfg) / d.t;
+    d.v_lo = d.k * d.Vl;
+    int valid = m->cfg.vocab_size - d.v_lo;
+    d.v_valid = valid < 0 ? 0 : valid > d.Vl ? d.Vl : valid;
+    return d;
+}
+
+/* Whether block l (0-based) reruns its forward in its backward. */
+static bool full_recompute(const loco_gpt *m, int l) {
+    return m->par.recompute == LOCO_RECOMPUTE_FULL &&
+           (m->par.recompute_layers <= 0 || l < m->par.recompute_layers);
+}
+
+/* Carves the activation slab; with base NULL only counts. Returns floats.
+ * Per-block buffers are sized by the capacity B x T, so a smaller batch
+ * (eval, sampling) uses the same slab. */
 static size_t carve_acts(loco_gpt *m, float *base) {
-    const size_t L = (size_t)m->cfg.n_layer, B = (size_t)m->B, T = (size_t)m->T;
-    const size_t C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
-    const size_t V = (size_t)m->cfg.vocab_size, BT = B * T;
+    const size_t L = (size_t)m->cfg.n_layer;
+    const dims d = dims_of(m, m->B, m->T);
+    const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
+    const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = B * (size_t)d.NHl * T * T;
+    const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE;
     size_t off = 0;
 #define CARVE(field, count)                                                                        \
     do {                                                                                           \
@@ -211,43 +250,130 @@ static size_t carve_acts(loco_gpt *m, float *base) {
         off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                 \
     } while (0)
     loco_gpt_acts *a = &m->a;
-    CARVE(a->encoded, BT * C);
-    CARVE(a->ln1, L * BT * C);
-    CARVE(a->ln1_mean, L * BT);
-    CARVE(a->ln1_rstd, L * BT);
-    CARVE(a->qkv, L * BT * 3 * C);
-    CARVE(a->atty, L * BT * C);
-    CARVE(a->att, L * B * NH * T * T);
-    CARVE(a->attproj, L * BT * C);
-    CARVE(a->residual2, L * BT * C);
-    CARVE(a->ln2, L * BT * C);
-    CARVE(a->ln2_mean, L * BT);
-    CARVE(a->ln2_rstd, L * BT);
-    CARVE(a->fch, L * BT * 4 * C);
-    CARVE(a->fch_gelu, L * BT * 4 * C);
-    CARVE(a->fcproj, L * BT * C);
-    CARVE(a->residual3, L * BT * C);
-    CARVE(a->lnf, BT * C);
-    CARVE(a->lnf_mean, BT);
-    CARVE(a->lnf_rstd, BT);
-    CARVE(a->logits, BT * V);
-    CARVE(a->losses, BT);
+    CARVE(a->encoded, R * C);
+    /* One block's worth of every activation: the shared block that full
+     * recompute reruns into, or the shared attention probabilities. */
+    loco_gpt_layer_acts shared = {0};
+    bool any_full = false;
+    for (size_t l = 0; l < L; l++)
+        any_full |= full_recompute(m, (int)l);
+    size_t kept = 0; /* what block 0 keeps for its backward */
+    for (size_t l = 0; l <= L; l++) {
+        const bool is_shared = l == L;
+        if (is_shared && !any_full && !selective)
+            break;
+        loco_gpt_layer_acts *la = is_shared ? &shared : base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
+        const bool full = !is_shared && full_recompute(m, (int)l);
+        const size_t before = off;
+        if (!full) {
+            CARVE(la->ln1, R * C);
+            CARVE(la->ln1_mean, R);
+            CARVE(la->ln1_rstd, R);
+            CARVE(la->qkv, N * 3 * Cl);
+            CARVE(la->atty, N * Cl);
+            if (!selective || is_shared)
+                CARVE(la->att, att);
+            CARVE(la->attproj, R * C);
+            CARVE(la->res2, R * C);
+            CARVE(la->ln2, R * C);
+            CARVE(la->ln2_mean, R);
+            CARVE(la->ln2_rstd, R);
+            CARVE(la->fch, N * Fl);
+            CARVE(la->fch_gelu, N * Fl);
+            CARVE(la->fcproj, R * C);
+        }
+        if (!is_shared) {
+            CARVE(la->res3, R * C);
+            if (l == 0)
+                kept = (off - before) * sizeof(float);
+        }
+    }
+    if (base)
+        for (size_t l = 0; l < L; l++) {
+            loco_gpt_layer_acts *la = &a->layer[l];
+            if (full_recompute(m, (int)l)) {
+                float *res3 = la->res3;
+                *la = shared;
+                la->res3 = res3;
+            } else if (selective) {
+                la->att = shared.att;
+            }
+        }
+    m->block_act_bytes = kept;
+    CARVE(a->lnf, N * C);
+    CARVE(a->lnf_mean, R);
+    CARVE(a->lnf_rstd, R);
+    CARVE(a->logits, N * (size_t)d.Vl);
+    CARVE(a->losses, N);
+    CARVE(a->xent, 3 * N);
     loco_gpt_scratch *s = &m->s;
-    CARVE(s->dres, BT * C);
-    CARVE(s->dbtc, BT * C);
-    CARVE(s->dqkv, BT * 3 * C);
-    CARVE(s->datt, B * NH * T * T);
-    CARVE(s->dfch, BT * 4 * C);
-    CARVE(s->dfchg, BT * 4 * C);
+    CARVE(s->dres, R * C);
+    CARVE(s->dbtc, R * C);
+    if (d.t > 1)
+        CARVE(s->full, N * C);
+    if (d.sp) {
+        CARVE(s->gather, N * C);
+        CARVE(s->drep, (6 * C > T * C ? 6 * C : T * C));
+    }
+    CARVE(s->dqkv, N * 3 * Cl);
+    CARVE(s->datt, att);
+    CARVE(s->dfch, N * Fl);
+    CARVE(s->dfchg, N * Fl);
+    if (selective)
+        CARVE(s->atty, N * Cl);
 #undef CARVE
     return off;
 }
 
+double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
+    /* Per token of the batch, in floats: the residual regions keep ln1, ln2
+     * (C each), their mean and rstd (2 + 2), attproj, res2, fcproj and res3
+     * (C each): 6C + 4, over t with sp. The tp slice keeps qkv (3C/t), atty
+     * (C/t), fch and its GELU (8C/t): 12C/t, and the attention
+     * probabilities NH*T/t. Selective drops the probabilities; full keeps
+     * only the block's output res3 (C, over t with sp). */
+    const dims d = dims_of(m, m->B, m->T);
+    const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
+    const double rows = d.sp ? 1.0 / t : 1.0;
+    const double per_token =
+        mode == LOCO_RECOMPUTE_FULL
+            ? C * rows
+            : (6 * C + 4) * rows + 12 * C / t + (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
+    return 4.0 * per_token * (double)d.N;
+}
+
+bool loco_gpt_tensor_replicated(const loco_gpt *m, int i) { return m->tt.t[i].split_dim < 0; }
+
 int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T) {
-    return loco_gpt_init_ex(m, cfg, B, T, 0);
+    return loco_gpt_init_par(m, cfg, B, T, 0, NULL);
 }
 
 int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags) {
+    return loco_gpt_init_par(m, cfg, B, T, flags, NULL);
+}
+
+/* The parallel settings against the model's shape and the group. */
+static int check_parallel(const loco_gpt_config *cfg, int B, int T, const loco_gpt_parallel *par) {
+    const int t = tp_of(cfg);
+    if (par->sp && t < 2)
+        return LOCO_ERR(LOCO_EINVAL, "parallel.sp = true needs parallel.tp > 1 (sequence "
+                                     "parallelism splits the tensor-parallel group's work)");
+    if (t > 1 && (!par->tp || loco_comm_size(par->tp) != t))
+        return LOCO_ERR(LOCO_EINVAL, "model split over tp = %d ranks needs a group of %d ranks",
+                        t, t);
+    if (par->sp && ((size_t)B * (size_t)T) % (size_t)t)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "parallel.sp: the %d x %d tokens of a micro-batch do not split evenly "
+                        "over tp = %d ranks (train.batch_size x model.seq_len must divide by tp)",
+                        B, T, t);
+    if (par->recompute_layers < 0 || par->recompute_layers > cfg->n_layer)
+        return LOCO_ERR(LOCO_EINVAL, "train.recompute_layers = %d: the model has %d blocks",
+                        par->recompute_layers, cfg->n_layer);
+    return 0;
+}
+
+int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags,
+                      const loco_gpt_parallel *par) {
     memset(m, 0, sizeof *m);
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || cfg->vocab_size < 2 ||
         T < 1 || T > cfg->seq_len || B < 1)
@@ -255,11 +381,20 @@ int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsi
                         "bad model shape: L=%d NH=%d C=%d V=%d maxT=%d for B=%d T=%d",
                         cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->seq_len, B,
                         T);
+    static const loco_gpt_parallel none = {0};
+    if (!par)
+        par = &none;
+    LOCO_CHECK(check_parallel(cfg, B, T, par));
     m->cfg = *cfg;
+    m->cfg.tp = tp_of(cfg);
+    m->par = *par;
+    if (m->cfg.tp == 1)
+        m->par.tp = NULL;
+    m->tp_rank = m->par.tp ? loco_comm_rank(m->par.tp) : 0;
     m->B = B;
     m->T = T;
     int rc;
-    LOCO_CHECK_GOTO(loco_gpt_build_table(&m->tt, cfg), out_fail);
+    LOCO_CHECK_GOTO(loco_gpt_build_table(&m->tt, &m->cfg), out_fail);
     m->n_params = m->tt.numel;
     bool want_p = !(flags & LOCO_GPT_NO_PARAMS), want_g = !(flags & LOCO_GPT_NO_GRADS);
     if (want_p)
@@ -268,13 +403,19 @@ int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsi
         m->grads = loco_alloc(m->n_params * sizeof(float));
     m->p.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
     m->g.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
+    m->a.layer = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_layer_acts));
+    m->tp_counts = loco_alloc((size_t)m->cfg.tp * sizeof(size_t));
     const bool want_a = !(flags & LOCO_GPT_NO_ACTS);
-    size_t n_act = want_a ? carve_acts(m, NULL) : 0;
+    /* Counted always (block_act_bytes tells what a block would keep), held
+     * only when wanted. */
+    size_t n_act = carve_acts(m, NULL);
+    if (!want_a)
+        n_act = 0;
     m->act_bytes = n_act * sizeof(float);
     if (want_a)
         m->act_slab = loco_alloc(m->act_bytes);
-    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h ||
-        (want_a && !m->act_slab)) {
+    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->a.layer ||
+        !m->tp_counts || (want_a && !m->act_slab)) {
         rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats",
                       m->n_params, n_act);
         goto out_fail;
@@ -301,30 +442,62 @@ void loco_gpt_fini(loco_gpt *m) {
     loco_free(m->grads);
     loco_free(m->p.h);
     loco_free(m->g.h);
+    loco_free(m->a.layer);
+    loco_free(m->tp_counts);
     loco_free(m->act_slab);
     memset(m, 0, sizeof *m);
 }
 
+/* The value GPT-2's initialisation draws for every element of the whole
+ * model, in order, whatever slice this rank holds; `keep` stores it. */
 void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, size_t lo,
                                  size_t hi) {
     const float std = 0.02f;
     const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
-    for (int i = 0; i < m->tt.n; i++) {
-        const loco_tensor *t = &m->tt.t[i];
-        const char *name = t->name;
+    const int t = m->cfg.tp > 1 ? m->cfg.tp : 1;
+    loco_ttable whole;
+    const loco_ttable *tt = &m->tt;
+    if (t > 1) {
+        loco_gpt_config one = m->cfg;
+        one.tp = 1;
+        if (loco_gpt_build_table(&whole, &one) < 0)
+            return; /* the sliced table of the same shapes was built */
+        tt = &whole;
+    }
+    for (int i = 0; i < tt->n; i++) {
+        const loco_tensor *t_whole = &tt->t[i];
+        const loco_tensor *t_mine = &m->tt.t[i];
+        const char *name = t_whole->name;
         size_t len = strlen(name);
         bool is_weight = len > 7 && !strcmp(name + len - 7, ".weight");
         bool is_ln = strstr(name, ".ln_") != NULL;
-        for (size_t j = 0; j < t->numel; j++) {
+        for (size_t g = 0; g < t_whole->numel; g++) {
             float v;
-            if (t->ndim == 2) /* every 2-D tensor draws, kept or not */
+            if (t_whole->ndim == 2) /* every 2-D tensor draws, kept or not */
                 v = (strstr(name, "c_proj.weight") ? proj_std : std) * loco_rng_normal(rng);
             else
                 v = (is_ln && is_weight) ? 1.0f : 0.0f;
-            size_t k = t->offset + j;
+            int rank = 0;
+            size_t j = g;
+            if (t > 1) {
+                loco_gpt_tp_locate(t_whole, t, g, &rank, &j);
+                if (rank >= 0 && rank != m->tp_rank)
+                    continue;
+            }
+            size_t k = t_mine->offset + j;
             if (k >= lo && k < hi)
                 dst[k - lo] = v;
         }
+    }
+    /* Vocabulary padding rows are zero. */
+    if (t > 1) {
+        const loco_tensor *wte = &m->tt.t[0];
+        for (size_t j = 0; j < wte->numel; j++) {
+            size_t g, k = wte->offset + j;
+            if (!loco_gpt_tp_global(&tt->t[0], t, m->tp_rank, j, &g) && k >= lo && k < hi)
+                dst[k - lo] = 0.0f;
+        }
+        loco_ttable_fini(&whole);
     }
 }
 
@@ -344,6 +517,9 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
     if (B < 1 || T < 1 || B > m->B || T > m->T)
         return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the model's capacity %dx%d", B, T, m->B,
                         m->T);
+    if (m->par.sp && ((size_t)B * (size_t)T) % (size_t)m->cfg.tp)
+        return LOCO_ERR(LOCO_EINVAL, "sequence parallelism: a %dx%d batch does not split over %d "
+                                     "tp ranks", B, T, m->cfg.tp);
     for (int i = 0; i < B * T; i++)
         if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
             return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)",
@@ -351,47 +527,288 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
     return 0;
 }
 
+/* ------------------------------------------------- tensor-parallel collectives */
+
+static double ring_share(const loco_gpt *m) {
+    return (double)(m->cfg.tp - 1) / (double)m->cfg.tp;
+}
+
+static int tp_allreduce(loco_gpt *m, float *buf, size_t n, loco_comm_op op) {
+    m->comm.allreduce += 2.0 * ring_share(m) * (double)(n * sizeof(float));
+    m->comm.calls++;
+    return loco_comm_allreduce(m->par.tp, buf, n, LOCO_DT_F32, op);
+}
+
+/* full (t * part floats, rank blocks in order) summed over tp; this rank's
+ * block lands in part. */
+static int tp_reduce_scatter(loco_gpt *m, const float *full, float *part, size_t n_part) {
+    for (int r = 0; r < m->cfg.tp; r++)
+        m->tp_counts[r] = n_part;
+    m->comm.reduce_scatter += ring_share(m) * (double)(n_part * (size_t)m->cfg.tp * sizeof(float));
+    m->comm.calls++;
+    return loco_comm_reduce_scatter(m->par.tp, full, part, m->tp_counts, LOCO_DT_F32, LOCO_OP_SUM);
+}
+
+/* Every rank's part (n_part floats) into full, in rank order. */
+static int tp_allgather(loco_gpt *m, const float *part, float *full, size_t n_part) {
+    for (int r = 0; r < m->cfg.tp; r++)
+        m->tp_counts[r] = n_part;
+    m->comm.allgather += ring_share(m) * (double)(n_part * (size_t)m->cfg.tp * sizeof(float));
+    m->comm.calls++;
+    return loco_comm_allgather(m->par.tp, part, full, m->tp_counts, LOCO_DT_F32);
+}
+
+/* The input of a column-parallel layer: the LayerNorm output x (R, C),
+ * gathered over the sequence under sp (Megatron's g in the forward; the
+ * backward gathers it again rather than keeping N rows). */
+static int column_input(loco_gpt *m, const dims *d, const float *x, const float **full) {
+    if (!d->sp) {
+        *full = x;
+        return 0;
+    }
+    LOCO_CHECK(tp_allgather(m, x, m->s.gather, d->R * (size_t)d->C));
+    *full = m->s.gather;
+    return 0;
+}
+
+/* Row-parallel layer: out (R, C) = sum over tp of in (N, K) @ w (K, C),
+ * then + bias once. tp: all-reduce; sp: reduce-scatter into this rank's
+ * rows. */
+static int row_parallel_fwd(loco_gpt *m, const dims *d, float *out, const float *in,
+                            const float *w, const float *bias, int K) {
+    const int N = (int)d->N, C = d->C;
+    if (d->t == 1) {
+        loco_matmul_fwd(out, in, w, bias, N, K, C, false);
+        return 0;
+    }
+    if (!d->sp) {
+        loco_matmul_fwd(out, in, w, NULL, N, K, C, false);
+        LOCO_CHECK(tp_allreduce(m, out, d->N * (size_t)C, LOCO_OP_SUM));
+    } else {
+        loco_matmul_fwd(m->s.full, in, w, NULL, N, K, C, false);
+        LOCO_CHECK(tp_reduce_scatter(m, m->s.full, out, d->R * (size_t)C));
+    }
+    loco_bias_fwd(out, bias, (int)d->R, C);
+    return 0;
+}
+
+/* Its backward: dinp (N, K) += dout @ w^T with dout gathered over the
+ * sequence under sp; dw from the same; dbias from this rank's rows (under
+ * sp a partial sum, which the caller reduces with the other replicated
+ * gradients). */
+static int row_parallel_bwd(loco_gpt *m, const dims *d, float *dinp, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w, int K) {
+    const int N = (int)d->N, C = d->C;
+    if (d->t == 1) {
+        loco_matmul_bwd(dinp, dw, dbias, dout, in, w, N, K, C, false);
+        return 0;
+    }
+    loco_matmul_bwd(NULL, NULL, dbias, dout, in, w, (int)d->R, K, C, false);
+    const float *dfull = dout;
+    if (d->sp) {
+        LOCO_CHECK(tp_allgather(m, dout, m->s.full, d->R * (size_t)C));
+        dfull = m->s.full;
+    }
+    loco_matmul_bwd(dinp, dw, NULL, dfull, in, w, N, K, C, false);
+    return 0;
+}
+
+/* Column-parallel layer's backward into the LayerNorm region: dx (R, C)
+ * (overwritten) = sum over tp of dout (N, OC) @ w^T, reduced by all-reduce
+ * or, under sp, reduce-scatter; dw, db from x (R rows, gathered again
+ * under sp). */
+static int column_parallel_bwd(loco_gpt *m, const dims *d, float *dx, float *dw, float *db,
+                               const float *dout, const float *x, const float *w, int OC) {
+    const int N = (int)d->N, C = d->C;
+    const float *xin;
+    LOCO_CHECK(column_input(m, d, x, &xin));
+    float *dst = d->sp ? m->s.full : dx;
+    memset(dst, 0, d->N * (size_t)C * sizeof(float));
+    loco_matmul_bwd(dst, dw, db, dout, xin, w, N, C, OC, false);
+    if (d->t == 1)
+        return 0;
+    if (!d->sp)
+        return tp_allreduce(m, dx, d->N * (size_t)C, LOCO_OP_SUM);
+    return tp_reduce_scatter(m, m->s.full, dx, d->R * (size_t)C);
+}
+
+/* Replicated gradients computed from this rank's rows under sp: their
+ * sum over tp is added to the gradient buffers (only this micro-batch's
+ * part is reduced; earlier micro-batches are already in `dst`). */
+static int sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += len[i];
+    LOCO_CHECK(tp_allreduce(m, m->s.drep, total, LOCO_OP_SUM));
+    const float *src = m->s.drep;
+    for (int i = 0; i < n; i++) {
+        for (size_t j = 0; j < len[i]; j++)
+            dst[i][j] += src[j];
+        src += len[i];
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- passes */
+
+static const float *block_input(const loco_gpt *m, int l) {
+    return l == 0 ? m->a.encoded : m->a.layer[l - 1].res3;
+}
+
+static int block_fwd(loco_gpt *m, const dims *d, int l, const loco_gpt_layer_acts *la, int B,
+                     int T) {
+    const loco_gpt_block *w = &m->p.h[l];
+    const int N = (int)d->N, R = (int)d->R, C = d->C;
+    const float *res = block_input(m, l), *x;
+    loco_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, res, w->ln1w, w->ln1b, R, C);
+    LOCO_CHECK(column_input(m, d, la->ln1, &x));
+    loco_matmul_fwd(la->qkv, x, w->qkvw, w->qkvb, N, C, 3 * d->Cl, false);
+    loco_attention_fwd(la->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
+    LOCO_CHECK(row_parallel_fwd(m, d, la->attproj, la->atty, w->attprojw, w->attprojb, d->Cl));
+    loco_residual_fwd(la->res2, res, la->attproj, (size_t)R * C);
+    loco_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, R, C);
+    LOCO_CHECK(column_input(m, d, la->ln2, &x));
+    loco_matmul_fwd(la->fch, x, w->fcw, w->fcb, N, C, d->Fl, false);
+    loco_gelu_fwd(la->fch_gelu, la->fch, (size_t)N * d->Fl);
+    LOCO_CHECK(row_parallel_fwd(m, d, la->fcproj, la->fch_gelu, w->fcprojw, w->fcprojb, d->Fl));
+    loco_residual_fwd(la->res3, la->res2, la->fcproj, (size_t)R * C);
+    return 0;
+}
+
+/* s.dres holds the gradient of block l's output; leaves its input's. */
+static int block_bwd(loco_gpt *m, const dims *d, int l, const loco_gpt_layer_acts *la, int B,
+                     int T) {
+    const loco_gpt_block *w = &m->p.h[l];
+    loco_gpt_block *g = &m->g.h[l];
+    loco_gpt_scratch *s = &m->s;
+    const int N = (int)d->N, R = (int)d->R, C = d->C;
+    const float *res = block_input(m, l);
+    /* Under sp the replicated gradients of this block collect in drep:
+     * ln_1 w, b | attn.c_proj.bias | ln_2 w, b | mlp.c_proj.bias. */
+    float *ln1w = g->ln1w, *ln1b = g->ln1b, *apb = g->attprojb;
+    float *ln2w = g->ln2w, *ln2b = g->ln2b, *fpb = g->fcprojb;
+    if (d->sp) {
+        memset(s->drep, 0, 6 * (size_t)C * sizeof(float));
+        ln1w = s->drep, ln1b = s->drep + C, apb = s->drep + 2 * C;
+        ln2w = s->drep + 3 * C, ln2b = s->drep + 4 * C, fpb = s->drep + 5 * C;
+    }
+    /* res3 = res2 + fcproj: dres flows to both. */
+    memset(s->dfchg, 0, (size_t)N * d->Fl * sizeof(float));
+    LOCO_CHECK(row_parallel_bwd(m, d, s->dfchg, g->fcprojw, fpb, s->dres, la->fch_gelu,
+                                w->fcprojw, d->Fl));
+    memset(s->dfch, 0, (size_t)N * d->Fl * sizeof(float));
+    loco_gelu_bwd(s->dfch, la->fch, s->dfchg, (size_t)N * d->Fl);
+    LOCO_CHECK(column_parallel_bwd(m, d, s->dbtc, g->fcw, g->fcb, s->dfch, la->ln2, w->fcw, d->Fl));
+    loco_layernorm_bwd(s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd,
+                       R, C);
+    /* res2 = res + attproj: dres flows to both. */
+    float *atty = la->atty;
+    if (m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !full_recompute(m, l)) {
+        /* The attention core again: the probabilities were not kept. */
+        loco_attention_fwd(s->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
+    }
+    float *datty = s->dfchg; /* (N, Cl) fits in (N, Fl) */
+    memset(datty, 0, (size_t)N * d->Cl * sizeof(float));
+    LOCO_CHECK(row_parallel_bwd(m, d, datty, g->attprojw, apb, s->dres, atty, w->attprojw, d->Cl));
+    memset(s->dqkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
+    loco_attention_bwd(s->dqkv, s->datt, datty, la->qkv, la->att, B, T, d->Cl, d->NHl);
+    LOCO_CHECK(column_parallel_bwd(m, d, s->dbtc, g->qkvw, g->qkvb, s->dqkv, la->ln1, w->qkvw,
+                                   3 * d->Cl));
+    loco_layernorm_bwd(s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R,
+                       C);
+    if (d->sp) {
+        float *dst[6] = {g->ln1w, g->ln1b, g->attprojb, g->ln2w, g->ln2b, g->fcprojb};
+        const size_t len[6] = {(size_t)C, (size_t)C, (size_t)C, (size_t)C, (size_t)C, (size_t)C};
+        LOCO_CHECK(sp_reduce_into(m, dst, len, 6));
+    }
+    return 0;
+}
+
+/* Embeddings: tp = 1 llm.c's encoder; else each rank looks up the tokens
+ * of its vocabulary rows, the sum over tp (all-reduce, or reduce-scatter
+ * into this rank's rows under sp) is the embedding, then + wpe. */
+static int embed_fwd(loco_gpt *m, const dims *d, const int32_t *inputs, int B, int T) {
+    const int C = d->C;
+    if (d->t == 1) {
+        loco_encoder_fwd(m->a.encoded, inputs, m->p.wte, m->p.wpe, B, T, C);
+        return 0;
+    }
+    float *dst = d->sp ? m->s.full : m->a.encoded;
+    loco_embed_fwd(dst, inputs, m->p.wte, d->v_lo, d->Vl, (int)d->N, C);
+    if (d->sp)
+        LOCO_CHECK(tp_reduce_scatter(m, m->s.full, m->a.encoded, d->R * (size_t)C));
+    else
+        LOCO_CHECK(tp_allreduce(m, m->a.encoded, d->N * (size_t)C, LOCO_OP_SUM));
+    loco_pos_fwd(m->a.encoded, m->p.wpe, (int)d->row0, (int)d->R, T, C);
+    return 0;
+}
+
+static int embed_bwd(loco_gpt *m, const dims *d, const int32_t *inputs, int B, int T) {
+    const int C = d->C;
+    if (d->t == 1) {
+        loco_encoder_bwd(m->g.wte, m->g.wpe, m->s.dres, inputs, B, T, C);
+        return 0;
+    }
+    const float *dfull = m->s.dres;
+    if (d->sp) {
+        memset(m->s.drep, 0, (size_t)T * C * sizeof(float));
+        loco_pos_bwd(m->s.drep, m->s.dres, (int)d->row0, (int)d->R, T, C);
+        float *dst[1] = {m->g.wpe};
+        const size_t len[1] = {(size_t)T * C};
+        LOCO_CHECK(sp_reduce_into(m, dst, len, 1));
+        LOCO_CHECK(tp_allgather(m, m->s.dres, m->s.full, d->R * (size_t)C));
+        dfull = m->s.full;
+    } else {
+        loco_pos_bwd(m->g.wpe, m->s.dres, 0, (int)d->N, T, C);
+    }
+    loco_embed_bwd(m->g.wte, dfull, inputs, d->v_lo, d->Vl, (int)d->N, C);
+    return 0;
+}
+
 /* Forward through the blocks and the final LayerNorm and head: a.logits. */
 static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
-    const int N = B * T;
-    /* Per-layer activations are strided by the capacity, so that a smaller
-     * batch (eval, sampling) uses the same slab. */
-    const size_t cap = (size_t)m->B * (size_t)m->T;
+    const dims d = dims_of(m, B, T);
     loco_gpt_acts *a = &m->a;
-    const int L = m->cfg.n_layer;
+    const int L = m->cfg.n_layer, C = d.C;
     LOCO_CHECK(acquire(m, 0, false));
-    loco_encoder_fwd(a->encoded, inputs, m->p.wte, m->p.wpe, B, T, C);
+    LOCO_CHECK(embed_fwd(m, &d, inputs, B, T));
     for (int l = 0; l < L; l++) {
         LOCO_CHECK(acquire(m, l + 1, false));
-        const loco_gpt_block *w = &m->p.h[l];
-        const float *res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * cap * C;
-        float *ln1 = a->ln1 + l * cap * C, *ln1m = a->ln1_mean + l * cap;
-        float *ln1r = a->ln1_rstd + l * cap, *qkv = a->qkv + l * cap * 3 * C;
-        float *atty = a->atty + l * cap * C, *att = a->att + l * cap * NH * m->T;
-        float *attproj = a->attproj + l * cap * C, *res2 = a->residual2 + l * cap * C;
-        float *ln2 = a->ln2 + l * cap * C, *ln2m = a->ln2_mean + l * cap;
-        float *ln2r = a->ln2_rstd + l * cap, *fch = a->fch + l * cap * 4 * C;
-        float *fchg = a->fch_gelu + l * cap * 4 * C, *fcproj = a->fcproj + l * cap * C;
-        float *res3 = a->residual3 + l * cap * C;
-        loco_layernorm_fwd(ln1, ln1m, ln1r, res, w->ln1w, w->ln1b, N, C);
-        loco_matmul_fwd(qkv, ln1, w->qkvw, w->qkvb, N, C, 3 * C, false);
-        loco_attention_fwd(atty, att, qkv, B, T, C, NH);
-        loco_matmul_fwd(attproj, atty, w->attprojw, w->attprojb, N, C, C, false);
-        loco_residual_fwd(res2, res, attproj, (size_t)N * C);
-        loco_layernorm_fwd(ln2, ln2m, ln2r, res2, w->ln2w, w->ln2b, N, C);
-        loco_matmul_fwd(fch, ln2, w->fcw, w->fcb, N, C, 4 * C, false);
-        loco_gelu_fwd(fchg, fch, (size_t)N * 4 * C);
-        loco_matmul_fwd(fcproj, fchg, w->fcprojw, w->fcprojb, N, 4 * C, C, false);
-        loco_residual_fwd(res3, res2, fcproj, (size_t)N * C);
+        LOCO_CHECK(block_fwd(m, &d, l, &a->layer[l], B, T));
         LOCO_CHECK(release(m, l + 1, false));
     }
-    const float *last = a->residual3 + (size_t)(L - 1) * cap * C;
     LOCO_CHECK(acquire(m, L + 1, false));
-    loco_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, last, m->p.lnfw, m->p.lnfb, N, C);
+    /* Under sp this rank's rows of ln_f land in place in the whole (N, C)
+     * buffer, which the all-gather then completes. */
+    float *lnf_rows = a->lnf + d.row0 * (size_t)C;
+    loco_layernorm_fwd(lnf_rows, a->lnf_mean, a->lnf_rstd, a->layer[L - 1].res3, m->p.lnfw,
+                       m->p.lnfb, (int)d.R, C);
+    if (d.sp)
+        LOCO_CHECK(tp_allgather(m, lnf_rows, a->lnf, d.R * (size_t)C));
     LOCO_CHECK(release(m, L + 1, false));
-    loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, N, C, V, true);
+    loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, (int)d.N, C, d.Vl, true);
     return release(m, 0, false);
+}
+
+/* Losses (and, with dscale != 0 and dlogits, the logits' gradient in
+ * place): the fused kernel, or vocabulary-parallel over tp (the softmax's
+ * max and sum all-reduced; the whole logits never on one rank). */
+static int cross_entropy(loco_gpt *m, const int32_t *targets, int N, bool backward, float dscale) {
+    loco_gpt_acts *a = &m->a;
+    const dims d = dims_of(m, 1, N);
+    float *dlogits = backward ? a->logits : NULL;
+    if (d.t == 1) {
+        loco_xent_fwd_bwd(a->losses, dlogits, a->logits, targets, N, m->cfg.vocab_size, dscale);
+        return 0;
+    }
+    float *rowmax = a->xent, *sums = a->xent + N; /* sumexp (N) then tlogit (N) */
+    loco_xent_vp_max(rowmax, a->logits, N, d.Vl, d.v_valid);
+    LOCO_CHECK(tp_allreduce(m, rowmax, (size_t)N, LOCO_OP_MAX));
+    loco_xent_vp_sum(sums, sums + N, a->logits, rowmax, targets, d.v_lo, N, d.Vl, d.v_valid);
+    LOCO_CHECK(tp_allreduce(m, sums, 2 * (size_t)N, LOCO_OP_SUM));
+    loco_xent_vp_finish(a->losses, dlogits, a->logits, rowmax, sums, sums + N, targets, d.v_lo, N,
+                        d.Vl, d.v_valid, dscale);
+    return 0;
 }
 
 static float mean_of(const float *x, int n) {
@@ -406,7 +823,7 @@ int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets,
     LOCO_CHECK(check_batch(m, inputs, B, T));
     LOCO_CHECK(forward_body(m, inputs, B, T));
     if (targets) {
-        loco_xent_fwd_bwd(m->a.losses, NULL, m->a.logits, targets, B * T, m->cfg.vocab_size, 0.f);
+        LOCO_CHECK(cross_entropy(m, targets, B * T, false, 0.f));
         if (mean_loss)
             *mean_loss = mean_of(m->a.losses, B * T);
     }
@@ -419,63 +836,53 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     for (int i = 0; i < B * T; i++)
         if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
             return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
-    const int N = B * T;
-    const size_t cap = (size_t)m->B * (size_t)m->T;
+    const dims d = dims_of(m, B, T);
+    const int C = d.C, N = B * T, L = m->cfg.n_layer;
     loco_gpt_acts *a = &m->a;
     loco_gpt_scratch *s = &m->s;
     LOCO_CHECK(forward_body(m, inputs, B, T));
-    const int L = m->cfg.n_layer;
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
-    loco_xent_fwd_bwd(a->losses, a->logits, a->logits, targets, N, V, loss_scale / (float)N);
+    LOCO_CHECK(cross_entropy(m, targets, N, true, loss_scale / (float)N));
     if (mean_loss)
         *mean_loss = mean_of(a->losses, N);
 
-    const size_t nbtc = (size_t)N * C;
-    memset(s->dbtc, 0, nbtc * sizeof(float));
+    /* The tied head: d(ln_f output) over all rows, summed over tp. */
     LOCO_CHECK(acquire(m, 0, true));
-    loco_matmul_bwd(s->dbtc, m->g.wte, NULL, a->logits, a->lnf, m->p.wte, N, C, V, true);
-    memset(s->dres, 0, nbtc * sizeof(float));
-    const float *last = a->residual3 + (size_t)(L - 1) * cap * C;
+    float *dlnf = d.t == 1 ? s->dbtc : s->full;
+    memset(dlnf, 0, d.N * (size_t)C * sizeof(float));
+    loco_matmul_bwd(dlnf, m->g.wte, NULL, a->logits, a->lnf, m->p.wte, N, C, d.Vl, true);
+    if (d.t > 1) {
+        if (d.sp)
+            LOCO_CHECK(tp_reduce_scatter(m, s->full, s->dbtc, d.R * (size_t)C));
+        else
+            LOCO_CHECK(tp_allreduce(m, s->full, d.N * (size_t)C, LOCO_OP_SUM));
+    }
+    const float *dln = d.t > 1 && !d.sp ? s->full : s->dbtc;
+    memset(s->dres, 0, d.R * (size_t)C * sizeof(float));
     LOCO_CHECK(acquire(m, L + 1, true));
-    loco_layernorm_bwd(s->dres, m->g.lnfw, m->g.lnfb, s->dbtc, last, m->p.lnfw, a->lnf_mean,
-                       a->lnf_rstd, N, C);
+    float *lnfw = m->g.lnfw, *lnfb = m->g.lnfb;
+    if (d.sp) {
+        memset(s->drep, 0, 2 * (size_t)C * sizeof(float));
+        lnfw = s->drep, lnfb = s->drep + C;
+    }
+    loco_layernorm_bwd(s->dres, lnfw, lnfb, dln, a->layer[L - 1].res3, m->p.lnfw, a->lnf_mean,
+                       a->lnf_rstd, (int)d.R, C);
+    if (d.sp) {
+        float *dst[2] = {m->g.lnfw, m->g.lnfb};
+        const size_t len[2] = {(size_t)C, (size_t)C};
+        LOCO_CHECK(sp_reduce_into(m, dst, len, 2));
+    }
     LOCO_CHECK(release(m, L + 1, true));
     LOCO_CHECK(grads_ready(m, L + 1));
     for (int l = L - 1; l >= 0; l--) {
         LOCO_CHECK(acquire(m, l + 1, true));
-        const loco_gpt_block *w = &m->p.h[l];
-        loco_gpt_block *g = &m->g.h[l];
-        const float *res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * cap * C;
-        const float *ln1 = a->ln1 + l * cap * C, *ln1m = a->ln1_mean + l * cap;
-        const float *ln1r = a->ln1_rstd + l * cap, *qkv = a->qkv + l * cap * 3 * C;
-        const float *atty = a->atty + l * cap * C, *att = a->att + l * cap * NH * m->T;
-        const float *res2 = a->residual2 + l * cap * C;
-        const float *ln2 = a->ln2 + l * cap * C, *ln2m = a->ln2_mean + l * cap;
-        const float *ln2r = a->ln2_rstd + l * cap, *fch = a->fch + l * cap * 4 * C;
-        const float *fchg = a->fch_gelu + l * cap * 4 * C;
-        /* residual3 = residual2 + fcproj: dres flows to both. */
-        memset(s->dfchg, 0, nbtc * 4 * sizeof(float));
-        loco_matmul_bwd(s->dfchg, g->fcprojw, g->fcprojb, s->dres, fchg, w->fcprojw, N, 4 * C, C,
-                        false);
-        memset(s->dfch, 0, nbtc * 4 * sizeof(float));
-        loco_gelu_bwd(s->dfch, fch, s->dfchg, nbtc * 4);
-        memset(s->dbtc, 0, nbtc * sizeof(float));
-        loco_matmul_bwd(s->dbtc, g->fcw, g->fcb, s->dfch, ln2, w->fcw, N, C, 4 * C, false);
-        loco_layernorm_bwd(s->dres, g->ln2w, g->ln2b, s->dbtc, res2, w->ln2w, ln2m, ln2r, N, C);
-        /* residual2 = res + attproj: dres flows to both. */
-        memset(s->dbtc, 0, nbtc * sizeof(float));
-        loco_matmul_bwd(s->dbtc, g->attprojw, g->attprojb, s->dres, atty, w->attprojw, N, C, C,
-                        false);
-        memset(s->dqkv, 0, nbtc * 3 * sizeof(float));
-        loco_attention_bwd(s->dqkv, s->datt, s->dbtc, qkv, att, B, T, C, NH);
-        memset(s->dbtc, 0, nbtc * sizeof(float));
-        loco_matmul_bwd(s->dbtc, g->qkvw, g->qkvb, s->dqkv, ln1, w->qkvw, N, C, 3 * C, false);
-        loco_layernorm_bwd(s->dres, g->ln1w, g->ln1b, s->dbtc, res, w->ln1w, ln1m, ln1r, N, C);
+        if (full_recompute(m, l)) /* only the block's input was kept */
+            LOCO_CHECK(block_fwd(m, &d, l, &a->layer[l], B, T));
+        LOCO_CHECK(block_bwd(m, &d, l, &a->layer[l], B, T));
         LOCO_CHECK(release(m, l + 1, true));
         LOCO_CHECK(grads_ready(m, l + 1));
     }
-    loco_encoder_bwd(m->g.wte, m->g.wpe, s->dres, inputs, B, T, C);
+    LOCO_CHECK(embed_bwd(m, &d, inputs, B, T));
     LOCO_CHECK(release(m, 0, true));
     return grads_ready(m, 0);
 }

@@ -108,13 +108,19 @@ static int device_load(loco_trainer *t, bool moments) {
 
 /* The flat ranges this rank holds, as a checkpoint sees them. */
 static loco_ckpt_view trainer_view(loco_trainer *t) {
-    loco_ckpt_view v = {.tt = &t->model.tt, .model = t->model.cfg};
+    loco_ckpt_view v = {.tt = &t->model.tt, .model = t->model.cfg, .tp_rank = t->model.tp_rank};
     loco_zero_held_params(t->zero, &v.p_lo, &v.p_hi, &v.params);
     loco_adamw *opt = loco_zero_optimizer(t->zero, &v.o_lo, &v.o_hi);
     v.m = opt->m;
     v.v = opt->v;
     v.adam_t = opt->t;
     return v;
+}
+
+static loco_recompute recompute_of(const loco_config *cfg) {
+    if (!strcmp(cfg->train.recompute, "selective"))
+        return LOCO_RECOMPUTE_SELECTIVE;
+    return !strcmp(cfg->train.recompute, "full") ? LOCO_RECOMPUTE_FULL : LOCO_RECOMPUTE_NONE;
 }
 
 int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *resume_dir) {
@@ -149,10 +155,17 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     if (!t->root && loco_log_get_level() > LOCO_LOG_WARN)
         loco_log_set_level(LOCO_LOG_WARN);
     loco_gpt_config mc = loco_gpt_config_from(cfg);
+    mc.tp = (int)cfg->parallel.tp;
     unsigned flags = loco_zero_model_flags((int)cfg->parallel.zero_stage);
     if (on_device(t))
         flags |= LOCO_GPT_NO_ACTS; /* the passes run on the device */
-    LOCO_CHECK_GOTO(loco_gpt_init_ex(&t->model, &mc, t->B, t->T, flags), out_fail);
+    loco_gpt_parallel par = {
+        .tp = mc.tp > 1 ? t->mesh.group[LOCO_DIM_TP] : NULL,
+        .sp = cfg->parallel.sp,
+        .recompute = recompute_of(cfg),
+        .recompute_layers = (int)cfg->train.recompute_layers,
+    };
+    LOCO_CHECK_GOTO(loco_gpt_init_par(&t->model, &mc, t->B, t->T, flags, &par), out_fail);
 #if defined(LOCO_HAVE_CUDA)
     if (on_device(t))
         LOCO_CHECK_GOTO(loco_gpt_cuda_create(&t->dev, &mc, t->B, t->T,
@@ -209,6 +222,10 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
 }
 
 int loco_trainer_sync_params(loco_trainer *t) {
+    /* A lossy outer step may round a replicated tensor differently on each
+     * tp rank (its codec blocks hold other neighbours): tp rank 0's copy
+     * is everyone's, so replicas stay identical. */
+    LOCO_CHECK(loco_zero_sync_replicas(t->zero));
     LOCO_CHECK(loco_zero_sync_params(t->zero));
     return device_load(t, false);
 }
@@ -343,63 +360,77 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
         .model_hash = loco_config_hash(&t->cfg, model_sections),
     };
     loco_ckpt_view v = trainer_view(t);
-    const int n = loco_comm_size(t->dp), r = loco_comm_rank(t->dp);
+    /* Every rank of the island holds a distinct (tp slice, dp range) pair. */
+    const int n = loco_comm_size(t->world), dp = loco_comm_size(t->dp);
+    const int tp_rank = t->mesh.coord[LOCO_DIM_TP], dp_rank = loco_comm_rank(t->dp);
     if (n == 1)
         return t->root ? loco_ckpt_save_view(dir, &t->cfg, &v, &st) : 0;
-    /* Sharded: every dp rank writes its owned range into DIR.tmp, rank 0
-     * ties them with the manifest and publishes. Ranks share a file system. */
+    /* Sharded: every rank writes its owned range of its tp slice into
+     * DIR.tmp (shard index = tp rank x dp + dp rank, so each slice's shards
+     * are in order), rank 0 ties them with the manifest and publishes.
+     * Ranks share a file system. */
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
         return LOCO_ERR(LOCO_EINVAL, "checkpoint path too long: %s", dir);
     int rc = 0;
-    if (r == 0) {
+    if (t->root) {
         rc = loco_rmtree(tmp);
         if (rc == 0)
             rc = loco_mkdirs(tmp);
     }
     int ok = rc == 0;
-    LOCO_CHECK(loco_comm_allreduce(t->dp, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM));
+    LOCO_CHECK(loco_comm_allreduce(t->world, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM));
     if (ok != n)
         return rc < 0 ? rc : LOCO_ERR(LOCO_EIO, "rank 0 could not create %s", tmp);
     size_t lo, hi;
     loco_zero_range(t->zero, &lo, &hi);
     uint64_t h = 0;
-    rc = loco_ckpt_write_shard(tmp, r, &v, lo, hi, &h);
-    /* Every rank learns every shard's range, checksum and success. */
-    int64_t *all = loco_alloc((size_t)n * 4 * sizeof(int64_t));
+    const int index = tp_rank * dp + dp_rank;
+    rc = loco_ckpt_write_shard(tmp, index, &v, lo, hi, &h);
+    /* Every rank learns every shard's index, range, checksum and success. */
+    enum { F = 5 };
+    int64_t *all = loco_alloc((size_t)n * F * sizeof(int64_t));
     if (!all)
         return LOCO_ERR(LOCO_ENOMEM, "shard table");
-    int64_t mine[4] = {(int64_t)lo, (int64_t)hi, (int64_t)h, rc == 0};
+    int64_t mine[F] = {index, (int64_t)lo, (int64_t)hi, (int64_t)h, rc == 0};
     size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
     size_t *los = loco_alloc((size_t)n * 2 * sizeof(size_t));
     uint64_t *hashes = loco_alloc((size_t)n * sizeof(uint64_t));
+    int *tp_ranks = loco_alloc((size_t)n * sizeof(int));
     int rc2 = 0;
-    if (!counts || !los || !hashes)
+    if (!counts || !los || !hashes || !tp_ranks)
         rc2 = LOCO_ERR(LOCO_ENOMEM, "shard table");
     for (int i = 0; counts && i < n; i++)
-        counts[i] = 4;
+        counts[i] = F;
     if (rc2 == 0)
-        rc2 = loco_comm_allgather(t->dp, mine, all, counts, LOCO_DT_I64);
+        rc2 = loco_comm_allgather(t->world, mine, all, counts, LOCO_DT_I64);
     bool all_ok = rc2 == 0;
     for (int i = 0; all_ok && i < n; i++) {
-        all_ok = all[4 * i + 3] == 1;
-        los[i] = (size_t)all[4 * i];
-        los[n + i] = (size_t)all[4 * i + 1];
-        hashes[i] = (uint64_t)all[4 * i + 2];
+        const int64_t *e = all + (size_t)F * i;
+        const int at = (int)e[0]; /* the manifest lists shards by index */
+        all_ok = e[4] == 1 && at >= 0 && at < n;
+        if (!all_ok)
+            break;
+        los[at] = (size_t)e[1];
+        los[n + at] = (size_t)e[2];
+        hashes[at] = (uint64_t)e[3];
+        tp_ranks[at] = at / dp;
     }
     if (rc == 0 && rc2 == 0 && !all_ok)
         rc = LOCO_ERR(LOCO_EIO, "another rank failed to write its checkpoint shard");
-    if (rc == 0 && rc2 == 0 && r == 0)
-        rc = loco_ckpt_write_manifest(tmp, dir, &t->cfg, &v, n, los, los + n, hashes, &st);
+    if (rc == 0 && rc2 == 0 && t->root)
+        rc = loco_ckpt_write_manifest(tmp, dir, &t->cfg, &v, n, los, los + n, hashes, tp_ranks,
+                                      &st);
     loco_free(all);
     loco_free(counts);
     loco_free(los);
     loco_free(hashes);
+    loco_free(tp_ranks);
     if (rc2 < 0)
         return rc2;
     /* The directory is published (or not) before any rank goes on. */
     int pub = rc == 0;
-    LOCO_CHECK(loco_comm_allreduce(t->dp, &pub, 1, LOCO_DT_I32, LOCO_OP_SUM));
+    LOCO_CHECK(loco_comm_allreduce(t->world, &pub, 1, LOCO_DT_I32, LOCO_OP_SUM));
     if (rc == 0 && pub != n)
         rc = LOCO_ERR(LOCO_EIO, "checkpoint %s was not published: another rank failed", dir);
     return rc;
@@ -459,11 +490,12 @@ int loco_trainer_begin_run(loco_trainer *t) {
     loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters",
               t->model.cfg.n_layer, t->model.cfg.n_head, t->model.cfg.n_embd, t->model.cfg.seq_len,
               t->model.cfg.vocab_size, t->model.n_params);
-    loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, ZeRO-%d) x %d "
-              "threads; run dir %s",
+    loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s, ZeRO-%d, "
+              "recompute %s) x %d threads; run dir %s",
               (long long)c->train.steps, (long long)tokens_per_step,
-              loco_comm_size(t->world), loco_comm_backend(t->world), dp,
-              loco_zero_stage(t->zero), loco_set_threads((int)c->run.threads), c->run.dir);
+              loco_comm_size(t->world), loco_comm_backend(t->world), dp, t->model.cfg.tp,
+              t->model.par.sp ? " + sp" : "", loco_zero_stage(t->zero), c->train.recompute,
+              loco_set_threads((int)c->run.threads), c->run.dir);
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev)
         loco_info("device: one GPU (train.device = cuda), %s passes, fp32 master weights and "

@@ -1,5 +1,8 @@
 /* inner/parallel/ — how the ranks of one island share a training step.
- * Today: data parallelism with ZeRO stages 0-3 over the mesh's dp group.
+ * Data parallelism with ZeRO stages 0-3 over the mesh's dp group, on
+ * this rank's tensor-parallel slice (the model's table is the slice: the
+ * ZeRO ranges below are ranges of it; the global gradient norm is summed
+ * over tp too, replicated tensors counted once).
  *
  * Ownership (DESIGN.md): dp rank r of N owns the contiguous range
  * [r*P/N, (r+1)*P/N) of the flat parameter buffer (P parameters) at every
@@ -62,6 +65,10 @@ void loco_zero_memory(const loco_zero *z, loco_mem_report *r);
  * (all-gather, stages 0-2) or gathered copies are dropped (stage 3).
  * Collective over dp. */
 int loco_zero_sync_params(loco_zero *z);
+/* Tensor parallelism: every tp rank takes tp rank 0's values of the
+ * replicated tensors (LayerNorms, wpe, row-parallel biases) in its owned
+ * range. Collective over the model's tp group; nothing without tp. */
+int loco_zero_sync_replicas(loco_zero *z);
 /* Bytes of persistent state the textbook formula predicts for fp32 AdamW
  * (16P for DDP, 8P + 8P/N, 4P + 12P/N, 16P/N), excluding unit buffers. */
 double loco_zero_formula_bytes(int stage, size_t n_params, int dp);

@@ -53,6 +53,8 @@ struct loco_zero {
     int n_buckets;
     bool last_micro, first_micro;
     size_t gathered_bytes;
+    float *rep_buf;  /* tp: the replicated pieces of the owned range */
+    size_t n_rep;
 };
 
 void loco_zero_owned(size_t total, int r, int n, size_t *lo, size_t *hi) {
@@ -298,7 +300,62 @@ void loco_zero_destroy(loco_zero *z) {
     loco_free(z->gshard);
     loco_free(z->own_lo);
     loco_free(z->counts);
+    loco_free(z->rep_buf);
     loco_free(z);
+}
+
+/* Sum of squares of the gradients of flat range [lo, hi) (at g). Under
+ * tensor parallelism a replicated tensor (the same on every tp rank) is
+ * counted by tp rank 0 only, so the sum over tp is the whole model's. */
+static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi) {
+    const loco_gpt *m = z->m;
+    if (!m->par.tp)
+        return loco_sumsq(g, hi - lo);
+    double s = 0;
+    for (int i = 0; i < m->tt.n; i++) {
+        const loco_tensor *t = &m->tt.t[i];
+        size_t a = t->offset > lo ? t->offset : lo;
+        size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= b || (loco_gpt_tensor_replicated(m, i) && m->tp_rank != 0))
+            continue;
+        s += loco_sumsq(g + (a - lo), b - a);
+    }
+    return s;
+}
+
+enum { REP_COUNT, REP_PACK, REP_UNPACK };
+
+/* Walks the replicated tensors' pieces inside the owned range: counts
+ * them, packs them from the owned parameters into buf, or unpacks buf
+ * back. Returns the elements walked. */
+static size_t replicated_pieces(const loco_zero *z, float *data, float *buf, int what) {
+    const loco_gpt *m = z->m;
+    size_t at = 0;
+    for (int i = 0; i < m->tt.n; i++) {
+        const loco_tensor *t = &m->tt.t[i];
+        size_t a = t->offset > z->lo ? t->offset : z->lo;
+        size_t b = t->offset + t->numel < z->hi ? t->offset + t->numel : z->hi;
+        if (a >= b || !loco_gpt_tensor_replicated(m, i))
+            continue;
+        if (what == REP_PACK)
+            memcpy(buf + at, data + (a - z->lo), (b - a) * sizeof(float));
+        else if (what == REP_UNPACK)
+            memcpy(data + (a - z->lo), buf + at, (b - a) * sizeof(float));
+        at += b - a;
+    }
+    return at;
+}
+
+int loco_zero_sync_replicas(loco_zero *z) {
+    if (!z->m->par.tp || z->n_rep == 0)
+        return 0;
+    /* The owned range is the same on every tp rank (same slice table, same
+     * dp split), so the packed pieces line up. */
+    float *data = loco_zero_owned_params(z);
+    replicated_pieces(z, data, z->rep_buf, REP_PACK);
+    LOCO_CHECK(loco_comm_broadcast(z->m->par.tp, z->rep_buf, z->n_rep, LOCO_DT_F32, 0));
+    replicated_pieces(z, data, z->rep_buf, REP_UNPACK);
+    return 0;
 }
 
 int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_config *cfg) {
@@ -359,6 +416,14 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
                 loco_gpt_bind_unit(m, u, m->params + a, unit_slot(z, u)->grads);
             }
     }
+    if (m->par.tp) {
+        z->n_rep = replicated_pieces(z, NULL, NULL, REP_COUNT);
+        z->rep_buf = loco_alloc((z->n_rep ? z->n_rep : 1) * sizeof(float));
+        if (!z->rep_buf) {
+            rc = LOCO_ERR(LOCO_ENOMEM, "replicated parameters of %zu elements", z->n_rep);
+            goto out_fail;
+        }
+    }
     loco_gpt_hooks h = {.ctx = z, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
     loco_gpt_set_hooks(m, &h);
     *out = z;
@@ -398,15 +463,17 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     size_t ulo, uhi;   /* that range */
     double sumsq;
     if (z->stage < 2) {
-        sumsq = loco_sumsq(m->grads, z->P); /* identical on every rank */
+        sumsq = tp_sumsq(z, m->grads, 0, z->P); /* identical on every dp rank */
         ulo = z->opt_lo, uhi = z->opt_hi;
         grads = m->grads + ulo;
     } else {
-        sumsq = loco_sumsq(z->gshard, z->hi - z->lo);
+        sumsq = tp_sumsq(z, z->gshard, z->lo, z->hi);
         LOCO_CHECK(loco_comm_allreduce(z->dp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
         ulo = z->lo, uhi = z->hi;
         grads = z->gshard;
     }
+    if (z->m->par.tp) /* the slices' sums; replicated tensors counted once */
+        LOCO_CHECK(loco_comm_allreduce(z->m->par.tp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
     *norm = sqrt(sumsq);
     if (max_norm > 0 && *norm > max_norm && isfinite(*norm))
         loco_scale(grads, (float)(max_norm / *norm), uhi - ulo);

@@ -191,3 +191,26 @@ Test(multisite, four_islands_rsag_int8_agree) {
     cr_expect(strstr(out, "θ_global agreed through outer step 3") != NULL, "%s", out);
     loco_rmtree(dir);
 }
+
+/* Islands of tp = 2, and of tp = 2 x dp = 2 with sequence parallelism and
+ * ZeRO-1: each rank exchanges its owned range of its tp slice with the same
+ * rank of the other island, and the coordinator finds every rank's θ hash
+ * equal after every outer step. */
+static void check_tp_islands(const char *extra) {
+    char dir[] = "/tmp/loco-multisite-tp-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    static char out[1 << 18];
+    int rc = test_run(out, sizeof out,
+                      LOCO " launch configs/multisite-2.ini" ARGS
+                           " --set compress.codec=int8 --set run.dir=%s %s",
+                      dir, extra);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "θ_global agreed through outer step 3") != NULL, "%s", out);
+    loco_rmtree(dir);
+}
+
+Test(multisite, tp2_islands_agree) { check_tp_islands("--set parallel.tp=2"); }
+Test(multisite, tp2_dp2_sp_islands_agree) {
+    check_tp_islands("--set parallel.tp=2 --set parallel.dp=2 --set parallel.sp=true"
+                     " --set parallel.zero_stage=1");
+}

@@ -7,7 +7,7 @@ fake_cublaslt.h, the runtime (cudaMalloc, copies) emu.h's host versions.
 Usage: translate.py REPO OUT.cpp"""
 import sys
 
-FILES = ["device", "elementwise", "layernorm", "xent", "attention", "quant", "matmul"]
+FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "quant", "matmul"]
 
 
 
