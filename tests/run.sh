@@ -23,6 +23,11 @@ gpu_skips=$(build/tests/loco_tests --filter 'gpu_*/*' --verbose 2>&1 | grep -a '
 if [ -n "$gpu_skips" ]; then
   echo "GPU tests: $(wc -l <<<"$gpu_skips") skipped: $(head -n 1 <<<"$gpu_skips" | sed 's/^\[SKIP\] [^ ]*: //')"
 fi
+# The export of a tensor-parallel checkpoint is loaded in PyTorch where it
+# is installed (tests/fixtures/make_fixtures.py); say when it was not.
+if ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+  echo "PyTorch check of tp export: skipped: python3-torch not installed (apt-get install python3-torch)"
+fi
 # One closing line with the counts, after everything.
 line=$(grep -a "Synthesis: Tested:" "$log" | tail -n 1)
 passed=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")

@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,31 @@ static inline char *test_tmpdir(const char *name) {
     sprintf(d, "/tmp/%s-XXXXXX", name);
     cr_assert(mkdtemp(d), "mkdtemp %s", d);
     return d;
+}
+
+/* Whether mpirun is on the PATH (multi-rank tests skip without it). */
+static inline bool test_have_mpirun(void) {
+    return system("command -v mpirun >/dev/null 2>&1") == 0;
+}
+
+/* Losses of steps 1..steps from a run's metrics.jsonl into loss[1..steps]
+ * (0 where absent). */
+static inline void test_read_losses(const char *run_dir, double *loss, int steps) {
+    char path[4096];
+    cr_assert(snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir) < (int)sizeof path);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    char line[1024];
+    memset(loss, 0, sizeof(double) * (size_t)(steps + 1));
+    while (fgets(line, sizeof line, f)) {
+        int step;
+        double l;
+        char *p = strstr(line, "\"loss\":");
+        if (sscanf(line, "{\"step\":%d", &step) == 1 && p && sscanf(p, "\"loss\":%lf", &l) == 1 &&
+            step >= 1 && step <= steps)
+            loss[step] = l;
+    }
+    fclose(f);
 }
 
 #endif

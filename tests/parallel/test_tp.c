@@ -35,27 +35,6 @@ static void teardown(void) {
     free(dir);
 }
 
-static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
-
-/* Losses of steps 1..STEPS from a run's metrics.jsonl (0 where absent). */
-static void read_losses(const char *run_dir, double *loss) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    char line[1024];
-    memset(loss, 0, sizeof(double) * (STEPS + 1));
-    while (fgets(line, sizeof line, f)) {
-        int step;
-        double l;
-        char *p = strstr(line, "\"loss\":");
-        if (sscanf(line, "{\"step\":%d", &step) == 1 && p && sscanf(p, "\"loss\":%lf", &l) == 1 &&
-            step >= 1 && step <= STEPS)
-            loss[step] = l;
-    }
-    fclose(f);
-}
-
 /* One rank, the whole global batch, `extra` settings: the reference. */
 static void run_one(const char *name, const char *extra, double *loss) {
     static char out[1 << 16];
@@ -66,7 +45,7 @@ static void run_one(const char *name, const char *extra, double *loss) {
     cr_assert_eq(rc, 0, "%s", out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/%s", dir, name);
-    read_losses(run_dir, loss);
+    test_read_losses(run_dir, loss, STEPS);
 }
 
 /* How far two Hugging Face layout model files (exported or single-rank
@@ -108,7 +87,7 @@ static void model_diff(const char *a_dir, const char *b_dir, double *l2, double 
 
 /* ranks = tp x dp under mpirun, the same global batch as the reference. */
 static void check_mesh(int tp, int dp, int stage, bool sp, const char *recompute) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     double ref[STEPS + 1], got[STEPS + 1];
@@ -125,7 +104,7 @@ static void check_mesh(int tp, int dp, int stage, bool sp, const char *recompute
     cr_expect(strstr(out, want) != NULL, "no '%s' in: %s", want, out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/tp", dir);
-    read_losses(run_dir, got);
+    test_read_losses(run_dir, got, STEPS);
     for (int s = 1; s <= STEPS; s++)
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
                   "tp=%d dp=%d ZeRO-%d sp=%d %s step %d: loss %.9g, one rank %.9g", tp, dp, stage,
@@ -201,7 +180,7 @@ Test(tp, recompute_is_bit_identical_to_none) {
 /* A tp = 2 checkpoint at step 4 resumed on one rank and on tp = 4 goes on
  * along the single rank's curve. */
 Test(tp, reshard_tp2_to_1_and_4_continues_the_curve) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     double ref[STEPS + 1], got[STEPS + 1];
@@ -228,7 +207,7 @@ Test(tp, reshard_tp2_to_1_and_4_continues_the_curve) {
         cr_assert_eq(rc, 0, "%s", out);
         char run_dir[600];
         snprintf(run_dir, sizeof run_dir, "%s/%s", dir, runs[i]);
-        read_losses(run_dir, got);
+        test_read_losses(run_dir, got, STEPS);
         for (int s = 5; s <= STEPS; s++)
             cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
                       "%s after reshard, step %d: loss %.9g, one rank %.9g", runs[i], s, got[s],
@@ -239,7 +218,7 @@ Test(tp, reshard_tp2_to_1_and_4_continues_the_curve) {
 /* The export of a tp = 2 checkpoint loads in the plain PyTorch GPT-2 of
  * tests/fixtures with the loss `loco eval` gives. */
 Test(tp, export_loads_in_pytorch_with_the_eval_loss) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
         cr_skip_test("PyTorch not installed (apt-get install python3-torch): export not "
@@ -274,7 +253,7 @@ Test(tp, export_loads_in_pytorch_with_the_eval_loss) {
 }
 
 Test(tp, what_cannot_be_built_is_refused_clearly) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     int rc = test_run(out, sizeof out,
@@ -299,7 +278,7 @@ Test(tp, what_cannot_be_built_is_refused_clearly) {
 
 /* A tp = 2 checkpoint missing tp rank 1's slice: a clear error, no run. */
 Test(tp, checkpoint_without_a_tp_slice_is_refused) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     int rc = test_run(out, sizeof out,

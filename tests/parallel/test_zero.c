@@ -38,27 +38,6 @@ static void teardown(void) {
     free(dir);
 }
 
-static bool have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
-
-/* Losses of steps 1..STEPS from a run's metrics.jsonl (0 where absent). */
-static void read_losses(const char *run_dir, double *loss) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    char line[1024];
-    memset(loss, 0, sizeof(double) * (STEPS + 1));
-    while (fgets(line, sizeof line, f)) {
-        int step;
-        double l;
-        char *p = strstr(line, "\"loss\":");
-        if (sscanf(line, "{\"step\":%d", &step) == 1 && p && sscanf(p, "\"loss\":%lf", &l) == 1 &&
-            step >= 1 && step <= STEPS)
-            loss[step] = l;
-    }
-    fclose(f);
-}
-
 /* One rank with the whole global batch: the reference. */
 static void reference(double *loss, char *ckpt, size_t cap) {
     static char out[1 << 16];
@@ -68,7 +47,7 @@ static void reference(double *loss, char *ckpt, size_t cap) {
     cr_assert_eq(rc, 0, "%s", out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/ref", dir);
-    read_losses(run_dir, loss);
+    test_read_losses(run_dir, loss, STEPS);
     snprintf(ckpt, cap, "%s/ref/ckpt_%08d", dir, STEPS);
 }
 
@@ -101,7 +80,7 @@ static double model_diff(const char *a_dir, const char *b_dir) {
 }
 
 static void check_dp(int dp, int stage) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     double ref[STEPS + 1], got[STEPS + 1];
@@ -116,7 +95,7 @@ static void check_dp(int dp, int stage) {
     cr_expect(strstr(out, "(mpi, dp=") != NULL, "%s", out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/dp", dir);
-    read_losses(run_dir, got);
+    test_read_losses(run_dir, got, STEPS);
     for (int s = 1; s <= STEPS; s++)
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
                   "dp=%d ZeRO-%d step %d: loss %.9g, one rank %.9g", dp, stage, s, got[s], ref[s]);
@@ -141,7 +120,7 @@ Test(zero, dp4_stage2) { check_dp(4, 2); }
 Test(zero, dp4_stage3) { check_dp(4, 3); }
 
 Test(zero, reshard_dp4_to_dp2_continues_the_curve) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     double ref[STEPS + 1], got[STEPS + 1];
@@ -161,7 +140,7 @@ Test(zero, reshard_dp4_to_dp2_continues_the_curve) {
     cr_assert_eq(rc, 0, "%s", out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/b", dir);
-    read_losses(run_dir, got);
+    test_read_losses(run_dir, got, STEPS);
     for (int s = 11; s <= STEPS; s++)
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
                   "step %d after reshard: loss %.9g, one rank %.9g", s, got[s], ref[s]);
@@ -172,13 +151,13 @@ Test(zero, reshard_dp4_to_dp2_continues_the_curve) {
              dir, dir);
     cr_assert_eq(rc, 0, "%s", out);
     snprintf(run_dir, sizeof run_dir, "%s/c", dir);
-    read_losses(run_dir, got);
+    test_read_losses(run_dir, got, STEPS);
     for (int s = 11; s <= STEPS; s++)
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]), "step %d on one rank", s);
 }
 
 Test(zero, meshes_that_cannot_be_built_are_refused) {
-    if (!have_mpirun())
+    if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     int rc = test_run(out, sizeof out, MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
