@@ -2,7 +2,10 @@
 #ifndef LOCO_TESTS_SUPPORT_H
 #define LOCO_TESTS_SUPPORT_H
 
+#include "inner/inner.h"
+
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -64,6 +67,43 @@ static inline void test_read_losses(const char *run_dir, double *loss, int steps
             loss[step] = l;
     }
     fclose(f);
+}
+
+/* How far two Hugging Face layout model files (DIR/model.safetensors:
+ * exported or single-rank checkpoints of the model mc) are apart:
+ * *l2 = ||a - b|| / ||b|| over every parameter, *worst = max |a - b| /
+ * max |b|. Shapes must agree. */
+static inline void test_model_diff(const loco_gpt_config *mc, const char *a_dir,
+                                   const char *b_dir, double *l2, double *worst) {
+    loco_ttable tt;
+    cr_assert_eq(loco_gpt_build_table(&tt, mc), 0);
+    char pa[4096], pb[4096];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", a_dir);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", b_dir);
+    loco_st *a, *b;
+    cr_assert_eq(loco_st_open(&a, pa), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_st_open(&b, pb), 0, "%s", loco_errmsg());
+    double maxd = 0, maxr = 0, dd = 0, bb = 0;
+    for (int t = 0; t < tt.n; t++) {
+        const float *fa, *fb;
+        int64_t sa[LOCO_TENSOR_MAX_DIM], sb[LOCO_TENSOR_MAX_DIM];
+        int na, nb;
+        cr_assert_eq(loco_st_get(a, tt.t[t].name, &fa, &na, sa), 0, "%s", tt.t[t].name);
+        cr_assert_eq(loco_st_get(b, tt.t[t].name, &fb, &nb, sb), 0, "%s", tt.t[t].name);
+        cr_assert(na == nb && sa[0] == sb[0], "%s: shapes differ", tt.t[t].name);
+        for (size_t i = 0; i < tt.t[t].numel; i++) {
+            const double d = (double)fa[i] - fb[i];
+            maxd = fmax(maxd, fabs(d));
+            maxr = fmax(maxr, fabs((double)fb[i]));
+            dd += d * d;
+            bb += (double)fb[i] * fb[i];
+        }
+    }
+    loco_st_close(a);
+    loco_st_close(b);
+    loco_ttable_fini(&tt);
+    *l2 = sqrt(dd / bb);
+    *worst = maxd / maxr;
 }
 
 #endif

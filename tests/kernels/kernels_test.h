@@ -38,6 +38,19 @@ static inline float *frand(uint64_t *s, size_t n, double scale)
     return x;
 }
 
+/* n floats all equal to v (xmalloc'd). */
+static inline float *ffill(size_t n, float v)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = v;
+    return x;
+}
+
+#define EXPECT_SAME_BITS(what, a, b, n)                                      \
+    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s not bitwise "   \
+                 "identical", (what))
+
 static inline float *fcopy(const float *x, size_t n)
 {
     float *y = xmalloc(n * sizeof *y);

@@ -10,18 +10,6 @@
 #include "kernels/kernels.h"
 #include "tests/kernels/kernels_test.h"
 
-static float *ffill(size_t n, float v)
-{
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
-    return x;
-}
-
-#define EXPECT_SAME_BITS(what, a, b, n)                                      \
-    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s not bitwise "   \
-                 "identical", (what))
-
 /* ---- attention reference ---- */
 
 /* out (B,T,C), att (B,NH,T,T) with zeros above the diagonal */

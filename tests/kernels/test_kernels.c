@@ -478,10 +478,6 @@ Test(kernels, sumsq_independent_of_thread_count)
     free(x);
 }
 
-#define EXPECT_SAME_BITS(what, a, b, n)                                      \
-    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s not bitwise "   \
-                 "repeatable", (what))
-
 Test(kernels, repeatable_bitwise)
 {
     enum { B = 4, T = 64, C = 192, V = 301, OC = 576 };

@@ -16,17 +16,6 @@
 /* Padding columns hold this, so a kernel that reads them shows. */
 #define GARBAGE 1e4f
 
-static float *ffill(size_t n, float v)
-{
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
-    return x;
-}
-
-#define EXPECT_SAME_BITS(what, a, b, n)                                                      \
-    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s not bitwise identical", (what))
-
 /* n tokens in [lo, hi), the last equal to the first (a repeat) */
 static int32_t *rand_tokens(uint64_t *s, size_t n, int lo, int hi)
 {

@@ -48,41 +48,17 @@ static void run_one(const char *name, const char *extra, double *loss) {
     test_read_losses(run_dir, loss, STEPS);
 }
 
-/* How far two Hugging Face layout model files (exported or single-rank
- * checkpoints) are apart: *l2 = ||a - b|| / ||b|| over every parameter,
- * *worst = max |a - b| / max |b|. */
-static void model_diff(const char *a_dir, const char *b_dir, double *l2, double *worst) {
-    const loco_gpt_config mc = {
-        .n_layer = 2, .n_head = 4, .n_embd = 32, .seq_len = 32, .vocab_size = 258};
-    loco_ttable tt;
-    cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0);
-    char pa[700], pb[700];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", a_dir);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", b_dir);
-    loco_st *a, *b;
-    cr_assert_eq(loco_st_open(&a, pa), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_st_open(&b, pb), 0, "%s", loco_errmsg());
-    double maxd = 0, maxr = 0, dd = 0, bb = 0;
-    for (int t = 0; t < tt.n; t++) {
-        const float *fa, *fb;
-        int64_t sa[LOCO_TENSOR_MAX_DIM], sb[LOCO_TENSOR_MAX_DIM];
-        int na, nb;
-        cr_assert_eq(loco_st_get(a, tt.t[t].name, &fa, &na, sa), 0, "%s", tt.t[t].name);
-        cr_assert_eq(loco_st_get(b, tt.t[t].name, &fb, &nb, sb), 0, "%s", tt.t[t].name);
-        cr_assert(na == nb && sa[0] == sb[0], "%s: shapes differ", tt.t[t].name);
-        for (size_t i = 0; i < tt.t[t].numel; i++) {
-            const double d = (double)fa[i] - fb[i];
-            maxd = fmax(maxd, fabs(d));
-            maxr = fmax(maxr, fabs((double)fb[i]));
-            dd += d * d;
-            bb += (double)fb[i] * fb[i];
-        }
-    }
-    loco_st_close(a);
-    loco_st_close(b);
-    loco_ttable_fini(&tt);
-    *l2 = sqrt(dd / bb);
-    *worst = maxd / maxr;
+static const loco_gpt_config small_model = {
+    .n_layer = 2, .n_head = 4, .n_embd = 32, .seq_len = 32, .vocab_size = 258};
+
+/* A tp = 2 run of the small model into dir/NAME with `extra` settings. */
+static void train_tp2(const char *name, const char *extra) {
+    static char out[1 << 16];
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                             " --set train.batch_size=4 --set parallel.tp=2 --set run.dir=%s/%s %s",
+                      dir, name, extra);
+    cr_assert_eq(rc, 0, "%s", out);
 }
 
 /* ranks = tp x dp under mpirun, the same global batch as the reference. */
@@ -123,7 +99,7 @@ static void check_mesh(int tp, int dp, int stage, bool sp, const char *recompute
      * largest parameter. A real error moves elements by the learning rate
      * (3e-3) in one step. */
     double l2, worst;
-    model_diff(exp_dir, ref_ckpt, &l2, &worst);
+    test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
     cr_expect(l2 <= 1e-5 && worst <= 1e-4,
               "tp=%d dp=%d ZeRO-%d sp=%d %s: final parameters differ by %g (relative L2), %g "
               "(largest element, relative to the largest parameter)",
@@ -185,12 +161,8 @@ Test(tp, reshard_tp2_to_1_and_4_continues_the_curve) {
     static char out[1 << 16];
     double ref[STEPS + 1], got[STEPS + 1];
     run_one("ref", "", ref);
-    int rc = test_run(out, sizeof out,
-                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
-                             " --set train.batch_size=4 --set parallel.tp=2"
-                             " --set run.ckpt_every=4 --set run.dir=%s/a",
-                      dir);
-    cr_assert_eq(rc, 0, "%s", out);
+    train_tp2("a", "--set run.ckpt_every=4");
+    int rc;
     const char *runs[2] = {"one", "four"};
     for (int i = 0; i < 2; i++) {
         if (i == 0)
@@ -224,11 +196,8 @@ Test(tp, export_loads_in_pytorch_with_the_eval_loss) {
         cr_skip_test("PyTorch not installed (apt-get install python3-torch): export not "
                      "loaded in PyTorch");
     static char out[1 << 16];
-    int rc = test_run(out, sizeof out,
-                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
-                             " --set train.batch_size=4 --set parallel.tp=2 --set run.dir=%s/a",
-                      dir);
-    cr_assert_eq(rc, 0, "%s", out);
+    train_tp2("a", "");
+    int rc;
     rc = test_run(out, sizeof out, LOCO " ckpt export %s/a/ckpt_%08d %s/hf", dir, STEPS, dir);
     cr_assert_eq(rc, 0, "%s", out);
     /* One batch of 4 x 32 from the start of the validation shard. */
@@ -281,11 +250,8 @@ Test(tp, checkpoint_without_a_tp_slice_is_refused) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    int rc = test_run(out, sizeof out,
-                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
-                             " --set train.batch_size=4 --set parallel.tp=2 --set run.dir=%s/a",
-                      dir);
-    cr_assert_eq(rc, 0, "%s", out);
+    train_tp2("a", "");
+    int rc;
     /* tp rank 1's shard (index 1 with dp = 1). */
     rc = test_run(out, sizeof out, "rm %s/a/ckpt_%08d/shard_00001.safetensors", dir, STEPS);
     cr_assert_eq(rc, 0, "%s", out);

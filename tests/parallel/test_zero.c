@@ -51,34 +51,6 @@ static void reference(double *loss, char *ckpt, size_t cap) {
     snprintf(ckpt, cap, "%s/ref/ckpt_%08d", dir, STEPS);
 }
 
-/* Max |a - b| over max |b| across every tensor of two models. */
-static double model_diff(const char *a_dir, const char *b_dir) {
-    const loco_gpt_config mc = {
-        .n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 32, .vocab_size = 256};
-    loco_ttable tt;
-    cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0);
-    char pa[700], pb[700];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", a_dir);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", b_dir);
-    loco_st *a, *b;
-    cr_assert_eq(loco_st_open(&a, pa), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_st_open(&b, pb), 0, "%s", loco_errmsg());
-    double maxd = 0, maxr = 0;
-    for (int t = 0; t < tt.n; t++) {
-        const float *fa, *fb;
-        cr_assert_eq(loco_st_get(a, tt.t[t].name, &fa, NULL, NULL), 0, "%s", tt.t[t].name);
-        cr_assert_eq(loco_st_get(b, tt.t[t].name, &fb, NULL, NULL), 0, "%s", tt.t[t].name);
-        for (size_t i = 0; i < tt.t[t].numel; i++) {
-            maxd = fmax(maxd, fabs((double)fa[i] - fb[i]));
-            maxr = fmax(maxr, fabs((double)fb[i]));
-        }
-    }
-    loco_st_close(a);
-    loco_st_close(b);
-    loco_ttable_fini(&tt);
-    return maxd / maxr;
-}
-
 static void check_dp(int dp, int stage) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
@@ -104,7 +76,10 @@ static void check_dp(int dp, int stage) {
     cr_assert_eq(rc, 0, "%s", out);
     char exp_dir[600];
     snprintf(exp_dir, sizeof exp_dir, "%s/export", dir);
-    double d = model_diff(exp_dir, ref_ckpt);
+    const loco_gpt_config mc = {
+        .n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 32, .vocab_size = 256};
+    double l2, d;
+    test_model_diff(&mc, exp_dir, ref_ckpt, &l2, &d);
     cr_expect(d <= 1e-5, "dp=%d ZeRO-%d: final parameters differ by %g (relative)", dp, stage, d);
 }
 
