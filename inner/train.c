@@ -67,6 +67,12 @@ static int check_device(const loco_config *cfg, int world) {
     return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: built without CUDA (no nvcc when loco "
                                   "was built); use train.device = cpu");
 #else
+    if (strcmp(cfg->train.recompute, "none"))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "train.recompute = %s is built on the CPU path; the GPU model keeps only "
+                        "the attention's log-sum-exp (what selective recompute saves) and has no "
+                        "full recompute yet: use train.recompute = none with train.device = cuda",
+                        cfg->train.recompute);
     if (world > 1)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "train.device = cuda trains on one rank; this island has %d (multi-rank "

@@ -96,6 +96,22 @@ Test(gpu_model, skipped) {
 
 #include "tests/gpu/gpu_test.h"
 
+/* Refused before any device is touched, so it runs without one too. */
+Test(gpu_train, recompute_on_cuda_is_refused) {
+    char *dir = test_tmpdir("loco-gpu-train");
+    loco_config cfg;
+    train_config(&cfg, dir);
+    snprintf(cfg.train.device, sizeof cfg.train.device, "cuda");
+    snprintf(cfg.train.recompute, sizeof cfg.train.recompute, "full");
+    loco_trainer *t = NULL;
+    cr_assert_eq(loco_trainer_create(&t, &cfg, NULL), LOCO_ENOTSUP);
+    cr_expect(strstr(loco_errmsg(), "train.recompute = full is built on the CPU path"), "%s",
+              loco_errmsg());
+    cr_assert_null(t);
+    loco_rmtree(dir);
+    free(dir);
+}
+
 /* ------------------------------------------------------------- model */
 
 static const loco_gpt_config fx_cfg = {
