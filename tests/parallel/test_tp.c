@@ -112,13 +112,16 @@ Test(tp, tp2) { check_mesh(2, 1, 0, false, "none"); }
 Test(tp, tp2_sp) { check_mesh(2, 1, 0, true, "none"); }
 Test(tp, tp4) { check_mesh(4, 1, 0, false, "none"); }
 Test(tp, tp4_sp) { check_mesh(4, 1, 0, true, "none"); }
+Test(tp, tp2_dp2_zero0) { check_mesh(2, 2, 0, false, "none"); }
 Test(tp, tp2_dp2_zero1) { check_mesh(2, 2, 1, false, "none"); }
 Test(tp, tp2_dp2_zero1_sp) { check_mesh(2, 2, 1, true, "none"); }
+Test(tp, tp2_dp2_zero2_sp) { check_mesh(2, 2, 2, true, "none"); }
 Test(tp, tp2_dp2_zero3) { check_mesh(2, 2, 3, false, "none"); }
 Test(tp, tp2_dp2_zero3_sp) { check_mesh(2, 2, 3, true, "none"); }
 Test(tp, tp2_selective) { check_mesh(2, 1, 0, false, "selective"); }
 Test(tp, tp2_sp_selective) { check_mesh(2, 1, 0, true, "selective"); }
 Test(tp, tp2_full) { check_mesh(2, 1, 0, false, "full"); }
+Test(tp, tp4_sp_selective) { check_mesh(4, 1, 0, true, "selective"); }
 Test(tp, tp2_sp_full_dp2_zero3) { check_mesh(2, 2, 3, true, "full"); }
 
 /* Two runs' checkpoints hold bit-identical parameters. */
