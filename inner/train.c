@@ -493,9 +493,20 @@ int loco_trainer_begin_run(loco_trainer *t) {
             t->unigram = NAN;
     const int dp = loco_comm_size(t->dp);
     const int64_t tokens_per_step = (int64_t)t->B * t->T * c->train.grad_accum * dp;
-    loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters",
+    /* The whole model's count; under tp each rank holds a slice of it. */
+    loco_gpt_config whole_cfg = t->model.cfg;
+    whole_cfg.tp = 1;
+    loco_ttable whole;
+    LOCO_CHECK(loco_gpt_build_table(&whole, &whole_cfg));
+    const size_t n_whole = whole.numel;
+    loco_ttable_fini(&whole);
+    char slice[96] = "";
+    if (t->model.cfg.tp > 1)
+        snprintf(slice, sizeof slice, " (%zu in each of %d tp slices)", t->model.n_params,
+                 t->model.cfg.tp);
+    loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters%s",
               t->model.cfg.n_layer, t->model.cfg.n_head, t->model.cfg.n_embd, t->model.cfg.seq_len,
-              t->model.cfg.vocab_size, t->model.n_params);
+              t->model.cfg.vocab_size, n_whole, slice);
     loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s, ZeRO-%d, "
               "recompute %s) x %d threads; run dir %s",
               (long long)c->train.steps, (long long)tokens_per_step,
