@@ -2,7 +2,7 @@
  * config.json) plus what loco needs to continue bit for bit (optimizer
  * state, step, data position, RNG), written atomically and verified by
  * checksums before anything is loaded. */
-#include "inner/inner.h"
+#include "inner/ckpt_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -144,7 +144,7 @@ static int moments_table(loco_ttable *both, const loco_ttable *tt) {
 }
 
 /* The view's tensor-parallel degree: 1 for the whole model. */
-static int view_tp(const loco_ckpt_view *v) { return v->model.tp > 1 ? v->model.tp : 1; }
+int loco__ckpt_view_tp(const loco_ckpt_view *v) { return v->model.tp > 1 ? v->model.tp : 1; }
 
 static int save_local(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
                       const loco_ckpt_state *st);
@@ -167,11 +167,11 @@ int loco_ckpt_save_view(const char *dir, const loco_config *cfg, const loco_ckpt
 static int save_local(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
                       const loco_ckpt_state *st) {
     const size_t P = v->tt->numel;
-    if (view_tp(v) > 1)
+    if (loco__ckpt_view_tp(v) > 1)
         return LOCO_ERR(LOCO_EINVAL,
                         "single-file checkpoints hold the whole model: a tp = %d slice needs the "
                         "sharded layout",
-                        view_tp(v));
+                        loco__ckpt_view_tp(v));
     if (v->p_lo != 0 || v->p_hi != P || (v->m && (v->o_lo != 0 || v->o_hi != P)))
         return LOCO_ERR(LOCO_EINVAL, "single-file checkpoints need every parameter");
     char tmp[PATH_MAX], path[PATH_MAX + 64];
@@ -269,11 +269,11 @@ int loco_ckpt_write_shard(const char *tmpdir, int index, const loco_ckpt_view *v
     char slo[24], shi[24], stp[16], srank[16], path[PATH_MAX + 64];
     snprintf(slo, sizeof slo, "%zu", lo);
     snprintf(shi, sizeof shi, "%zu", hi);
-    snprintf(stp, sizeof stp, "%d", view_tp(v));
+    snprintf(stp, sizeof stp, "%d", loco__ckpt_view_tp(v));
     snprintf(srank, sizeof srank, "%d", v->tp_rank);
     /* tp = 1 shards are written as before tensor parallelism. */
     const char *meta[] = {"lo", slo, "hi", shi, "tp", stp, "tp_rank", srank, NULL};
-    if (view_tp(v) == 1)
+    if (loco__ckpt_view_tp(v) == 1)
         meta[4] = NULL;
     snprintf(path, sizeof path, "%s/shard_%05d.safetensors", tmpdir, index);
     LOCO_CHECK_GOTO(loco_st_write(path, &tt, buf, NULL, meta), out);
@@ -319,7 +319,7 @@ int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_con
                              const loco_ckpt_view *v, int n_shards, const size_t *los,
                              const size_t *his, const uint64_t *hashes, const int *tp_ranks,
                              const loco_ckpt_state *st) {
-    const int t = view_tp(v);
+    const int t = loco__ckpt_view_tp(v);
     LOCO_CHECK(check_shard_list(t, v->tt->numel, n_shards, los, his, tp_ranks));
     LOCO_CHECK(write_configs(tmpdir, cfg, &v->model));
     cJSON *j = state_json(st, v->adam_t);
@@ -345,7 +345,7 @@ int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_con
     return loco_dir_commit(tmpdir, dir);
 }
 
-static int parse_hex(const cJSON *item, uint64_t *out) {
+int loco__ckpt_parse_hex(const cJSON *item, uint64_t *out) {
     if (!cJSON_IsString(item) || strlen(item->valuestring) != 16)
         return -1;
     char *end;
@@ -353,7 +353,7 @@ static int parse_hex(const cJSON *item, uint64_t *out) {
     return *end ? -1 : 0;
 }
 
-static int get_int(const cJSON *obj, const char *key, int64_t *out) {
+int loco__ckpt_get_int(const cJSON *obj, const char *key, int64_t *out) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9e15)
         return -1;
@@ -363,7 +363,7 @@ static int get_int(const cJSON *obj, const char *key, int64_t *out) {
 
 /* Reads a file and checks its XXH3 against the expected value; `what`
  * names it in messages (NULL: its name). */
-static int verify_hash(const char *dir, const char *name, const char *what, uint64_t want) {
+int loco__ckpt_verify_hash(const char *dir, const char *name, const char *what, uint64_t want) {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (!what)
@@ -386,10 +386,10 @@ static int verify_hash(const char *dir, const char *name, const char *what, uint
 /* Checks the checksum state.json gives for a file of the single layout. */
 static int verify_file(const char *dir, const char *name, const cJSON *sums) {
     uint64_t want;
-    if (parse_hex(cJSON_GetObjectItemCaseSensitive(sums, name), &want) < 0)
+    if (loco__ckpt_parse_hex(cJSON_GetObjectItemCaseSensitive(sums, name), &want) < 0)
         return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: state.json has no checksum for %s", dir,
                         name);
-    return verify_hash(dir, name, NULL, want);
+    return loco__ckpt_verify_hash(dir, name, NULL, want);
 }
 
 /* Copies the part of src's flat range [a, b) that falls in [lo, hi) to dst
@@ -400,19 +400,11 @@ static void copy_overlap(float *dst, size_t lo, size_t hi, const float *src, siz
         memcpy(dst + (x - lo), src + (x - a), (y - x) * sizeof(float));
 }
 
-static bool overlaps(size_t a, size_t b, size_t lo, size_t hi) { return a < hi && lo < b; }
+bool loco__ckpt_overlaps(size_t a, size_t b, size_t lo, size_t hi) { return a < hi && lo < b; }
 
 /* ------------------------------------------------- single layout, loading */
 
-/* The single layout's files, verified and opened, and its tensors in the
- * order of a whole-model table: x[3 i + a] for a = 0 (parameters), 1
- * (exp_avg), 2 (exp_avg_sq; the moments only when asked for). */
-typedef struct {
-    loco_st *model, *optim;
-    const float **x;
-} single_src;
-
-static void close_single(single_src *s) {
+void loco__ckpt_close_single(loco__ckpt_single_src *s) {
     loco_st_close(s->model);
     loco_st_close(s->optim);
     loco_free(s->x);
@@ -437,8 +429,8 @@ static int get_tensor(const char *dir, const loco_st *f, const char *name, const
 
 /* Verifies (checksums, then every tensor of tt present with its shape) and
  * opens the single layout; on error s holds nothing. */
-static int open_single(single_src *s, const char *dir, const cJSON *sums, const loco_ttable *tt,
-                       bool moments) {
+int loco__ckpt_open_single(loco__ckpt_single_src *s, const char *dir, const cJSON *sums,
+                           const loco_ttable *tt, bool moments) {
     int rc = 0;
     char path[PATH_MAX + 64];
     loco_ttable both = {0};
@@ -469,15 +461,15 @@ static int open_single(single_src *s, const char *dir, const cJSON *sums, const 
 out:
     loco_ttable_fini(&both);
     if (rc < 0)
-        close_single(s);
+        loco__ckpt_close_single(s);
     return rc;
 }
 
 /* Single layout into a whole-model view: everything checked, then the
  * overlaps copied tensor by tensor. */
 static int load_single(const char *dir, const cJSON *sums, loco_ckpt_view *v) {
-    single_src s;
-    LOCO_CHECK(open_single(&s, dir, sums, v->tt, v->m != NULL));
+    loco__ckpt_single_src s;
+    LOCO_CHECK(loco__ckpt_open_single(&s, dir, sums, v->tt, v->m != NULL));
     for (int i = 0; i < v->tt->n; i++) {
         const loco_tensor *t = &v->tt->t[i];
         const size_t a = t->offset, b = t->offset + t->numel;
@@ -487,188 +479,26 @@ static int load_single(const char *dir, const cJSON *sums, loco_ckpt_view *v) {
             copy_overlap(v->v, v->o_lo, v->o_hi, s.x[3 * i + 2], a, b);
         }
     }
-    close_single(&s);
+    loco__ckpt_close_single(&s);
     return 0;
 }
 
 /* ------------------------------------------------ sharded layout, loading */
 
-/* One shard as state.json lists it. */
-typedef struct {
-    const char *file;  /* inside the parsed state.json */
-    size_t lo, hi;     /* flat range of its tp rank's slice */
-    uint64_t xxh3;
-    int rank;          /* tp rank of the slice */
-    bool need;         /* the view needs some of it */
-    loco_st *st;       /* once verified */
-    const float *x[3]; /* params, exp_avg, exp_avg_sq from lo */
-} shard_ref;
-
-/* state.json's shard list, checked: the shards of every tp rank tile its
- * slice [0, P) in order. */
-typedef struct {
-    const char *dir;
-    int tp, n;
-    size_t P;
-    shard_ref *s; /* (n) in state.json's order */
-    int *order;   /* (n) indices into s grouped by tp rank, each group in order */
-    int *first;   /* (tp + 1) rank k's group is order[first[k] .. first[k + 1]) */
-} manifest;
-
-static void manifest_fini(manifest *mf) {
-    for (int i = 0; mf->s && i < mf->n; i++)
-        loco_st_close(mf->s[i].st);
-    loco_free(mf->s);
-    loco_free(mf->order);
-    loco_free(mf->first);
-    memset(mf, 0, sizeof *mf);
-}
-
-/* "the shards" or "the shards of tp rank K of T", for messages. */
-static const char *whose(char *buf, size_t cap, int k, int t) {
-    if (t <= 1)
-        return "the shards";
-    snprintf(buf, cap, "the shards of tp rank %d of %d", k, t);
-    return buf;
-}
-
-static int parse_manifest(manifest *mf, const char *dir, const cJSON *j, int tp, size_t P) {
-    memset(mf, 0, sizeof *mf);
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "shards");
-    const int n = cJSON_GetArraySize(arr);
-    int64_t np;
-    char who[64];
-    if (get_int(j, "n_params", &np) || n < 1 || n > 1 << 20)
-        return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: state.json has a bad shard list", dir);
-    if ((size_t)np != P)
-        return LOCO_ERR(LOCO_EPROTO,
-                        "checkpoint %s holds %lld parameters%s, the model has %zu", dir,
-                        (long long)np, tp > 1 ? " per tp slice" : "", P);
-    mf->dir = dir, mf->tp = tp, mf->n = n, mf->P = P;
-    mf->s = loco_alloc((size_t)n * sizeof *mf->s);
-    mf->order = loco_alloc((size_t)n * sizeof *mf->order);
-    mf->first = loco_alloc(((size_t)tp + 1) * sizeof *mf->first);
-    if (!mf->s || !mf->order || !mf->first) {
-        manifest_fini(mf);
-        return LOCO_ERR(LOCO_ENOMEM, "table of %d checkpoint shards", n);
-    }
-    memset(mf->s, 0, (size_t)n * sizeof *mf->s);
-    memset(mf->first, 0, ((size_t)tp + 1) * sizeof *mf->first);
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(arr, i);
-        const cJSON *file = cJSON_GetObjectItemCaseSensitive(e, "file");
-        int64_t lo, hi, rank = 0;
-        uint64_t h;
-        if (!cJSON_IsString(file) || strchr(file->valuestring, '/') || get_int(e, "lo", &lo) ||
-            get_int(e, "hi", &hi) || hi < lo ||
-            parse_hex(cJSON_GetObjectItemCaseSensitive(e, "xxh3"), &h) ||
-            (cJSON_HasObjectItem(e, "tp_rank") && get_int(e, "tp_rank", &rank))) {
-            manifest_fini(mf);
-            return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: shard %d of state.json is malformed",
-                            dir, i);
-        }
-        if (rank >= tp) {
-            manifest_fini(mf);
-            return LOCO_ERR(LOCO_EPROTO,
-                            "checkpoint %s: shard %d of state.json belongs to tp rank %lld, the "
-                            "checkpoint has tp = %d",
-                            dir, i, (long long)rank, tp);
-        }
-        mf->s[i] = (shard_ref){.file = file->valuestring, .lo = (size_t)lo, .hi = (size_t)hi,
-                               .xxh3 = h, .rank = (int)rank};
-        mf->first[rank + 1]++;
-    }
-    for (int k = 0; k < tp; k++)
-        mf->first[k + 1] += mf->first[k];
-    for (int k = 0, at = 0; k < tp; k++) {
-        if (mf->first[k] == mf->first[k + 1]) {
-            manifest_fini(mf);
-            return LOCO_ERR(LOCO_EPROTO,
-                            "checkpoint %s: tp rank %d of %d has no shards (its slice is missing)",
-                            dir, k, tp);
-        }
-        size_t expect = 0;
-        for (int i = 0; i < n; i++) {
-            const shard_ref *s = &mf->s[i];
-            if (s->rank != k)
-                continue;
-            if (s->lo != expect || s->hi > P) {
-                manifest_fini(mf);
-                return LOCO_ERR(LOCO_EPROTO,
-                                "checkpoint %s: %s do not tile their %zu parameters (shard %d "
-                                "covers [%zu, %zu), expected it to start at %zu)",
-                                dir, whose(who, sizeof who, k, tp), P, i, s->lo, s->hi, expect);
-            }
-            expect = s->hi;
-            mf->order[at++] = i;
-        }
-        if (expect != P) {
-            manifest_fini(mf);
-            return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s end at %zu of %zu parameters", dir,
-                            whose(who, sizeof who, k, tp), expect, P);
-        }
-    }
-    return 0;
-}
-
-/* The shard of tp rank k that holds element x of its slice (x < P). */
-static shard_ref *shard_at(const manifest *mf, int k, size_t x) {
-    int a = mf->first[k], b = mf->first[k + 1];
-    while (a < b) { /* the first with hi > x: the shards tile, so lo <= x */
-        const int mid = a + (b - a) / 2;
-        if (mf->s[mf->order[mid]].hi > x)
-            b = mid;
-        else
-            a = mid + 1;
-    }
-    return &mf->s[mf->order[a]];
-}
-
-/* Verifies and opens every shard marked as needed. */
-static int open_shards(manifest *mf) {
-    static const char *const names[3] = {"params", "exp_avg", "exp_avg_sq"};
-    for (int i = 0; i < mf->n; i++) {
-        shard_ref *s = &mf->s[i];
-        if (!s->need)
-            continue;
-        char what[PATH_MAX + 64], path[PATH_MAX + 64];
-        if (mf->tp > 1)
-            snprintf(what, sizeof what, "%s (of tp rank %d of %d)", s->file, s->rank, mf->tp);
-        else
-            snprintf(what, sizeof what, "%s", s->file);
-        LOCO_CHECK(verify_hash(mf->dir, s->file, what, s->xxh3));
-        snprintf(path, sizeof path, "%s/%s", mf->dir, s->file);
-        LOCO_CHECK(loco_st_open(&s->st, path));
-        const size_t len = s->hi - s->lo;
-        for (int k = 0; k < 3; k++) {
-            int ndim;
-            int64_t shape[LOCO_TENSOR_MAX_DIM];
-            LOCO_CHECK(loco_st_get(s->st, names[k], &s->x[k], &ndim, shape));
-            if (ndim != 1 || (size_t)shape[0] != (len ? len : 1))
-                return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s has a bad %s tensor", mf->dir,
-                                what, names[k]);
-        }
-        const char *r = loco_st_meta(s->st, "tp_rank");
-        if (r && strtol(r, NULL, 10) != s->rank)
-            return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s says it holds tp rank %s", mf->dir,
-                            what, r);
-    }
-    return 0;
-}
-
 /* The checkpoint's tp equals the view's: the view's rank's shards, by
  * range overlap. */
 static int load_sharded(const char *dir, const cJSON *j, int tp, loco_ckpt_view *v) {
-    manifest mf;
-    LOCO_CHECK(parse_manifest(&mf, dir, j, tp, v->tt->numel));
+    loco__ckpt_manifest mf;
+    LOCO_CHECK(loco__ckpt_parse_manifest(&mf, dir, j, tp, v->tt->numel));
     for (int i = 0; i < mf.n; i++) {
-        shard_ref *s = &mf.s[i];
-        s->need = s->rank == v->tp_rank && (overlaps(s->lo, s->hi, v->p_lo, v->p_hi) ||
-                                            (v->m && overlaps(s->lo, s->hi, v->o_lo, v->o_hi)));
+        loco__ckpt_shard_ref *s = &mf.s[i];
+        s->need = s->rank == v->tp_rank &&
+                  (loco__ckpt_overlaps(s->lo, s->hi, v->p_lo, v->p_hi) ||
+                   (v->m && loco__ckpt_overlaps(s->lo, s->hi, v->o_lo, v->o_hi)));
     }
-    int rc = open_shards(&mf);
+    int rc = loco__ckpt_open_shards(&mf);
     for (int i = 0; rc == 0 && i < mf.n; i++) {
-        const shard_ref *s = &mf.s[i];
+        const loco__ckpt_shard_ref *s = &mf.s[i];
         if (!s->need)
             continue;
         copy_overlap(v->params, v->p_lo, v->p_hi, s->x[0], s->lo, s->hi);
@@ -677,202 +507,7 @@ static int load_sharded(const char *dir, const cJSON *j, int tp, loco_ckpt_view 
             copy_overlap(v->v, v->o_lo, v->o_hi, s->x[2], s->lo, s->hi);
         }
     }
-    manifest_fini(&mf);
-    return rc;
-}
-
-/* ------------------------------------------------- resharding across tp */
-
-/* Another tp than the view's: every element of the view's ranges is
- * followed to its whole-tensor index (loco_gpt_tp_global) and from there to
- * the source tp rank and slice index that hold it (loco_gpt_tp_locate);
- * replicated tensors come from source rank 0, vocabulary padding is zero.
- * Tensor parallelism moves indices of one dimension only (the split
- * dimension: Megatron 1-D), so a tensor's maps are built over that
- * dimension and copies run over the contiguous elements after it. */
-typedef struct {
-    loco_ttable whole, src, dst; /* tp = 1, the checkpoint's tp, the view's tp */
-    int t_src, t_dst, rank;      /* rank: the view's tp rank */
-    bool sharded;
-    manifest mf;                 /* the sharded source */
-    single_src single;           /* the single-file source (t_src = 1) */
-    int64_t *dmap; /* view split index -> whole split index, -1 for padding */
-    int *srank;    /* whole split index -> source tp rank */
-    size_t *sidx;  /* whole split index -> split index in that rank's slice */
-} reshard;
-
-/* Elements after the split dimension (all of a replicated tensor's). */
-static size_t split_inner(const loco_tensor *t) {
-    if (t->split_dim < 0)
-        return t->numel;
-    size_t inner = 1;
-    for (int d = t->split_dim + 1; d < t->ndim; d++)
-        inner *= (size_t)t->shape[d];
-    return inner;
-}
-
-/* Indices along the split dimension (one for a replicated tensor). */
-static size_t split_len(const loco_tensor *t) {
-    return t->split_dim < 0 ? 1 : (size_t)t->shape[t->split_dim];
-}
-
-/* Tensor i's maps over its split dimension. */
-static void tensor_maps(reshard *R, int i) {
-    const loco_tensor *gt = &R->whole.t[i];
-    if (gt->split_dim < 0) {
-        R->dmap[0] = 0, R->srank[0] = 0, R->sidx[0] = 0;
-        return;
-    }
-    const size_t inner = split_inner(gt), nl = split_len(&R->dst.t[i]), n = split_len(gt);
-    for (size_t xl = 0; xl < nl; xl++) {
-        size_t g;
-        R->dmap[xl] = loco_gpt_tp_global(gt, R->t_dst, R->rank, xl * inner, &g)
-                          ? (int64_t)(g / inner)
-                          : -1;
-    }
-    for (size_t x = 0; x < n; x++) {
-        int k;
-        size_t j;
-        loco_gpt_tp_locate(gt, R->t_src, x * inner, &k, &j);
-        R->srank[x] = k < 0 ? 0 : k;
-        R->sidx[x] = j / inner;
-    }
-}
-
-/* The view's elements [lo, hi) of tensor i (the tensor's maps built):
- * copy = false marks the source shards they need, copy = true copies them
- * into dst[0 .. na) (which hold the view's range from `base`) from source
- * arrays a .. a + na - 1 (0 params, 1 exp_avg, 2 exp_avg_sq). */
-static void walk(reshard *R, int i, size_t lo, size_t hi, size_t base, float *const *dst, int a,
-                 int na, bool copy) {
-    const loco_tensor *vt = &R->dst.t[i], *stt = &R->src.t[i];
-    const size_t inner = split_inner(vt), nl = split_len(vt), nls = split_len(stt);
-    size_t x = lo > vt->offset ? lo : vt->offset;
-    const size_t end = hi < vt->offset + vt->numel ? hi : vt->offset + vt->numel;
-    const int64_t *dmap = R->dmap;
-    while (x < end) {
-        const size_t j = x - vt->offset, row = j / inner, in = j % inner, o = row / nl;
-        size_t xl = row % nl, len = inner - in;
-        const int64_t gx = dmap[xl];
-        if (gx < 0) {
-            len = len < end - x ? len : end - x;
-            for (int b = 0; copy && b < na; b++)
-                memset(dst[b] + (x - base), 0, len * sizeof(float));
-            x += len;
-            continue;
-        }
-        const int k = R->srank[gx];
-        const size_t js = (o * nls + R->sidx[gx]) * inner + in;
-        /* Further split indices that follow on in the same source slice. */
-        while (x + len < end && xl + 1 < nl && dmap[xl + 1] >= 0 && R->srank[dmap[xl + 1]] == k &&
-               R->sidx[dmap[xl + 1]] == R->sidx[dmap[xl]] + 1)
-            len += inner, xl++;
-        len = len < end - x ? len : end - x;
-        const float *src[2] = {NULL, NULL};
-        if (R->sharded) {
-            const size_t fx = stt->offset + js;
-            shard_ref *s = shard_at(&R->mf, k, fx);
-            len = len < s->hi - fx ? len : s->hi - fx;
-            s->need = true;
-            for (int b = 0; copy && b < na; b++)
-                src[b] = s->x[a + b] + (fx - s->lo);
-        } else {
-            for (int b = 0; copy && b < na; b++)
-                src[b] = R->single.x[3 * i + a + b] + js;
-        }
-        for (int b = 0; copy && b < na; b++)
-            memcpy(dst[b] + (x - base), src[b], len * sizeof(float));
-        x += len;
-    }
-}
-
-/* Every tensor of the view, first marking (copy = false), then copying. */
-static void walk_view(reshard *R, loco_ckpt_view *v, bool copy) {
-    float *p[1] = {v->params}, *mv[2] = {v->m, v->v};
-    for (int i = 0; i < R->dst.n; i++) {
-        const loco_tensor *t = &R->dst.t[i];
-        const size_t a = t->offset, b = t->offset + t->numel;
-        const bool need_p = overlaps(a, b, v->p_lo, v->p_hi);
-        const bool need_o = v->m && overlaps(a, b, v->o_lo, v->o_hi);
-        if (!need_p && !need_o)
-            continue;
-        tensor_maps(R, i);
-        if (need_p)
-            walk(R, i, v->p_lo, v->p_hi, v->p_lo, p, 0, 1, copy);
-        if (need_o)
-            walk(R, i, v->o_lo, v->o_hi, v->o_lo, mv, 1, 2, copy);
-    }
-}
-
-/* True when two tables name the same tensors with the same shapes and
- * offsets. */
-static bool same_table(const loco_ttable *a, const loco_ttable *b) {
-    if (a->n != b->n || a->numel != b->numel)
-        return false;
-    for (int i = 0; i < a->n; i++) {
-        const loco_tensor *x = &a->t[i], *y = &b->t[i];
-        if (strcmp(x->name, y->name) || x->ndim != y->ndim || x->offset != y->offset ||
-            x->split_dim != y->split_dim)
-            return false;
-        for (int d = 0; d < x->ndim; d++)
-            if (x->shape[d] != y->shape[d])
-                return false;
-    }
-    return true;
-}
-
-static int load_resharded(const char *dir, const cJSON *j, int t_src, loco_ckpt_view *v) {
-    reshard R = {.t_src = t_src, .t_dst = view_tp(v), .rank = v->tp_rank,
-                 .sharded = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "shards"))};
-    int rc = 0;
-    loco_ttable_init(&R.whole);
-    loco_ttable_init(&R.src);
-    loco_ttable_init(&R.dst);
-    loco_gpt_config mc = v->model;
-    mc.tp = 1;
-    LOCO_CHECK_GOTO(loco_gpt_build_table(&R.whole, &mc), out);
-    mc.tp = t_src;
-    LOCO_CHECK_GOTO(loco_gpt_build_table(&R.src, &mc), out);
-    mc.tp = R.t_dst;
-    LOCO_CHECK_GOTO(loco_gpt_build_table(&R.dst, &mc), out);
-    if (!same_table(&R.dst, v->tt)) {
-        rc = LOCO_ERR(LOCO_EINVAL,
-                      "the view's table is not tp rank %d's slice of its model (tp = %d)", R.rank,
-                      R.t_dst);
-        goto out;
-    }
-    size_t cap = 1;
-    for (int i = 0; i < R.whole.n; i++) {
-        const size_t n = split_len(&R.whole.t[i]), nl = split_len(&R.dst.t[i]);
-        cap = n > cap ? n : cap;
-        cap = nl > cap ? nl : cap;
-    }
-    R.dmap = loco_alloc(cap * sizeof *R.dmap);
-    R.srank = loco_alloc(cap * sizeof *R.srank);
-    R.sidx = loco_alloc(cap * sizeof *R.sidx);
-    if (!R.dmap || !R.srank || !R.sidx) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "resharding maps of %zu indices", cap);
-        goto out;
-    }
-    /* Everything the view needs is checked before it is touched. */
-    if (R.sharded) {
-        LOCO_CHECK_GOTO(parse_manifest(&R.mf, dir, j, t_src, R.src.numel), out);
-        walk_view(&R, v, false);
-        LOCO_CHECK_GOTO(open_shards(&R.mf), out);
-    } else {
-        const cJSON *sums = cJSON_GetObjectItemCaseSensitive(j, "xxh3");
-        LOCO_CHECK_GOTO(open_single(&R.single, dir, sums, &R.whole, v->m != NULL), out);
-    }
-    walk_view(&R, v, true);
-out:
-    manifest_fini(&R.mf);
-    close_single(&R.single);
-    loco_free(R.dmap);
-    loco_free(R.srank);
-    loco_free(R.sidx);
-    loco_ttable_fini(&R.whole);
-    loco_ttable_fini(&R.src);
-    loco_ttable_fini(&R.dst);
+    loco__ckpt_manifest_fini(&mf);
     return rc;
 }
 
@@ -949,16 +584,17 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
     const cJSON *sums = cJSON_GetObjectItemCaseSensitive(j, "xxh3");
     const cJSON *shards = cJSON_GetObjectItemCaseSensitive(j, "shards");
     uint64_t model_hash, rng[4];
-    if (get_int(j, "version", &version) || get_int(j, "step", &step) ||
-        get_int(j, "adam_t", &adam_t) || get_int(d, "shard", &shard) || get_int(d, "pos", &pos) ||
-        get_int(d, "epoch", &epoch) || !cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4 ||
-        parse_hex(cJSON_GetObjectItemCaseSensitive(j, "model_hash"), &model_hash) ||
+    if (loco__ckpt_get_int(j, "version", &version) || loco__ckpt_get_int(j, "step", &step) ||
+        loco__ckpt_get_int(j, "adam_t", &adam_t) || loco__ckpt_get_int(d, "shard", &shard) ||
+        loco__ckpt_get_int(d, "pos", &pos) || loco__ckpt_get_int(d, "epoch", &epoch) ||
+        !cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4 ||
+        loco__ckpt_parse_hex(cJSON_GetObjectItemCaseSensitive(j, "model_hash"), &model_hash) ||
         !(cJSON_IsObject(sums) || cJSON_IsArray(shards))) {
         rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s lacks or mangles a field", dir, STATE_FILE);
         goto out;
     }
     for (int i = 0; i < 4; i++)
-        if (parse_hex(cJSON_GetArrayItem(r, i), &rng[i])) {
+        if (loco__ckpt_parse_hex(cJSON_GetArrayItem(r, i), &rng[i])) {
             rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: bad rng state", dir);
             goto out;
         }
@@ -976,8 +612,9 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
     }
     /* The checkpoint's tensor-parallel degree (absent: 1) against the view's. */
     int64_t tp = 1;
-    const int tv = view_tp(v);
-    if (cJSON_HasObjectItem(j, "tp") && (get_int(j, "tp", &tp) || tp < 1 || tp > 1 << 20)) {
+    const int tv = loco__ckpt_view_tp(v);
+    if (cJSON_HasObjectItem(j, "tp") &&
+        (loco__ckpt_get_int(j, "tp", &tp) || tp < 1 || tp > 1 << 20)) {
         rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s has a bad tp", dir, STATE_FILE);
         goto out;
     }
@@ -1000,7 +637,7 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
         goto out;
     }
     if (tp != tv)
-        LOCO_CHECK_GOTO(load_resharded(dir, j, (int)tp, v), out);
+        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, (int)tp, v), out);
     else if (cJSON_IsArray(shards))
         LOCO_CHECK_GOTO(load_sharded(dir, j, (int)tp, v), out);
     else
