@@ -403,6 +403,8 @@ int cli_launch(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    static char ompi_dirs[LOCO_MAX_ISLANDS][32]; /* mpirun session directories */
+    int n_ompi = 0;
     /* argv of every child: [mpirun ...] loco CMD CONFIG [--site S] --set ... */
     static char strs[LOCO_MAX_ISLANDS + 1][8][LOCO_PATH_MAX + 64];
     static char *avs[LOCO_MAX_ISLANDS + 1][MAX_SETS * 2 + 32];
@@ -422,6 +424,18 @@ int cli_launch(int argc, char **argv) {
             av[n++] = "mpirun";
             av[n++] = "--allow-run-as-root";
             av[n++] = "--oversubscribe";
+            /* A session directory of its own: OpenMPI 4 jobs started at the
+             * same moment race to create the shared one ("mkdir ... File
+             * exists", open-mpi/ompi#8510). Short, for PMIx's socket paths. */
+            snprintf(s[5], sizeof s[5], "/tmp/loco-ompi-XXXXXX");
+            if (!mkdtemp(s[5])) {
+                rc = LOCO_ERR(LOCO_EIO, "launch: no session directory for %s's mpirun", who);
+                break;
+            }
+            snprintf(ompi_dirs[n_ompi++], sizeof ompi_dirs[0], "%s", s[5]);
+            av[n++] = "--mca";
+            av[n++] = "orte_tmpdir_base";
+            av[n++] = s[5];
             av[n++] = "-np";
             av[n++] = np_str;
         }
@@ -574,6 +588,8 @@ int cli_launch(int argc, char **argv) {
     loco_event_append(events, "\"kind\":\"launch_end\",\"status\":\"%s\"",
                  failed || worst || stop_requested ? "failed" : "finished");
     printf("launch: %s\n", failed || worst || stop_requested ? "FAILED" : "done: every process finished cleanly");
+    for (int i = 0; i < n_ompi; i++)
+        loco_rmtree(ompi_dirs[i]);
     if (rc < 0)
         return cli_fail(rc);
     bool bad = failed || worst || stop_requested;

@@ -44,6 +44,14 @@ static inline char *test_tmpdir(const char *name) {
     return d;
 }
 
+/* OpenMPI 4 jobs started at the same moment race to create their shared
+ * session directory ("mkdir ... File exists", open-mpi/ompi#8510): the
+ * mpiruns of this test process get theirs under dir (keep it short: PMIx
+ * puts its sockets there). */
+static inline void test_mpi_session_dir(const char *dir) {
+    setenv("OMPI_MCA_orte_tmpdir_base", dir, 1);
+}
+
 /* Whether mpirun is on the PATH (multi-rank tests skip without it). */
 static inline bool test_have_mpirun(void) {
     return system("command -v mpirun >/dev/null 2>&1") == 0;

@@ -5,6 +5,7 @@
  * under `mpirun -np 3` and `-np 4` (skipped, with the reason, where mpirun
  * is missing). Runs from the repository root. */
 #include "inner/comm/comm.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -367,6 +368,8 @@ static void run_mpi_check(int np) {
     struct stat st;
     cr_assert(stat(MPI_CHECK_BIN, &st) == 0,
               MPI_CHECK_BIN " is missing: build it with `make " MPI_CHECK_BIN "`");
+    char *sessions = test_tmpdir("loco-mpi");
+    test_mpi_session_dir(sessions);
     char cmd[512];
     /* timeout: a hung rank fails the test instead of the suite. */
     snprintf(cmd, sizeof cmd,
@@ -393,6 +396,8 @@ static void run_mpi_check(int np) {
     }
     out[len] = '\0';
     int status = pclose(p);
+    loco_rmtree(sessions);
+    free(sessions);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s exited with status %d:\n%s", cmd,
               WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
     cr_assert(strstr(out, " passed, 0 failed"), "no tally from the check:\n%s", out);

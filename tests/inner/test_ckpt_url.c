@@ -28,6 +28,7 @@ static float *saved[SLOTS];
 static void setup(void) {
     dir = strdup("/tmp/loco-ckpturl-XXXXXX");
     cr_assert(mkdtemp(dir));
+    test_mpi_session_dir(dir);
     loco_log_set_level(LOCO_LOG_ERROR);
     loco_config_defaults(&cfg);
     cfg.model.n_layer = 2, cfg.model.n_head = 2, cfg.model.n_embd = 16;

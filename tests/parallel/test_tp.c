@@ -28,7 +28,10 @@
 
 static char *dir;
 
-static void setup(void) { dir = test_tmpdir("loco-tp"); }
+static void setup(void) {
+    dir = test_tmpdir("loco-tp");
+    test_mpi_session_dir(dir);
+}
 
 static void teardown(void) {
     loco_rmtree(dir);

@@ -31,6 +31,7 @@ static char *dir;
 static void setup(void) {
     dir = strdup("/tmp/loco-zero-XXXXXX");
     cr_assert(mkdtemp(dir));
+    test_mpi_session_dir(dir);
 }
 
 static void teardown(void) {
