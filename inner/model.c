@@ -1,7 +1,8 @@
 /* GPT-2 forward and backward over flat buffers (llm.c's structure, Hugging
- * Face's names and layouts). Every loop lives in kernels/. */
-#include "inner/inner.h"
+ * Face's names and layouts), on one rank or on a tensor-parallel slice
+ * (inner/model_tp.c holds the tp pieces). Every loop lives in kernels/. */
 #include "inner/comm/comm.h"
+#include "inner/model_internal.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -18,15 +19,8 @@ loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
     return c;
 }
 
-static int tp_of(const loco_gpt_config *cfg) { return cfg->tp > 1 ? cfg->tp : 1; }
-
-int loco_gpt_vocab_padded(const loco_gpt_config *cfg) {
-    const int t = tp_of(cfg);
-    return (cfg->vocab_size + t - 1) / t * t;
-}
-
 int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
-    const int t = tp_of(cfg);
+    const int t = loco__gpt_tp_of(cfg);
     if (cfg->n_head % t || (4 * (int64_t)cfg->n_embd) % t)
         return LOCO_ERR(LOCO_EINVAL,
                         "parallel.tp = %d must divide model.n_head (%d) and 4 x model.n_embd "
@@ -75,57 +69,9 @@ out_fail:
     return rc;
 }
 
-/* Extent of gt's split dimension over all t ranks: rounded up to t parts
- * (only wte's vocabulary ever needs it; the rest divide exactly). */
-static size_t tp_extent(const loco_tensor *gt, int t) {
-    const size_t n = (size_t)gt->shape[gt->split_dim], q = (size_t)t * (size_t)gt->split_parts;
-    return (n + q - 1) / q * q;
+int loco_gpt_num_units(const loco_gpt *m) {
+    return m->cfg.n_layer + 2;
 }
-
-/* Row-major strides of gt's split dimension: elements after it (inner)
- * and the size of the tensor's trailing block from it on. */
-static void split_strides(const loco_tensor *gt, size_t *inner) {
-    *inner = 1;
-    for (int d = gt->split_dim + 1; d < gt->ndim; d++)
-        *inner *= (size_t)gt->shape[d];
-}
-
-void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_t *j) {
-    if (gt->split_dim < 0 || t <= 1) {
-        *rank = t <= 1 ? 0 : -1;
-        *j = g;
-        return;
-    }
-    size_t inner;
-    split_strides(gt, &inner);
-    const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
-    const size_t parts = (size_t)gt->split_parts, part_len = ext / parts, chunk = part_len / t;
-    const size_t outer = g / (inner * n), x = g / inner % n, in = g % inner;
-    const size_t part = x / part_len, r = x % part_len;
-    const size_t xl = part * chunk + r % chunk, nl = ext / (size_t)t;
-    *rank = (int)(r / chunk);
-    *j = (outer * nl + xl) * inner + in;
-}
-
-bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g) {
-    if (gt->split_dim < 0 || t <= 1) {
-        *g = j;
-        return true;
-    }
-    size_t inner;
-    split_strides(gt, &inner);
-    const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
-    const size_t parts = (size_t)gt->split_parts, chunk = ext / parts / (size_t)t;
-    const size_t nl = ext / (size_t)t;
-    const size_t outer = j / (inner * nl), xl = j / inner % nl, in = j % inner;
-    const size_t x = xl / chunk * (ext / parts) + (size_t)k * chunk + xl % chunk;
-    if (x >= n)
-        return false;
-    *g = (outer * n + x) * inner + in;
-    return true;
-}
-
-int loco_gpt_num_units(const loco_gpt *m) { return m->cfg.n_layer + 2; }
 
 /* Tensor indices [*first, *last) of a unit in the table. */
 static void unit_tensors(const loco_gpt *m, int unit, int *first, int *last) {
@@ -199,18 +145,9 @@ static int grads_ready(loco_gpt *m, int unit) {
     return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : 0;
 }
 
-/* The shapes of the passes on this rank: rows of the residual regions,
- * the tp slice's widths and where this rank's rows and vocabulary start. */
-typedef struct {
-    int t, k;          /* tp size and rank */
-    bool sp;
-    size_t N, R, row0; /* all rows, this rank's residual rows, its first row */
-    int C, Cl, Fl, NHl, Vl, v_lo, v_valid;
-} dims;
-
-static dims dims_of(const loco_gpt *m, int B, int T) {
-    dims d;
-    d.t = tp_of(&m->cfg);
+loco__gpt_shape loco__gpt_shape_of(const loco_gpt *m, int B, int T) {
+    loco__gpt_shape d;
+    d.t = loco__gpt_tp_of(&m->cfg);
     d.k = m->tp_rank;
     d.sp = m->par.sp;
     d.N = (size_t)B * (size_t)T;
@@ -238,7 +175,7 @@ static bool full_recompute(const loco_gpt *m, int l) {
  * (eval, sampling) uses the same slab. */
 static size_t carve_acts(loco_gpt *m, float *base) {
     const size_t L = (size_t)m->cfg.n_layer;
-    const dims d = dims_of(m, m->B, m->T);
+    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
     const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
     const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = B * (size_t)d.NHl * T * T;
     const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE;
@@ -247,7 +184,7 @@ static size_t carve_acts(loco_gpt *m, float *base) {
     do {                                                                                           \
         if (base)                                                                                  \
             field = base + off;                                                                    \
-        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                 \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
     } while (0)
     loco_gpt_acts *a = &m->a;
     CARVE(a->encoded, R * C);
@@ -262,7 +199,9 @@ static size_t carve_acts(loco_gpt *m, float *base) {
         const bool is_shared = l == L;
         if (is_shared && !any_full && !selective)
             break;
-        loco_gpt_layer_acts *la = is_shared ? &shared : base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
+        loco_gpt_layer_acts *la = is_shared ? &shared
+                                  : base    ? &a->layer[l]
+                                            : &(loco_gpt_layer_acts){0};
         const bool full = !is_shared && full_recompute(m, (int)l);
         const size_t before = off;
         if (!full) {
@@ -332,7 +271,7 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
      * (C/t), fch and its GELU (8C/t): 12C/t, and the attention
      * probabilities NH*T/t. Selective drops the probabilities; full keeps
      * only the block's output res3 (C, over t with sp). */
-    const dims d = dims_of(m, m->B, m->T);
+    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
     const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
     const double rows = d.sp ? 1.0 / t : 1.0;
     const double per_token =
@@ -342,7 +281,9 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
     return 4.0 * per_token * (double)d.N;
 }
 
-bool loco_gpt_tensor_replicated(const loco_gpt *m, int i) { return m->tt.t[i].split_dim < 0; }
+bool loco_gpt_tensor_replicated(const loco_gpt *m, int i) {
+    return m->tt.t[i].split_dim < 0;
+}
 
 int loco_gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T) {
     return loco_gpt_init_par(m, cfg, B, T, 0, NULL);
@@ -354,13 +295,13 @@ int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsi
 
 /* The parallel settings against the model's shape and the group. */
 static int check_parallel(const loco_gpt_config *cfg, int B, int T, const loco_gpt_parallel *par) {
-    const int t = tp_of(cfg);
+    const int t = loco__gpt_tp_of(cfg);
     if (par->sp && t < 2)
         return LOCO_ERR(LOCO_EINVAL, "parallel.sp = true needs parallel.tp > 1 (sequence "
                                      "parallelism splits the tensor-parallel group's work)");
     if (t > 1 && (!par->tp || loco_comm_size(par->tp) != t))
-        return LOCO_ERR(LOCO_EINVAL, "model split over tp = %d ranks needs a group of %d ranks",
-                        t, t);
+        return LOCO_ERR(LOCO_EINVAL, "model split over tp = %d ranks needs a group of %d ranks", t,
+                        t);
     if (par->sp && ((size_t)B * (size_t)T) % (size_t)t)
         return LOCO_ERR(LOCO_EINVAL,
                         "parallel.sp: the %d x %d tokens of a micro-batch do not split evenly "
@@ -377,8 +318,7 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     memset(m, 0, sizeof *m);
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || cfg->vocab_size < 2 ||
         T < 1 || T > cfg->seq_len || B < 1)
-        return LOCO_ERR(LOCO_EINVAL,
-                        "bad model shape: L=%d NH=%d C=%d V=%d maxT=%d for B=%d T=%d",
+        return LOCO_ERR(LOCO_EINVAL, "bad model shape: L=%d NH=%d C=%d V=%d maxT=%d for B=%d T=%d",
                         cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->seq_len, B,
                         T);
     static const loco_gpt_parallel none = {0};
@@ -386,7 +326,7 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
         par = &none;
     LOCO_CHECK(check_parallel(cfg, B, T, par));
     m->cfg = *cfg;
-    m->cfg.tp = tp_of(cfg);
+    m->cfg.tp = loco__gpt_tp_of(cfg);
     m->par = *par;
     if (m->cfg.tp == 1)
         m->par.tp = NULL;
@@ -416,8 +356,8 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
         m->act_slab = loco_alloc(m->act_bytes);
     if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->a.layer ||
         !m->tp_counts || (want_a && !m->act_slab)) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats",
-                      m->n_params, n_act);
+        rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats", m->n_params,
+                      n_act);
         goto out_fail;
     }
     if (want_a)
@@ -518,134 +458,14 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
         return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the model's capacity %dx%d", B, T, m->B,
                         m->T);
     if (m->par.sp && ((size_t)B * (size_t)T) % (size_t)m->cfg.tp)
-        return LOCO_ERR(LOCO_EINVAL, "sequence parallelism: a %dx%d batch does not split over %d "
-                                     "tp ranks", B, T, m->cfg.tp);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "sequence parallelism: a %dx%d batch does not split over %d "
+                        "tp ranks",
+                        B, T, m->cfg.tp);
     for (int i = 0; i < B * T; i++)
         if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
-            return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)",
-                            inputs[i], i, m->cfg.vocab_size);
-    return 0;
-}
-
-/* ------------------------------------------------- tensor-parallel collectives */
-
-static double ring_share(const loco_gpt *m) {
-    return (double)(m->cfg.tp - 1) / (double)m->cfg.tp;
-}
-
-static int tp_allreduce(loco_gpt *m, float *buf, size_t n, loco_comm_op op) {
-    m->comm.allreduce += 2.0 * ring_share(m) * (double)(n * sizeof(float));
-    m->comm.calls++;
-    return loco_comm_allreduce(m->par.tp, buf, n, LOCO_DT_F32, op);
-}
-
-/* full (t * part floats, rank blocks in order) summed over tp; this rank's
- * block lands in part. */
-static int tp_reduce_scatter(loco_gpt *m, const float *full, float *part, size_t n_part) {
-    for (int r = 0; r < m->cfg.tp; r++)
-        m->tp_counts[r] = n_part;
-    m->comm.reduce_scatter += ring_share(m) * (double)(n_part * (size_t)m->cfg.tp * sizeof(float));
-    m->comm.calls++;
-    return loco_comm_reduce_scatter(m->par.tp, full, part, m->tp_counts, LOCO_DT_F32, LOCO_OP_SUM);
-}
-
-/* Every rank's part (n_part floats) into full, in rank order. */
-static int tp_allgather(loco_gpt *m, const float *part, float *full, size_t n_part) {
-    for (int r = 0; r < m->cfg.tp; r++)
-        m->tp_counts[r] = n_part;
-    m->comm.allgather += ring_share(m) * (double)(n_part * (size_t)m->cfg.tp * sizeof(float));
-    m->comm.calls++;
-    return loco_comm_allgather(m->par.tp, part, full, m->tp_counts, LOCO_DT_F32);
-}
-
-/* The input of a column-parallel layer: the LayerNorm output x (R, C),
- * gathered over the sequence under sp (Megatron's g in the forward; the
- * backward gathers it again rather than keeping N rows). */
-static int column_input(loco_gpt *m, const dims *d, const float *x, const float **full) {
-    if (!d->sp) {
-        *full = x;
-        return 0;
-    }
-    LOCO_CHECK(tp_allgather(m, x, m->s.gather, d->R * (size_t)d->C));
-    *full = m->s.gather;
-    return 0;
-}
-
-/* Row-parallel layer: out (R, C) = sum over tp of in (N, K) @ w (K, C),
- * then + bias once. tp: all-reduce; sp: reduce-scatter into this rank's
- * rows. */
-static int row_parallel_fwd(loco_gpt *m, const dims *d, float *out, const float *in,
-                            const float *w, const float *bias, int K) {
-    const int N = (int)d->N, C = d->C;
-    if (d->t == 1) {
-        loco_matmul_fwd(out, in, w, bias, N, K, C, false);
-        return 0;
-    }
-    if (!d->sp) {
-        loco_matmul_fwd(out, in, w, NULL, N, K, C, false);
-        LOCO_CHECK(tp_allreduce(m, out, d->N * (size_t)C, LOCO_OP_SUM));
-    } else {
-        loco_matmul_fwd(m->s.full, in, w, NULL, N, K, C, false);
-        LOCO_CHECK(tp_reduce_scatter(m, m->s.full, out, d->R * (size_t)C));
-    }
-    loco_bias_fwd(out, bias, (int)d->R, C);
-    return 0;
-}
-
-/* Its backward: dinp (N, K) += dout @ w^T with dout gathered over the
- * sequence under sp; dw from the same; dbias from this rank's rows (under
- * sp a partial sum, which the caller reduces with the other replicated
- * gradients). */
-static int row_parallel_bwd(loco_gpt *m, const dims *d, float *dinp, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w, int K) {
-    const int N = (int)d->N, C = d->C;
-    if (d->t == 1) {
-        loco_matmul_bwd(dinp, dw, dbias, dout, in, w, N, K, C, false);
-        return 0;
-    }
-    loco_matmul_bwd(NULL, NULL, dbias, dout, in, w, (int)d->R, K, C, false);
-    const float *dfull = dout;
-    if (d->sp) {
-        LOCO_CHECK(tp_allgather(m, dout, m->s.full, d->R * (size_t)C));
-        dfull = m->s.full;
-    }
-    loco_matmul_bwd(dinp, dw, NULL, dfull, in, w, N, K, C, false);
-    return 0;
-}
-
-/* Column-parallel layer's backward into the LayerNorm region: dx (R, C)
- * (overwritten) = sum over tp of dout (N, OC) @ w^T, reduced by all-reduce
- * or, under sp, reduce-scatter; dw, db from x (R rows, gathered again
- * under sp). */
-static int column_parallel_bwd(loco_gpt *m, const dims *d, float *dx, float *dw, float *db,
-                               const float *dout, const float *x, const float *w, int OC) {
-    const int N = (int)d->N, C = d->C;
-    const float *xin;
-    LOCO_CHECK(column_input(m, d, x, &xin));
-    float *dst = d->sp ? m->s.full : dx;
-    memset(dst, 0, d->N * (size_t)C * sizeof(float));
-    loco_matmul_bwd(dst, dw, db, dout, xin, w, N, C, OC, false);
-    if (d->t == 1)
-        return 0;
-    if (!d->sp)
-        return tp_allreduce(m, dx, d->N * (size_t)C, LOCO_OP_SUM);
-    return tp_reduce_scatter(m, m->s.full, dx, d->R * (size_t)C);
-}
-
-/* Replicated gradients computed from this rank's rows under sp: their
- * sum over tp is added to the gradient buffers (only this micro-batch's
- * part is reduced; earlier micro-batches are already in `dst`). */
-static int sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += len[i];
-    LOCO_CHECK(tp_allreduce(m, m->s.drep, total, LOCO_OP_SUM));
-    const float *src = m->s.drep;
-    for (int i = 0; i < n; i++) {
-        for (size_t j = 0; j < len[i]; j++)
-            dst[i][j] += src[j];
-        src += len[i];
-    }
+            return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)", inputs[i],
+                            i, m->cfg.vocab_size);
     return 0;
 }
 
@@ -655,29 +475,31 @@ static const float *block_input(const loco_gpt *m, int l) {
     return l == 0 ? m->a.encoded : m->a.layer[l - 1].res3;
 }
 
-static int block_fwd(loco_gpt *m, const dims *d, int l, const loco_gpt_layer_acts *la, int B,
-                     int T) {
+static int block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                     int B, int T) {
     const loco_gpt_block *w = &m->p.h[l];
     const int N = (int)d->N, R = (int)d->R, C = d->C;
     const float *res = block_input(m, l), *x;
     loco_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, res, w->ln1w, w->ln1b, R, C);
-    LOCO_CHECK(column_input(m, d, la->ln1, &x));
+    LOCO_CHECK(loco__gpt_column_input(m, d, la->ln1, &x));
     loco_matmul_fwd(la->qkv, x, w->qkvw, w->qkvb, N, C, 3 * d->Cl, false);
     loco_attention_fwd(la->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
-    LOCO_CHECK(row_parallel_fwd(m, d, la->attproj, la->atty, w->attprojw, w->attprojb, d->Cl));
+    LOCO_CHECK(
+        loco__gpt_row_parallel_fwd(m, d, la->attproj, la->atty, w->attprojw, w->attprojb, d->Cl));
     loco_residual_fwd(la->res2, res, la->attproj, (size_t)R * C);
     loco_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, R, C);
-    LOCO_CHECK(column_input(m, d, la->ln2, &x));
+    LOCO_CHECK(loco__gpt_column_input(m, d, la->ln2, &x));
     loco_matmul_fwd(la->fch, x, w->fcw, w->fcb, N, C, d->Fl, false);
     loco_gelu_fwd(la->fch_gelu, la->fch, (size_t)N * d->Fl);
-    LOCO_CHECK(row_parallel_fwd(m, d, la->fcproj, la->fch_gelu, w->fcprojw, w->fcprojb, d->Fl));
+    LOCO_CHECK(
+        loco__gpt_row_parallel_fwd(m, d, la->fcproj, la->fch_gelu, w->fcprojw, w->fcprojb, d->Fl));
     loco_residual_fwd(la->res3, la->res2, la->fcproj, (size_t)R * C);
     return 0;
 }
 
 /* s.dres holds the gradient of block l's output; leaves its input's. */
-static int block_bwd(loco_gpt *m, const dims *d, int l, const loco_gpt_layer_acts *la, int B,
-                     int T) {
+static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                     int B, int T) {
     const loco_gpt_block *w = &m->p.h[l];
     loco_gpt_block *g = &m->g.h[l];
     loco_gpt_scratch *s = &m->s;
@@ -694,11 +516,12 @@ static int block_bwd(loco_gpt *m, const dims *d, int l, const loco_gpt_layer_act
     }
     /* res3 = res2 + fcproj: dres flows to both. */
     memset(s->dfchg, 0, (size_t)N * d->Fl * sizeof(float));
-    LOCO_CHECK(row_parallel_bwd(m, d, s->dfchg, g->fcprojw, fpb, s->dres, la->fch_gelu,
-                                w->fcprojw, d->Fl));
+    LOCO_CHECK(loco__gpt_row_parallel_bwd(m, d, s->dfchg, g->fcprojw, fpb, s->dres, la->fch_gelu,
+                                          w->fcprojw, d->Fl));
     memset(s->dfch, 0, (size_t)N * d->Fl * sizeof(float));
     loco_gelu_bwd(s->dfch, la->fch, s->dfchg, (size_t)N * d->Fl);
-    LOCO_CHECK(column_parallel_bwd(m, d, s->dbtc, g->fcw, g->fcb, s->dfch, la->ln2, w->fcw, d->Fl));
+    LOCO_CHECK(loco__gpt_column_parallel_bwd(m, d, s->dbtc, g->fcw, g->fcb, s->dfch, la->ln2,
+                                             w->fcw, d->Fl));
     loco_layernorm_bwd(s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd,
                        R, C);
     /* res2 = res + attproj: dres flows to both. */
@@ -709,69 +532,29 @@ static int block_bwd(loco_gpt *m, const dims *d, int l, const loco_gpt_layer_act
     }
     float *datty = s->dfchg; /* (N, Cl) fits in (N, Fl) */
     memset(datty, 0, (size_t)N * d->Cl * sizeof(float));
-    LOCO_CHECK(row_parallel_bwd(m, d, datty, g->attprojw, apb, s->dres, atty, w->attprojw, d->Cl));
+    LOCO_CHECK(loco__gpt_row_parallel_bwd(m, d, datty, g->attprojw, apb, s->dres, atty, w->attprojw,
+                                          d->Cl));
     memset(s->dqkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
     loco_attention_bwd(s->dqkv, s->datt, datty, la->qkv, la->att, B, T, d->Cl, d->NHl);
-    LOCO_CHECK(column_parallel_bwd(m, d, s->dbtc, g->qkvw, g->qkvb, s->dqkv, la->ln1, w->qkvw,
-                                   3 * d->Cl));
+    LOCO_CHECK(loco__gpt_column_parallel_bwd(m, d, s->dbtc, g->qkvw, g->qkvb, s->dqkv, la->ln1,
+                                             w->qkvw, 3 * d->Cl));
     loco_layernorm_bwd(s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R,
                        C);
     if (d->sp) {
         float *dst[6] = {g->ln1w, g->ln1b, g->attprojb, g->ln2w, g->ln2b, g->fcprojb};
         const size_t len[6] = {(size_t)C, (size_t)C, (size_t)C, (size_t)C, (size_t)C, (size_t)C};
-        LOCO_CHECK(sp_reduce_into(m, dst, len, 6));
+        LOCO_CHECK(loco__gpt_sp_reduce_into(m, dst, len, 6));
     }
-    return 0;
-}
-
-/* Embeddings: tp = 1 llm.c's encoder; else each rank looks up the tokens
- * of its vocabulary rows, the sum over tp (all-reduce, or reduce-scatter
- * into this rank's rows under sp) is the embedding, then + wpe. */
-static int embed_fwd(loco_gpt *m, const dims *d, const int32_t *inputs, int B, int T) {
-    const int C = d->C;
-    if (d->t == 1) {
-        loco_encoder_fwd(m->a.encoded, inputs, m->p.wte, m->p.wpe, B, T, C);
-        return 0;
-    }
-    float *dst = d->sp ? m->s.full : m->a.encoded;
-    loco_embed_fwd(dst, inputs, m->p.wte, d->v_lo, d->Vl, (int)d->N, C);
-    if (d->sp)
-        LOCO_CHECK(tp_reduce_scatter(m, m->s.full, m->a.encoded, d->R * (size_t)C));
-    else
-        LOCO_CHECK(tp_allreduce(m, m->a.encoded, d->N * (size_t)C, LOCO_OP_SUM));
-    loco_pos_fwd(m->a.encoded, m->p.wpe, (int)d->row0, (int)d->R, T, C);
-    return 0;
-}
-
-static int embed_bwd(loco_gpt *m, const dims *d, const int32_t *inputs, int B, int T) {
-    const int C = d->C;
-    if (d->t == 1) {
-        loco_encoder_bwd(m->g.wte, m->g.wpe, m->s.dres, inputs, B, T, C);
-        return 0;
-    }
-    const float *dfull = m->s.dres;
-    if (d->sp) {
-        memset(m->s.drep, 0, (size_t)T * C * sizeof(float));
-        loco_pos_bwd(m->s.drep, m->s.dres, (int)d->row0, (int)d->R, T, C);
-        float *dst[1] = {m->g.wpe};
-        const size_t len[1] = {(size_t)T * C};
-        LOCO_CHECK(sp_reduce_into(m, dst, len, 1));
-        LOCO_CHECK(tp_allgather(m, m->s.dres, m->s.full, d->R * (size_t)C));
-        dfull = m->s.full;
-    } else {
-        loco_pos_bwd(m->g.wpe, m->s.dres, 0, (int)d->N, T, C);
-    }
-    loco_embed_bwd(m->g.wte, dfull, inputs, d->v_lo, d->Vl, (int)d->N, C);
     return 0;
 }
 
 /* Forward through the blocks and the final LayerNorm and head: a.logits. */
 static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
-    const dims d = dims_of(m, B, T);
+    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     loco_gpt_acts *a = &m->a;
     const int L = m->cfg.n_layer, C = d.C;
     LOCO_CHECK(acquire(m, 0, false));
-    LOCO_CHECK(embed_fwd(m, &d, inputs, B, T));
+    LOCO_CHECK(loco__gpt_embed_fwd(m, &d, inputs, B, T));
     for (int l = 0; l < L; l++) {
         LOCO_CHECK(acquire(m, l + 1, false));
         LOCO_CHECK(block_fwd(m, &d, l, &a->layer[l], B, T));
@@ -784,31 +567,10 @@ static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
     loco_layernorm_fwd(lnf_rows, a->lnf_mean, a->lnf_rstd, a->layer[L - 1].res3, m->p.lnfw,
                        m->p.lnfb, (int)d.R, C);
     if (d.sp)
-        LOCO_CHECK(tp_allgather(m, lnf_rows, a->lnf, d.R * (size_t)C));
+        LOCO_CHECK(loco__gpt_tp_allgather(m, lnf_rows, a->lnf, d.R * (size_t)C));
     LOCO_CHECK(release(m, L + 1, false));
     loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, (int)d.N, C, d.Vl, true);
     return release(m, 0, false);
-}
-
-/* Losses (and, with dscale != 0 and dlogits, the logits' gradient in
- * place): the fused kernel, or vocabulary-parallel over tp (the softmax's
- * max and sum all-reduced; the whole logits never on one rank). */
-static int cross_entropy(loco_gpt *m, const int32_t *targets, int N, bool backward, float dscale) {
-    loco_gpt_acts *a = &m->a;
-    const dims d = dims_of(m, 1, N);
-    float *dlogits = backward ? a->logits : NULL;
-    if (d.t == 1) {
-        loco_xent_fwd_bwd(a->losses, dlogits, a->logits, targets, N, m->cfg.vocab_size, dscale);
-        return 0;
-    }
-    float *rowmax = a->xent, *sums = a->xent + N; /* sumexp (N) then tlogit (N) */
-    loco_xent_vp_max(rowmax, a->logits, N, d.Vl, d.v_valid);
-    LOCO_CHECK(tp_allreduce(m, rowmax, (size_t)N, LOCO_OP_MAX));
-    loco_xent_vp_sum(sums, sums + N, a->logits, rowmax, targets, d.v_lo, N, d.Vl, d.v_valid);
-    LOCO_CHECK(tp_allreduce(m, sums, 2 * (size_t)N, LOCO_OP_SUM));
-    loco_xent_vp_finish(a->losses, dlogits, a->logits, rowmax, sums, sums + N, targets, d.v_lo, N,
-                        d.Vl, d.v_valid, dscale);
-    return 0;
 }
 
 static float mean_of(const float *x, int n) {
@@ -823,7 +585,7 @@ int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets,
     LOCO_CHECK(check_batch(m, inputs, B, T));
     LOCO_CHECK(forward_body(m, inputs, B, T));
     if (targets) {
-        LOCO_CHECK(cross_entropy(m, targets, B * T, false, 0.f));
+        LOCO_CHECK(loco__gpt_cross_entropy(m, targets, B * T, false, 0.f));
         if (mean_loss)
             *mean_loss = mean_of(m->a.losses, B * T);
     }
@@ -836,13 +598,13 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     for (int i = 0; i < B * T; i++)
         if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
             return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
-    const dims d = dims_of(m, B, T);
+    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     const int C = d.C, N = B * T, L = m->cfg.n_layer;
     loco_gpt_acts *a = &m->a;
     loco_gpt_scratch *s = &m->s;
     LOCO_CHECK(forward_body(m, inputs, B, T));
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
-    LOCO_CHECK(cross_entropy(m, targets, N, true, loss_scale / (float)N));
+    LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
     if (mean_loss)
         *mean_loss = mean_of(a->losses, N);
 
@@ -853,9 +615,9 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     loco_matmul_bwd(dlnf, m->g.wte, NULL, a->logits, a->lnf, m->p.wte, N, C, d.Vl, true);
     if (d.t > 1) {
         if (d.sp)
-            LOCO_CHECK(tp_reduce_scatter(m, s->full, s->dbtc, d.R * (size_t)C));
+            LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, s->full, s->dbtc, d.R * (size_t)C));
         else
-            LOCO_CHECK(tp_allreduce(m, s->full, d.N * (size_t)C, LOCO_OP_SUM));
+            LOCO_CHECK(loco__gpt_tp_allreduce(m, s->full, d.N * (size_t)C, LOCO_OP_SUM));
     }
     const float *dln = d.t > 1 && !d.sp ? s->full : s->dbtc;
     memset(s->dres, 0, d.R * (size_t)C * sizeof(float));
@@ -870,7 +632,7 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     if (d.sp) {
         float *dst[2] = {m->g.lnfw, m->g.lnfb};
         const size_t len[2] = {(size_t)C, (size_t)C};
-        LOCO_CHECK(sp_reduce_into(m, dst, len, 2));
+        LOCO_CHECK(loco__gpt_sp_reduce_into(m, dst, len, 2));
     }
     LOCO_CHECK(release(m, L + 1, true));
     LOCO_CHECK(grads_ready(m, L + 1));
@@ -882,7 +644,7 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
         LOCO_CHECK(release(m, l + 1, true));
         LOCO_CHECK(grads_ready(m, l + 1));
     }
-    LOCO_CHECK(embed_bwd(m, &d, inputs, B, T));
+    LOCO_CHECK(loco__gpt_embed_bwd(m, &d, inputs, B, T));
     LOCO_CHECK(release(m, 0, true));
     return grads_ready(m, 0);
 }

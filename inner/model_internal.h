@@ -1,0 +1,61 @@
+/* Internals of the GPT model shared by inner/model.c (tables, buffers,
+ * passes) and inner/model_tp.c (tensor parallelism). Not for use outside
+ * them. */
+#ifndef LOCO_MODEL_INTERNAL_H
+#define LOCO_MODEL_INTERNAL_H
+
+#include "inner/comm/comm.h"
+#include "inner/inner.h"
+
+static inline int loco__gpt_tp_of(const loco_gpt_config *cfg) {
+    return cfg->tp > 1 ? cfg->tp : 1;
+}
+
+/* The shapes of the passes on this rank: rows of the residual regions,
+ * the tp slice's widths and where this rank's rows and vocabulary start. */
+typedef struct {
+    int t, k; /* tp size and rank */
+    bool sp;
+    size_t N, R, row0; /* all rows, this rank's residual rows, its first row */
+    int C, Cl, Fl, NHl, Vl, v_lo, v_valid;
+} loco__gpt_shape;
+
+/* The shapes of a B x T batch's passes on this rank. */
+loco__gpt_shape loco__gpt_shape_of(const loco_gpt *m, int B, int T);
+
+/* Collectives over the model's tp group, counted in m->comm: in place
+ * all-reduce; reduce-scatter (SUM) of full (t blocks of n_part, rank
+ * order) into part; all-gather of every rank's part into full. */
+int loco__gpt_tp_allreduce(loco_gpt *m, float *buf, size_t n, loco_comm_op op);
+int loco__gpt_tp_reduce_scatter(loco_gpt *m, const float *full, float *part, size_t n_part);
+int loco__gpt_tp_allgather(loco_gpt *m, const float *part, float *full, size_t n_part);
+
+/* The LayerNorm output x (R, C) as a column-parallel layer's input (N
+ * rows): itself, or gathered into s.gather under sp. */
+int loco__gpt_column_input(loco_gpt *m, const loco__gpt_shape *d, const float *x,
+                           const float **full);
+/* Row-parallel layer: out (R, C) = sum over tp of in (N, K) @ w (K, C),
+ * + bias once; and its backward (dinp, dw accumulate; dbias from this
+ * rank's rows: under sp a partial sum for loco__gpt_sp_reduce_into). */
+int loco__gpt_row_parallel_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, const float *in,
+                               const float *w, const float *bias, int K);
+int loco__gpt_row_parallel_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dinp, float *dw,
+                               float *dbias, const float *dout, const float *in, const float *w,
+                               int K);
+/* Column-parallel layer's backward: dx (R, C) overwritten with the input
+ * gradient summed over tp; dw, db accumulate. */
+int loco__gpt_column_parallel_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dx, float *dw,
+                                  float *db, const float *dout, const float *x, const float *w,
+                                  int OC);
+/* Under sp: s.drep (the n arrays of len[i] floats, in order) summed over tp
+ * and added into dst[i]. */
+int loco__gpt_sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, int n);
+/* Embeddings into a.encoded (R, C), and their backward from s.dres. */
+int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B, int T);
+int loco__gpt_embed_bwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B, int T);
+/* a.losses (N) from a.logits, and with `backward` the logits' gradient
+ * (times dscale) in place; vocabulary-parallel under tp. */
+int loco__gpt_cross_entropy(loco_gpt *m, const int32_t *targets, int N, bool backward,
+                            float dscale);
+
+#endif /* LOCO_MODEL_INTERNAL_H */
