@@ -27,6 +27,7 @@ int cli_coordinator(int argc, char **argv);
 int cli_certs(int argc, char **argv);
 int cli_launch(int argc, char **argv);
 int cli_report(int argc, char **argv);
+int cli_pipeline(int argc, char **argv);
 
 /* Options of a fault-experiment report (docs/REPORTS.md). */
 typedef struct {

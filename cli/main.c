@@ -38,6 +38,10 @@ static void usage(FILE *f) {
             "  ckpt export CKPT_DIR OUT_DIR\n"
             "                         one Hugging Face model.safetensors + config.json from any\n"
             "                         checkpoint, sharded or not\n"
+            "  pipeline [CONFIG] [--set k=v]... [--costs F,B,W] [--latency L]\n"
+            "                         pipeline schedules checked by the simulator: every schedule\n"
+            "                         against the published bubble and memory; with CONFIG or\n"
+            "                         --set, parallel.pp_schedule's per-rank action lists\n"
             "  bench step|memory|exchange|compress [OPTIONS]\n"
             "                         benchmarks against a reference measured in the same run\n"
             "  version                print the version\n",
@@ -104,6 +108,8 @@ int main(int argc, char **argv) {
         return cli_launch(sub_argc, sub_argv);
     if (!strcmp(cmd, "report"))
         return cli_report(sub_argc, sub_argv);
+    if (!strcmp(cmd, "pipeline"))
+        return cli_pipeline(sub_argc, sub_argv);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loco %s\n", LOCO_VERSION);
         return CLI_OK;

@@ -7,7 +7,8 @@
  * Ownership (DESIGN.md): dp rank r of N owns the contiguous range
  * [r*P/N, (r+1)*P/N) of the flat parameter buffer (P parameters) at every
  * stage; ZeRO-1 keeps optimizer state only for it, ZeRO-2 also gradients,
- * ZeRO-3 also parameters. The outer loop reuses the same ranges. */
+ * ZeRO-3 also parameters. The outer loop reuses the same ranges.
+ * Pipeline schedules, their generators and simulator: the last section. */
 #ifndef LOCO_PARALLEL_H
 #define LOCO_PARALLEL_H
 
@@ -72,5 +73,144 @@ int loco_zero_sync_replicas(loco_zero *z);
 /* Bytes of persistent state the textbook formula predicts for fp32 AdamW
  * (16P for DDP, 8P + 8P/N, 4P + 12P/N, 16P/N), excluding unit buffers. */
 double loco_zero_formula_bytes(int stage, size_t n_params, int dp);
+
+/* ============================================================ pipeline
+ * Pipeline schedules as data (DESIGN.md; docs/PIPELINE.md): a generator
+ * writes, for p ranks holding v chunks each and m micro-batches, one
+ * ordered list of actions per rank; a simulator checks the lists and
+ * times them; one executor (later) runs them over the comm ops table.
+ *
+ * Chunks are the p*v contiguous groups of blocks in model order: chunk 0
+ * holds the embeddings, chunk p*v-1 ln_f, the head and the loss. Placement
+ * is looped (chunk c on rank c mod p: gpipe, 1f1b, interleaved, zb-h1) or
+ * V-shaped (rank r holds chunks r and 2p-1-r: zbv, dualpipev), so a
+ * V's turn at the last rank (chunks p-1 -> p) is local.
+ *
+ * A rank runs its list in order on one stream. SEND and RECV only post a
+ * non-blocking transfer: a SEND follows the compute that produced the
+ * tensor, a RECV comes one compute action ahead of the compute that needs
+ * it, which waits for the transfer; chunks on one rank exchange nothing.
+ * Messages are named by what produced them: ACT (mb, c) is the output of
+ * F(mb, c), bound for chunk c+1; GRAD (mb, c) is the input gradient of
+ * B or BW (mb, c), bound for chunk c-1. SEND and RECV of one message carry
+ * the same (msg, mb, chunk), so a tagged transport (MPI) matches them by
+ * tag; loco_pp_sim.in_order(_by_kind) says whether a tag-free one (NCCL)
+ * may match them by order (on one channel per pair, or per pair and kind). */
+
+typedef struct loco_pp_schedule loco_pp_schedule;
+
+typedef enum {
+    LOCO_PP_F,    /* forward of (mb, chunk) */
+    LOCO_PP_B,    /* backward for the input: the gradient chunk-1 needs */
+    LOCO_PP_W,    /* backward for the weights, after its B */
+    LOCO_PP_BW,   /* B and W fused, for schedules that do not split them */
+    LOCO_PP_SEND, /* post the send of (msg, mb, chunk) to peer */
+    LOCO_PP_RECV, /* post the receive of (msg, mb, chunk) from peer */
+} loco_pp_op;
+
+typedef enum {
+    LOCO_PP_ACT,  /* output of F(mb, chunk), for F(mb, chunk+1) */
+    LOCO_PP_GRAD, /* input gradient of B/BW(mb, chunk), for B/BW(mb, chunk-1) */
+} loco_pp_msg;
+
+/* flags: this compute and the next compute in the list form one
+ * overlapped pair (DualPipe's F&B). A single-stream executor runs them
+ * back to back; one that overlaps them posts the transfers listed between
+ * the two around the pair. */
+#define LOCO_PP_PAIRED 1u
+
+typedef struct {
+    uint8_t op;    /* loco_pp_op */
+    uint8_t msg;   /* SEND/RECV: loco_pp_msg */
+    uint8_t flags; /* LOCO_PP_PAIRED */
+    int32_t peer;  /* SEND/RECV: the other rank; -1 on compute actions */
+    int32_t mb;    /* micro-batch, 0..m-1 */
+    int32_t chunk; /* compute: the chunk; SEND/RECV: the chunk that produced it */
+} loco_pp_action;
+
+/* Name of generator i in table order (gpipe, 1f1b, interleaved, zb-h1,
+ * zbv, dualpipev, as parallel.pp_schedule spells them); NULL past the end. */
+const char *loco_pp_generator_name(int i);
+
+/* Generates schedule `name` for p ranks, v chunks per rank and m
+ * micro-batches into a new *out (free with loco_pp_schedule_destroy).
+ * LOCO_EINVAL with the reason for an unknown name (the message lists the
+ * valid ones), p < 2, and what the schedule cannot do: interleaved needs
+ * v >= 2 and m a multiple of p, zbv and dualpipev fix v = 2, dualpipev
+ * needs m >= 2p, the others v = 1; LOCO_ENOMEM. Generated lists pass
+ * loco_pp_simulate (tests/parallel/test_schedule.c holds this). */
+int loco_pp_schedule_create(loco_pp_schedule **out, const char *name, int p, int v, int m);
+/* The same from parallel.pp_schedule, pp, virtual_stages and
+ * microbatches (0 = train.grad_accum). */
+int loco_pp_schedule_from_config(loco_pp_schedule **out, const loco_config *cfg);
+/* A schedule from explicit lists (hand-made or edited ones): chunk_rank[c]
+ * for each of the p*v chunks, and lists[r][0..lens[r]) for each rank, all
+ * copied. Only the shape is checked here; loco_pp_simulate checks the
+ * rest. LOCO_EINVAL, LOCO_ENOMEM. */
+int loco_pp_schedule_from_lists(loco_pp_schedule **out, const char *name, int p, int v, int m,
+                                const int *chunk_rank, const loco_pp_action *const *lists,
+                                const int *lens);
+void loco_pp_schedule_destroy(loco_pp_schedule *s); /* accepts NULL */
+
+const char *loco_pp_schedule_name(const loco_pp_schedule *s);
+void loco_pp_schedule_shape(const loco_pp_schedule *s, int *p, int *v, int *m);
+/* The rank that holds chunk c (0 <= c < p*v). */
+int loco_pp_chunk_rank(const loco_pp_schedule *s, int chunk);
+/* Rank r's actions in execution order, *n of them; valid until destroy. */
+const loco_pp_action *loco_pp_rank_actions(const loco_pp_schedule *s, int rank, int *n);
+/* Compact text of one action ("F3.0", "BW3.0", "Sa3.0>1" = send the
+ * activation of mb 3 chunk 0 to rank 1, "Rg3.1<1" = receive the gradient
+ * of mb 3 chunk 1 from rank 1; "+" after a compute marks LOCO_PP_PAIRED).
+ * Writes at most cap bytes, NUL-terminated; returns buf. */
+char *loco_pp_action_str(const loco_pp_action *a, char *buf, size_t cap);
+
+/* Costs of one chunk's actions (any unit); BW costs b + w. */
+typedef struct {
+    double f, b, w;
+    double latency; /* from a SEND until its RECV can complete */
+} loco_pp_costs;
+
+typedef struct {
+    double busy;   /* compute time */
+    double start;  /* when its first compute started */
+    double end;    /* when its last compute finished */
+    double bubble; /* idle / makespan */
+    int peak_live; /* most (mb, chunk) activations held at once: from the
+                    * start of F until its W or BW ends, so a B done with
+                    * its W pending still counts */
+} loco_pp_rank_stats;
+
+typedef struct {
+    int p;
+    double makespan;           /* the step's length: the last end over ranks */
+    double bubble;             /* mean of the ranks' bubbles */
+    int peak_live;             /* most over ranks */
+    bool in_order;             /* every sender -> receiver pair lists its
+                                * messages in the same order on both sides */
+    bool in_order_by_kind;     /* the same for activations and gradients
+                                * apart (a channel per kind) */
+    loco_pp_rank_stats *ranks; /* [p] */
+} loco_pp_sim;
+
+/* Checks schedule s and runs it as a discrete-event simulation with costs
+ * c, each rank executing its list in order. Checks: every action names a
+ * chunk its rank holds (SEND/RECV: the right peer; no transfer between
+ * chunks of one rank); every (mb, chunk) has one F and one backward (BW,
+ * or B and W); every needed message has exactly one SEND and one RECV;
+ * dependencies (F after the previous chunk's F, B after its F and the next
+ * chunk's B, W after its B) hold without deadlock. On success fills *out
+ * (release with loco_pp_sim_fini). LOCO_EINVAL with the first problem, or
+ * for a deadlock the action each stuck rank waits at forever and on what;
+ * LOCO_ENOMEM. *out is untouched on failure. */
+int loco_pp_simulate(const loco_pp_schedule *s, const loco_pp_costs *c, loco_pp_sim *out);
+void loco_pp_sim_fini(loco_pp_sim *r); /* frees the ranks array; accepts a zeroed struct */
+
+/* The published figures for schedule `name` at (p, v, m) and costs c
+ * (docs/PIPELINE.md names the sources): *bubble as a fraction of the step
+ * (NAN where the source gives no closed form for these costs) and *peak in
+ * (mb, chunk) activations on the busiest rank. LOCO_EINVAL for an unknown
+ * name or a shape the schedule refuses. */
+int loco_pp_published(const char *name, int p, int v, int m, const loco_pp_costs *c, double *bubble,
+                      double *peak);
 
 #endif /* LOCO_PARALLEL_H */
