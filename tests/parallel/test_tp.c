@@ -268,3 +268,35 @@ Test(tp, checkpoint_without_a_tp_slice_is_refused) {
     cr_expect_neq(rc, 0);
     cr_expect(strstr(out, "tp rank 1") != NULL, "%s", out);
 }
+
+/* Resuming a tp = 2 + sp run from its own checkpoint continues bit for bit:
+ * the same losses and the same final shards as the run that went on. */
+Test(tp, resume_at_the_same_tp_is_bit_identical) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    train_tp2("a", "--set parallel.sp=true --set run.ckpt_every=4");
+    char resume[600];
+    snprintf(resume, sizeof resume, "--set parallel.sp=true --resume %s/a/ckpt_00000004", dir);
+    train_tp2("b", resume);
+    double a[STEPS + 1], b[STEPS + 1];
+    char run_dir[600];
+    snprintf(run_dir, sizeof run_dir, "%s/a", dir);
+    test_read_losses(run_dir, a, STEPS);
+    snprintf(run_dir, sizeof run_dir, "%s/b", dir);
+    test_read_losses(run_dir, b, STEPS);
+    cr_expect(b[4] == 0 && b[5] != 0, "the resumed run did not start at step 5");
+    for (int s = 5; s <= STEPS; s++)
+        cr_expect(a[s] == b[s], "step %d: %.17g resumed, %.17g straight on", s, b[s], a[s]);
+    for (int shard = 0; shard < 2; shard++) {
+        char pa[700], pb[700];
+        snprintf(pa, sizeof pa, "%s/a/ckpt_%08d/shard_%05d.safetensors", dir, STEPS, shard);
+        snprintf(pb, sizeof pb, "%s/b/ckpt_%08d/shard_%05d.safetensors", dir, STEPS, shard);
+        void *da, *db;
+        size_t la, lb;
+        cr_assert_eq(loco_file_read(pa, &da, &la), 0, "%s", pa);
+        cr_assert_eq(loco_file_read(pb, &db, &lb), 0, "%s", pb);
+        cr_expect(la == lb && memcmp(da, db, la) == 0, "shard %d differs after resume", shard);
+        loco_free(da);
+        loco_free(db);
+    }
+}
