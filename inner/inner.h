@@ -1,6 +1,8 @@
-/* inner/ — one island: the GPT-2 model over flat buffers, AdamW with its
- * schedule, the token-shard data loader, checkpoints and the training loop.
- * Later issues add the mesh, communicators and parallel schedules here. */
+/* inner/ — one island: the GPT-2 model over flat buffers (whole, or one
+ * tensor-parallel slice), AdamW with its schedule, the token-shard data
+ * loader, checkpoints and the training loop. The communicator, the mesh and
+ * ZeRO / pipeline schedules are its sub-rooms (inner/comm, inner/mesh,
+ * inner/parallel). */
 #ifndef LOCO_INNER_H
 #define LOCO_INNER_H
 
