@@ -111,6 +111,11 @@ $(MPI_CHECK): tests/mpi/mpi_comm_check.c inner/comm/comm.h $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -DLOCO_MPI_CHECK_MAIN $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+PP_CHECK := $(BUILD)/tests/pipeline_exec_check
+$(PP_CHECK): tests/mpi/pipeline_exec_check.c inner/parallel/parallel.h inner/comm/comm.h $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -DLOCO_PP_CHECK_MAIN $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 # libFuzzer targets of fuzz/ (clang, ASan+UBSan), FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
@@ -129,7 +134,7 @@ run: deps
 
 # Unit and integration tests; `make test` is what CI runs.
 test: deps
-	@$(MAKE) --no-print-directory all data $(TESTBIN) $(MPI_CHECK)
+	@$(MAKE) --no-print-directory all data $(TESTBIN) $(MPI_CHECK) $(PP_CHECK)
 	@bash tests/run.sh
 
 bench: deps
@@ -139,7 +144,7 @@ bench: deps
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
 		LDFLAGS="-fopenmp -fsanitize=address,undefined" build-asan/loco build-asan/tests/loco_tests \
-		build-asan/tests/mpi_comm_check
+		build-asan/tests/mpi_comm_check build-asan/tests/pipeline_exec_check
 	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 		LOCO_BIN=build-asan/loco OMPI_ALLOW_RUN_AS_ROOT=1 \
 		OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 build-asan/tests/loco_tests --jobs 1

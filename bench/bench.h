@@ -18,6 +18,10 @@ int loco_bench_exchange(int argc, char **argv);
 int loco_bench_compress(int argc, char **argv);
 /* State transfer to a rejoining island over emulated WAN (TLS). */
 int loco_bench_rejoin(int argc, char **argv);
+/* The pipeline executor in synthetic mode (compute = sleeps, real
+ * messages) beside the schedule simulator, every schedule (run under
+ * mpirun -np p). */
+int loco_bench_pipeline(int argc, char **argv);
 
 /* Makes a PKI for siteA and siteB in dir (a mkdtemp template, filled in)
  * and their link parameters over emulated WAN: gbps and rtt_ms, TLS over

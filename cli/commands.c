@@ -292,7 +292,7 @@ int cli_config(int argc, char **argv) {
 
 int cli_bench(int argc, char **argv) {
     if (argc < 1)
-        return usage_error("bench", "expected a benchmark name (step, memory, exchange, compress, rejoin)", NULL);
+        return usage_error("bench", "expected a benchmark name (step, memory, exchange, compress, rejoin, pipeline)", NULL);
     int rc;
     if (!strcmp(argv[0], "step"))
         rc = loco_bench_step(argc - 1, argv + 1);
@@ -304,8 +304,10 @@ int cli_bench(int argc, char **argv) {
         rc = loco_bench_compress(argc - 1, argv + 1);
     else if (!strcmp(argv[0], "rejoin"))
         rc = loco_bench_rejoin(argc - 1, argv + 1);
+    else if (!strcmp(argv[0], "pipeline"))
+        rc = loco_bench_pipeline(argc - 1, argv + 1);
     else
-        return usage_error("bench", "unknown benchmark (step, memory, exchange, compress, rejoin)",
+        return usage_error("bench", "unknown benchmark (step, memory, exchange, compress, rejoin, pipeline)",
                            argv[0]);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

@@ -42,7 +42,7 @@ static void usage(FILE *f) {
             "                         pipeline schedules checked by the simulator: every schedule\n"
             "                         against the published bubble and memory; with CONFIG or\n"
             "                         --set, parallel.pp_schedule's per-rank action lists\n"
-            "  bench step|memory|exchange|compress [OPTIONS]\n"
+            "  bench step|memory|exchange|compress|rejoin|pipeline [OPTIONS]\n"
             "                         benchmarks against a reference measured in the same run\n"
             "  version                print the version\n",
             LOCO_VERSION);

@@ -8,7 +8,8 @@
  * [r*P/N, (r+1)*P/N) of the flat parameter buffer (P parameters) at every
  * stage; ZeRO-1 keeps optimizer state only for it, ZeRO-2 also gradients,
  * ZeRO-3 also parameters. The outer loop reuses the same ranges.
- * Pipeline schedules, their generators and simulator: the last section. */
+ * Pipeline schedules, their generators and simulator, then the executor
+ * that runs them: the last two sections. */
 #ifndef LOCO_PARALLEL_H
 #define LOCO_PARALLEL_H
 
@@ -78,7 +79,7 @@ double loco_zero_formula_bytes(int stage, size_t n_params, int dp);
  * Pipeline schedules as data (DESIGN.md; docs/PIPELINE.md): a generator
  * writes, for p ranks holding v chunks each and m micro-batches, one
  * ordered list of actions per rank; a simulator checks the lists and
- * times them; one executor (later) runs them over the comm ops table.
+ * times them; one executor (the next section) runs them over the comm.
  *
  * Chunks are the p*v contiguous groups of blocks in model order: chunk 0
  * holds the embeddings, chunk p*v-1 ln_f, the head and the loss. Placement
@@ -212,5 +213,86 @@ void loco_pp_sim_fini(loco_pp_sim *r); /* frees the ranks array; accepts a zeroe
  * name or a shape the schedule refuses. */
 int loco_pp_published(const char *name, int p, int v, int m, const loco_pp_costs *c, double *bubble,
                       double *peak);
+
+/* ============================================================ pipeline executor
+ * The one executor of every schedule (docs/PIPELINE.md, "The executor"):
+ * runs one rank's list in order over the pp communicator (rank r of it is
+ * pipeline rank r), compute delegated to the stage's ops. SEND and RECV
+ * post loco_comm_isend / loco_comm_irecv; a compute waits only for the
+ * receive it consumes; a send's buffer is kept until the send is certainly
+ * complete and waited for before the buffer is reused; everything is
+ * complete when a step returns, also when it fails.
+ *
+ * Message tag: 2 (mb * n_chunks + chunk) + kind (0 activation, 1
+ * gradient), (mb, chunk) the producer, so a schedule needs
+ * 2 m p v - 1 <= LOCO_COMM_TAG_MAX (m p v <= 16384). Tags repeat every
+ * step; MPI's ordering per (sender, tag) keeps steps apart.
+ *
+ * Message buffers are the executor's: a pool allocated at create, as many
+ * buffers as the rank's list keeps alive at once, each msg_elems floats
+ * of payload and one flag float (below). Within a rank (the V's turn of
+ * zbv and dualpipev) a chunk's output is handed to the next chunk in its
+ * buffer, not copied. */
+
+typedef struct loco_pp_exec loco_pp_exec;
+
+/* What a rank's compute actions do. Each returns 0 or a negative LOCO_E*
+ * code (with a message). Every activation and every gradient message is
+ * msg_elems floats (B*T*C of a micro-batch for the model). Pointers are
+ * valid only during the call: a stage keeps what its backward needs. */
+typedef struct {
+    void *ctx;
+    /* F(mb, chunk): in = the activation from chunk-1 (NULL for chunk 0:
+     * the stage reads its tokens itself), out = where this chunk's output
+     * goes (NULL for the last chunk: it computes the loss). */
+    int (*forward)(void *ctx, int mb, int chunk, const float *in, float *out);
+    /* B(mb, chunk): dout = gradient of this chunk's output (NULL for the
+     * last chunk: the loss's), din = where the gradient of its input goes
+     * (NULL for chunk 0). */
+    int (*backward_input)(void *ctx, int mb, int chunk, const float *dout, float *din);
+    /* W(mb, chunk): the weight gradients of a chunk whose B ran. A BW
+     * action calls backward_input, then backward_weight. */
+    int (*backward_weight)(void *ctx, int mb, int chunk);
+} loco_pp_stage_ops;
+
+/* One rank's view of one step (seconds). Its bubble is 1 - compute/wall;
+ * a step's is taken against the longest wall over ranks. */
+typedef struct {
+    double wall;    /* in loco_pp_execute */
+    double compute; /* in the ops callbacks */
+    double wait;    /* blocked in loco_comm_wait: receives before their
+                     * compute, sends completed before their buffer's
+                     * reuse, and the drain at the end */
+    int computes, sends, recvs;
+} loco_pp_exec_stats;
+
+/* An executor of schedule s for this rank of pp (rank = pipeline rank,
+ * size = the schedule's p), with messages of msg_elems floats: checks s
+ * with loco_pp_simulate, plans every action's buffers and allocates the
+ * pool. s may be destroyed afterwards; pp is not owned and must outlive
+ * the executor. LOCO_EINVAL with the reason: tags that do not fit (the
+ * message gives the largest m that would), a schedule the simulator
+ * refuses, a communicator of another size; LOCO_ENOMEM. Local call. */
+int loco_pp_exec_create(loco_pp_exec **out, const loco_pp_schedule *s, loco_comm *pp,
+                        size_t msg_elems);
+/* Accepts NULL. No step may be running. */
+void loco_pp_exec_destroy(loco_pp_exec *e);
+/* Buffers in the pool (each msg_elems + 1 floats, rounded up to 64 bytes). */
+int loco_pp_exec_buffers(const loco_pp_exec *e);
+/* Transfers in flight: 0 whenever no step is running. */
+int loco_pp_exec_pending(const loco_pp_exec *e);
+
+/* Runs one step: this rank's list of the schedule, every rank of pp
+ * calling it with the same executor shape. Returns 0, or the first
+ * failure: a callback's code (its message kept), a comm failure, or
+ * LOCO_EPEER when an input came from a rank that had failed. After a
+ * failure the rank runs no more compute but still posts and completes
+ * every transfer of its list, sending with the flag set, so that no
+ * request stays pending here and no peer waits forever; a peer that
+ * receives a flagged message fails the same way. (A transfer that cannot
+ * even be posted leaves its peer waiting: abort the island then, as on
+ * any comm failure.) *stats (may be NULL) is filled either way. Not
+ * reentrant; allocates nothing. */
+int loco_pp_execute(loco_pp_exec *e, const loco_pp_stage_ops *ops, loco_pp_exec_stats *stats);
 
 #endif /* LOCO_PARALLEL_H */
