@@ -136,6 +136,8 @@ typedef struct {
     float *dfchg;  /* (N, Fl) */
     float *atty;   /* (N, Cl) attention output of a selective recompute */
     float *drep;   /* (max(6C, T*C)) sp: this rank's part of replicated gradients */
+    float *dkeep3, *dkeep2; /* (N, C) gradients of mlp.c_proj's and attn.c_proj's
+                             * outputs over all rows, for the weight half */
 } loco_gpt_scratch;
 
 /* Activation recompute (train.recompute). */

@@ -254,6 +254,8 @@ static size_t carve_acts(loco_gpt *m, float *base) {
         CARVE(s->gather, N * C);
         CARVE(s->drep, (6 * C > T * C ? 6 * C : T * C));
     }
+    CARVE(s->dkeep3, N * C);
+    CARVE(s->dkeep2, N * C);
     CARVE(s->dqkv, N * 3 * Cl);
     CARVE(s->datt, att);
     CARVE(s->dfch, N * Fl);
@@ -497,9 +499,21 @@ static int block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gp
     return 0;
 }
 
-/* s.dres holds the gradient of block l's output; leaves its input's. */
-static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
-                     int B, int T) {
+/* What a block's weight half needs from its input half: the gradients
+ * of its four matmuls' outputs (the row-parallel ones over all rows). */
+typedef struct {
+    float *d_out; /* (N, C) of mlp.c_proj's output: the block output's */
+    float *d_fch; /* (N, Fl) of c_fc's output */
+    float *d_mid; /* (N, C) of attn.c_proj's output */
+    float *d_qkv; /* (N, 3Cl) of c_attn's output */
+} block_keep;
+
+/* The input half of block l's backward (B): s.dres holds the gradient of
+ * the block's output and leaves with its input's; LayerNorm and
+ * row-parallel bias gradients are accumulated here (reduced over tp under
+ * sp); what the weight half needs goes to k. */
+static int block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
+                           const loco_gpt_layer_acts *la, int B, int T, const block_keep *k) {
     const loco_gpt_block *w = &m->p.h[l];
     loco_gpt_block *g = &m->g.h[l];
     loco_gpt_scratch *s = &m->s;
@@ -516,28 +530,26 @@ static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gp
     }
     /* res3 = res2 + fcproj: dres flows to both. */
     memset(s->dfchg, 0, (size_t)N * d->Fl * sizeof(float));
-    LOCO_CHECK(loco__gpt_row_parallel_bwd(m, d, s->dfchg, g->fcprojw, fpb, s->dres, la->fch_gelu,
-                                          w->fcprojw, d->Fl));
-    memset(s->dfch, 0, (size_t)N * d->Fl * sizeof(float));
-    loco_gelu_bwd(s->dfch, la->fch, s->dfchg, (size_t)N * d->Fl);
-    LOCO_CHECK(loco__gpt_column_parallel_bwd(m, d, s->dbtc, g->fcw, g->fcb, s->dfch, la->ln2,
-                                             w->fcw, d->Fl));
+    LOCO_CHECK(loco__gpt_row_parallel_bwd_input(m, d, s->dfchg, fpb, s->dres, k->d_out, w->fcprojw,
+                                                d->Fl));
+    memset(k->d_fch, 0, (size_t)N * d->Fl * sizeof(float));
+    loco_gelu_bwd(k->d_fch, la->fch, s->dfchg, (size_t)N * d->Fl);
+    LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_fch, w->fcw, d->Fl));
     loco_layernorm_bwd(s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd,
                        R, C);
     /* res2 = res + attproj: dres flows to both. */
-    float *atty = la->atty;
     if (m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !full_recompute(m, l)) {
         /* The attention core again: the probabilities were not kept. */
         loco_attention_fwd(s->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
     }
     float *datty = s->dfchg; /* (N, Cl) fits in (N, Fl) */
     memset(datty, 0, (size_t)N * d->Cl * sizeof(float));
-    LOCO_CHECK(loco__gpt_row_parallel_bwd(m, d, datty, g->attprojw, apb, s->dres, atty, w->attprojw,
-                                          d->Cl));
-    memset(s->dqkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
-    loco_attention_bwd(s->dqkv, s->datt, datty, la->qkv, la->att, B, T, d->Cl, d->NHl);
-    LOCO_CHECK(loco__gpt_column_parallel_bwd(m, d, s->dbtc, g->qkvw, g->qkvb, s->dqkv, la->ln1,
-                                             w->qkvw, 3 * d->Cl));
+    LOCO_CHECK(loco__gpt_row_parallel_bwd_input(m, d, datty, apb, s->dres, k->d_mid, w->attprojw,
+                                                d->Cl));
+    memset(k->d_qkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
+    loco_attention_bwd(k->d_qkv, s->datt, datty, la->qkv, la->att, B, T, d->Cl, d->NHl);
+    LOCO_CHECK(
+        loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_qkv, w->qkvw, 3 * d->Cl));
     loco_layernorm_bwd(s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R,
                        C);
     if (d->sp) {
@@ -546,6 +558,26 @@ static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gp
         LOCO_CHECK(loco__gpt_sp_reduce_into(m, dst, len, 6));
     }
     return 0;
+}
+
+/* The weight half (W): the four matmuls' weight gradients (and the
+ * column-parallel biases') from what the input half kept. */
+static int block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
+                            const loco_gpt_layer_acts *la, const block_keep *k) {
+    loco_gpt_block *g = &m->g.h[l];
+    loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Fl);
+    LOCO_CHECK(loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
+    loco__gpt_row_parallel_bwd_weight(d, g->attprojw, k->d_mid, la->atty, d->Cl);
+    return loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1,
+                                                3 * d->Cl);
+}
+
+/* Block l's whole backward: both halves at once, keeping in scratch. */
+static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                     int B, int T) {
+    const block_keep k = {m->s.dkeep3, m->s.dfch, m->s.dkeep2, m->s.dqkv};
+    LOCO_CHECK(block_bwd_input(m, d, l, la, B, T, &k));
+    return block_bwd_weight(m, d, l, la, &k);
 }
 
 /* Forward through the blocks and the final LayerNorm and head: a.logits. */

@@ -35,18 +35,24 @@ int loco__gpt_tp_allgather(loco_gpt *m, const float *part, float *full, size_t n
 int loco__gpt_column_input(loco_gpt *m, const loco__gpt_shape *d, const float *x,
                            const float **full);
 /* Row-parallel layer: out (R, C) = sum over tp of in (N, K) @ w (K, C),
- * + bias once; and its backward (dinp, dw accumulate; dbias from this
- * rank's rows: under sp a partial sum for loco__gpt_sp_reduce_into). */
+ * + bias once. Its backward in two halves (B and W of a zero-bubble
+ * schedule): the input half accumulates dbias from this rank's rows (under
+ * sp a partial sum for loco__gpt_sp_reduce_into) and dinp, and keeps dout
+ * over all rows in dkeep (N, C) for the weight half, which accumulates dw. */
 int loco__gpt_row_parallel_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, const float *in,
                                const float *w, const float *bias, int K);
-int loco__gpt_row_parallel_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dinp, float *dw,
-                               float *dbias, const float *dout, const float *in, const float *w,
-                               int K);
-/* Column-parallel layer's backward: dx (R, C) overwritten with the input
- * gradient summed over tp; dw, db accumulate. */
-int loco__gpt_column_parallel_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dx, float *dw,
-                                  float *db, const float *dout, const float *x, const float *w,
-                                  int OC);
+int loco__gpt_row_parallel_bwd_input(loco_gpt *m, const loco__gpt_shape *d, float *dinp,
+                                     float *dbias, const float *dout, float *dkeep, const float *w,
+                                     int K);
+void loco__gpt_row_parallel_bwd_weight(const loco__gpt_shape *d, float *dw, const float *dkeep,
+                                       const float *in, int K);
+/* Column-parallel layer's backward: the input half overwrites dx (R, C)
+ * with the input gradient summed over tp; the weight half accumulates dw,
+ * db (gathering the LayerNorm output x again under sp). */
+int loco__gpt_column_parallel_bwd_input(loco_gpt *m, const loco__gpt_shape *d, float *dx,
+                                        const float *dout, const float *w, int OC);
+int loco__gpt_column_parallel_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, float *dw,
+                                         float *db, const float *dout, const float *x, int OC);
 /* Under sp: s.drep (the n arrays of len[i] floats, in order) summed over tp
  * and added into dst[i]. */
 int loco__gpt_sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, int n);

@@ -129,46 +129,54 @@ int loco__gpt_row_parallel_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out
     return 0;
 }
 
-/* Its backward: dinp (N, K) += dout @ w^T with dout gathered over the
- * sequence under sp; dw from the same; dbias from this rank's rows (under
- * sp a partial sum, which the caller reduces with the other replicated
- * gradients). */
-int loco__gpt_row_parallel_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dinp, float *dw,
-                               float *dbias, const float *dout, const float *in, const float *w,
-                               int K) {
+/* Its backward, the input half: dbias += the column sums of dout (R, C)
+ * (this rank's rows: under sp a partial sum, which the caller reduces with
+ * the other replicated gradients); dkeep (N, C) = dout over all rows
+ * (gathered under sp), kept for the weight half; dinp (N, K) += dkeep @
+ * w^T. */
+int loco__gpt_row_parallel_bwd_input(loco_gpt *m, const loco__gpt_shape *d, float *dinp,
+                                     float *dbias, const float *dout, float *dkeep, const float *w,
+                                     int K) {
     const int N = (int)d->N, C = d->C;
-    if (d->t == 1) {
-        loco_matmul_bwd(dinp, dw, dbias, dout, in, w, N, K, C, false);
-        return 0;
-    }
-    loco_matmul_bwd(NULL, NULL, dbias, dout, in, w, (int)d->R, K, C, false);
-    const float *dfull = dout;
-    if (d->sp) {
-        LOCO_CHECK(loco__gpt_tp_allgather(m, dout, m->s.full, d->R * (size_t)C));
-        dfull = m->s.full;
-    }
-    loco_matmul_bwd(dinp, dw, NULL, dfull, in, w, N, K, C, false);
+    loco_matmul_bwd(NULL, NULL, dbias, dout, NULL, NULL, (int)d->R, K, C, false);
+    if (d->sp)
+        LOCO_CHECK(loco__gpt_tp_allgather(m, dout, dkeep, d->R * (size_t)C));
+    else
+        memcpy(dkeep, dout, d->N * (size_t)C * sizeof(float));
+    loco_matmul_bwd(dinp, NULL, NULL, dkeep, NULL, w, N, K, C, false);
     return 0;
 }
 
-/* Column-parallel layer's backward into the LayerNorm region: dx (R, C)
- * (overwritten) = sum over tp of dout (N, OC) @ w^T, reduced by all-reduce
- * or, under sp, reduce-scatter; dw, db from x (R rows, gathered again
- * under sp). */
-int loco__gpt_column_parallel_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dx, float *dw,
-                                  float *db, const float *dout, const float *x, const float *w,
-                                  int OC) {
+/* The weight half: dw (K, C) += in (N, K)^T @ dkeep. */
+void loco__gpt_row_parallel_bwd_weight(const loco__gpt_shape *d, float *dw, const float *dkeep,
+                                       const float *in, int K) {
+    loco_matmul_bwd(NULL, dw, NULL, dkeep, in, NULL, (int)d->N, K, d->C, false);
+}
+
+/* Column-parallel layer's backward, the input half: dx (R, C)
+ * (overwritten) = the sum over tp of dout (N, OC) @ w^T, reduced by
+ * all-reduce or, under sp, reduce-scatter into this rank's rows. */
+int loco__gpt_column_parallel_bwd_input(loco_gpt *m, const loco__gpt_shape *d, float *dx,
+                                        const float *dout, const float *w, int OC) {
     const int N = (int)d->N, C = d->C;
-    const float *xin;
-    LOCO_CHECK(loco__gpt_column_input(m, d, x, &xin));
     float *dst = d->sp ? m->s.full : dx;
     memset(dst, 0, d->N * (size_t)C * sizeof(float));
-    loco_matmul_bwd(dst, dw, db, dout, xin, w, N, C, OC, false);
+    loco_matmul_bwd(dst, NULL, NULL, dout, NULL, w, N, C, OC, false);
     if (d->t == 1)
         return 0;
     if (!d->sp)
         return loco__gpt_tp_allreduce(m, dx, d->N * (size_t)C, LOCO_OP_SUM);
     return loco__gpt_tp_reduce_scatter(m, m->s.full, dx, d->R * (size_t)C);
+}
+
+/* The weight half: dw, db from the LayerNorm output x (R rows, gathered
+ * again under sp) and dout (N, OC). */
+int loco__gpt_column_parallel_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, float *dw,
+                                         float *db, const float *dout, const float *x, int OC) {
+    const float *xin;
+    LOCO_CHECK(loco__gpt_column_input(m, d, x, &xin));
+    loco_matmul_bwd(NULL, dw, db, dout, xin, NULL, (int)d->N, d->C, OC, false);
+    return 0;
 }
 
 /* Replicated gradients computed from this rank's rows under sp: their
