@@ -109,6 +109,11 @@ typedef struct {
     float *fch, *fch_gelu;              /* (N, Fl) */
     float *fcproj;                      /* (R, C) */
     float *res3;                        /* (R, C) the block's output: always kept */
+    /* A pipeline stage's blocks: what the weight half (W) of a split
+     * backward needs from the input half (B), per activation slot. */
+    float *keep_out, *keep_mid;         /* (N, C) gradients of the two c_proj outputs */
+    float *keep_fch;                    /* (N, Fl) of c_fc's output */
+    float *keep_qkv;                    /* (N, 3Cl) of c_attn's output */
 } loco_gpt_layer_acts;
 
 /* Activations of one forward pass, kept for backward. */
@@ -143,6 +148,21 @@ typedef struct {
 /* Activation recompute (train.recompute). */
 typedef enum { LOCO_RECOMPUTE_NONE = 0, LOCO_RECOMPUTE_SELECTIVE, LOCO_RECOMPUTE_FULL } loco_recompute;
 
+/* A pipeline stage: the chunks of consecutive blocks this rank holds, in
+ * model order (one, or v for interleaved and V-shaped schedules). A chunk
+ * starting at block 0 brings the embeddings, one ending at the last block
+ * ln_f and the tied head (a copy of wte when the embeddings are on another
+ * stage: Megatron's tied embeddings, their gradients summed between the
+ * two). `slots` activation sets are kept at once: one per (micro-batch,
+ * chunk) between its forward and its weight gradient. */
+#define LOCO_GPT_MAX_CHUNKS 16
+typedef struct {
+    int n;                           /* chunks */
+    int first[LOCO_GPT_MAX_CHUNKS];  /* chunk i = blocks [first[i], end[i]) */
+    int end[LOCO_GPT_MAX_CHUNKS];
+    int slots;
+} loco_gpt_stage;
+
 /* How the passes split over ranks and what they keep: tensor parallelism
  * over `tp` (the group of cfg->tp ranks, this rank's position in it
  * choosing the slice), sequence parallelism, recompute. All zero: one
@@ -152,6 +172,7 @@ typedef struct {
     bool sp;                  /* needs tp; B*T must divide by tp */
     loco_recompute recompute;
     int recompute_layers;     /* full: only the first N blocks (0 = all) */
+    const loco_gpt_stage *stage; /* a pipeline stage's chunks; NULL: the whole model */
 } loco_gpt_parallel;
 
 /* Bytes the tensor-parallel collectives of this model moved, counted per
@@ -210,6 +231,14 @@ struct loco_gpt {
     int tp_rank;            /* position in par.tp (0 without tp) */
     size_t *tp_counts;      /* (t) counts of the v-collectives */
     loco_gpt_comm_stats comm;
+    /* A pipeline stage (par.stage != NULL): its chunks, which units it
+     * holds (tensor indices [unit_t0[u], unit_t1[u]) of tt, empty when not
+     * held), and one activation set per slot (a is the slot in use). */
+    loco_gpt_stage stage;
+    bool staged, embed, head;
+    int *unit_t0, *unit_t1; /* (L + 2) */
+    loco_gpt_acts *slot_acts; /* (stage.slots) */
+    int pass_first;         /* first block of the chunk a pass runs */
 };
 
 /* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg.
@@ -244,6 +273,30 @@ int loco_gpt_init_ex(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsi
  * and the shapes loco_gpt_build_table refuses. */
 int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsigned flags,
                       const loco_gpt_parallel *par);
+/* The table of a pipeline stage: the tensors of the units it holds, in
+ * model order (the tp slice of cfg->tp), then a copy of wte after ln_f when
+ * it holds the head but not the embeddings. LOCO_EINVAL for chunks that
+ * are empty, overlap, are out of order or outside the model. */
+int loco_gpt_build_stage_table(loco_ttable *tt, const loco_gpt_config *cfg,
+                               const loco_gpt_stage *stage);
+/* Whether the model holds a unit (every unit of a whole model). */
+bool loco_gpt_holds_unit(const loco_gpt *m, int unit);
+/* A pipeline stage's passes, one (micro-batch, chunk) at a time in
+ * activation slot `slot`; chunk indexes m->stage. Activations between
+ * chunks are this rank's rows (R, C). A forward reads the tokens (chunk at
+ * block 0) or `in`; it writes `out`, or, for the chunk with the head, the
+ * micro-batch's mean loss and the logits' gradient for loss_scale * loss.
+ * backward_input (B) takes `dout` (NULL at the head), accumulates the
+ * LayerNorm, bias, embedding gradients and writes `din` (NULL at block 0);
+ * backward_weight (W) then accumulates the matmuls' weight gradients.
+ * Every pass of a slot follows its forward; W follows B. Collective over
+ * the tp group. */
+int loco_gpt_chunk_forward(loco_gpt *m, int slot, int chunk, const int32_t *inputs,
+                           const int32_t *targets, int B, int T, const float *in, float *out,
+                           float loss_scale, float *loss);
+int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_t *inputs, int B,
+                                  int T, const float *dout, float *din);
+int loco_gpt_chunk_backward_weight(loco_gpt *m, int slot, int chunk, int B, int T);
 /* The activation bytes per block the formula of docs/PERFORMANCE.md gives
  * for this model's B, T, tp, sp and a recompute mode: what one block keeps
  * from its forward for its backward. */

@@ -69,25 +69,106 @@ out_fail:
     return rc;
 }
 
+/* The stage's chunks against the model: non-empty, in order, apart. */
+static int check_stage(const loco_gpt_config *cfg, const loco_gpt_stage *st) {
+    if (st->n < 1 || st->n > LOCO_GPT_MAX_CHUNKS || st->slots < 1)
+        return LOCO_ERR(LOCO_EINVAL, "a pipeline stage of %d chunks and %d activation slots "
+                                     "(1..%d chunks, at least one slot)",
+                        st->n, st->slots, LOCO_GPT_MAX_CHUNKS);
+    for (int i = 0; i < st->n; i++)
+        if (st->first[i] < (i ? st->end[i - 1] : 0) || st->end[i] <= st->first[i] ||
+            st->end[i] > cfg->n_layer)
+            return LOCO_ERR(LOCO_EINVAL,
+                            "pipeline chunk %d = blocks [%d, %d) of %d: chunks must be non-empty, "
+                            "in order and apart",
+                            i, st->first[i], st->end[i], cfg->n_layer);
+    return 0;
+}
+
+/* The unit a tensor of the (whole or stage) table belongs to: 0 for wte
+ * and wpe, l + 1 for block l, L + 1 for ln_f and a wte that follows it. */
+static int unit_of(const loco_tensor *t, int L, bool after_lnf) {
+    int l;
+    if (sscanf(t->name, "transformer.h.%d.", &l) == 1)
+        return l + 1;
+    if (strstr(t->name, ".ln_f.") || after_lnf)
+        return L + 1;
+    return 0;
+}
+
+int loco_gpt_build_stage_table(loco_ttable *tt, const loco_gpt_config *cfg,
+                               const loco_gpt_stage *stage) {
+    LOCO_CHECK(check_stage(cfg, stage));
+    loco_ttable whole;
+    LOCO_CHECK(loco_gpt_build_table(&whole, cfg));
+    const int L = cfg->n_layer;
+    const bool embed = stage->first[0] == 0, head = stage->end[stage->n - 1] == L;
+    loco_ttable_init(tt);
+    int rc = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++)
+        for (int i = 0; i < whole.n && rc == 0; i++) {
+            const loco_tensor *t = &whole.t[i];
+            const int u = unit_of(t, L, false);
+            bool keep;
+            if (pass == 1) /* the tied head's own wte, after ln_f */
+                keep = head && !embed && u == 0 && !strcmp(t->name, "transformer.wte.weight");
+            else if (u == 0)
+                keep = embed;
+            else if (u == L + 1)
+                keep = head;
+            else {
+                keep = false;
+                for (int c = 0; c < stage->n; c++)
+                    keep |= u - 1 >= stage->first[c] && u - 1 < stage->end[c];
+            }
+            if (!keep)
+                continue;
+            rc = loco_ttable_add(tt, t->name, t->ndim, t->shape, t->split_dim, t->decay);
+            if (rc == 0)
+                tt->t[tt->n - 1].split_parts = t->split_parts;
+        }
+    loco_ttable_fini(&whole);
+    if (rc < 0)
+        loco_ttable_fini(tt);
+    return rc;
+}
+
+/* Fills unit_t0 / unit_t1 from the table: the tensors of each unit. */
+static void index_units(loco_gpt *m) {
+    const int L = m->cfg.n_layer;
+    for (int u = 0; u < L + 2; u++)
+        m->unit_t0[u] = m->unit_t1[u] = 0;
+    bool after_lnf = false;
+    for (int i = 0; i < m->tt.n; i++) {
+        const int u = unit_of(&m->tt.t[i], L, after_lnf);
+        after_lnf |= u == L + 1;
+        if (m->unit_t1[u] == m->unit_t0[u])
+            m->unit_t0[u] = i;
+        m->unit_t1[u] = i + 1;
+    }
+}
+
 int loco_gpt_num_units(const loco_gpt *m) {
     return m->cfg.n_layer + 2;
 }
 
+bool loco_gpt_holds_unit(const loco_gpt *m, int unit) {
+    return unit >= 0 && unit < m->cfg.n_layer + 2 && m->unit_t1[unit] > m->unit_t0[unit];
+}
+
 /* Tensor indices [*first, *last) of a unit in the table. */
 static void unit_tensors(const loco_gpt *m, int unit, int *first, int *last) {
-    const int L = m->cfg.n_layer;
-    if (unit == 0) {
-        *first = 0, *last = 2;
-    } else if (unit <= L) {
-        *first = 2 + 12 * (unit - 1), *last = *first + 12;
-    } else {
-        *first = 2 + 12 * L, *last = *first + 2;
-    }
+    *first = m->unit_t0[unit];
+    *last = m->unit_t1[unit];
 }
 
 void loco_gpt_unit_range(const loco_gpt *m, int unit, size_t *lo, size_t *hi) {
     int first, last;
     unit_tensors(m, unit, &first, &last);
+    if (first == last) { /* not held */
+        *lo = *hi = 0;
+        return;
+    }
     *lo = m->tt.t[first].offset;
     *hi = m->tt.t[last - 1].offset + m->tt.t[last - 1].numel;
 }
@@ -98,6 +179,8 @@ static void bind_views(loco_gpt *m, loco_gpt_tensors *v, int unit, float *base) 
     unit_tensors(m, unit, &i, &last);
     const size_t lo = m->tt.t[i].offset;
 #define NEXT (base + (m->tt.t[i++].offset - lo))
+    if (i == last)
+        return; /* not held */
     if (unit == 0) {
         v->wte = NEXT;
         v->wpe = NEXT;
@@ -118,6 +201,8 @@ static void bind_views(loco_gpt *m, loco_gpt_tensors *v, int unit, float *base) 
     } else {
         v->lnfw = NEXT;
         v->lnfb = NEXT;
+        if (i < last) /* the tied head's own wte (a stage without the embeddings) */
+            v->wte = NEXT;
     }
 #undef NEXT
 }
@@ -170,15 +255,24 @@ static bool full_recompute(const loco_gpt *m, int l) {
            (m->par.recompute_layers <= 0 || l < m->par.recompute_layers);
 }
 
+/* Whether the model holds block l (0-based). */
+static bool holds_block(const loco_gpt *m, int l) {
+    return m->unit_t1[l + 1] > m->unit_t0[l + 1];
+}
+
 /* Carves the activation slab; with base NULL only counts. Returns floats.
  * Per-block buffers are sized by the capacity B x T, so a smaller batch
- * (eval, sampling) uses the same slab. */
+ * (eval, sampling) uses the same slab. A pipeline stage has one set of
+ * its blocks' activations (and the head's) per slot, with what the weight
+ * half of a split backward keeps; the recompute and scratch buffers are
+ * shared by all slots. */
 static size_t carve_acts(loco_gpt *m, float *base) {
     const size_t L = (size_t)m->cfg.n_layer;
     const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
     const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
     const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = B * (size_t)d.NHl * T * T;
     const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE;
+    const int slots = m->staged ? m->stage.slots : 1;
     size_t off = 0;
 #define CARVE(field, count)                                                                        \
     do {                                                                                           \
@@ -186,65 +280,87 @@ static size_t carve_acts(loco_gpt *m, float *base) {
             field = base + off;                                                                    \
         off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
     } while (0)
-    loco_gpt_acts *a = &m->a;
-    CARVE(a->encoded, R * C);
     /* One block's worth of every activation: the shared block that full
      * recompute reruns into, or the shared attention probabilities. */
     loco_gpt_layer_acts shared = {0};
     bool any_full = false;
     for (size_t l = 0; l < L; l++)
-        any_full |= full_recompute(m, (int)l);
-    size_t kept = 0; /* what block 0 keeps for its backward */
-    for (size_t l = 0; l <= L; l++) {
-        const bool is_shared = l == L;
-        if (is_shared && !any_full && !selective)
-            break;
-        loco_gpt_layer_acts *la = is_shared ? &shared
-                                  : base    ? &a->layer[l]
-                                            : &(loco_gpt_layer_acts){0};
-        const bool full = !is_shared && full_recompute(m, (int)l);
-        const size_t before = off;
-        if (!full) {
-            CARVE(la->ln1, R * C);
-            CARVE(la->ln1_mean, R);
-            CARVE(la->ln1_rstd, R);
-            CARVE(la->qkv, N * 3 * Cl);
-            CARVE(la->atty, N * Cl);
-            if (!selective || is_shared)
-                CARVE(la->att, att);
-            CARVE(la->attproj, R * C);
-            CARVE(la->res2, R * C);
-            CARVE(la->ln2, R * C);
-            CARVE(la->ln2_mean, R);
-            CARVE(la->ln2_rstd, R);
-            CARVE(la->fch, N * Fl);
-            CARVE(la->fch_gelu, N * Fl);
-            CARVE(la->fcproj, R * C);
-        }
-        if (!is_shared) {
-            CARVE(la->res3, R * C);
-            if (l == 0)
-                kept = (off - before) * sizeof(float);
-        }
+        any_full |= holds_block(m, (int)l) && full_recompute(m, (int)l);
+    if (any_full || selective) {
+        loco_gpt_layer_acts *la = &shared;
+        CARVE(la->ln1, R * C);
+        CARVE(la->ln1_mean, R);
+        CARVE(la->ln1_rstd, R);
+        CARVE(la->qkv, N * 3 * Cl);
+        CARVE(la->atty, N * Cl);
+        CARVE(la->att, att);
+        CARVE(la->attproj, R * C);
+        CARVE(la->res2, R * C);
+        CARVE(la->ln2, R * C);
+        CARVE(la->ln2_mean, R);
+        CARVE(la->ln2_rstd, R);
+        CARVE(la->fch, N * Fl);
+        CARVE(la->fch_gelu, N * Fl);
+        CARVE(la->fcproj, R * C);
     }
-    if (base)
+    size_t kept = 0; /* what the first block held keeps for its backward */
+    bool counted = false;
+    for (int k = 0; k < slots; k++) {
+        loco_gpt_acts scratch_acts = {0};
+        loco_gpt_acts *a = base ? &m->slot_acts[k] : &scratch_acts;
+        CARVE(a->encoded, R * C);
         for (size_t l = 0; l < L; l++) {
-            loco_gpt_layer_acts *la = &a->layer[l];
-            if (full_recompute(m, (int)l)) {
+            if (!holds_block(m, (int)l))
+                continue;
+            loco_gpt_layer_acts *la = base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
+            const bool full = full_recompute(m, (int)l);
+            const size_t before = off;
+            if (!full) {
+                CARVE(la->ln1, R * C);
+                CARVE(la->ln1_mean, R);
+                CARVE(la->ln1_rstd, R);
+                CARVE(la->qkv, N * 3 * Cl);
+                CARVE(la->atty, N * Cl);
+                if (!selective)
+                    CARVE(la->att, att);
+                CARVE(la->attproj, R * C);
+                CARVE(la->res2, R * C);
+                CARVE(la->ln2, R * C);
+                CARVE(la->ln2_mean, R);
+                CARVE(la->ln2_rstd, R);
+                CARVE(la->fch, N * Fl);
+                CARVE(la->fch_gelu, N * Fl);
+                CARVE(la->fcproj, R * C);
+            }
+            CARVE(la->res3, R * C);
+            if (!counted) {
+                kept = (off - before) * sizeof(float);
+                counted = true;
+            }
+            if (m->staged && !full) { /* a recomputed block runs W at once */
+                CARVE(la->keep_out, N * C);
+                CARVE(la->keep_mid, N * C);
+                CARVE(la->keep_fch, N * Fl);
+                CARVE(la->keep_qkv, N * 3 * Cl);
+            }
+            if (base && full) {
                 float *res3 = la->res3;
                 *la = shared;
                 la->res3 = res3;
-            } else if (selective) {
+            } else if (base && selective) {
                 la->att = shared.att;
             }
         }
+        if (m->head) {
+            CARVE(a->lnf, N * C);
+            CARVE(a->lnf_mean, R);
+            CARVE(a->lnf_rstd, R);
+            CARVE(a->logits, N * (size_t)d.Vl);
+            CARVE(a->losses, N);
+            CARVE(a->xent, 3 * N);
+        }
+    }
     m->block_act_bytes = kept;
-    CARVE(a->lnf, N * C);
-    CARVE(a->lnf_mean, R);
-    CARVE(a->lnf_rstd, R);
-    CARVE(a->logits, N * (size_t)d.Vl);
-    CARVE(a->losses, N);
-    CARVE(a->xent, 3 * N);
     loco_gpt_scratch *s = &m->s;
     CARVE(s->dres, R * C);
     CARVE(s->dbtc, R * C);
@@ -263,6 +379,8 @@ static size_t carve_acts(loco_gpt *m, float *base) {
     if (selective)
         CARVE(s->atty, N * Cl);
 #undef CARVE
+    if (base)
+        m->a = m->slot_acts[0];
     return off;
 }
 
@@ -335,17 +453,41 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     m->tp_rank = m->par.tp ? loco_comm_rank(m->par.tp) : 0;
     m->B = B;
     m->T = T;
+    m->par.stage = NULL;
+    if (par->stage) { /* kept by value: the caller's may go */
+        m->stage = *par->stage;
+        m->staged = true;
+    }
     int rc;
-    LOCO_CHECK_GOTO(loco_gpt_build_table(&m->tt, &m->cfg), out_fail);
+    if (m->staged)
+        LOCO_CHECK_GOTO(loco_gpt_build_stage_table(&m->tt, &m->cfg, &m->stage), out_fail);
+    else
+        LOCO_CHECK_GOTO(loco_gpt_build_table(&m->tt, &m->cfg), out_fail);
     m->n_params = m->tt.numel;
+    const int L = cfg->n_layer, slots = m->staged ? m->stage.slots : 1;
+    m->unit_t0 = loco_alloc((size_t)(L + 2) * 2 * sizeof(int));
+    if (!m->unit_t0) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "unit table");
+        goto out_fail;
+    }
+    m->unit_t1 = m->unit_t0 + L + 2;
+    index_units(m);
+    m->embed = loco_gpt_holds_unit(m, 0);
+    m->head = loco_gpt_holds_unit(m, L + 1);
     bool want_p = !(flags & LOCO_GPT_NO_PARAMS), want_g = !(flags & LOCO_GPT_NO_GRADS);
     if (want_p)
         m->params = loco_alloc(m->n_params * sizeof(float));
     if (want_g)
         m->grads = loco_alloc(m->n_params * sizeof(float));
-    m->p.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
-    m->g.h = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_block));
-    m->a.layer = loco_alloc((size_t)cfg->n_layer * sizeof(loco_gpt_layer_acts));
+    m->p.h = loco_alloc((size_t)L * sizeof(loco_gpt_block));
+    m->g.h = loco_alloc((size_t)L * sizeof(loco_gpt_block));
+    m->slot_acts = loco_alloc((size_t)slots * sizeof(loco_gpt_acts));
+    loco_gpt_layer_acts *layers = loco_alloc((size_t)slots * L * sizeof(loco_gpt_layer_acts));
+    if (m->slot_acts && layers)
+        for (int k = 0; k < slots; k++)
+            m->slot_acts[k].layer = layers + (size_t)k * L;
+    else
+        loco_free(layers);
     m->tp_counts = loco_alloc((size_t)m->cfg.tp * sizeof(size_t));
     const bool want_a = !(flags & LOCO_GPT_NO_ACTS);
     /* Counted always (block_act_bytes tells what a block would keep), held
@@ -356,12 +498,13 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     m->act_bytes = n_act * sizeof(float);
     if (want_a)
         m->act_slab = loco_alloc(m->act_bytes);
-    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->a.layer ||
-        !m->tp_counts || (want_a && !m->act_slab)) {
+    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h ||
+        !m->slot_acts || !m->slot_acts[0].layer || !m->tp_counts || (want_a && !m->act_slab)) {
         rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats", m->n_params,
                       n_act);
         goto out_fail;
     }
+    m->a = m->slot_acts[0];
     if (want_a)
         carve_acts(m, m->act_slab);
     for (int u = 0; u < loco_gpt_num_units(m); u++) {
@@ -384,7 +527,10 @@ void loco_gpt_fini(loco_gpt *m) {
     loco_free(m->grads);
     loco_free(m->p.h);
     loco_free(m->g.h);
-    loco_free(m->a.layer);
+    if (m->slot_acts)
+        loco_free(m->slot_acts[0].layer);
+    loco_free(m->slot_acts);
+    loco_free(m->unit_t0);
     loco_free(m->tp_counts);
     loco_free(m->act_slab);
     memset(m, 0, sizeof *m);
@@ -397,9 +543,11 @@ void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, s
     const float std = 0.02f;
     const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
     const int t = m->cfg.tp > 1 ? m->cfg.tp : 1;
+    /* The whole model's tensors in order; each one's place in this rank's
+     * table (a tp slice, a pipeline stage) is found by name. */
     loco_ttable whole;
     const loco_ttable *tt = &m->tt;
-    if (t > 1) {
+    if (t > 1 || m->staged) {
         loco_gpt_config one = m->cfg;
         one.tp = 1;
         if (loco_gpt_build_table(&whole, &one) < 0)
@@ -408,7 +556,8 @@ void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, s
     }
     for (int i = 0; i < tt->n; i++) {
         const loco_tensor *t_whole = &tt->t[i];
-        const loco_tensor *t_mine = &m->tt.t[i];
+        const int mine = m->staged ? loco_ttable_find(&m->tt, t_whole->name) : i;
+        const loco_tensor *t_mine = mine >= 0 ? &m->tt.t[mine] : NULL;
         const char *name = t_whole->name;
         size_t len = strlen(name);
         bool is_weight = len > 7 && !strcmp(name + len - 7, ".weight");
@@ -419,6 +568,8 @@ void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, s
                 v = (strstr(name, "c_proj.weight") ? proj_std : std) * loco_rng_normal(rng);
             else
                 v = (is_ln && is_weight) ? 1.0f : 0.0f;
+            if (!t_mine)
+                continue; /* drawn all the same: the stream is the whole model's */
             int rank = 0;
             size_t j = g;
             if (t > 1) {
@@ -432,15 +583,17 @@ void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, s
         }
     }
     /* Vocabulary padding rows are zero. */
-    if (t > 1) {
-        const loco_tensor *wte = &m->tt.t[0];
+    const int wte_at = loco_ttable_find(&m->tt, "transformer.wte.weight");
+    if (t > 1 && wte_at >= 0) {
+        const loco_tensor *wte = &m->tt.t[wte_at];
         for (size_t j = 0; j < wte->numel; j++) {
             size_t g, k = wte->offset + j;
             if (!loco_gpt_tp_global(&tt->t[0], t, m->tp_rank, j, &g) && k >= lo && k < hi)
                 dst[k - lo] = 0.0f;
         }
-        loco_ttable_fini(&whole);
     }
+    if (tt != &m->tt)
+        loco_ttable_fini(&whole);
 }
 
 void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng) {
@@ -452,7 +605,9 @@ void loco_gpt_zero_grad(loco_gpt *m) {
         memset(m->grads, 0, m->n_params * sizeof(float));
 }
 
-static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
+/* What a pass of a B x T batch needs of the model: activations, the
+ * capacity, a row split under sp. */
+static int check_capacity(const loco_gpt *m, int B, int T) {
     if (!m->act_slab)
         return LOCO_ERR(LOCO_EINVAL, "this model holds no activations (LOCO_GPT_NO_ACTS: its "
                                      "passes run on the device)");
@@ -464,6 +619,12 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
                         "sequence parallelism: a %dx%d batch does not split over %d "
                         "tp ranks",
                         B, T, m->cfg.tp);
+    return 0;
+}
+
+/* The same for a pass from tokens, which must be in the vocabulary. */
+static int check_tokens(const loco_gpt *m, const int32_t *inputs, int B, int T) {
+    LOCO_CHECK(check_capacity(m, B, T));
     for (int i = 0; i < B * T; i++)
         if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
             return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)", inputs[i],
@@ -473,8 +634,11 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
 
 /* ---------------------------------------------------------------- passes */
 
+/* A block's input: the previous block's output, or, for the first block
+ * of the chunk a pass runs, a.encoded (the embeddings, or the activation a
+ * pipeline stage received). */
 static const float *block_input(const loco_gpt *m, int l) {
-    return l == 0 ? m->a.encoded : m->a.layer[l - 1].res3;
+    return l == m->pass_first ? m->a.encoded : m->a.layer[l - 1].res3;
 }
 
 static int block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
@@ -580,11 +744,74 @@ static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gp
     return block_bwd_weight(m, d, l, la, &k);
 }
 
+/* ln_f over this rank's rows of the last block's output, gathered over tp
+ * under sp, then the tied head: a.logits (N, Vl). */
+static int head_fwd(loco_gpt *m, const loco__gpt_shape *d) {
+    loco_gpt_acts *a = &m->a;
+    const int L = m->cfg.n_layer, C = d->C;
+    /* Under sp this rank's rows of ln_f land in place in the whole (N, C)
+     * buffer, which the all-gather then completes. */
+    float *lnf_rows = a->lnf + d->row0 * (size_t)C;
+    loco_layernorm_fwd(lnf_rows, a->lnf_mean, a->lnf_rstd, a->layer[L - 1].res3, m->p.lnfw,
+                       m->p.lnfb, (int)d->R, C);
+    if (d->sp)
+        LOCO_CHECK(loco__gpt_tp_allgather(m, lnf_rows, a->lnf, d->R * (size_t)C));
+    loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, (int)d->N, C, d->Vl, true);
+    return 0;
+}
+
+/* The head's input half, from the logits' gradient in a.logits: the
+ * gradient of ln_f's input into s.dres (this rank's rows), ln_f's own
+ * gradients (summed over tp under sp). */
+static int head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
+    loco_gpt_acts *a = &m->a;
+    loco_gpt_scratch *s = &m->s;
+    const int L = m->cfg.n_layer, C = d->C, N = (int)d->N;
+    float *dlnf = d->t == 1 ? s->dbtc : s->full;
+    memset(dlnf, 0, d->N * (size_t)C * sizeof(float));
+    loco_matmul_bwd(dlnf, NULL, NULL, a->logits, NULL, m->p.wte, N, C, d->Vl, true);
+    if (d->t > 1) {
+        if (d->sp)
+            LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, s->full, s->dbtc, d->R * (size_t)C));
+        else
+            LOCO_CHECK(loco__gpt_tp_allreduce(m, s->full, d->N * (size_t)C, LOCO_OP_SUM));
+    }
+    const float *dln = d->t > 1 && !d->sp ? s->full : s->dbtc;
+    memset(s->dres, 0, d->R * (size_t)C * sizeof(float));
+    float *lnfw = m->g.lnfw, *lnfb = m->g.lnfb;
+    if (d->sp) {
+        memset(s->drep, 0, 2 * (size_t)C * sizeof(float));
+        lnfw = s->drep, lnfb = s->drep + C;
+    }
+    loco_layernorm_bwd(s->dres, lnfw, lnfb, dln, a->layer[L - 1].res3, m->p.lnfw, a->lnf_mean,
+                       a->lnf_rstd, (int)d->R, C);
+    if (d->sp) {
+        float *dst[2] = {m->g.lnfw, m->g.lnfb};
+        const size_t len[2] = {(size_t)C, (size_t)C};
+        LOCO_CHECK(loco__gpt_sp_reduce_into(m, dst, len, 2));
+    }
+    return 0;
+}
+
+/* The head's weight half: the tied wte's gradient from the logits'. */
+static void head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d) {
+    loco_matmul_bwd(NULL, m->g.wte, NULL, m->a.logits, m->a.lnf, NULL, (int)d->N, d->C, d->Vl,
+                    true);
+}
+
+/* A whole-model pass: not on a pipeline stage, tokens in the vocabulary. */
+static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
+    if (m->staged)
+        return LOCO_ERR(LOCO_EINVAL, "a pipeline stage runs its chunks one by one "
+                                     "(loco_gpt_chunk_forward / _backward_input / _weight)");
+    return check_tokens(m, inputs, B, T);
+}
+
 /* Forward through the blocks and the final LayerNorm and head: a.logits. */
 static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     loco_gpt_acts *a = &m->a;
-    const int L = m->cfg.n_layer, C = d.C;
+    const int L = m->cfg.n_layer;
     LOCO_CHECK(acquire(m, 0, false));
     LOCO_CHECK(loco__gpt_embed_fwd(m, &d, inputs, B, T));
     for (int l = 0; l < L; l++) {
@@ -593,15 +820,8 @@ static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
         LOCO_CHECK(release(m, l + 1, false));
     }
     LOCO_CHECK(acquire(m, L + 1, false));
-    /* Under sp this rank's rows of ln_f land in place in the whole (N, C)
-     * buffer, which the all-gather then completes. */
-    float *lnf_rows = a->lnf + d.row0 * (size_t)C;
-    loco_layernorm_fwd(lnf_rows, a->lnf_mean, a->lnf_rstd, a->layer[L - 1].res3, m->p.lnfw,
-                       m->p.lnfb, (int)d.R, C);
-    if (d.sp)
-        LOCO_CHECK(loco__gpt_tp_allgather(m, lnf_rows, a->lnf, d.R * (size_t)C));
+    LOCO_CHECK(head_fwd(m, &d));
     LOCO_CHECK(release(m, L + 1, false));
-    loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, (int)d.N, C, d.Vl, true);
     return release(m, 0, false);
 }
 
@@ -631,9 +851,8 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
         if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
             return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
-    const int C = d.C, N = B * T, L = m->cfg.n_layer;
+    const int N = B * T, L = m->cfg.n_layer;
     loco_gpt_acts *a = &m->a;
-    loco_gpt_scratch *s = &m->s;
     LOCO_CHECK(forward_body(m, inputs, B, T));
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
     LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
@@ -642,30 +861,9 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
 
     /* The tied head: d(ln_f output) over all rows, summed over tp. */
     LOCO_CHECK(acquire(m, 0, true));
-    float *dlnf = d.t == 1 ? s->dbtc : s->full;
-    memset(dlnf, 0, d.N * (size_t)C * sizeof(float));
-    loco_matmul_bwd(dlnf, m->g.wte, NULL, a->logits, a->lnf, m->p.wte, N, C, d.Vl, true);
-    if (d.t > 1) {
-        if (d.sp)
-            LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, s->full, s->dbtc, d.R * (size_t)C));
-        else
-            LOCO_CHECK(loco__gpt_tp_allreduce(m, s->full, d.N * (size_t)C, LOCO_OP_SUM));
-    }
-    const float *dln = d.t > 1 && !d.sp ? s->full : s->dbtc;
-    memset(s->dres, 0, d.R * (size_t)C * sizeof(float));
     LOCO_CHECK(acquire(m, L + 1, true));
-    float *lnfw = m->g.lnfw, *lnfb = m->g.lnfb;
-    if (d.sp) {
-        memset(s->drep, 0, 2 * (size_t)C * sizeof(float));
-        lnfw = s->drep, lnfb = s->drep + C;
-    }
-    loco_layernorm_bwd(s->dres, lnfw, lnfb, dln, a->layer[L - 1].res3, m->p.lnfw, a->lnf_mean,
-                       a->lnf_rstd, (int)d.R, C);
-    if (d.sp) {
-        float *dst[2] = {m->g.lnfw, m->g.lnfb};
-        const size_t len[2] = {(size_t)C, (size_t)C};
-        LOCO_CHECK(loco__gpt_sp_reduce_into(m, dst, len, 2));
-    }
+    LOCO_CHECK(head_bwd_input(m, &d));
+    head_bwd_weight(m, &d);
     LOCO_CHECK(release(m, L + 1, true));
     LOCO_CHECK(grads_ready(m, L + 1));
     for (int l = L - 1; l >= 0; l--) {
@@ -679,6 +877,107 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     LOCO_CHECK(loco__gpt_embed_bwd(m, &d, inputs, B, T));
     LOCO_CHECK(release(m, 0, true));
     return grads_ready(m, 0);
+}
+
+/* ------------------------------------------------------- pipeline stages */
+
+/* Makes slot's activations current for a pass of chunk. */
+static int use_slot(loco_gpt *m, int slot, int chunk, int B, int T) {
+    if (!m->staged)
+        return LOCO_ERR(LOCO_EINVAL, "chunk passes need a pipeline stage (loco_gpt_parallel.stage)");
+    if (slot < 0 || slot >= m->stage.slots || chunk < 0 || chunk >= m->stage.n)
+        return LOCO_ERR(LOCO_EINVAL, "slot %d of %d, chunk %d of %d", slot, m->stage.slots, chunk,
+                        m->stage.n);
+    LOCO_CHECK(check_capacity(m, B, T));
+    m->a = m->slot_acts[slot];
+    m->pass_first = m->stage.first[chunk];
+    return 0;
+}
+
+/* The W buffers a stage keeps for block l in the current slot. */
+static block_keep slot_keep(const loco_gpt *m, int l) {
+    const loco_gpt_layer_acts *la = &m->a.layer[l];
+    return (block_keep){la->keep_out, la->keep_fch, la->keep_mid, la->keep_qkv};
+}
+
+int loco_gpt_chunk_forward(loco_gpt *m, int slot, int chunk, const int32_t *inputs,
+                           const int32_t *targets, int B, int T, const float *in, float *out,
+                           float loss_scale, float *loss) {
+    LOCO_CHECK(use_slot(m, slot, chunk, B, T));
+    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
+    const int first = m->stage.first[chunk], end = m->stage.end[chunk], L = m->cfg.n_layer;
+    const size_t rows = d.R * (size_t)d.C;
+    if (first == 0) {
+        LOCO_CHECK(check_tokens(m, inputs, B, T));
+        LOCO_CHECK(loco__gpt_embed_fwd(m, &d, inputs, B, T));
+    } else {
+        if (!in)
+            return LOCO_ERR(LOCO_EINVAL, "chunk %d starts at block %d: it needs its input", chunk,
+                            first);
+        memcpy(m->a.encoded, in, rows * sizeof(float));
+    }
+    for (int l = first; l < end; l++)
+        LOCO_CHECK(block_fwd(m, &d, l, &m->a.layer[l], B, T));
+    if (end < L) {
+        memcpy(out, m->a.layer[end - 1].res3, rows * sizeof(float));
+        return 0;
+    }
+    const int N = B * T;
+    for (int i = 0; i < N; i++)
+        if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
+            return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
+    LOCO_CHECK(head_fwd(m, &d));
+    /* The loss and, in place, its gradient: the backward starts from it. */
+    LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
+    if (loss)
+        *loss = mean_of(m->a.losses, N);
+    return 0;
+}
+
+int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_t *inputs, int B,
+                                  int T, const float *dout, float *din) {
+    LOCO_CHECK(use_slot(m, slot, chunk, B, T));
+    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
+    const int first = m->stage.first[chunk], end = m->stage.end[chunk];
+    const size_t rows = d.R * (size_t)d.C;
+    if (end == m->cfg.n_layer) {
+        LOCO_CHECK(head_bwd_input(m, &d));
+    } else {
+        if (!dout)
+            return LOCO_ERR(LOCO_EINVAL, "chunk %d ends at block %d: it needs its output's "
+                                         "gradient", chunk, end);
+        memcpy(m->s.dres, dout, rows * sizeof(float));
+    }
+    for (int l = end - 1; l >= first; l--) {
+        const loco_gpt_layer_acts *la = &m->a.layer[l];
+        if (full_recompute(m, l)) {
+            /* The rerun block lives in the shared buffers, which the next
+             * block's rerun overwrites: its weight half runs now. */
+            LOCO_CHECK(block_fwd(m, &d, l, la, B, T));
+            LOCO_CHECK(block_bwd(m, &d, l, la, B, T));
+        } else {
+            const block_keep k = slot_keep(m, l);
+            LOCO_CHECK(block_bwd_input(m, &d, l, la, B, T, &k));
+        }
+    }
+    if (first == 0)
+        return loco__gpt_embed_bwd(m, &d, inputs, B, T);
+    memcpy(din, m->s.dres, rows * sizeof(float));
+    return 0;
+}
+
+int loco_gpt_chunk_backward_weight(loco_gpt *m, int slot, int chunk, int B, int T) {
+    LOCO_CHECK(use_slot(m, slot, chunk, B, T));
+    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
+    const int first = m->stage.first[chunk], end = m->stage.end[chunk];
+    if (end == m->cfg.n_layer)
+        head_bwd_weight(m, &d);
+    for (int l = end - 1; l >= first; l--)
+        if (!full_recompute(m, l)) {
+            const block_keep k = slot_keep(m, l);
+            LOCO_CHECK(block_bwd_weight(m, &d, l, &m->a.layer[l], &k));
+        }
+    return 0;
 }
 
 double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {

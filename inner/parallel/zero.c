@@ -366,6 +366,8 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
         ((flags & LOCO_GPT_NO_GRADS) != 0) != (m->grads == NULL))
         return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d",
                         stage);
+    if (m->staged)
+        return LOCO_ERR(LOCO_ENOTSUP, "ZeRO over a pipeline stage's model is not built yet");
     loco_zero *z = loco_alloc(sizeof *z);
     if (!z)
         return LOCO_ERR(LOCO_ENOMEM, "ZeRO state");
