@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 void loco_pp_schedule_destroy(loco_pp_schedule *s) {
     if (!s)
         return;
@@ -29,13 +28,13 @@ static int schedule_alloc(loco_pp_schedule **out, const char *name, int p, int v
     s->chunk_rank = loco_alloc(sizeof(int) * (size_t)s->n_chunks);
     s->len = loco_alloc(sizeof(int) * (size_t)p);
     s->lists = loco_alloc(sizeof(loco_pp_action *) * (size_t)p);
-    s->slab = loco_alloc(sizeof(loco_pp_action) * (size_t)p * (size_t)imax(cap, 1));
+    s->slab = loco_alloc(sizeof(loco_pp_action) * (size_t)p * (size_t)loco__pp_imax(cap, 1));
     if (!s->chunk_rank || !s->len || !s->lists || !s->slab) {
         loco_pp_schedule_destroy(s);
         return LOCO_ERR(LOCO_ENOMEM, "pipeline schedule of %d ranks x %d actions", p, cap);
     }
     for (int r = 0; r < p; r++)
-        s->lists[r] = s->slab + (size_t)r * (size_t)imax(cap, 1);
+        s->lists[r] = s->slab + (size_t)r * (size_t)loco__pp_imax(cap, 1);
     *out = s;
     return 0;
 }
@@ -87,7 +86,7 @@ static void order_gpipe(gen *g) {
 /* 1F1B (PipeDream-Flush, Narayanan et al. 2021): p-r-1 warm-up forwards,
  * then one forward and one backward in turn, then the remaining backwards. */
 static void order_1f1b(gen *g) {
-    const int m = g->m, warm = imin(g->p - g->rank - 1, m);
+    const int m = g->m, warm = loco__pp_imin(g->p - g->rank - 1, m);
     for (int k = 0; k < warm; k++)
         emit(g, LOCO_PP_F, k, g->rank, 0);
     for (int i = 0; i < m - warm; i++) {
@@ -111,7 +110,7 @@ static void interleaved_unit(const gen *g, int k, bool forward, int *mb, int *ch
  * forwards, then 1F1B over virtual micro-batches. */
 static void order_interleaved(gen *g) {
     const int total = g->m * g->v;
-    const int warm = imin(2 * (g->p - g->rank - 1) + (g->v - 1) * g->p, total);
+    const int warm = loco__pp_imin(2 * (g->p - g->rank - 1) + (g->v - 1) * g->p, total);
     int mb, chunk;
     for (int k = 0; k < warm; k++) {
         interleaved_unit(g, k, true, &mb, &chunk);
@@ -134,7 +133,7 @@ static void order_interleaved(gen *g) {
  * (1F1B's peak, on rank 0), B reaches the early ranks sooner, and the
  * held-back W passes fill the tail. */
 static void order_zbh1(gen *g) {
-    const int r = g->rank, m = g->m, warm = imin(g->p - r - 1, m);
+    const int r = g->rank, m = g->m, warm = loco__pp_imin(g->p - r - 1, m);
     for (int k = 0; k < warm; k++)
         emit(g, LOCO_PP_F, k, r, 0);
     for (int i = 0; i < m - warm; i++) {
@@ -156,7 +155,7 @@ static void order_zbh1(gen *g) {
  * warm-up forwards, then F B W on both chunks in turn. The pattern is
  * written for n = max(2p-1, m) micro-batches; emit drops the padding. */
 static void order_zbv(gen *g) {
-    const int p = g->p, r = g->rank, c0 = r, c1 = 2 * p - 1 - r, n = imax(2 * p - 1, g->m);
+    const int p = g->p, r = g->rank, c0 = r, c1 = 2 * p - 1 - r, n = loco__pp_imax(2 * p - 1, g->m);
     int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
     for (int i = 0; i < 2 * (p - r) - 1; i++)
         emit(g, LOCO_PP_F, f0++, c0, 0);
@@ -323,23 +322,23 @@ static void pub_gpipe(int p, int v, int m, const loco_pp_costs *c, double *bubbl
 
 static void pub_1f1b(int p, int v, int m, const loco_pp_costs *c, double *bubble, double *peak) {
     *bubble = (double)(p - 1) / (m + p - 1);
-    *peak = imin(p, m);
+    *peak = loco__pp_imin(p, m);
 }
 
 static void pub_interleaved(int p, int v, int m, const loco_pp_costs *c, double *bubble,
                             double *peak) {
     *bubble = (double)(p - 1) / ((double)v * m + p - 1);
-    *peak = imin(v * m, 2 * (p - 1) + (v - 1) * p + 1);
+    *peak = loco__pp_imin(v * m, 2 * (p - 1) + (v - 1) * p + 1);
 }
 
 static void pub_zbh1(int p, int v, int m, const loco_pp_costs *c, double *bubble, double *peak) {
     *bubble = fraction(fmax(0, (p - 1) * (c->f + c->b - c->w)), m * (c->f + c->b + c->w));
-    *peak = imin(p, m);
+    *peak = loco__pp_imin(p, m);
 }
 
 static void pub_zbv(int p, int v, int m, const loco_pp_costs *c, double *bubble, double *peak) {
     *bubble = c->f == c->b && c->b == c->w ? 0 : NAN;
-    *peak = imin(2 * p, 2 * m);
+    *peak = loco__pp_imin(2 * p, 2 * m);
 }
 
 /* (PP/2-1)(F&B + B - 3W) with PP = 2p stages, B the full backward b + w
@@ -528,7 +527,7 @@ int loco_pp_schedule_from_lists(loco_pp_schedule **out, const char *name, int p,
     for (int r = 0; r < p; r++) {
         if (lens[r] < 0 || lens[r] > PP_ACTIONS_PER_UNIT * v * m)
             return LOCO_ERR(LOCO_EINVAL, "pipeline lists: rank %d has %d actions", r, lens[r]);
-        cap = imax(cap, lens[r]);
+        cap = loco__pp_imax(cap, lens[r]);
     }
     for (int c = 0; c < p * v; c++)
         if (chunk_rank[c] < 0 || chunk_rank[c] >= p)
@@ -577,4 +576,3 @@ char *loco_pp_action_str(const loco_pp_action *a, char *buf, size_t cap) {
         snprintf(buf, cap, "?op%d", a->op);
     return buf;
 }
-

@@ -27,10 +27,10 @@ struct loco_pp_schedule {
     loco_pp_action *slab;   /* [p * cap] */
 };
 
-static inline int imin(int a, int b) {
+static inline int loco__pp_imin(int a, int b) {
     return a < b ? a : b;
 }
-static inline int imax(int a, int b) {
+static inline int loco__pp_imax(int a, int b) {
     return a > b ? a : b;
 }
 

@@ -234,7 +234,7 @@ static double run(sim *S, int r, double ready, double cost) {
 
 static void live_add(sim *S, int r, int d) {
     S->live[r] += d;
-    S->peak[r] = imax(S->peak[r], S->live[r]);
+    S->peak[r] = loco__pp_imax(S->peak[r], S->live[r]);
 }
 
 /* Executes rank r's next action if its inputs are there; false if not. */
@@ -408,7 +408,7 @@ static int sim_report(const sim *S, loco_pp_sim *out) {
                                           .bubble = r.makespan > 0 ? idle / r.makespan : 0,
                                           .peak_live = S->peak[k]};
         r.bubble += r.ranks[k].bubble / p;
-        r.peak_live = imax(r.peak_live, S->peak[k]);
+        r.peak_live = loco__pp_imax(r.peak_live, S->peak[k]);
     }
     *out = r;
     return 0;
