@@ -72,8 +72,9 @@ out_fail:
 /* The stage's chunks against the model: non-empty, in order, apart. */
 static int check_stage(const loco_gpt_config *cfg, const loco_gpt_stage *st) {
     if (st->n < 1 || st->n > LOCO_GPT_MAX_CHUNKS || st->slots < 1)
-        return LOCO_ERR(LOCO_EINVAL, "a pipeline stage of %d chunks and %d activation slots "
-                                     "(1..%d chunks, at least one slot)",
+        return LOCO_ERR(LOCO_EINVAL,
+                        "a pipeline stage of %d chunks and %d activation slots "
+                        "(1..%d chunks, at least one slot)",
                         st->n, st->slots, LOCO_GPT_MAX_CHUNKS);
     for (int i = 0; i < st->n; i++)
         if (st->first[i] < (i ? st->end[i - 1] : 0) || st->end[i] <= st->first[i] ||
@@ -498,8 +499,8 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     m->act_bytes = n_act * sizeof(float);
     if (want_a)
         m->act_slab = loco_alloc(m->act_bytes);
-    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h ||
-        !m->slot_acts || !m->slot_acts[0].layer || !m->tp_counts || (want_a && !m->act_slab)) {
+    if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->slot_acts ||
+        !m->slot_acts[0].layer || !m->tp_counts || (want_a && !m->act_slab)) {
         rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats", m->n_params,
                       n_act);
         goto out_fail;
@@ -708,12 +709,11 @@ static int block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
     }
     float *datty = s->dfchg; /* (N, Cl) fits in (N, Fl) */
     memset(datty, 0, (size_t)N * d->Cl * sizeof(float));
-    LOCO_CHECK(loco__gpt_row_parallel_bwd_input(m, d, datty, apb, s->dres, k->d_mid, w->attprojw,
-                                                d->Cl));
+    LOCO_CHECK(
+        loco__gpt_row_parallel_bwd_input(m, d, datty, apb, s->dres, k->d_mid, w->attprojw, d->Cl));
     memset(k->d_qkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
     loco_attention_bwd(k->d_qkv, s->datt, datty, la->qkv, la->att, B, T, d->Cl, d->NHl);
-    LOCO_CHECK(
-        loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_qkv, w->qkvw, 3 * d->Cl));
+    LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_qkv, w->qkvw, 3 * d->Cl));
     loco_layernorm_bwd(s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R,
                        C);
     if (d->sp) {
@@ -730,7 +730,8 @@ static int block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
                             const loco_gpt_layer_acts *la, const block_keep *k) {
     loco_gpt_block *g = &m->g.h[l];
     loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Fl);
-    LOCO_CHECK(loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
+    LOCO_CHECK(
+        loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
     loco__gpt_row_parallel_bwd_weight(d, g->attprojw, k->d_mid, la->atty, d->Cl);
     return loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1,
                                                 3 * d->Cl);
@@ -884,7 +885,8 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
 /* Makes slot's activations current for a pass of chunk. */
 static int use_slot(loco_gpt *m, int slot, int chunk, int B, int T) {
     if (!m->staged)
-        return LOCO_ERR(LOCO_EINVAL, "chunk passes need a pipeline stage (loco_gpt_parallel.stage)");
+        return LOCO_ERR(LOCO_EINVAL,
+                        "chunk passes need a pipeline stage (loco_gpt_parallel.stage)");
     if (slot < 0 || slot >= m->stage.slots || chunk < 0 || chunk >= m->stage.n)
         return LOCO_ERR(LOCO_EINVAL, "slot %d of %d, chunk %d of %d", slot, m->stage.slots, chunk,
                         m->stage.n);
@@ -944,8 +946,10 @@ int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_
         LOCO_CHECK(head_bwd_input(m, &d));
     } else {
         if (!dout)
-            return LOCO_ERR(LOCO_EINVAL, "chunk %d ends at block %d: it needs its output's "
-                                         "gradient", chunk, end);
+            return LOCO_ERR(LOCO_EINVAL,
+                            "chunk %d ends at block %d: it needs its output's "
+                            "gradient",
+                            chunk, end);
         memcpy(m->s.dres, dout, rows * sizeof(float));
     }
     for (int l = end - 1; l >= first; l--) {

@@ -49,9 +49,9 @@ static void make(loco_gpt *m, const loco_gpt_stage *st, loco_recompute recompute
 static void whole(loco_gpt *w, float *loss) {
     make(w, NULL, LOCO_RECOMPUTE_NONE);
     for (int m = 0; m < MB; m++)
-        cr_assert_eq(loco_gpt_forward_backward(w, inputs[m], targets[m], Bm, Tm, 1.0f / MB,
-                                               &loss[m]),
-                     0, "%s", loco_errmsg());
+        cr_assert_eq(
+            loco_gpt_forward_backward(w, inputs[m], targets[m], Bm, Tm, 1.0f / MB, &loss[m]), 0,
+            "%s", loco_errmsg());
 }
 
 /* Every tensor of stage s against the whole model: parameters always bit
@@ -126,9 +126,15 @@ static void two_stages(loco_recompute recompute) {
     loco_gpt_fini(&s1);
 }
 
-Test(model_stage, two_stages_equal_the_whole_model) { two_stages(LOCO_RECOMPUTE_NONE); }
-Test(model_stage, two_stages_with_selective_recompute) { two_stages(LOCO_RECOMPUTE_SELECTIVE); }
-Test(model_stage, two_stages_with_full_recompute) { two_stages(LOCO_RECOMPUTE_FULL); }
+Test(model_stage, two_stages_equal_the_whole_model) {
+    two_stages(LOCO_RECOMPUTE_NONE);
+}
+Test(model_stage, two_stages_with_selective_recompute) {
+    two_stages(LOCO_RECOMPUTE_SELECTIVE);
+}
+Test(model_stage, two_stages_with_full_recompute) {
+    two_stages(LOCO_RECOMPUTE_FULL);
+}
 
 /* A V: rank X holds blocks [0, 1) and [3, 4) (embeddings and head share
  * one wte), rank Y blocks [1, 2) and [2, 3); one micro-batch. */
@@ -193,11 +199,11 @@ Test(model_stage, tables_hold_their_units_and_the_head_its_wte) {
 Test(model_stage, what_cannot_be_built_is_refused) {
     loco_ttable tt;
     const loco_gpt_stage bad[] = {
-        stage_of(1, (int[]){2}, (int[]){2}, 1),             /* empty */
-        stage_of(2, (int[]){0, 1}, (int[]){2, 3}, 1),       /* overlapping */
-        stage_of(2, (int[]){2, 0}, (int[]){3, 1}, 1),       /* out of order */
-        stage_of(1, (int[]){3}, (int[]){5}, 1),             /* beyond the model */
-        stage_of(1, (int[]){0}, (int[]){4}, 0),             /* no slot */
+        stage_of(1, (int[]){2}, (int[]){2}, 1),       /* empty */
+        stage_of(2, (int[]){0, 1}, (int[]){2, 3}, 1), /* overlapping */
+        stage_of(2, (int[]){2, 0}, (int[]){3, 1}, 1), /* out of order */
+        stage_of(1, (int[]){3}, (int[]){5}, 1),       /* beyond the model */
+        stage_of(1, (int[]){0}, (int[]){4}, 0),       /* no slot */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_expect_eq(loco_gpt_build_stage_table(&tt, &cfg, &bad[i]), LOCO_EINVAL, "stage %zu", i);

@@ -5,8 +5,8 @@
  * mode; recompute bit-identical to none; tp checkpoints that reshard
  * (2 -> 1, 2 -> 4) and export to the Hugging Face layout; clear errors for
  * what cannot be built. Runs build/loco. */
-#include "tests/support.h"
 #include "inner/inner.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -21,7 +21,7 @@
  * 260: padding must not change the loss. The global batch is 8 sequences
  * of 32 tokens in two micro-batches. */
 #define SMALL                                                                                      \
-    " --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=32 --set model.seq_len=32"    \
+    " --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=32 --set model.seq_len=32"     \
     " --set model.vocab_size=258 --set train.steps=8 --set train.warmup_steps=2"                   \
     " --set train.grad_accum=2 --set run.threads=1 --set run.eval_every=0"                         \
     " --set run.log_every=100 --set parallel.bucket_mb=0.02"
@@ -111,21 +111,51 @@ static void check_mesh(int tp, int dp, int stage, bool sp, const char *recompute
 
 TestSuite(tp, .init = setup, .fini = teardown, .timeout = 180);
 
-Test(tp, tp2) { check_mesh(2, 1, 0, false, "none"); }
-Test(tp, tp2_sp) { check_mesh(2, 1, 0, true, "none"); }
-Test(tp, tp4) { check_mesh(4, 1, 0, false, "none"); }
-Test(tp, tp4_sp) { check_mesh(4, 1, 0, true, "none"); }
-Test(tp, tp2_dp2_zero0) { check_mesh(2, 2, 0, false, "none"); }
-Test(tp, tp2_dp2_zero1) { check_mesh(2, 2, 1, false, "none"); }
-Test(tp, tp2_dp2_zero1_sp) { check_mesh(2, 2, 1, true, "none"); }
-Test(tp, tp2_dp2_zero2_sp) { check_mesh(2, 2, 2, true, "none"); }
-Test(tp, tp2_dp2_zero3) { check_mesh(2, 2, 3, false, "none"); }
-Test(tp, tp2_dp2_zero3_sp) { check_mesh(2, 2, 3, true, "none"); }
-Test(tp, tp2_selective) { check_mesh(2, 1, 0, false, "selective"); }
-Test(tp, tp2_sp_selective) { check_mesh(2, 1, 0, true, "selective"); }
-Test(tp, tp2_full) { check_mesh(2, 1, 0, false, "full"); }
-Test(tp, tp4_sp_selective) { check_mesh(4, 1, 0, true, "selective"); }
-Test(tp, tp2_sp_full_dp2_zero3) { check_mesh(2, 2, 3, true, "full"); }
+Test(tp, tp2) {
+    check_mesh(2, 1, 0, false, "none");
+}
+Test(tp, tp2_sp) {
+    check_mesh(2, 1, 0, true, "none");
+}
+Test(tp, tp4) {
+    check_mesh(4, 1, 0, false, "none");
+}
+Test(tp, tp4_sp) {
+    check_mesh(4, 1, 0, true, "none");
+}
+Test(tp, tp2_dp2_zero0) {
+    check_mesh(2, 2, 0, false, "none");
+}
+Test(tp, tp2_dp2_zero1) {
+    check_mesh(2, 2, 1, false, "none");
+}
+Test(tp, tp2_dp2_zero1_sp) {
+    check_mesh(2, 2, 1, true, "none");
+}
+Test(tp, tp2_dp2_zero2_sp) {
+    check_mesh(2, 2, 2, true, "none");
+}
+Test(tp, tp2_dp2_zero3) {
+    check_mesh(2, 2, 3, false, "none");
+}
+Test(tp, tp2_dp2_zero3_sp) {
+    check_mesh(2, 2, 3, true, "none");
+}
+Test(tp, tp2_selective) {
+    check_mesh(2, 1, 0, false, "selective");
+}
+Test(tp, tp2_sp_selective) {
+    check_mesh(2, 1, 0, true, "selective");
+}
+Test(tp, tp2_full) {
+    check_mesh(2, 1, 0, false, "full");
+}
+Test(tp, tp4_sp_selective) {
+    check_mesh(4, 1, 0, true, "selective");
+}
+Test(tp, tp2_sp_full_dp2_zero3) {
+    check_mesh(2, 2, 3, true, "full");
+}
 
 /* Two runs' checkpoints hold bit-identical parameters. */
 static void expect_same_bits(const char *a, const char *b, const char *what) {
@@ -178,9 +208,10 @@ Test(tp, reshard_tp2_to_1_and_4_continues_the_curve) {
                           dir, runs[i], dir);
         else
             rc = test_run(out, sizeof out,
-                          MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
-                                 " --set train.batch_size=4 --set parallel.tp=4 --set parallel.sp=true"
-                                 " --set run.dir=%s/%s --resume %s/a/ckpt_00000004",
+                          MPIRUN
+                          "4 " LOCO " train configs/tiny.ini" SMALL
+                          " --set train.batch_size=4 --set parallel.tp=4 --set parallel.sp=true"
+                          " --set run.dir=%s/%s --resume %s/a/ckpt_00000004",
                           dir, runs[i], dir);
         cr_assert_eq(rc, 0, "%s", out);
         char run_dir[600];
@@ -243,12 +274,12 @@ Test(tp, what_cannot_be_built_is_refused_clearly) {
     cr_expect_neq(rc, 0);
     cr_expect(strstr(out, "parallel.sp = true needs parallel.tp > 1") != NULL, "%s", out);
     rc = test_run(out, sizeof out,
-                  LOCO " train configs/tiny.ini" SMALL
-                       " --set train.recompute=full --set train.recompute_layers=3 --set run.dir=%s/x",
+                  LOCO
+                  " train configs/tiny.ini" SMALL
+                  " --set train.recompute=full --set train.recompute_layers=3 --set run.dir=%s/x",
                   dir);
     cr_expect_neq(rc, 0);
-    cr_expect(strstr(out, "train.recompute_layers = 3: the model has 2 blocks") != NULL, "%s",
-              out);
+    cr_expect(strstr(out, "train.recompute_layers = 3: the model has 2 blocks") != NULL, "%s", out);
 }
 
 /* A tp = 2 checkpoint missing tp rank 1's slice: a clear error, no run. */
