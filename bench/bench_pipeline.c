@@ -190,15 +190,10 @@ typedef struct {
 
 /* "F,B,W" in milliseconds, three numbers >= 0, into seconds. */
 static bool parse_ms(const char *s, synth *c) {
-    double x[3];
-    char *end;
-    for (int i = 0; i < 3; i++) {
-        x[i] = strtod(s, &end);
-        if (end == s || !isfinite(x[i]) || x[i] < 0 || *end != (i < 2 ? ',' : '\0'))
-            return false;
-        s = end + 1;
-    }
-    *c = (synth){x[0] / 1e3, x[1] / 1e3, x[2] / 1e3};
+    loco_pp_costs ms;
+    if (!loco_pp_parse_costs(s, &ms))
+        return false;
+    *c = (synth){ms.f / 1e3, ms.b / 1e3, ms.w / 1e3};
     return true;
 }
 

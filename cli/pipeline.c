@@ -22,20 +22,6 @@ static int usage_error(const char *msg, const char *arg) {
     return CLI_USAGE;
 }
 
-/* "F,B,W" as three non-negative numbers. */
-static bool parse_costs(const char *s, loco_pp_costs *c) {
-    double x[3];
-    char *end;
-    for (int i = 0; i < 3; i++) {
-        x[i] = strtod(s, &end);
-        if (end == s || !isfinite(x[i]) || x[i] < 0 || *end != (i < 2 ? ',' : '\0'))
-            return false;
-        s = end + 1;
-    }
-    c->f = x[0], c->b = x[1], c->w = x[2];
-    return true;
-}
-
 /* This thread's error message without its "file:line: " prefix and
  * breadcrumbs, for a table cell. */
 static void short_error(char *buf, size_t cap) {
@@ -168,7 +154,7 @@ int cli_pipeline(int argc, char **argv) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < MAX_SETS)
             sets[nsets++] = argv[++i];
         else if (!strcmp(argv[i], "--costs") && i + 1 < argc) {
-            if (!parse_costs(argv[++i], &costs))
+            if (!loco_pp_parse_costs(argv[++i], &costs))
                 return usage_error("--costs expects F,B,W (three numbers >= 0)", argv[i]);
         } else if (!strcmp(argv[i], "--latency") && i + 1 < argc) {
             char *end;

@@ -261,6 +261,36 @@ static bool holds_block(const loco_gpt *m, int l) {
     return m->unit_t1[l + 1] > m->unit_t0[l + 1];
 }
 
+/* Carves one block's forward activations (res3 apart; att only with
+ * `att`) from base + off; returns the new offset. base NULL: counts. */
+static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
+                          const loco__gpt_shape *d, size_t B, size_t T, bool att) {
+    const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
+#define CARVE(field, count)                                                                        \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = base + off;                                                                    \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
+    } while (0)
+    CARVE(la->ln1, R * C);
+    CARVE(la->ln1_mean, R);
+    CARVE(la->ln1_rstd, R);
+    CARVE(la->qkv, N * 3 * Cl);
+    CARVE(la->atty, N * Cl);
+    if (att)
+        CARVE(la->att, B * (size_t)d->NHl * T * T);
+    CARVE(la->attproj, R * C);
+    CARVE(la->res2, R * C);
+    CARVE(la->ln2, R * C);
+    CARVE(la->ln2_mean, R);
+    CARVE(la->ln2_rstd, R);
+    CARVE(la->fch, N * Fl);
+    CARVE(la->fch_gelu, N * Fl);
+    CARVE(la->fcproj, R * C);
+#undef CARVE
+    return off;
+}
+
 /* Carves the activation slab; with base NULL only counts. Returns floats.
  * Per-block buffers are sized by the capacity B x T, so a smaller batch
  * (eval, sampling) uses the same slab. A pipeline stage has one set of
@@ -287,23 +317,8 @@ static size_t carve_acts(loco_gpt *m, float *base) {
     bool any_full = false;
     for (size_t l = 0; l < L; l++)
         any_full |= holds_block(m, (int)l) && full_recompute(m, (int)l);
-    if (any_full || selective) {
-        loco_gpt_layer_acts *la = &shared;
-        CARVE(la->ln1, R * C);
-        CARVE(la->ln1_mean, R);
-        CARVE(la->ln1_rstd, R);
-        CARVE(la->qkv, N * 3 * Cl);
-        CARVE(la->atty, N * Cl);
-        CARVE(la->att, att);
-        CARVE(la->attproj, R * C);
-        CARVE(la->res2, R * C);
-        CARVE(la->ln2, R * C);
-        CARVE(la->ln2_mean, R);
-        CARVE(la->ln2_rstd, R);
-        CARVE(la->fch, N * Fl);
-        CARVE(la->fch_gelu, N * Fl);
-        CARVE(la->fcproj, R * C);
-    }
+    if (any_full || selective)
+        off = carve_block(&shared, base, off, &d, B, T, true);
     size_t kept = 0; /* what the first block held keeps for its backward */
     bool counted = false;
     for (int k = 0; k < slots; k++) {
@@ -316,23 +331,8 @@ static size_t carve_acts(loco_gpt *m, float *base) {
             loco_gpt_layer_acts *la = base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
             const bool full = full_recompute(m, (int)l);
             const size_t before = off;
-            if (!full) {
-                CARVE(la->ln1, R * C);
-                CARVE(la->ln1_mean, R);
-                CARVE(la->ln1_rstd, R);
-                CARVE(la->qkv, N * 3 * Cl);
-                CARVE(la->atty, N * Cl);
-                if (!selective)
-                    CARVE(la->att, att);
-                CARVE(la->attproj, R * C);
-                CARVE(la->res2, R * C);
-                CARVE(la->ln2, R * C);
-                CARVE(la->ln2_mean, R);
-                CARVE(la->ln2_rstd, R);
-                CARVE(la->fch, N * Fl);
-                CARVE(la->fch_gelu, N * Fl);
-                CARVE(la->fcproj, R * C);
-            }
+            if (!full)
+                off = carve_block(la, base, off, &d, B, T, !selective);
             CARVE(la->res3, R * C);
             if (!counted) {
                 kept = (off - before) * sizeof(float);

@@ -206,6 +206,10 @@ typedef struct {
 int loco_pp_simulate(const loco_pp_schedule *s, const loco_pp_costs *c, loco_pp_sim *out);
 void loco_pp_sim_fini(loco_pp_sim *r); /* frees the ranks array; accepts a zeroed struct */
 
+/* Parses "F,B,W": three finite numbers >= 0 (the costs of F, B and W) into
+ * c's f, b, w; false on anything else. */
+bool loco_pp_parse_costs(const char *text, loco_pp_costs *c);
+
 /* The published figures for schedule `name` at (p, v, m) and costs c
  * (docs/PIPELINE.md names the sources): *bubble as a fraction of the step
  * (NAN where the source gives no closed form for these costs) and *peak in

@@ -5,6 +5,7 @@
 #include "inner/parallel/schedule_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -575,4 +576,17 @@ char *loco_pp_action_str(const loco_pp_action *a, char *buf, size_t cap) {
     else
         snprintf(buf, cap, "?op%d", a->op);
     return buf;
+}
+
+bool loco_pp_parse_costs(const char *text, loco_pp_costs *c) {
+    double x[3];
+    char *end;
+    for (int i = 0; i < 3; i++) {
+        x[i] = strtod(text, &end);
+        if (end == text || !isfinite(x[i]) || x[i] < 0 || *end != (i < 2 ? ',' : '\0'))
+            return false;
+        text = end + 1;
+    }
+    c->f = x[0], c->b = x[1], c->w = x[2];
+    return true;
 }
