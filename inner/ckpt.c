@@ -172,6 +172,9 @@ static int save_local(const char *dir, const loco_config *cfg, const loco_ckpt_v
                         "single-file checkpoints hold the whole model: a tp = %d slice needs the "
                         "sharded layout",
                         loco__ckpt_view_tp(v));
+    if (v->stage)
+        return LOCO_ERR(LOCO_EINVAL, "single-file checkpoints hold the whole model: a pipeline "
+                                     "stage needs the sharded layout");
     if (v->p_lo != 0 || v->p_hi != P || (v->m && (v->o_lo != 0 || v->o_hi != P)))
         return LOCO_ERR(LOCO_EINVAL, "single-file checkpoints need every parameter");
     char tmp[PATH_MAX], path[PATH_MAX + 64];
@@ -231,7 +234,9 @@ static loco_ckpt_view model_view(const loco_gpt *m, const loco_adamw *opt) {
     loco_ckpt_view v = {
         .tt = &m->tt, .model = m->cfg, .params = m->params, .p_lo = 0, .p_hi = m->n_params,
         .m = opt ? opt->m : NULL, .v = opt ? opt->v : NULL, .o_lo = 0,
-        .o_hi = opt ? m->n_params : 0, .adam_t = opt ? opt->t : 0};
+        .o_hi = opt ? m->n_params : 0, .adam_t = opt ? opt->t : 0, .tp_rank = m->tp_rank,
+        /* Its pp rank is not known here: loaded by tensor name. */
+        .stage = m->staged ? &m->stage : NULL, .pp_rank = -1};
     return v;
 }
 
@@ -266,15 +271,20 @@ int loco_ckpt_write_shard(const char *tmpdir, int index, const loco_ckpt_view *v
         memcpy(buf + len, v->m + (lo - v->o_lo), n * sizeof(float));
         memcpy(buf + 2 * len, v->v + (lo - v->o_lo), n * sizeof(float));
     }
-    char slo[24], shi[24], stp[16], srank[16], path[PATH_MAX + 64];
+    char slo[24], shi[24], stp[16], srank[16], spp[16], path[PATH_MAX + 64];
     snprintf(slo, sizeof slo, "%zu", lo);
     snprintf(shi, sizeof shi, "%zu", hi);
     snprintf(stp, sizeof stp, "%d", loco__ckpt_view_tp(v));
     snprintf(srank, sizeof srank, "%d", v->tp_rank);
-    /* tp = 1 shards are written as before tensor parallelism. */
-    const char *meta[] = {"lo", slo, "hi", shi, "tp", stp, "tp_rank", srank, NULL};
-    if (loco__ckpt_view_tp(v) == 1)
-        meta[4] = NULL;
+    snprintf(spp, sizeof spp, "%d", v->pp_rank);
+    /* tp = 1 shards are written as before tensor parallelism, and shards
+     * of the whole model as before pipeline parallelism. */
+    const char *meta[11] = {"lo", slo, "hi", shi}, **at = meta + 4;
+    if (loco__ckpt_view_tp(v) > 1)
+        *at++ = "tp", *at++ = stp, *at++ = "tp_rank", *at++ = srank;
+    if (v->stage)
+        *at++ = "pp_rank", *at++ = spp;
+    *at = NULL;
     snprintf(path, sizeof path, "%s/shard_%05d.safetensors", tmpdir, index);
     LOCO_CHECK_GOTO(loco_st_write(path, &tt, buf, NULL, meta), out);
     LOCO_CHECK_GOTO(file_hash(path, hash), out);
@@ -284,34 +294,68 @@ out:
     return rc;
 }
 
-/* Refuses a shard list the loader would refuse: ranks outside [0, t), a
- * rank without shards, a rank whose shards do not tile [0, P) in order. */
-static int check_shard_list(int t, size_t P, int n, const size_t *los, const size_t *his,
-                            const int *tp_ranks) {
+/* Refuses a shard list the loader would refuse: ranks outside [0, t) or
+ * [0, pp), a (pp rank, tp rank) without shards, one whose shards do not
+ * tile [0, P[pp rank]) in order. */
+static int check_shard_list(int t, int pp, const size_t *P, int n, const size_t *los,
+                            const size_t *his, const int *tp_ranks, const int *pp_ranks) {
     if (n < 1)
         return LOCO_ERR(LOCO_EINVAL, "a sharded checkpoint needs at least one shard");
-    for (int k = 0; k < t; k++) {
-        size_t expect = 0;
-        bool any = false;
-        for (int i = 0; i < n; i++) {
-            const int r = tp_ranks ? tp_ranks[i] : 0;
-            if (r < 0 || r >= t)
-                return LOCO_ERR(LOCO_EINVAL, "shard %d names tp rank %d of %d", i, r, t);
-            if (r != k)
-                continue;
-            if (los[i] != expect || his[i] < los[i] || his[i] > P)
-                return LOCO_ERR(LOCO_EINVAL,
-                                "shard %d covers [%zu, %zu) of tp rank %d's slice, expected it "
-                                "to start at %zu (of %zu)",
-                                i, los[i], his[i], k, expect, P);
-            expect = his[i], any = true;
-        }
-        if (!any)
-            return LOCO_ERR(LOCO_EINVAL, "tp rank %d of %d has no shards", k, t);
-        if (expect != P)
-            return LOCO_ERR(LOCO_EINVAL, "the shards of tp rank %d end at %zu of %zu", k, expect,
-                            P);
+    for (int i = 0; i < n; i++) {
+        const int r = tp_ranks ? tp_ranks[i] : 0, q = pp_ranks ? pp_ranks[i] : 0;
+        if (r < 0 || r >= t || q < 0 || q >= pp)
+            return LOCO_ERR(LOCO_EINVAL, "shard %d names tp rank %d of %d, pp rank %d of %d", i,
+                            r, t, q, pp);
     }
+    for (int q = 0; q < pp; q++)
+        for (int k = 0; k < t; k++) {
+            size_t expect = 0;
+            bool any = false;
+            for (int i = 0; i < n; i++) {
+                if ((tp_ranks ? tp_ranks[i] : 0) != k || (pp_ranks ? pp_ranks[i] : 0) != q)
+                    continue;
+                if (los[i] != expect || his[i] < los[i] || his[i] > P[q])
+                    return LOCO_ERR(LOCO_EINVAL,
+                                    "shard %d covers [%zu, %zu) of pp rank %d, tp rank %d's "
+                                    "slice, expected it to start at %zu (of %zu)",
+                                    i, los[i], his[i], q, k, expect, P[q]);
+                expect = his[i], any = true;
+            }
+            if (!any)
+                return LOCO_ERR(LOCO_EINVAL, "pp rank %d of %d, tp rank %d of %d has no shards",
+                                q, pp, k, t);
+            if (expect != P[q])
+                return LOCO_ERR(LOCO_EINVAL,
+                                "the shards of pp rank %d, tp rank %d end at %zu of %zu", q, k,
+                                expect, P[q]);
+        }
+    return 0;
+}
+
+/* The stages' parameters per pp rank (pp = 1: the view's table's), after
+ * checking that the stages tile the blocks; *P is loco_free'd by the
+ * caller. */
+static int manifest_stage_params(const loco_ckpt_view *v, const loco_gpt_stage *stages, int pp,
+                                 size_t **P) {
+    *P = loco_alloc((size_t)pp * sizeof **P);
+    if (!*P)
+        return LOCO_ERR(LOCO_ENOMEM, "table of %d pipeline stages", pp);
+    if (pp == 1) {
+        LOCO_CHECK(loco__ckpt_stage_params(&v->model, NULL, 1, *P));
+        if ((*P)[0] != v->tt->numel)
+            return LOCO_ERR(LOCO_EINVAL, "the view holds %zu parameters, not the whole model's "
+                                         "%zu: a pipeline stage needs pp > 1 stages",
+                            v->tt->numel, (*P)[0]);
+        return 0;
+    }
+    char why[160];
+    if (!stages || !loco__ckpt_stages_tile(stages, pp, v->model.n_layer, why, sizeof why))
+        return LOCO_ERR(LOCO_EINVAL, "pipeline stages that do not tile the model's blocks (%s)",
+                        stages ? why : "none given");
+    LOCO_CHECK(loco__ckpt_stage_params(&v->model, stages, pp, *P));
+    if (v->stage && (v->pp_rank < 0 || v->pp_rank >= pp || (*P)[v->pp_rank] != v->tt->numel))
+        return LOCO_ERR(LOCO_EINVAL, "the view is not pp rank %d's stage of the %d given",
+                        v->pp_rank, pp);
     return 0;
 }
 
@@ -319,19 +363,54 @@ int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_con
                              const loco_ckpt_view *v, int n_shards, const size_t *los,
                              const size_t *his, const uint64_t *hashes, const int *tp_ranks,
                              const loco_ckpt_state *st) {
+    return loco_ckpt_write_manifest_pp(tmpdir, dir, cfg, v, n_shards, los, his, hashes, tp_ranks,
+                                       NULL, NULL, 1, st);
+}
+
+int loco_ckpt_write_manifest_pp(const char *tmpdir, const char *dir, const loco_config *cfg,
+                                const loco_ckpt_view *v, int n_shards, const size_t *los,
+                                const size_t *his, const uint64_t *hashes, const int *tp_ranks,
+                                const int *pp_ranks, const loco_gpt_stage *stages, int pp,
+                                const loco_ckpt_state *st) {
     const int t = loco__ckpt_view_tp(v);
-    LOCO_CHECK(check_shard_list(t, v->tt->numel, n_shards, los, his, tp_ranks));
-    LOCO_CHECK(write_configs(tmpdir, cfg, &v->model));
-    cJSON *j = state_json(st, v->adam_t);
-    cJSON_AddNumberToObject(j, "n_params", (double)v->tt->numel);
+    if (pp < 1)
+        return LOCO_ERR(LOCO_EINVAL, "pp = %d", pp);
+    size_t *P;
+    int rc = manifest_stage_params(v, stages, pp, &P);
+    cJSON *j = NULL;
+    LOCO_CHECK_GOTO(rc, out);
+    LOCO_CHECK_GOTO(check_shard_list(t, pp, P, n_shards, los, his, tp_ranks, pp_ranks), out);
+    LOCO_CHECK_GOTO(write_configs(tmpdir, cfg, &v->model), out);
+    j = state_json(st, v->adam_t);
+    if (pp == 1) {
+        cJSON_AddNumberToObject(j, "n_params", (double)P[0]);
+    } else {
+        cJSON *np = cJSON_AddArrayToObject(j, "n_params");
+        for (int q = 0; q < pp; q++)
+            cJSON_AddItemToArray(np, cJSON_CreateNumber((double)P[q]));
+    }
     if (t > 1)
         cJSON_AddNumberToObject(j, "tp", t);
+    if (pp > 1) {
+        cJSON_AddNumberToObject(j, "pp", pp);
+        cJSON *sa = cJSON_AddArrayToObject(j, "stages");
+        for (int q = 0; q < pp; q++) {
+            cJSON *chunks = cJSON_CreateArray();
+            for (int c = 0; c < stages[q].n; c++) {
+                const int fe[2] = {stages[q].first[c], stages[q].end[c]};
+                cJSON_AddItemToArray(chunks, cJSON_CreateIntArray(fe, 2));
+            }
+            cJSON_AddItemToArray(sa, chunks);
+        }
+    }
     cJSON *arr = cJSON_AddArrayToObject(j, "shards");
     for (int i = 0; i < n_shards; i++) {
         cJSON *e = cJSON_CreateObject();
         char name[64];
         snprintf(name, sizeof name, "shard_%05d.safetensors", i);
         cJSON_AddStringToObject(e, "file", name);
+        if (pp > 1)
+            cJSON_AddNumberToObject(e, "pp_rank", pp_ranks ? pp_ranks[i] : 0);
         if (t > 1)
             cJSON_AddNumberToObject(e, "tp_rank", tp_ranks ? tp_ranks[i] : 0);
         cJSON_AddNumberToObject(e, "lo", (double)los[i]);
@@ -339,10 +418,12 @@ int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_con
         hex_item(e, "xxh3", hashes[i]);
         cJSON_AddItemToArray(arr, e);
     }
-    int rc = write_state(tmpdir, j);
+    LOCO_CHECK_GOTO(write_state(tmpdir, j), out);
+    rc = loco_dir_commit(tmpdir, dir);
+out:
     cJSON_Delete(j);
-    LOCO_CHECK(rc);
-    return loco_dir_commit(tmpdir, dir);
+    loco_free(P);
+    return rc;
 }
 
 int loco__ckpt_parse_hex(const cJSON *item, uint64_t *out) {
@@ -485,18 +566,38 @@ static int load_single(const char *dir, const cJSON *sums, loco_ckpt_view *v) {
 
 /* ------------------------------------------------ sharded layout, loading */
 
-/* The checkpoint's tp equals the view's: the view's rank's shards, by
- * range overlap. */
-static int load_sharded(const char *dir, const cJSON *j, int tp, loco_ckpt_view *v) {
+/* The checkpoint's tp and stage of the view's pp rank equal the view's:
+ * the shards of the view's (pp rank, tp rank), by range overlap. */
+static int load_sharded(const char *dir, const cJSON *j, int tp, int pp,
+                        const loco_gpt_stage *stages, loco_ckpt_view *v) {
     loco__ckpt_manifest mf;
-    LOCO_CHECK(loco__ckpt_parse_manifest(&mf, dir, j, tp, v->tt->numel));
+    size_t *P = loco_alloc((size_t)pp * sizeof *P);
+    if (!P)
+        return LOCO_ERR(LOCO_ENOMEM, "table of %d pipeline stages", pp);
+    const int q = pp > 1 ? v->pp_rank : 0;
+    int rc = 0;
+    if (pp > 1) {
+        loco_gpt_config mc = v->model;
+        mc.tp = tp;
+        LOCO_CHECK_GOTO(loco__ckpt_stage_params(&mc, stages, pp, P), out);
+    } else {
+        P[0] = v->tt->numel;
+    }
+    LOCO_CHECK_GOTO(loco__ckpt_parse_manifest(&mf, dir, j, tp, pp, P), out);
+    if (P[q] != v->tt->numel) {
+        loco__ckpt_manifest_fini(&mf);
+        rc = LOCO_ERR(LOCO_EINVAL, "the view's table is not pp rank %d's stage (%zu parameters, "
+                                   "the checkpoint's has %zu)",
+                      q, v->tt->numel, P[q]);
+        goto out;
+    }
     for (int i = 0; i < mf.n; i++) {
         loco__ckpt_shard_ref *s = &mf.s[i];
-        s->need = s->rank == v->tp_rank &&
+        s->need = s->rank == v->tp_rank && s->pp == q &&
                   (loco__ckpt_overlaps(s->lo, s->hi, v->p_lo, v->p_hi) ||
                    (v->m && loco__ckpt_overlaps(s->lo, s->hi, v->o_lo, v->o_hi)));
     }
-    int rc = loco__ckpt_open_shards(&mf);
+    rc = loco__ckpt_open_shards(&mf);
     for (int i = 0; rc == 0 && i < mf.n; i++) {
         const loco__ckpt_shard_ref *s = &mf.s[i];
         if (!s->need)
@@ -508,6 +609,8 @@ static int load_sharded(const char *dir, const cJSON *j, int tp, loco_ckpt_view 
         }
     }
     loco__ckpt_manifest_fini(&mf);
+out:
+    loco_free(P);
     return rc;
 }
 
@@ -561,8 +664,9 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
     char path[PATH_MAX + 64];
     void *text = NULL;
     size_t len;
-    int rc = 0;
+    int rc = 0, pp = 1;
     cJSON *j = NULL;
+    loco_gpt_stage *stages = NULL;
 
     snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
     rc = loco_file_read(path, &text, &len);
@@ -636,10 +740,23 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
         rc = LOCO_ERR(LOCO_EINVAL, "tp rank %d of a view of tp = %d", v->tp_rank, tv);
         goto out;
     }
-    if (tp != tv)
-        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, (int)tp, v), out);
+    /* The checkpoint's pipeline stages (absent: the whole model). */
+    LOCO_CHECK_GOTO(loco__ckpt_parse_stages(dir, j, v->model.n_layer, &pp, &stages), out);
+    if (pp > 1 && !cJSON_IsArray(shards)) {
+        rc = LOCO_ERR(LOCO_EPROTO,
+                      "checkpoint %s: a single-file checkpoint holds the whole model, not pp = %d "
+                      "stages",
+                      dir, pp);
+        goto out;
+    }
+    /* Same layout: the view's own shards; any other: by tensor name. */
+    const bool same_pp = pp == 1 ? !v->stage
+                                 : v->stage && v->pp_rank >= 0 && v->pp_rank < pp &&
+                                       loco__ckpt_same_stage(v->stage, &stages[v->pp_rank]);
+    if (tp != tv || !same_pp)
+        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, (int)tp, pp, stages, v), out);
     else if (cJSON_IsArray(shards))
-        LOCO_CHECK_GOTO(load_sharded(dir, j, (int)tp, v), out);
+        LOCO_CHECK_GOTO(load_sharded(dir, j, (int)tp, pp, stages, v), out);
     else
         LOCO_CHECK_GOTO(load_single(dir, sums, v), out);
     v->adam_t = adam_t;
@@ -650,6 +767,7 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
         st->model_hash = model_hash;
     }
 out:
+    loco_free(stages);
     cJSON_Delete(j);
     loco_free(text);
     return rc;
@@ -673,7 +791,7 @@ int loco_ckpt_export(const char *dir, const char *out) {
     if (rc < 0)
         return LOCO_ERR(LOCO_EPROTO, "%s is not a complete checkpoint (config.ini: %s)", dir,
                         loco_strerror(rc));
-    /* The whole model, whatever parallel.tp the run used. */
+    /* The whole model, whatever parallel.tp and pp the run used. */
     loco_gpt_config mc = loco_gpt_config_from(&cfg);
     mc.tp = 1;
     loco_ttable tt;

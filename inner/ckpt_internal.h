@@ -1,6 +1,7 @@
 /* Checkpoint internals shared by inner/ckpt.c (writing, loading at the
- * same tp), inner/ckpt_manifest.c (the sharded layout's shard list) and
- * inner/ckpt_reshard.c (loading across tp). Not for use outside them. */
+ * same layout), inner/ckpt_manifest.c (the sharded layout's shard list and
+ * pipeline stages) and inner/ckpt_reshard.c (loading across tp and pp).
+ * Not for use outside them. */
 #ifndef LOCO_CKPT_INTERNAL_H
 #define LOCO_CKPT_INTERNAL_H
 
@@ -22,20 +23,22 @@ typedef struct {
     size_t lo, hi;     /* flat range of its tp rank's slice */
     uint64_t xxh3;
     int rank;          /* tp rank of the slice */
+    int pp;            /* pp rank of the stage (0 without pipeline) */
     bool need;         /* the view needs some of it */
     loco_st *st;       /* once verified */
     const float *x[3]; /* params, exp_avg, exp_avg_sq from lo */
 } loco__ckpt_shard_ref;
 
-/* state.json's shard list, checked: the shards of every tp rank tile its
- * slice [0, P) in order. */
+/* state.json's shard list, checked: the shards of every (pp rank, tp
+ * rank) tile that stage's slice [0, P[pp rank]) in order. A group g =
+ * pp_rank * tp + tp_rank. */
 typedef struct {
     const char *dir;
-    int tp, n;
-    size_t P;
+    int tp, pp, n;
+    size_t *P;               /* (pp) parameters of each stage's tp slice */
     loco__ckpt_shard_ref *s; /* (n) in state.json's order */
-    int *order;              /* (n) indices into s grouped by tp rank, each group in order */
-    int *first;              /* (tp + 1) rank k's group is order[first[k] .. first[k + 1]) */
+    int *order;              /* (n) indices into s grouped by group, each group in order */
+    int *first;              /* (pp * tp + 1) group g is order[first[g] .. first[g + 1]) */
 } loco__ckpt_manifest;
 
 /* ------------------------------------------------------------- ckpt.c */
@@ -60,25 +63,45 @@ void loco__ckpt_close_single(loco__ckpt_single_src *s);
 
 /* ---------------------------------------------------- ckpt_manifest.c */
 
-/* Parses and checks j's shard list for a checkpoint of tp slices of P
- * parameters each (LOCO_EPROTO when it does not tile them); on error mf
- * holds nothing. mf's strings point into j, which must outlive it. */
+/* Whether the pp stages tile blocks [0, L) (every block in exactly one
+ * chunk, each stage's chunks valid for loco_gpt_build_stage_table); when
+ * not, why (into why[cap]). */
+bool loco__ckpt_stages_tile(const loco_gpt_stage *stages, int pp, int L, char *why, size_t cap);
+/* Whether two stages hold the same chunks. */
+bool loco__ckpt_same_stage(const loco_gpt_stage *a, const loco_gpt_stage *b);
+/* j's pipeline layout: *pp (1 without "pp") and *stages (pp entries,
+ * loco_free; NULL when pp = 1). LOCO_EPROTO naming dir when "pp" or
+ * "stages" is malformed or the stages do not tile the L blocks. */
+int loco__ckpt_parse_stages(const char *dir, const cJSON *j, int L, int *pp,
+                            loco_gpt_stage **stages);
+/* P[p] = parameters of stage p's table for mc (mc->tp's slice); stages
+ * NULL (pp = 1): the whole model's. */
+int loco__ckpt_stage_params(const loco_gpt_config *mc, const loco_gpt_stage *stages, int pp,
+                            size_t *P);
+/* Parses and checks j's shard list for a checkpoint of pp stages of tp
+ * slices, stage p's of P[p] parameters (LOCO_EPROTO when a stage or a
+ * slice is missing or its shards do not tile it); on error mf holds
+ * nothing. mf's strings point into j, which must outlive it. */
 int loco__ckpt_parse_manifest(loco__ckpt_manifest *mf, const char *dir, const cJSON *j, int tp,
-                              size_t P);
+                              int pp, const size_t *P);
 /* Closes the opened shards, frees the table, zeroes mf (zeroed is fine). */
 void loco__ckpt_manifest_fini(loco__ckpt_manifest *mf);
-/* The shard of tp rank k that holds element x of its slice (x < P). */
-loco__ckpt_shard_ref *loco__ckpt_shard_at(const loco__ckpt_manifest *mf, int k, size_t x);
+/* The shard of group g (pp_rank * tp + tp_rank) that holds element x of
+ * its slice (x < P[pp_rank]). */
+loco__ckpt_shard_ref *loco__ckpt_shard_at(const loco__ckpt_manifest *mf, int g, size_t x);
 /* Verifies and opens the shards marked `need`; on error, manifest_fini
  * still closes those already opened. */
 int loco__ckpt_open_shards(loco__ckpt_manifest *mf);
 
 /* ----------------------------------------------------- ckpt_reshard.c */
 
-/* Loads a checkpoint of tp = t_src (either layout; j is its state.json,
- * whose other fields the caller has checked) into a view of another tp:
- * LOCO_EINVAL when v->tt is not tp rank v->tp_rank's slice of v->model;
- * every source the view needs is verified before v is written. */
-int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, loco_ckpt_view *v);
+/* Loads a checkpoint of tp = t_src and pp stages (stages NULL: pp = 1;
+ * either layout; j is its state.json, whose other fields the caller has
+ * checked) into a view of another layout, tensor by name: LOCO_EINVAL
+ * when v->tt is not the table of v->stage (NULL: the whole model) of tp
+ * rank v->tp_rank's slice of v->model; every source the view needs is
+ * verified before v is written. */
+int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp,
+                              const loco_gpt_stage *stages, loco_ckpt_view *v);
 
 #endif /* LOCO_CKPT_INTERNAL_H */

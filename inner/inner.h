@@ -440,9 +440,14 @@ int loco_ckpt_load(const char *dir, const loco_config *cfg, loco_gpt *m, loco_ad
  * state: parameters of [p_lo, p_hi) at params, AdamW moments of
  * [o_lo, o_hi) at m and v (both may be NULL to skip the optimizer). */
 typedef struct {
-    const loco_ttable *tt;  /* the table of this rank's slice (model.tp) */
+    const loco_ttable *tt;  /* the table of this rank's slice (model.tp) and stage */
     loco_gpt_config model;  /* model.tp = t > 1: tt is tp rank tp_rank's slice */
     int tp_rank;
+    /* A pipeline stage: tt is loco_gpt_build_stage_table(&model, stage),
+     * the stage of pp rank pp_rank. NULL: the whole model (pp_rank
+     * ignored). */
+    const loco_gpt_stage *stage;
+    int pp_rank;
     float *params;
     size_t p_lo, p_hi;
     float *m, *v;
@@ -451,42 +456,60 @@ typedef struct {
 } loco_ckpt_view;
 
 /* The single-file layout above, from a view holding every range of the
- * whole model (LOCO_EINVAL for a tp > 1 slice: use the sharded layout). */
+ * whole model (LOCO_EINVAL for a tp > 1 slice or a pipeline stage: use the
+ * sharded layout). */
 int loco_ckpt_save_view(const char *dir, const loco_config *cfg, const loco_ckpt_view *v,
                         const loco_ckpt_state *st);
 /* Sharded layout, written by each rank into the same temporary directory:
  * shard_NNNNN.safetensors (NNNNN = index, the shard's position in the
  * manifest's arrays) holds flat ranges "params", "exp_avg", "exp_avg_sq"
  * of [lo, hi) of the view's buffers (of tp rank v->tp_rank's slice when
- * v->model.tp > 1, also named in its metadata); *hash receives its XXH3.
- * Moments are written as zeros when v->m is NULL. */
+ * v->model.tp > 1, of pp rank v->pp_rank's stage when v->stage is set,
+ * both also named in its metadata); *hash receives its XXH3. Moments are
+ * written as zeros when v->m is NULL. */
 int loco_ckpt_write_shard(const char *tmpdir, int index, const loco_ckpt_view *v, size_t lo,
                           size_t hi, uint64_t *hash);
 /* Then one rank writes state.json (the manifest: every shard's range,
  * checksum and, when v->model.tp = t > 1, "tp": t and each shard's
- * "tp_rank" from tp_ranks (NULL: all 0)), config.json and config.ini, and
- * publishes tmpdir as dir. Shard i is the file written with index i. The
- * shards of each tp rank must tile its slice [0, v->tt->numel) in order,
- * every rank of [0, t) having shards, else LOCO_EINVAL and nothing is
- * published. With t = 1 the manifest is the one written before tensor
- * parallelism. */
+ * "tp_rank" from tp_ranks (NULL: all 0); with pipeline stages, pp > 1,
+ * "pp": pp, "stages" (each pp rank's chunks, from stages[0 .. pp)),
+ * "n_params" per stage and each shard's "pp_rank" from pp_ranks (NULL:
+ * all 0)), config.json and config.ini, and publishes tmpdir as dir. Shard
+ * i is the file written with index i. The stages must tile the model's
+ * blocks, and the shards of each (pp rank, tp rank) tile that stage's
+ * slice [0, numel of its table) in order, every pair having shards, else
+ * LOCO_EINVAL and nothing is published. v is any rank's view (its model,
+ * adam_t). With pp = 1 (stages ignored, may be NULL) the manifest is the
+ * one written before pipeline parallelism, and with t = 1 too the one
+ * written before tensor parallelism. */
+int loco_ckpt_write_manifest_pp(const char *tmpdir, const char *dir, const loco_config *cfg,
+                                const loco_ckpt_view *v, int n_shards, const size_t *los,
+                                const size_t *his, const uint64_t *hashes, const int *tp_ranks,
+                                const int *pp_ranks, const loco_gpt_stage *stages, int pp,
+                                const loco_ckpt_state *st);
+/* loco_ckpt_write_manifest_pp without pipeline stages (pp = 1). */
 int loco_ckpt_write_manifest(const char *tmpdir, const char *dir, const loco_config *cfg,
                              const loco_ckpt_view *v, int n_shards, const size_t *los,
                              const size_t *his, const uint64_t *hashes, const int *tp_ranks,
                              const loco_ckpt_state *st);
 /* Fills the view's ranges (of tp rank v->tp_rank's slice when v->model.tp
- * > 1) from a checkpoint of either layout, whatever the number of shards
- * and the tp it was written with (resharding across dp by range overlap,
- * across tp element by element; the single layout counts as tp = 1),
- * after checking every file it needs; on error the view is untouched. A
- * checkpoint whose tp does not divide the model's n_head, or one with a
- * tp rank whose shards are missing or do not tile its slice, is
+ * > 1, of v->stage when set) from a checkpoint of either layout, whatever
+ * the number of shards, the tp and the pipeline stages it was written
+ * with, after checking every file it needs; on error the view is
+ * untouched. When the checkpoint's tp and its stage of pp rank v->pp_rank
+ * equal the view's, the view's (pp rank, tp rank) shards are read by range
+ * overlap; otherwise each tensor is read by name from a stage that holds
+ * it (wte from the stage with the embeddings, also into a stage's tied
+ * head copy) and across tp element by element (the single layout counts
+ * as tp = 1, pp = 1). A checkpoint whose tp does not divide the model's
+ * n_head, whose stages do not tile the model's blocks, or with a pp rank
+ * or tp rank whose shards are missing or do not tile its slice, is
  * LOCO_EPROTO naming the checkpoint (and the rank). */
 int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                         loco_ckpt_state *st);
 /* Writes OUT/model.safetensors + OUT/config.json (Hugging Face) from a
- * checkpoint of either layout and any tp, using the checkpoint's own
- * config.ini (the whole model, whatever its parallel.tp says). */
+ * checkpoint of either layout and any tp and pp, using the checkpoint's
+ * own config.ini (the whole model, whatever its [parallel] says). */
 int loco_ckpt_export(const char *dir, const char *out);
 
 /* Checkpoints at a URL. A location that is a URL (loco_store_is_url:

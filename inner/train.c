@@ -5,6 +5,7 @@
 #include "inner/inner.h"
 #include "inner/mesh/mesh.h"
 #include "inner/parallel/parallel.h"
+#include "inner/train_pp.h"
 
 #include <libgen.h>
 #include <limits.h>
@@ -33,6 +34,8 @@ struct loco_trainer {
     loco_gpt_cuda *dev;        /* train.device = cuda: the model that trains */
 #endif
     bool host_stale;           /* the device holds newer parameters and moments */
+    loco__pp *pp;              /* parallel.pp > 1: this rank's pipeline stage */
+    int32_t *mb_inputs, *mb_targets; /* pp: the step's micro-batches (m, B, T) */
 };
 
 void loco_trainer_destroy(loco_trainer *t) {
@@ -42,6 +45,9 @@ void loco_trainer_destroy(loco_trainer *t) {
     loco_gpt_cuda_destroy(t->dev);
 #endif
     loco_zero_destroy(t->zero);
+    loco__pp_destroy(t->pp);
+    loco_free(t->mb_inputs);
+    loco_free(t->mb_targets);
     loco_gpt_fini(&t->model);
     loco_data_close(t->train);
     loco_data_close(t->val);
@@ -115,6 +121,10 @@ static int device_load(loco_trainer *t, bool moments) {
 /* The flat ranges this rank holds, as a checkpoint sees them. */
 static loco_ckpt_view trainer_view(loco_trainer *t) {
     loco_ckpt_view v = {.tt = &t->model.tt, .model = t->model.cfg, .tp_rank = t->model.tp_rank};
+    if (t->pp) {
+        v.stage = &t->model.stage;
+        v.pp_rank = t->mesh.coord[LOCO_DIM_PP];
+    }
     loco_zero_held_params(t->zero, &v.p_lo, &v.p_hi, &v.params);
     loco_adamw *opt = loco_zero_optimizer(t->zero, &v.o_lo, &v.o_hi);
     v.m = opt->m;
@@ -171,6 +181,21 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         .recompute = recompute_of(cfg),
         .recompute_layers = (int)cfg->train.recompute_layers,
     };
+    loco_gpt_stage stage;
+    const int accum = (int)cfg->train.grad_accum;
+    if (t->mesh.size[LOCO_DIM_PP] > 1) {
+        /* The step's micro-batches flow through the pipeline. */
+        if (cfg->parallel.microbatches && cfg->parallel.microbatches != accum) {
+            rc = LOCO_ERR(LOCO_EINVAL,
+                          "parallel.microbatches = %lld but train.grad_accum = %d: under "
+                          "pipeline parallelism the step's micro-batches are the pipeline's "
+                          "(leave parallel.microbatches at 0 or set both alike)",
+                          (long long)cfg->parallel.microbatches, accum);
+            goto out_fail;
+        }
+        LOCO_CHECK_GOTO(loco__pp_plan(&t->pp, cfg, &t->mesh, accum, &stage), out_fail);
+        par.stage = &stage;
+    }
     LOCO_CHECK_GOTO(loco_gpt_init_par(&t->model, &mc, t->B, t->T, flags, &par), out_fail);
 #if defined(LOCO_HAVE_CUDA)
     if (on_device(t))
@@ -181,7 +206,13 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     LOCO_CHECK_GOTO(loco_zero_create(&t->zero, &t->model, t->dp, cfg), out_fail);
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
-    if (!t->inputs || !t->targets) {
+    if (t->pp) {
+        LOCO_CHECK_GOTO(loco__pp_bind(t->pp, &t->model, &t->mesh, t->B, t->T), out_fail);
+        loco_zero_set_pipeline(t->zero, t->mesh.group[LOCO_DIM_PP]);
+        t->mb_inputs = loco_alloc((size_t)accum * t->B * t->T * sizeof(int32_t));
+        t->mb_targets = loco_alloc((size_t)accum * t->B * t->T * sizeof(int32_t));
+    }
+    if (!t->inputs || !t->targets || (t->pp && (!t->mb_inputs || !t->mb_targets))) {
         rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
         goto out_fail;
     }
@@ -233,6 +264,9 @@ int loco_trainer_sync_params(loco_trainer *t) {
      * is everyone's, so replicas stay identical. */
     LOCO_CHECK(loco_zero_sync_replicas(t->zero));
     LOCO_CHECK(loco_zero_sync_params(t->zero));
+    /* The same for the tied embeddings' two copies across stages. */
+    if (t->pp)
+        LOCO_CHECK(loco__pp_sync_tied(t->pp));
     return device_load(t, false);
 }
 int loco_trainer_rank(const loco_trainer *t) { return loco_comm_rank(t->world); }
@@ -266,6 +300,22 @@ static int device_step(loco_trainer *t, double *loss_sum, float lr, double *norm
 }
 #endif
 
+/* The step of loco_trainer_step through the pipeline: every rank of a dp
+ * group reads the same micro-batches; the stage's gradients are complete
+ * after the schedule, then ZeRO and AdamW as usual. *loss_sum: the sum of
+ * the micro-batches' losses. */
+static int pipeline_step(loco_trainer *t, double *loss_sum, float lr, double *norm) {
+    const int accum = (int)t->cfg.train.grad_accum;
+    const size_t n = (size_t)t->B * t->T;
+    for (int micro = 0; micro < accum; micro++)
+        LOCO_CHECK(loco_data_next(t->train, t->mb_inputs + micro * n, t->mb_targets + micro * n));
+    loco_gpt_zero_grad(&t->model);
+    double loss;
+    LOCO_CHECK(loco__pp_step(t->pp, t->mb_inputs, t->mb_targets, &loss));
+    *loss_sum = loss * accum;
+    return loco_zero_step(t->zero, lr, t->cfg.train.grad_clip, norm);
+}
+
 int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     double t0 = loco_now();
     const int accum = (int)t->cfg.train.grad_accum;
@@ -278,6 +328,10 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
         goto stepped;
     }
 #endif
+    if (t->pp) {
+        LOCO_CHECK(pipeline_step(t, &loss_sum, lr, &norm));
+        goto stepped;
+    }
     loco_gpt_zero_grad(&t->model);
     for (int micro = 0; micro < accum; micro++) {
         LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));
@@ -288,9 +342,7 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
         loss_sum += loss;
     }
     LOCO_CHECK(loco_zero_step(t->zero, lr, t->cfg.train.grad_clip, &norm));
-#if defined(LOCO_HAVE_CUDA)
 stepped:
-#endif
     if (!isfinite(norm))
         return LOCO_ERR(LOCO_EINVAL, "step %lld: gradient norm is %g (training diverged)",
                         (long long)t->step + 1, norm);
@@ -326,6 +378,12 @@ int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *t
             continue;
         }
 #endif
+        if (t->pp) {
+            double l;
+            LOCO_CHECK(loco__pp_eval(t->pp, t->inputs, t->targets, &l));
+            sum += l;
+            continue;
+        }
         LOCO_CHECK(loco_gpt_forward(&t->model, t->inputs, t->targets, t->B, t->T, &loss));
         sum += loss;
     }
@@ -369,6 +427,7 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
     /* Every rank of the island holds a distinct (tp slice, dp range) pair. */
     const int n = loco_comm_size(t->world), dp = loco_comm_size(t->dp);
     const int tp_rank = t->mesh.coord[LOCO_DIM_TP], dp_rank = loco_comm_rank(t->dp);
+    const int pp_rank = t->mesh.coord[LOCO_DIM_PP], tp = t->mesh.size[LOCO_DIM_TP];
     if (n == 1)
         return t->root ? loco_ckpt_save_view(dir, &t->cfg, &v, &st) : 0;
     /* Sharded: every rank writes its owned range of its tp slice into
@@ -391,7 +450,7 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
     size_t lo, hi;
     loco_zero_range(t->zero, &lo, &hi);
     uint64_t h = 0;
-    const int index = tp_rank * dp + dp_rank;
+    const int index = (pp_rank * tp + tp_rank) * dp + dp_rank;
     rc = loco_ckpt_write_shard(tmp, index, &v, lo, hi, &h);
     /* Every rank learns every shard's index, range, checksum and success. */
     enum { F = 5 };
@@ -402,7 +461,8 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
     size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
     size_t *los = loco_alloc((size_t)n * 2 * sizeof(size_t));
     uint64_t *hashes = loco_alloc((size_t)n * sizeof(uint64_t));
-    int *tp_ranks = loco_alloc((size_t)n * sizeof(int));
+    int *tp_ranks = loco_alloc((size_t)n * 2 * sizeof(int));
+    int *pp_ranks = tp_ranks ? tp_ranks + n : NULL;
     int rc2 = 0;
     if (!counts || !los || !hashes || !tp_ranks)
         rc2 = LOCO_ERR(LOCO_ENOMEM, "shard table");
@@ -420,13 +480,15 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
         los[at] = (size_t)e[1];
         los[n + at] = (size_t)e[2];
         hashes[at] = (uint64_t)e[3];
-        tp_ranks[at] = at / dp;
+        tp_ranks[at] = at / dp % tp;
+        pp_ranks[at] = at / dp / tp;
     }
     if (rc == 0 && rc2 == 0 && !all_ok)
         rc = LOCO_ERR(LOCO_EIO, "another rank failed to write its checkpoint shard");
     if (rc == 0 && rc2 == 0 && t->root)
-        rc = loco_ckpt_write_manifest(tmp, dir, &t->cfg, &v, n, los, los + n, hashes, tp_ranks,
-                                      &st);
+        rc = loco_ckpt_write_manifest_pp(tmp, dir, &t->cfg, &v, n, los, los + n, hashes, tp_ranks,
+                                         pp_ranks, t->pp ? loco__pp_stages(t->pp) : NULL,
+                                         t->mesh.size[LOCO_DIM_PP], &st);
     loco_free(all);
     loco_free(counts);
     loco_free(los);
@@ -507,11 +569,15 @@ int loco_trainer_begin_run(loco_trainer *t) {
     loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters%s",
               t->model.cfg.n_layer, t->model.cfg.n_head, t->model.cfg.n_embd, t->model.cfg.seq_len,
               t->model.cfg.vocab_size, n_whole, slice);
-    loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s, ZeRO-%d, "
+    char pp[96] = "";
+    if (t->pp)
+        snprintf(pp, sizeof pp, ", pp=%d %s v=%d", t->mesh.size[LOCO_DIM_PP],
+                 c->parallel.pp_schedule, t->model.stage.n);
+    loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s%s, ZeRO-%d, "
               "recompute %s) x %d threads; run dir %s",
               (long long)c->train.steps, (long long)tokens_per_step,
               loco_comm_size(t->world), loco_comm_backend(t->world), dp, t->model.cfg.tp,
-              t->model.par.sp ? " + sp" : "", loco_zero_stage(t->zero), c->train.recompute,
+              t->model.par.sp ? " + sp" : "", pp, loco_zero_stage(t->zero), c->train.recompute,
               loco_set_threads((int)c->run.threads), c->run.dir);
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev)

@@ -28,12 +28,12 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
                         mesh->size[LOCO_DIM_EP], (long long)product, n);
     static const char *const unbuilt[LOCO_DIM_COUNT] = {
         [LOCO_DIM_CP] = "context parallelism",
-        [LOCO_DIM_EP] = "expert parallelism", [LOCO_DIM_PP] = "pipeline parallelism"};
+        [LOCO_DIM_EP] = "expert parallelism"};
     for (int d = 0; d < LOCO_DIM_COUNT; d++)
         if (unbuilt[d] && mesh->size[d] > 1)
             return LOCO_ERR(LOCO_ENOTSUP,
                             "parallel.%s = %d: %s is not built yet; this version trains with "
-                            "parallel.dp and parallel.tp",
+                            "parallel.dp, parallel.tp and parallel.pp",
                             dim_names[d], mesh->size[d], unbuilt[d]);
     mesh->world = world;
     int r = loco_comm_rank(world);

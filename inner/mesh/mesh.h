@@ -20,7 +20,7 @@ typedef struct {
  * between cp and dp):
  *   rank = tp + TP*(cp + CP*(ep + EP*(dp + DP*pp))).
  * The product of the sizes must equal the world size; a dimension whose
- * feature is not built yet (pp, cp, ep > 1 today) is LOCO_ENOTSUP with
+ * feature is not built yet (cp, ep > 1 today) is LOCO_ENOTSUP with
  * a message that says so. Collective over world. */
 int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world);
 void loco_mesh_fini(loco_mesh *mesh);

@@ -67,6 +67,11 @@ void loco_zero_memory(const loco_zero *z, loco_mem_report *r);
  * (all-gather, stages 0-2) or gathered copies are dropped (stage 3).
  * Collective over dp. */
 int loco_zero_sync_params(loco_zero *z);
+/* Pipeline parallelism: the global gradient norm also sums over pp (the
+ * stages' parts; a head stage's copy of wte is not counted). pp is not
+ * owned. A stage's model reduces its gradients over dp in loco_zero_step
+ * (its passes call no hooks); ZeRO-2/3 over a stage are refused. */
+void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp);
 /* Tensor parallelism: every tp rank takes tp rank 0's values of the
  * replicated tensors (LayerNorms, wpe, row-parallel biases) in its owned
  * range. Collective over the model's tp group; nothing without tp. */

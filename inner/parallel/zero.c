@@ -55,6 +55,7 @@ struct loco_zero {
     size_t gathered_bytes;
     float *rep_buf;  /* tp: the replicated pieces of the owned range */
     size_t n_rep;
+    loco_comm *pp;   /* pipeline group: the gradient norm sums over it (not owned) */
 };
 
 void loco_zero_owned(size_t total, int r, int n, size_t *lo, size_t *hi) {
@@ -304,19 +305,26 @@ void loco_zero_destroy(loco_zero *z) {
     loco_free(z);
 }
 
+/* The head's own copy of wte on a pipeline stage without the embeddings:
+ * the embedding stage's wte has the same (summed) gradient and counts it. */
+static bool tied_copy(const loco_gpt *m, int i) {
+    return m->staged && m->head && !m->embed && !strcmp(m->tt.t[i].name, "transformer.wte.weight");
+}
+
 /* Sum of squares of the gradients of flat range [lo, hi) (at g). Under
  * tensor parallelism a replicated tensor (the same on every tp rank) is
  * counted by tp rank 0 only, so the sum over tp is the whole model's. */
 static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi) {
     const loco_gpt *m = z->m;
-    if (!m->par.tp)
+    if (!m->par.tp && !(m->staged && m->head && !m->embed))
         return loco_sumsq(g, hi - lo);
     double s = 0;
     for (int i = 0; i < m->tt.n; i++) {
         const loco_tensor *t = &m->tt.t[i];
         size_t a = t->offset > lo ? t->offset : lo;
         size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-        if (a >= b || (loco_gpt_tensor_replicated(m, i) && m->tp_rank != 0))
+        if (a >= b || (loco_gpt_tensor_replicated(m, i) && m->tp_rank != 0) ||
+            tied_copy(m, i))
             continue;
         s += loco_sumsq(g + (a - lo), b - a);
     }
@@ -366,8 +374,11 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
         ((flags & LOCO_GPT_NO_GRADS) != 0) != (m->grads == NULL))
         return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d",
                         stage);
-    if (m->staged)
-        return LOCO_ERR(LOCO_ENOTSUP, "ZeRO over a pipeline stage's model is not built yet");
+    if (m->staged && stage >= 2)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.zero_stage = %d with pipeline parallelism is not built yet "
+                        "(stages 0 and 1 are)",
+                        stage);
     loco_zero *z = loco_alloc(sizeof *z);
     if (!z)
         return LOCO_ERR(LOCO_ENOMEM, "ZeRO state");
@@ -448,8 +459,14 @@ static void invalidate_slots(loco_zero *z) {
     z->embed.param_unit = z->lnf.param_unit = -1;
 }
 
+void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp) { z->pp = pp; }
+
 int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     loco_gpt *m = z->m;
+    /* A pipeline stage's passes call no hooks: its gradients are averaged
+     * over dp here, at once. */
+    if (m->staged && z->n > 1)
+        LOCO_CHECK(loco_comm_allreduce(z->dp, m->grads, z->P, LOCO_DT_F32, LOCO_OP_AVG));
     /* Everything still in flight lands first. */
     LOCO_CHECK(launch_bucket(z));
     int rc = loco_comm_waitall(z->buckets, z->n_buckets);
@@ -476,6 +493,8 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     }
     if (z->m->par.tp) /* the slices' sums; replicated tensors counted once */
         LOCO_CHECK(loco_comm_allreduce(z->m->par.tp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
+    if (z->pp) /* and the stages' */
+        LOCO_CHECK(loco_comm_allreduce(z->pp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
     *norm = sqrt(sumsq);
     if (max_norm > 0 && *norm > max_norm && isfinite(*norm))
         loco_scale(grads, (float)(max_norm / *norm), uhi - ulo);

@@ -192,11 +192,11 @@ Test(multisite, four_islands_rsag_int8_agree) {
     loco_rmtree(dir);
 }
 
-/* Islands of tp = 2, and of tp = 2 x dp = 2 with sequence parallelism and
- * ZeRO-1: each rank exchanges its owned range of its tp slice with the same
- * rank of the other island, and the coordinator finds every rank's θ hash
- * equal after every outer step. */
-static void check_tp_islands(const char *extra) {
+/* Islands of tp = 2, of tp = 2 x dp = 2 with sequence parallelism and
+ * ZeRO-1, and of pp = 2: each rank exchanges its owned range of its tp
+ * slice or pipeline stage with the same rank of the other island, and the
+ * coordinator finds every rank's θ hash equal after every outer step. */
+static void check_mesh_islands(const char *extra) {
     char dir[] = "/tmp/loco-multisite-tp-XXXXXX";
     cr_assert(mkdtemp(dir));
     static char out[1 << 18];
@@ -209,8 +209,11 @@ static void check_tp_islands(const char *extra) {
     loco_rmtree(dir);
 }
 
-Test(multisite, tp2_islands_agree) { check_tp_islands("--set parallel.tp=2"); }
+Test(multisite, tp2_islands_agree) { check_mesh_islands("--set parallel.tp=2"); }
 Test(multisite, tp2_dp2_sp_islands_agree) {
-    check_tp_islands("--set parallel.tp=2 --set parallel.dp=2 --set parallel.sp=true"
+    check_mesh_islands("--set parallel.tp=2 --set parallel.dp=2 --set parallel.sp=true"
                      " --set parallel.zero_stage=1");
+}
+Test(multisite, pp2_islands_agree) {
+    check_mesh_islands("--set parallel.pp=2 --set train.grad_accum=2");
 }

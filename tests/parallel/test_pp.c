@@ -1,0 +1,174 @@
+/* Pipeline parallelism under mpirun against one rank with the same global
+ * batch: for every schedule, p in {2, 4} and m in {4, 8} (v = 2 where the
+ * schedule has virtual stages), the losses of 6 steps and the final
+ * parameters equal a single rank's within 1e-5 relative; a 3-D case
+ * (pp 2 x dp 2 x tp 2); clear errors for what cannot be built. Runs
+ * build/loco. */
+#include "inner/inner.h"
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np "
+#define STEPS 6
+/* Eight blocks (p v = 8 chunks at most), a vocabulary that no tp pads. */
+#define SMALL                                                                                      \
+    " --set model.n_layer=8 --set model.n_head=2 --set model.n_embd=16 --set model.seq_len=16"     \
+    " --set model.vocab_size=256 --set train.steps=6 --set train.warmup_steps=2"                   \
+    " --set train.batch_size=2 --set run.threads=1 --set run.eval_every=0"                         \
+    " --set run.log_every=100"
+
+static char *dir;
+
+static void setup(void) {
+    dir = test_tmpdir("loco-pp");
+    test_mpi_session_dir(dir);
+}
+
+static void teardown(void) {
+    loco_rmtree(dir);
+    free(dir);
+}
+
+static const loco_gpt_config small_model = {
+    .n_layer = 8, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab_size = 256};
+
+/* One rank, m micro-batches of accumulation: the reference. */
+static void reference(int m, double *loss) {
+    static char out[1 << 16];
+    int rc = test_run(out, sizeof out,
+                      LOCO " train configs/tiny.ini" SMALL
+                           " --set train.grad_accum=%d --set run.dir=%s/ref",
+                      m, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char run_dir[600];
+    snprintf(run_dir, sizeof run_dir, "%s/ref", dir);
+    test_read_losses(run_dir, loss, STEPS);
+}
+
+/* ranks = pp x dp x tp; the same global batch as the reference. */
+static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    double ref[STEPS + 1], got[STEPS + 1];
+    reference(m * dp, ref);
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL
+                             " --set train.grad_accum=%d --set parallel.pp=%d"
+                             " --set parallel.pp_schedule=%s --set parallel.virtual_stages=%d"
+                             " --set parallel.dp=%d --set parallel.tp=%d --set parallel.zero_stage=1"
+                             " --set run.dir=%s/pp",
+                      p * dp * tp, m, p, schedule, v, dp, tp, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char run_dir[600];
+    snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
+    test_read_losses(run_dir, got, STEPS);
+    for (int s = 1; s <= STEPS; s++)
+        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
+                  "%s p=%d v=%d m=%d dp=%d tp=%d step %d: loss %.9g, one rank %.9g", schedule, p,
+                  v, m, dp, tp, s, got[s], ref[s]);
+    rc = test_run(out, sizeof out, LOCO " ckpt export %s/pp/ckpt_%08d %s/export", dir, STEPS, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char exp_dir[600], ref_ckpt[600];
+    snprintf(exp_dir, sizeof exp_dir, "%s/export", dir);
+    snprintf(ref_ckpt, sizeof ref_ckpt, "%s/ref/ckpt_%08d", dir, STEPS);
+    double l2, worst;
+    test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
+    cr_expect(l2 <= 1e-5 && worst <= 1e-4,
+              "%s p=%d m=%d: final parameters differ by %g (L2), %g (largest element)", schedule,
+              p, m, l2, worst);
+}
+
+TestSuite(pp, .init = setup, .fini = teardown, .timeout = 180);
+
+Test(pp, gpipe_p2_m4) { check("gpipe", 2, 1, 4, 1, 1); }
+Test(pp, gpipe_p4_m8) { check("gpipe", 4, 1, 8, 1, 1); }
+Test(pp, onef1b_p2_m4) { check("1f1b", 2, 1, 4, 1, 1); }
+Test(pp, onef1b_p4_m8) { check("1f1b", 4, 1, 8, 1, 1); }
+Test(pp, onef1b_p4_m4) { check("1f1b", 4, 1, 4, 1, 1); }
+Test(pp, interleaved_p2_m4_v2) { check("interleaved", 2, 2, 4, 1, 1); }
+Test(pp, interleaved_p4_m8_v2) { check("interleaved", 4, 2, 8, 1, 1); }
+Test(pp, zbh1_p2_m4) { check("zb-h1", 2, 1, 4, 1, 1); }
+Test(pp, zbh1_p4_m8) { check("zb-h1", 4, 1, 8, 1, 1); }
+Test(pp, zbv_p2_m4) { check("zbv", 2, 2, 4, 1, 1); }
+Test(pp, zbv_p4_m8) { check("zbv", 4, 2, 8, 1, 1); }
+Test(pp, dualpipev_p2_m4) { check("dualpipev", 2, 2, 4, 1, 1); }
+Test(pp, dualpipev_p4_m8) { check("dualpipev", 4, 2, 8, 1, 1); }
+Test(pp, three_d_pp2_dp2_tp2) { check("1f1b", 2, 1, 4, 2, 2); }
+
+Test(pp, what_cannot_be_built_is_refused_clearly) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    /* 8 blocks do not split into 3 x 1 chunks */
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "3 " LOCO " train configs/tiny.ini" SMALL
+                             " --set train.grad_accum=4 --set parallel.pp=3 --set run.dir=%s/x",
+                      dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "does not split into parallel.pp x virtual_stages = 3 chunks") != NULL,
+              "%s", out);
+    /* dualpipev needs m >= 2p */
+    rc = test_run(out, sizeof out,
+                  MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                         " --set train.grad_accum=2 --set parallel.pp=2"
+                         " --set parallel.pp_schedule=dualpipev --set parallel.virtual_stages=2"
+                         " --set run.dir=%s/x",
+                  dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "needs m >= 2p") != NULL, "%s", out);
+    /* ZeRO-2 over a stage */
+    rc = test_run(out, sizeof out,
+                  MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                         " --set train.grad_accum=4 --set parallel.pp=2 --set parallel.zero_stage=2"
+                         " --set run.dir=%s/x",
+                  dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "with pipeline parallelism is not built yet") != NULL, "%s", out);
+}
+
+/* A pp = 4 checkpoint at step 3 resumed at pp = 2 (another schedule, with
+ * virtual stages) and on one rank goes on along the single rank's curve. */
+Test(pp, reshard_pp4_to_2_and_1_continues_the_curve) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    double ref[STEPS + 1], got[STEPS + 1];
+    reference(4, ref);
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
+                             " --set train.grad_accum=4 --set parallel.pp=4"
+                             " --set run.ckpt_every=3 --set run.dir=%s/a",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *runs[2] = {"two", "one"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0)
+            rc = test_run(out, sizeof out,
+                          MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                                 " --set train.grad_accum=4 --set parallel.pp=2"
+                                 " --set parallel.pp_schedule=zbv --set parallel.virtual_stages=2"
+                                 " --set run.dir=%s/%s --resume %s/a/ckpt_00000003",
+                          dir, runs[i], dir);
+        else
+            rc = test_run(out, sizeof out,
+                          LOCO " train configs/tiny.ini" SMALL " --set train.grad_accum=4"
+                               " --set run.dir=%s/%s --resume %s/a/ckpt_00000003",
+                          dir, runs[i], dir);
+        cr_assert_eq(rc, 0, "%s", out);
+        char run_dir[600];
+        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, runs[i]);
+        test_read_losses(run_dir, got, STEPS);
+        cr_expect(got[3] == 0 && got[4] != 0, "%s: the resumed run did not start at step 4",
+                  runs[i]);
+        for (int s = 4; s <= STEPS; s++)
+            cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
+                      "%s after reshard, step %d: loss %.9g, one rank %.9g", runs[i], s, got[s],
+                      ref[s]);
+    }
+}
