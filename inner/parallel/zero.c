@@ -369,15 +369,15 @@ int loco_zero_sync_replicas(loco_zero *z) {
 int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_config *cfg) {
     *out = NULL;
     const int stage = (int)cfg->parallel.zero_stage;
-    unsigned flags = loco_zero_model_flags(stage);
-    if (((flags & LOCO_GPT_NO_PARAMS) != 0) != (m->params == NULL) ||
-        ((flags & LOCO_GPT_NO_GRADS) != 0) != (m->grads == NULL))
-        return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d",
-                        stage);
     if (m->staged && stage >= 2)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.zero_stage = %d with pipeline parallelism is not built yet "
                         "(stages 0 and 1 are)",
+                        stage);
+    unsigned flags = loco_zero_model_flags(stage);
+    if (((flags & LOCO_GPT_NO_PARAMS) != 0) != (m->params == NULL) ||
+        ((flags & LOCO_GPT_NO_GRADS) != 0) != (m->grads == NULL))
+        return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d",
                         stage);
     loco_zero *z = loco_alloc(sizeof *z);
     if (!z)

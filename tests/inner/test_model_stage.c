@@ -219,6 +219,7 @@ Test(model_stage, what_cannot_be_built_is_refused) {
                  LOCO_EINVAL, "slot 1 of 1");
     loco_config c;
     loco_config_defaults(&c);
+    c.parallel.zero_stage = 2; /* ZeRO-2/3 over a stage: not built */
     loco_zero *z = NULL;
     cr_expect_eq(loco_zero_create(&z, &m, NULL, &c), LOCO_ENOTSUP);
     loco_gpt_fini(&m);
