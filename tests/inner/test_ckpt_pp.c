@@ -8,6 +8,7 @@
  * shard are refused with the view untouched. Every reference buffer is cut
  * by tensor name from whole random buffers (loco_gpt_tp_global for tp). */
 #include "inner/inner.h"
+#include "tests/inner/ckpt_test.h"
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -16,7 +17,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define UNSET 42.0f
 #define GUARD 64 /* elements after a view's buffer that loading must not touch */
 #define WTE "transformer.wte.weight"
 
@@ -52,21 +52,13 @@ static loco_gpt_config model_tp(int t) {
     return mc;
 }
 
-static float *floats(size_t n, float value) {
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = value;
-    return x;
-}
-
 static void make_part(part *p, int t, int k, const loco_gpt_stage *stage) {
     loco_gpt_config mc = model_tp(t);
-    int rc = stage ? loco_gpt_build_stage_table(&p->tt, &mc, stage)
-                   : loco_gpt_build_table(&p->tt, &mc);
+    int rc =
+        stage ? loco_gpt_build_stage_table(&p->tt, &mc, stage) : loco_gpt_build_table(&p->tt, &mc);
     cr_assert_eq(rc, 0, "%s", loco_errmsg());
     for (int a = 0; a < 3; a++)
-        p->x[a] = floats(p->tt.numel, 0.0f);
+        p->x[a] = ckpt_test_floats(p->tt.numel, 0.0f);
     for (int i = 0; i < p->tt.n; i++) {
         const loco_tensor *lt = &p->tt.t[i];
         const int gi = loco_ttable_find(&whole, lt->name);
@@ -90,9 +82,19 @@ static void free_part(part *p) {
 
 static loco_ckpt_view view_of(const part *p, int t, int k, const loco_gpt_stage *stage, int q,
                               float *const *b) {
-    loco_ckpt_view v = {.tt = &p->tt, .model = model_tp(t), .tp_rank = k, .stage = stage,
-                        .pp_rank = q, .params = b[0], .p_lo = 0, .p_hi = p->tt.numel,
-                        .m = b[1], .v = b[2], .o_lo = 0, .o_hi = p->tt.numel, .adam_t = 17};
+    loco_ckpt_view v = {.tt = &p->tt,
+                        .model = model_tp(t),
+                        .tp_rank = k,
+                        .stage = stage,
+                        .pp_rank = q,
+                        .params = b[0],
+                        .p_lo = 0,
+                        .p_hi = p->tt.numel,
+                        .m = b[1],
+                        .v = b[2],
+                        .o_lo = 0,
+                        .o_hi = p->tt.numel,
+                        .adam_t = 17};
     return v;
 }
 
@@ -122,8 +124,8 @@ static int write_pp(const char *path, int t, const loco_gpt_stage *stages, int p
                 his[n] = d + 1 < dps ? P * (size_t)(d + 1) / (size_t)dps + 3 : P;
                 tps[n] = k, pps[n] = q;
                 loco_ckpt_view v = view_of(&p, t, k, &stages[q], q, p.x);
-                cr_assert_eq(loco_ckpt_write_shard(tmp, n, &v, los[n], his[n], &hashes[n]), 0,
-                             "%s", loco_errmsg());
+                cr_assert_eq(loco_ckpt_write_shard(tmp, n, &v, los[n], his[n], &hashes[n]), 0, "%s",
+                             loco_errmsg());
                 free_part(&p);
                 n++;
             }
@@ -151,13 +153,13 @@ static void setup(void) {
     loco_rng rng;
     loco_rng_seed(&rng, 13);
     for (int a = 0; a < 3; a++) {
-        W[a] = floats(whole.numel, 0.0f);
+        W[a] = ckpt_test_floats(whole.numel, 0.0f);
         for (size_t i = 0; i < whole.numel; i++)
             W[a][i] = a == 2 ? loco_rng_uniform(&rng) : loco_rng_normal(&rng);
     }
     static const char *const sec[] = {"model", NULL};
-    st = (loco_ckpt_state){.step = 17, .data = {1, 512, 0}, .rng = rng,
-                           .model_hash = loco_config_hash(&cfg, sec)};
+    st = (loco_ckpt_state){
+        .step = 17, .data = {1, 512, 0}, .rng = rng, .model_hash = loco_config_hash(&cfg, sec)};
     cr_assert_eq(write_pp(ckA, 1, A2, 2, 2, false), 0, "%s", loco_errmsg());
     cr_assert_eq(write_pp(ckAT, 2, A2, 2, 2, false), 0, "%s", loco_errmsg());
     part p;
@@ -186,18 +188,20 @@ static void expect_range(const char *ck, int t, int k, const loco_gpt_stage *sta
     make_part(&ref, t, k, stage);
     hi = hi ? hi : ref.tt.numel;
     const size_t n = hi - lo;
-    float *b[3] = {floats(n + GUARD, UNSET), floats(n + GUARD, UNSET), floats(n + GUARD, UNSET)};
+    float *b[3] = {ckpt_test_floats(n + GUARD, CKPT_TEST_UNSET),
+                   ckpt_test_floats(n + GUARD, CKPT_TEST_UNSET),
+                   ckpt_test_floats(n + GUARD, CKPT_TEST_UNSET)};
     loco_ckpt_view v = view_of(&ref, t, k, stage, q, b);
     v.p_lo = v.o_lo = lo, v.p_hi = v.o_hi = hi, v.adam_t = 0;
     loco_ckpt_state s;
     cr_assert_eq(loco_ckpt_load_view(ck, &cfg, &v, &s), 0, "%s", loco_errmsg());
     for (int a = 0; a < 3; a++)
         cr_expect_eq(memcmp(b[a], ref.x[a] + lo, n * sizeof(float)), 0,
-                     "%s: pp rank %d, tp rank %d of %d, [%zu, %zu), array %d differs", ck, q, k,
-                     t, lo, hi, a);
+                     "%s: pp rank %d, tp rank %d of %d, [%zu, %zu), array %d differs", ck, q, k, t,
+                     lo, hi, a);
     for (int a = 0; a < 3; a++)
         for (size_t i = n; i < n + GUARD; i++)
-            cr_expect_eq(b[a][i], UNSET, "written past the range");
+            cr_expect_eq(b[a][i], CKPT_TEST_UNSET, "written past the range");
     cr_expect_eq(v.adam_t, 17);
     cr_expect(s.step == 17 && s.data.shard == 1 && s.data.pos == 512);
     for (int a = 0; a < 3; a++)
@@ -223,20 +227,10 @@ static void expect_refused(const char *ck, int t, int k, const loco_gpt_stage *s
     part ref;
     make_part(&ref, t, k, stage);
     const size_t P = ref.tt.numel;
-    float *b[3] = {floats(P, UNSET), floats(P, UNSET), floats(P, UNSET)};
+    float *b[3] = {ckpt_test_floats(P, CKPT_TEST_UNSET), ckpt_test_floats(P, CKPT_TEST_UNSET),
+                   ckpt_test_floats(P, CKPT_TEST_UNSET)};
     loco_ckpt_view v = view_of(&ref, t, k, stage, q, b);
-    v.adam_t = 5;
-    int rc = loco_ckpt_load_view(ck, &cfg, &v, NULL);
-    cr_expect_eq(rc, want_rc, "rc %d (%s): %s", rc, loco_strerror(rc), loco_errmsg());
-    cr_expect(strstr(loco_errmsg(), needle) != NULL, "message lacks '%s': %s", needle,
-              loco_errmsg());
-    cr_expect(strstr(loco_errmsg(), ck) != NULL, "message does not name %s: %s", ck,
-              loco_errmsg());
-    bool untouched = v.adam_t == 5;
-    for (int a = 0; a < 3; a++)
-        for (size_t i = 0; i < P; i++)
-            untouched &= b[a][i] == UNSET;
-    cr_expect(untouched, "a refused checkpoint changed the view");
+    ckpt_test_expect_refused(ck, &cfg, &v, b, P, want_rc, needle);
     for (int a = 0; a < 3; a++)
         free(b[a]);
     free_part(&ref);
@@ -389,8 +383,7 @@ Test(ckpt_pp, export_gives_the_whole_hugging_face_tensors) {
         cr_expect_eq(ndim, gt->ndim, "%s", gt->name);
         for (int d = 0; d < ndim; d++)
             cr_expect_eq(shape[d], gt->shape[d], "%s dim %d", gt->name, d);
-        cr_expect_eq(memcmp(x, W[0] + gt->offset, gt->numel * sizeof(float)), 0, "%s",
-                     gt->name);
+        cr_expect_eq(memcmp(x, W[0] + gt->offset, gt->numel * sizeof(float)), 0, "%s", gt->name);
     }
     loco_st_close(f);
 }
@@ -482,15 +475,15 @@ Test(ckpt_pp, writing_refuses_untiled_stages_and_missing_ranks) {
     cr_assert_eq(loco_ckpt_write_shard(tmp, 0, &v, 0, p.tt.numel, &h), 0);
     size_t lo = 0, hi = p.tt.numel;
     int zero = 0;
-    cr_expect_eq(loco_ckpt_write_manifest_pp(tmp, bad, &cfg, &v, 1, &lo, &hi, &h, NULL, &zero,
-                                             gap, 2, &st),
-                 LOCO_EINVAL);
+    cr_expect_eq(
+        loco_ckpt_write_manifest_pp(tmp, bad, &cfg, &v, 1, &lo, &hi, &h, NULL, &zero, gap, 2, &st),
+        LOCO_EINVAL);
     cr_expect(strstr(loco_errmsg(), "block 2 of 4") != NULL, "%s", loco_errmsg());
-    cr_expect_eq(loco_ckpt_write_manifest_pp(tmp, bad, &cfg, &v, 1, &lo, &hi, &h, NULL, &zero, A2,
-                                             2, &st),
-                 LOCO_EINVAL);
-    cr_expect(strstr(loco_errmsg(), "pp rank 1 of 2, tp rank 0 of 1 has no shards") != NULL,
-              "%s", loco_errmsg());
+    cr_expect_eq(
+        loco_ckpt_write_manifest_pp(tmp, bad, &cfg, &v, 1, &lo, &hi, &h, NULL, &zero, A2, 2, &st),
+        LOCO_EINVAL);
+    cr_expect(strstr(loco_errmsg(), "pp rank 1 of 2, tp rank 0 of 1 has no shards") != NULL, "%s",
+              loco_errmsg());
     /* A stage is not the whole model: pp = 1 with a stage view, single file. */
     cr_expect_eq(loco_ckpt_write_manifest(tmp, bad, &cfg, &v, 1, &lo, &hi, &h, NULL, &st),
                  LOCO_EINVAL);
@@ -512,7 +505,8 @@ Test(ckpt_pp, failed_allocation_leaves_the_view_untouched) {
     part ref;
     make_part(&ref, 2, 1, &V2[0]);
     const size_t P = ref.tt.numel;
-    float *b[3] = {floats(P, UNSET), floats(P, UNSET), floats(P, UNSET)};
+    float *b[3] = {ckpt_test_floats(P, CKPT_TEST_UNSET), ckpt_test_floats(P, CKPT_TEST_UNSET),
+                   ckpt_test_floats(P, CKPT_TEST_UNSET)};
     for (long n = 1; n <= 1000; n++) {
         loco_ckpt_view v = view_of(&ref, 2, 1, &V2[0], 0, b);
         loco_alloc_fail_after(n);
@@ -528,7 +522,7 @@ Test(ckpt_pp, failed_allocation_leaves_the_view_untouched) {
         bool untouched = true;
         for (int a = 0; a < 3; a++)
             for (size_t i = 0; i < P; i++)
-                untouched &= b[a][i] == UNSET;
+                untouched &= b[a][i] == CKPT_TEST_UNSET;
         cr_expect(untouched, "allocation %ld failed after the view was touched", n);
         cr_assert(n < 1000, "still failing after 1000 allocations");
     }

@@ -5,6 +5,7 @@
  * corrupt shard is refused with the view untouched. The reference slices
  * are cut from the whole buffers with loco_gpt_tp_locate. */
 #include "inner/inner.h"
+#include "tests/inner/ckpt_test.h"
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -14,15 +15,14 @@
 #include <unistd.h>
 
 #define MAXT 4
-#define UNSET 42.0f
 
 static char *dir;
 static char ck2[600]; /* sharded, tp = 2, two dp shards per tp rank */
 static char ck1[600]; /* single file, tp = 1 */
 static loco_config cfg;
 static loco_ckpt_state st;
-static loco_ttable tt[MAXT + 1]; /* the table of one slice, by tp (1, 2, 4) */
-static float *W[3];              /* whole params, exp_avg, exp_avg_sq (tp = 1 table) */
+static loco_ttable tt[MAXT + 1];    /* the table of one slice, by tp (1, 2, 4) */
+static float *W[3];                 /* whole params, exp_avg, exp_avg_sq (tp = 1 table) */
 static float *S[MAXT + 1][MAXT][3]; /* S[t][k]: tp rank k's slice of W, padding 0 */
 
 static loco_gpt_config model_tp(int t) {
@@ -31,21 +31,13 @@ static loco_gpt_config model_tp(int t) {
     return mc;
 }
 
-static float *floats(size_t n, float value) {
-    float *x = malloc(n * sizeof(float));
-    cr_assert(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = value;
-    return x;
-}
-
 /* Cuts W into the t slices, element by element. */
 static void make_slices(int t) {
     loco_gpt_config mc = model_tp(t);
     cr_assert_eq(loco_gpt_build_table(&tt[t], &mc), 0, "%s", loco_errmsg());
     for (int k = 0; k < t; k++)
         for (int a = 0; a < 3; a++)
-            S[t][k][a] = floats(tt[t].numel, 0.0f);
+            S[t][k][a] = ckpt_test_floats(tt[t].numel, 0.0f);
     for (int i = 0; i < tt[1].n; i++) {
         const loco_tensor *gt = &tt[1].t[i];
         for (size_t g = 0; g < gt->numel; g++) {
@@ -63,9 +55,17 @@ static void make_slices(int t) {
 /* A view of whole buffers of tp rank k of t. */
 static loco_ckpt_view view_of(int t, int k, float *p, float *m, float *v) {
     const size_t P = tt[t].numel;
-    loco_ckpt_view view = {.tt = &tt[t], .model = model_tp(t), .tp_rank = k, .params = p,
-                           .p_lo = 0, .p_hi = P, .m = m, .v = v, .o_lo = 0,
-                           .o_hi = m ? P : 0, .adam_t = 17};
+    loco_ckpt_view view = {.tt = &tt[t],
+                           .model = model_tp(t),
+                           .tp_rank = k,
+                           .params = p,
+                           .p_lo = 0,
+                           .p_hi = P,
+                           .m = m,
+                           .v = v,
+                           .o_lo = 0,
+                           .o_hi = m ? P : 0,
+                           .adam_t = 17};
     return view;
 }
 
@@ -91,9 +91,9 @@ static void write_sharded(const char *path, int t, int dps) {
                          loco_errmsg());
         }
     loco_ckpt_view v0 = view_of(t, 0, S[t][0][0], S[t][0][1], S[t][0][2]);
-    cr_assert_eq(loco_ckpt_write_manifest(tmp, path, &cfg, &v0, t * dps, los, his, hashes, ranks,
-                                          &st),
-                 0, "%s", loco_errmsg());
+    cr_assert_eq(
+        loco_ckpt_write_manifest(tmp, path, &cfg, &v0, t * dps, los, his, hashes, ranks, &st), 0,
+        "%s", loco_errmsg());
 }
 
 static void setup(void) {
@@ -111,15 +111,15 @@ static void setup(void) {
     loco_rng rng;
     loco_rng_seed(&rng, 11);
     for (int a = 0; a < 3; a++) {
-        W[a] = floats(tt[1].numel, 0.0f);
+        W[a] = ckpt_test_floats(tt[1].numel, 0.0f);
         for (size_t i = 0; i < tt[1].numel; i++)
             W[a][i] = a == 2 ? loco_rng_uniform(&rng) : loco_rng_normal(&rng);
     }
     make_slices(2);
     make_slices(4);
     static const char *const sec[] = {"model", NULL};
-    st = (loco_ckpt_state){.step = 17, .data = {1, 512, 0}, .rng = rng,
-                           .model_hash = loco_config_hash(&cfg, sec)};
+    st = (loco_ckpt_state){
+        .step = 17, .data = {1, 512, 0}, .rng = rng, .model_hash = loco_config_hash(&cfg, sec)};
     write_sharded(ck2, 2, 2);
     loco_ckpt_view whole = view_of(1, 0, W[0], W[1], W[2]);
     cr_assert_eq(loco_ckpt_save_view(ck1, &cfg, &whole, &st), 0, "%s", loco_errmsg());
@@ -146,7 +146,9 @@ TestSuite(ckpt_tp, .init = setup, .fini = teardown);
  * and moments alike) and holds them to want (the whole slice buffers). */
 static void expect_loads(const char *ck, int t, int k, size_t lo, size_t hi, float *const *want) {
     const size_t n = hi - lo;
-    float *b[3] = {floats(n + GUARD, UNSET), floats(n + GUARD, UNSET), floats(n + GUARD, UNSET)};
+    float *b[3] = {ckpt_test_floats(n + GUARD, CKPT_TEST_UNSET),
+                   ckpt_test_floats(n + GUARD, CKPT_TEST_UNSET),
+                   ckpt_test_floats(n + GUARD, CKPT_TEST_UNSET)};
     loco_ckpt_view v = view_of(t, k, b[0], b[1], b[2]);
     v.p_lo = v.o_lo = lo, v.p_hi = v.o_hi = hi, v.adam_t = 0;
     loco_ckpt_state s;
@@ -156,8 +158,8 @@ static void expect_loads(const char *ck, int t, int k, size_t lo, size_t hi, flo
                      "tp rank %d of %d, [%zu, %zu), array %d differs", k, t, lo, hi, a);
     for (int a = 0; a < 3; a++)
         for (size_t i = n; i < n + GUARD; i++)
-            cr_expect_eq(b[a][i], UNSET, "tp rank %d of %d, [%zu, %zu): written past the range",
-                         k, t, lo, hi);
+            cr_expect_eq(b[a][i], CKPT_TEST_UNSET,
+                         "tp rank %d of %d, [%zu, %zu): written past the range", k, t, lo, hi);
     cr_expect_eq(v.adam_t, 17);
     cr_expect_eq(s.step, 17);
     cr_expect(s.data.shard == 1 && s.data.pos == 512);
@@ -169,20 +171,10 @@ static void expect_loads(const char *ck, int t, int k, size_t lo, size_t hi, flo
  * view untouched. */
 static void expect_refused(const char *ck, int t, int k, int want_rc, const char *needle) {
     const size_t P = tt[t].numel;
-    float *b[3] = {floats(P, UNSET), floats(P, UNSET), floats(P, UNSET)};
+    float *b[3] = {ckpt_test_floats(P, CKPT_TEST_UNSET), ckpt_test_floats(P, CKPT_TEST_UNSET),
+                   ckpt_test_floats(P, CKPT_TEST_UNSET)};
     loco_ckpt_view v = view_of(t, k, b[0], b[1], b[2]);
-    v.adam_t = 5;
-    int rc = loco_ckpt_load_view(ck, &cfg, &v, NULL);
-    cr_expect_eq(rc, want_rc, "rc %d (%s): %s", rc, loco_strerror(rc), loco_errmsg());
-    cr_expect(strstr(loco_errmsg(), needle) != NULL, "message lacks '%s': %s", needle,
-              loco_errmsg());
-    cr_expect(strstr(loco_errmsg(), ck) != NULL, "message does not name %s: %s", ck,
-              loco_errmsg());
-    bool untouched = v.adam_t == 5;
-    for (int a = 0; a < 3; a++)
-        for (size_t i = 0; i < P; i++)
-            untouched &= b[a][i] == UNSET;
-    cr_expect(untouched, "a refused checkpoint changed the view");
+    ckpt_test_expect_refused(ck, &cfg, &v, b, P, want_rc, needle);
     for (int a = 0; a < 3; a++)
         free(b[a]);
 }
@@ -250,7 +242,8 @@ Test(ckpt_tp, partial_ranges_inside_tensors_are_exact) {
         expect_loads(ck2, t, t - 1, 3, tt[t].t[0].numel - 2, S[t][t - 1]);
     }
     /* Parameters whole, moments a range (ZeRO-1/2). */
-    float *p = floats(tt[4].numel, UNSET), *m = floats(40, UNSET), *v = floats(40, UNSET);
+    float *p = ckpt_test_floats(tt[4].numel, CKPT_TEST_UNSET),
+          *m = ckpt_test_floats(40, CKPT_TEST_UNSET), *v = ckpt_test_floats(40, CKPT_TEST_UNSET);
     loco_ckpt_view view = view_of(4, 2, p, m, v);
     view.o_lo = 1000, view.o_hi = 1040;
     cr_assert_eq(loco_ckpt_load_view(ck2, &cfg, &view, NULL), 0, "%s", loco_errmsg());
@@ -293,7 +286,7 @@ Test(ckpt_tp, old_sharded_checkpoint_into_tp2_is_exact) {
 }
 
 Test(ckpt_tp, parameters_only_view) {
-    float *p = floats(tt[4].numel, UNSET);
+    float *p = ckpt_test_floats(tt[4].numel, CKPT_TEST_UNSET);
     loco_ckpt_view v = view_of(4, 1, p, NULL, NULL);
     cr_assert_eq(loco_ckpt_load_view(ck2, &cfg, &v, NULL), 0, "%s", loco_errmsg());
     cr_expect_eq(memcmp(p, S[4][1][0], tt[4].numel * sizeof(float)), 0);
@@ -316,8 +309,7 @@ Test(ckpt_tp, export_gives_the_whole_hugging_face_tensors) {
         cr_expect_eq(ndim, gt->ndim, "%s", gt->name);
         for (int d = 0; d < ndim; d++)
             cr_expect_eq(shape[d], gt->shape[d], "%s dim %d", gt->name, d);
-        cr_expect_eq(memcmp(x, W[0] + gt->offset, gt->numel * sizeof(float)), 0, "%s",
-                     gt->name);
+        cr_expect_eq(memcmp(x, W[0] + gt->offset, gt->numel * sizeof(float)), 0, "%s", gt->name);
     }
     const float *x;
     int64_t shape[LOCO_TENSOR_MAX_DIM];
@@ -372,7 +364,9 @@ static void drop_last_shard(cJSON *j) {
     cJSON_DeleteItemFromArray(cJSON_GetObjectItem(j, "shards"), 3);
 }
 
-static void tp3(cJSON *j) { cJSON_SetNumberValue(cJSON_GetObjectItem(j, "tp"), 3); }
+static void tp3(cJSON *j) {
+    cJSON_SetNumberValue(cJSON_GetObjectItem(j, "tp"), 3);
+}
 
 Test(ckpt_tp, manifest_without_a_rank_is_refused) {
     edit_state(drop_rank1);
@@ -426,7 +420,8 @@ Test(ckpt_tp, writing_refuses_a_missing_rank_and_a_tp_single_file) {
 
 Test(ckpt_tp, failed_allocation_leaves_the_view_untouched) {
     const size_t P = tt[4].numel;
-    float *b[3] = {floats(P, UNSET), floats(P, UNSET), floats(P, UNSET)};
+    float *b[3] = {ckpt_test_floats(P, CKPT_TEST_UNSET), ckpt_test_floats(P, CKPT_TEST_UNSET),
+                   ckpt_test_floats(P, CKPT_TEST_UNSET)};
     for (long n = 1; n <= 40; n++) {
         loco_ckpt_view v = view_of(4, 3, b[0], b[1], b[2]);
         loco_alloc_fail_after(n);
@@ -441,7 +436,7 @@ Test(ckpt_tp, failed_allocation_leaves_the_view_untouched) {
         bool untouched = true;
         for (int a = 0; a < 3; a++)
             for (size_t i = 0; i < P; i++)
-                untouched &= b[a][i] == UNSET;
+                untouched &= b[a][i] == CKPT_TEST_UNSET;
         cr_expect(untouched, "allocation %ld failed after the view was touched", n);
     }
     for (int a = 0; a < 3; a++)

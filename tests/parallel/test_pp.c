@@ -58,21 +58,22 @@ static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
     static char out[1 << 16];
     double ref[STEPS + 1], got[STEPS + 1];
     reference(m * dp, ref);
-    int rc = test_run(out, sizeof out,
-                      MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL
-                             " --set train.grad_accum=%d --set parallel.pp=%d"
-                             " --set parallel.pp_schedule=%s --set parallel.virtual_stages=%d"
-                             " --set parallel.dp=%d --set parallel.tp=%d --set parallel.zero_stage=1"
-                             " --set run.dir=%s/pp",
-                      p * dp * tp, m, p, schedule, v, dp, tp, dir);
+    int rc =
+        test_run(out, sizeof out,
+                 MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL
+                        " --set train.grad_accum=%d --set parallel.pp=%d"
+                        " --set parallel.pp_schedule=%s --set parallel.virtual_stages=%d"
+                        " --set parallel.dp=%d --set parallel.tp=%d --set parallel.zero_stage=1"
+                        " --set run.dir=%s/pp",
+                 p * dp * tp, m, p, schedule, v, dp, tp, dir);
     cr_assert_eq(rc, 0, "%s", out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
     test_read_losses(run_dir, got, STEPS);
     for (int s = 1; s <= STEPS; s++)
         cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
-                  "%s p=%d v=%d m=%d dp=%d tp=%d step %d: loss %.9g, one rank %.9g", schedule, p,
-                  v, m, dp, tp, s, got[s], ref[s]);
+                  "%s p=%d v=%d m=%d dp=%d tp=%d step %d: loss %.9g, one rank %.9g", schedule, p, v,
+                  m, dp, tp, s, got[s], ref[s]);
     rc = test_run(out, sizeof out, LOCO " ckpt export %s/pp/ckpt_%08d %s/export", dir, STEPS, dir);
     cr_assert_eq(rc, 0, "%s", out);
     char exp_dir[600], ref_ckpt[600];
@@ -81,36 +82,84 @@ static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
     double l2, worst;
     test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
     cr_expect(l2 <= 1e-5 && worst <= 1e-4,
-              "%s p=%d m=%d: final parameters differ by %g (L2), %g (largest element)", schedule,
-              p, m, l2, worst);
+              "%s p=%d m=%d: final parameters differ by %g (L2), %g (largest element)", schedule, p,
+              m, l2, worst);
 }
 
 TestSuite(pp, .init = setup, .fini = teardown, .timeout = 180);
 
-Test(pp, gpipe_p2_m4) { check("gpipe", 2, 1, 4, 1, 1); }
-Test(pp, gpipe_p2_m8) { check("gpipe", 2, 1, 8, 1, 1); }
-Test(pp, gpipe_p4_m4) { check("gpipe", 4, 1, 4, 1, 1); }
-Test(pp, gpipe_p4_m8) { check("gpipe", 4, 1, 8, 1, 1); }
-Test(pp, onef1b_p2_m4) { check("1f1b", 2, 1, 4, 1, 1); }
-Test(pp, onef1b_p2_m8) { check("1f1b", 2, 1, 8, 1, 1); }
-Test(pp, onef1b_p4_m4) { check("1f1b", 4, 1, 4, 1, 1); }
-Test(pp, onef1b_p4_m8) { check("1f1b", 4, 1, 8, 1, 1); }
-Test(pp, interleaved_p2_m4) { check("interleaved", 2, 2, 4, 1, 1); }
-Test(pp, interleaved_p2_m8) { check("interleaved", 2, 2, 8, 1, 1); }
-Test(pp, interleaved_p4_m4) { check("interleaved", 4, 2, 4, 1, 1); }
-Test(pp, interleaved_p4_m8) { check("interleaved", 4, 2, 8, 1, 1); }
-Test(pp, zbh1_p2_m4) { check("zb-h1", 2, 1, 4, 1, 1); }
-Test(pp, zbh1_p2_m8) { check("zb-h1", 2, 1, 8, 1, 1); }
-Test(pp, zbh1_p4_m4) { check("zb-h1", 4, 1, 4, 1, 1); }
-Test(pp, zbh1_p4_m8) { check("zb-h1", 4, 1, 8, 1, 1); }
-Test(pp, zbv_p2_m4) { check("zbv", 2, 2, 4, 1, 1); }
-Test(pp, zbv_p2_m8) { check("zbv", 2, 2, 8, 1, 1); }
-Test(pp, zbv_p4_m4) { check("zbv", 4, 2, 4, 1, 1); }
-Test(pp, zbv_p4_m8) { check("zbv", 4, 2, 8, 1, 1); }
-Test(pp, dualpipev_p2_m4) { check("dualpipev", 2, 2, 4, 1, 1); }
-Test(pp, dualpipev_p2_m8) { check("dualpipev", 2, 2, 8, 1, 1); }
-Test(pp, dualpipev_p4_m8) { check("dualpipev", 4, 2, 8, 1, 1); }
-Test(pp, three_d_pp2_dp2_tp2) { check("1f1b", 2, 1, 4, 2, 2); }
+Test(pp, gpipe_p2_m4) {
+    check("gpipe", 2, 1, 4, 1, 1);
+}
+Test(pp, gpipe_p2_m8) {
+    check("gpipe", 2, 1, 8, 1, 1);
+}
+Test(pp, gpipe_p4_m4) {
+    check("gpipe", 4, 1, 4, 1, 1);
+}
+Test(pp, gpipe_p4_m8) {
+    check("gpipe", 4, 1, 8, 1, 1);
+}
+Test(pp, onef1b_p2_m4) {
+    check("1f1b", 2, 1, 4, 1, 1);
+}
+Test(pp, onef1b_p2_m8) {
+    check("1f1b", 2, 1, 8, 1, 1);
+}
+Test(pp, onef1b_p4_m4) {
+    check("1f1b", 4, 1, 4, 1, 1);
+}
+Test(pp, onef1b_p4_m8) {
+    check("1f1b", 4, 1, 8, 1, 1);
+}
+Test(pp, interleaved_p2_m4) {
+    check("interleaved", 2, 2, 4, 1, 1);
+}
+Test(pp, interleaved_p2_m8) {
+    check("interleaved", 2, 2, 8, 1, 1);
+}
+Test(pp, interleaved_p4_m4) {
+    check("interleaved", 4, 2, 4, 1, 1);
+}
+Test(pp, interleaved_p4_m8) {
+    check("interleaved", 4, 2, 8, 1, 1);
+}
+Test(pp, zbh1_p2_m4) {
+    check("zb-h1", 2, 1, 4, 1, 1);
+}
+Test(pp, zbh1_p2_m8) {
+    check("zb-h1", 2, 1, 8, 1, 1);
+}
+Test(pp, zbh1_p4_m4) {
+    check("zb-h1", 4, 1, 4, 1, 1);
+}
+Test(pp, zbh1_p4_m8) {
+    check("zb-h1", 4, 1, 8, 1, 1);
+}
+Test(pp, zbv_p2_m4) {
+    check("zbv", 2, 2, 4, 1, 1);
+}
+Test(pp, zbv_p2_m8) {
+    check("zbv", 2, 2, 8, 1, 1);
+}
+Test(pp, zbv_p4_m4) {
+    check("zbv", 4, 2, 4, 1, 1);
+}
+Test(pp, zbv_p4_m8) {
+    check("zbv", 4, 2, 8, 1, 1);
+}
+Test(pp, dualpipev_p2_m4) {
+    check("dualpipev", 2, 2, 4, 1, 1);
+}
+Test(pp, dualpipev_p2_m8) {
+    check("dualpipev", 2, 2, 8, 1, 1);
+}
+Test(pp, dualpipev_p4_m8) {
+    check("dualpipev", 4, 2, 8, 1, 1);
+}
+Test(pp, three_d_pp2_dp2_tp2) {
+    check("1f1b", 2, 1, 4, 2, 2);
+}
 
 /* Recompute inside a stage: full recompute runs a block's weight half
  * inside its input half; selective recomputes the attention core in B. */
@@ -131,12 +180,16 @@ static void check_recompute(const char *mode) {
     snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
     test_read_losses(run_dir, got, STEPS);
     for (int s = 1; s <= STEPS; s++)
-        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]), "%s step %d: %.9g vs %.9g", mode,
-                  s, got[s], ref[s]);
+        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]), "%s step %d: %.9g vs %.9g", mode, s,
+                  got[s], ref[s]);
 }
 
-Test(pp, zbh1_with_selective_recompute) { check_recompute("selective"); }
-Test(pp, zbh1_with_full_recompute) { check_recompute("full"); }
+Test(pp, zbh1_with_selective_recompute) {
+    check_recompute("selective");
+}
+Test(pp, zbh1_with_full_recompute) {
+    check_recompute("full");
+}
 
 Test(pp, what_cannot_be_built_is_refused_clearly) {
     if (!test_have_mpirun())
