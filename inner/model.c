@@ -1,6 +1,7 @@
 /* GPT-2 forward and backward over flat buffers (llm.c's structure, Hugging
  * Face's names and layouts), on one rank or on a tensor-parallel slice
- * (inner/model_tp.c holds the tp pieces). Every loop lives in kernels/. */
+ * (inner/model_tp.c holds the tp pieces, model_stage.c the pipeline
+ * stages, model_acts.c the activation slab). Every loop lives in kernels/. */
 #include "inner/comm/comm.h"
 #include "inner/model_internal.h"
 #include "kernels/kernels.h"
@@ -69,69 +70,15 @@ out_fail:
     return rc;
 }
 
-/* The stage's chunks against the model: non-empty, in order, apart. */
-static int check_stage(const loco_gpt_config *cfg, const loco_gpt_stage *st) {
-    if (st->n < 1 || st->n > LOCO_GPT_MAX_CHUNKS || st->slots < 1)
-        return LOCO_ERR(LOCO_EINVAL,
-                        "a pipeline stage of %d chunks and %d activation slots "
-                        "(1..%d chunks, at least one slot)",
-                        st->n, st->slots, LOCO_GPT_MAX_CHUNKS);
-    for (int i = 0; i < st->n; i++)
-        if (st->first[i] < (i ? st->end[i - 1] : 0) || st->end[i] <= st->first[i] ||
-            st->end[i] > cfg->n_layer)
-            return LOCO_ERR(LOCO_EINVAL,
-                            "pipeline chunk %d = blocks [%d, %d) of %d: chunks must be non-empty, "
-                            "in order and apart",
-                            i, st->first[i], st->end[i], cfg->n_layer);
-    return 0;
-}
-
 /* The unit a tensor of the (whole or stage) table belongs to: 0 for wte
  * and wpe, l + 1 for block l, L + 1 for ln_f and a wte that follows it. */
-static int unit_of(const loco_tensor *t, int L, bool after_lnf) {
+int loco__gpt_unit_of(const loco_tensor *t, int L, bool after_lnf) {
     int l;
     if (sscanf(t->name, "transformer.h.%d.", &l) == 1)
         return l + 1;
     if (strstr(t->name, ".ln_f.") || after_lnf)
         return L + 1;
     return 0;
-}
-
-int loco_gpt_build_stage_table(loco_ttable *tt, const loco_gpt_config *cfg,
-                               const loco_gpt_stage *stage) {
-    LOCO_CHECK(check_stage(cfg, stage));
-    loco_ttable whole;
-    LOCO_CHECK(loco_gpt_build_table(&whole, cfg));
-    const int L = cfg->n_layer;
-    const bool embed = stage->first[0] == 0, head = stage->end[stage->n - 1] == L;
-    loco_ttable_init(tt);
-    int rc = 0;
-    for (int pass = 0; pass < 2 && rc == 0; pass++)
-        for (int i = 0; i < whole.n && rc == 0; i++) {
-            const loco_tensor *t = &whole.t[i];
-            const int u = unit_of(t, L, false);
-            bool keep;
-            if (pass == 1) /* the tied head's own wte, after ln_f */
-                keep = head && !embed && u == 0 && !strcmp(t->name, "transformer.wte.weight");
-            else if (u == 0)
-                keep = embed;
-            else if (u == L + 1)
-                keep = head;
-            else {
-                keep = false;
-                for (int c = 0; c < stage->n; c++)
-                    keep |= u - 1 >= stage->first[c] && u - 1 < stage->end[c];
-            }
-            if (!keep)
-                continue;
-            rc = loco_ttable_add(tt, t->name, t->ndim, t->shape, t->split_dim, t->decay);
-            if (rc == 0)
-                tt->t[tt->n - 1].split_parts = t->split_parts;
-        }
-    loco_ttable_fini(&whole);
-    if (rc < 0)
-        loco_ttable_fini(tt);
-    return rc;
 }
 
 /* Fills unit_t0 / unit_t1 from the table: the tensors of each unit. */
@@ -141,7 +88,7 @@ static void index_units(loco_gpt *m) {
         m->unit_t0[u] = m->unit_t1[u] = 0;
     bool after_lnf = false;
     for (int i = 0; i < m->tt.n; i++) {
-        const int u = unit_of(&m->tt.t[i], L, after_lnf);
+        const int u = loco__gpt_unit_of(&m->tt.t[i], L, after_lnf);
         after_lnf |= u == L + 1;
         if (m->unit_t1[u] == m->unit_t0[u])
             m->unit_t0[u] = i;
@@ -251,155 +198,9 @@ loco__gpt_shape loco__gpt_shape_of(const loco_gpt *m, int B, int T) {
 }
 
 /* Whether block l (0-based) reruns its forward in its backward. */
-static bool full_recompute(const loco_gpt *m, int l) {
+bool loco__gpt_full_recompute(const loco_gpt *m, int l) {
     return m->par.recompute == LOCO_RECOMPUTE_FULL &&
            (m->par.recompute_layers <= 0 || l < m->par.recompute_layers);
-}
-
-/* Whether the model holds block l (0-based). */
-static bool holds_block(const loco_gpt *m, int l) {
-    return m->unit_t1[l + 1] > m->unit_t0[l + 1];
-}
-
-/* Carves one block's forward activations (res3 apart; att only with
- * `att`) from base + off; returns the new offset. base NULL: counts. */
-static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
-                          const loco__gpt_shape *d, size_t B, size_t T, bool att) {
-    const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
-#define CARVE(field, count)                                                                        \
-    do {                                                                                           \
-        if (base)                                                                                  \
-            field = base + off;                                                                    \
-        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
-    } while (0)
-    CARVE(la->ln1, R * C);
-    CARVE(la->ln1_mean, R);
-    CARVE(la->ln1_rstd, R);
-    CARVE(la->qkv, N * 3 * Cl);
-    CARVE(la->atty, N * Cl);
-    if (att)
-        CARVE(la->att, B * (size_t)d->NHl * T * T);
-    CARVE(la->attproj, R * C);
-    CARVE(la->res2, R * C);
-    CARVE(la->ln2, R * C);
-    CARVE(la->ln2_mean, R);
-    CARVE(la->ln2_rstd, R);
-    CARVE(la->fch, N * Fl);
-    CARVE(la->fch_gelu, N * Fl);
-    CARVE(la->fcproj, R * C);
-#undef CARVE
-    return off;
-}
-
-/* Carves the activation slab; with base NULL only counts. Returns floats.
- * Per-block buffers are sized by the capacity B x T, so a smaller batch
- * (eval, sampling) uses the same slab. A pipeline stage has one set of
- * its blocks' activations (and the head's) per slot, with what the weight
- * half of a split backward keeps; the recompute and scratch buffers are
- * shared by all slots. */
-static size_t carve_acts(loco_gpt *m, float *base) {
-    const size_t L = (size_t)m->cfg.n_layer;
-    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
-    const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
-    const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = B * (size_t)d.NHl * T * T;
-    const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE;
-    const int slots = m->staged ? m->stage.slots : 1;
-    size_t off = 0;
-#define CARVE(field, count)                                                                        \
-    do {                                                                                           \
-        if (base)                                                                                  \
-            field = base + off;                                                                    \
-        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
-    } while (0)
-    /* One block's worth of every activation: the shared block that full
-     * recompute reruns into, or the shared attention probabilities. */
-    loco_gpt_layer_acts shared = {0};
-    bool any_full = false;
-    for (size_t l = 0; l < L; l++)
-        any_full |= holds_block(m, (int)l) && full_recompute(m, (int)l);
-    if (any_full || selective)
-        off = carve_block(&shared, base, off, &d, B, T, true);
-    size_t kept = 0; /* what the first block held keeps for its backward */
-    bool counted = false;
-    for (int k = 0; k < slots; k++) {
-        loco_gpt_acts scratch_acts = {0};
-        loco_gpt_acts *a = base ? &m->slot_acts[k] : &scratch_acts;
-        CARVE(a->encoded, R * C);
-        for (size_t l = 0; l < L; l++) {
-            if (!holds_block(m, (int)l))
-                continue;
-            loco_gpt_layer_acts *la = base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
-            const bool full = full_recompute(m, (int)l);
-            const size_t before = off;
-            if (!full)
-                off = carve_block(la, base, off, &d, B, T, !selective);
-            CARVE(la->res3, R * C);
-            if (!counted) {
-                kept = (off - before) * sizeof(float);
-                counted = true;
-            }
-            if (m->staged && !full) { /* a recomputed block runs W at once */
-                CARVE(la->keep_out, N * C);
-                CARVE(la->keep_mid, N * C);
-                CARVE(la->keep_fch, N * Fl);
-                CARVE(la->keep_qkv, N * 3 * Cl);
-            }
-            if (base && full) {
-                float *res3 = la->res3;
-                *la = shared;
-                la->res3 = res3;
-            } else if (base && selective) {
-                la->att = shared.att;
-            }
-        }
-        if (m->head) {
-            CARVE(a->lnf, N * C);
-            CARVE(a->lnf_mean, R);
-            CARVE(a->lnf_rstd, R);
-            CARVE(a->logits, N * (size_t)d.Vl);
-            CARVE(a->losses, N);
-            CARVE(a->xent, 3 * N);
-        }
-    }
-    m->block_act_bytes = kept;
-    loco_gpt_scratch *s = &m->s;
-    CARVE(s->dres, R * C);
-    CARVE(s->dbtc, R * C);
-    if (d.t > 1)
-        CARVE(s->full, N * C);
-    if (d.sp) {
-        CARVE(s->gather, N * C);
-        CARVE(s->drep, (6 * C > T * C ? 6 * C : T * C));
-    }
-    CARVE(s->dkeep3, N * C);
-    CARVE(s->dkeep2, N * C);
-    CARVE(s->dqkv, N * 3 * Cl);
-    CARVE(s->datt, att);
-    CARVE(s->dfch, N * Fl);
-    CARVE(s->dfchg, N * Fl);
-    if (selective)
-        CARVE(s->atty, N * Cl);
-#undef CARVE
-    if (base)
-        m->a = m->slot_acts[0];
-    return off;
-}
-
-double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
-    /* Per token of the batch, in floats: the residual regions keep ln1, ln2
-     * (C each), their mean and rstd (2 + 2), attproj, res2, fcproj and res3
-     * (C each): 6C + 4, over t with sp. The tp slice keeps qkv (3C/t), atty
-     * (C/t), fch and its GELU (8C/t): 12C/t, and the attention
-     * probabilities NH*T/t. Selective drops the probabilities; full keeps
-     * only the block's output res3 (C, over t with sp). */
-    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
-    const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
-    const double rows = d.sp ? 1.0 / t : 1.0;
-    const double per_token =
-        mode == LOCO_RECOMPUTE_FULL
-            ? C * rows
-            : (6 * C + 4) * rows + 12 * C / t + (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
-    return 4.0 * per_token * (double)d.N;
 }
 
 bool loco_gpt_tensor_replicated(const loco_gpt *m, int i) {
@@ -493,7 +294,7 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     const bool want_a = !(flags & LOCO_GPT_NO_ACTS);
     /* Counted always (block_act_bytes tells what a block would keep), held
      * only when wanted. */
-    size_t n_act = carve_acts(m, NULL);
+    size_t n_act = loco__gpt_carve_acts(m, NULL);
     if (!want_a)
         n_act = 0;
     m->act_bytes = n_act * sizeof(float);
@@ -507,7 +308,7 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     }
     m->a = m->slot_acts[0];
     if (want_a)
-        carve_acts(m, m->act_slab);
+        loco__gpt_carve_acts(m, m->act_slab);
     for (int u = 0; u < loco_gpt_num_units(m); u++) {
         size_t lo, hi;
         loco_gpt_unit_range(m, u, &lo, &hi);
@@ -608,7 +409,7 @@ void loco_gpt_zero_grad(loco_gpt *m) {
 
 /* What a pass of a B x T batch needs of the model: activations, the
  * capacity, a row split under sp. */
-static int check_capacity(const loco_gpt *m, int B, int T) {
+int loco__gpt_check_capacity(const loco_gpt *m, int B, int T) {
     if (!m->act_slab)
         return LOCO_ERR(LOCO_EINVAL, "this model holds no activations (LOCO_GPT_NO_ACTS: its "
                                      "passes run on the device)");
@@ -624,8 +425,8 @@ static int check_capacity(const loco_gpt *m, int B, int T) {
 }
 
 /* The same for a pass from tokens, which must be in the vocabulary. */
-static int check_tokens(const loco_gpt *m, const int32_t *inputs, int B, int T) {
-    LOCO_CHECK(check_capacity(m, B, T));
+int loco__gpt_check_tokens(const loco_gpt *m, const int32_t *inputs, int B, int T) {
+    LOCO_CHECK(loco__gpt_check_capacity(m, B, T));
     for (int i = 0; i < B * T; i++)
         if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
             return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)", inputs[i],
@@ -642,8 +443,8 @@ static const float *block_input(const loco_gpt *m, int l) {
     return l == m->pass_first ? m->a.encoded : m->a.layer[l - 1].res3;
 }
 
-static int block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
-                     int B, int T) {
+int loco__gpt_block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                        int B, int T) {
     const loco_gpt_block *w = &m->p.h[l];
     const int N = (int)d->N, R = (int)d->R, C = d->C;
     const float *res = block_input(m, l), *x;
@@ -664,21 +465,13 @@ static int block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gp
     return 0;
 }
 
-/* What a block's weight half needs from its input half: the gradients
- * of its four matmuls' outputs (the row-parallel ones over all rows). */
-typedef struct {
-    float *d_out; /* (N, C) of mlp.c_proj's output: the block output's */
-    float *d_fch; /* (N, Fl) of c_fc's output */
-    float *d_mid; /* (N, C) of attn.c_proj's output */
-    float *d_qkv; /* (N, 3Cl) of c_attn's output */
-} block_keep;
-
 /* The input half of block l's backward (B): s.dres holds the gradient of
  * the block's output and leaves with its input's; LayerNorm and
  * row-parallel bias gradients are accumulated here (reduced over tp under
  * sp); what the weight half needs goes to k. */
-static int block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
-                           const loco_gpt_layer_acts *la, int B, int T, const block_keep *k) {
+int loco__gpt_block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
+                              const loco_gpt_layer_acts *la, int B, int T,
+                              const loco__gpt_block_keep *k) {
     const loco_gpt_block *w = &m->p.h[l];
     loco_gpt_block *g = &m->g.h[l];
     loco_gpt_scratch *s = &m->s;
@@ -703,7 +496,7 @@ static int block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
     loco_layernorm_bwd(s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd,
                        R, C);
     /* res2 = res + attproj: dres flows to both. */
-    if (m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !full_recompute(m, l)) {
+    if (m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !loco__gpt_full_recompute(m, l)) {
         /* The attention core again: the probabilities were not kept. */
         loco_attention_fwd(s->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
     }
@@ -726,8 +519,8 @@ static int block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
 
 /* The weight half (W): the four matmuls' weight gradients (and the
  * column-parallel biases') from what the input half kept. */
-static int block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
-                            const loco_gpt_layer_acts *la, const block_keep *k) {
+int loco__gpt_block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
+                               const loco_gpt_layer_acts *la, const loco__gpt_block_keep *k) {
     loco_gpt_block *g = &m->g.h[l];
     loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Fl);
     LOCO_CHECK(
@@ -738,16 +531,16 @@ static int block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
 }
 
 /* Block l's whole backward: both halves at once, keeping in scratch. */
-static int block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
-                     int B, int T) {
-    const block_keep k = {m->s.dkeep3, m->s.dfch, m->s.dkeep2, m->s.dqkv};
-    LOCO_CHECK(block_bwd_input(m, d, l, la, B, T, &k));
-    return block_bwd_weight(m, d, l, la, &k);
+int loco__gpt_block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                        int B, int T) {
+    const loco__gpt_block_keep k = {m->s.dkeep3, m->s.dfch, m->s.dkeep2, m->s.dqkv};
+    LOCO_CHECK(loco__gpt_block_bwd_input(m, d, l, la, B, T, &k));
+    return loco__gpt_block_bwd_weight(m, d, l, la, &k);
 }
 
 /* ln_f over this rank's rows of the last block's output, gathered over tp
  * under sp, then the tied head: a.logits (N, Vl). */
-static int head_fwd(loco_gpt *m, const loco__gpt_shape *d) {
+int loco__gpt_head_fwd(loco_gpt *m, const loco__gpt_shape *d) {
     loco_gpt_acts *a = &m->a;
     const int L = m->cfg.n_layer, C = d->C;
     /* Under sp this rank's rows of ln_f land in place in the whole (N, C)
@@ -764,7 +557,7 @@ static int head_fwd(loco_gpt *m, const loco__gpt_shape *d) {
 /* The head's input half, from the logits' gradient in a.logits: the
  * gradient of ln_f's input into s.dres (this rank's rows), ln_f's own
  * gradients (summed over tp under sp). */
-static int head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
+int loco__gpt_head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
     loco_gpt_acts *a = &m->a;
     loco_gpt_scratch *s = &m->s;
     const int L = m->cfg.n_layer, C = d->C, N = (int)d->N;
@@ -795,7 +588,7 @@ static int head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
 }
 
 /* The head's weight half: the tied wte's gradient from the logits'. */
-static void head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d) {
+void loco__gpt_head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d) {
     loco_matmul_bwd(NULL, m->g.wte, NULL, m->a.logits, m->a.lnf, NULL, (int)d->N, d->C, d->Vl,
                     true);
 }
@@ -805,7 +598,7 @@ static int check_batch(const loco_gpt *m, const int32_t *inputs, int B, int T) {
     if (m->staged)
         return LOCO_ERR(LOCO_EINVAL, "a pipeline stage runs its chunks one by one "
                                      "(loco_gpt_chunk_forward / _backward_input / _weight)");
-    return check_tokens(m, inputs, B, T);
+    return loco__gpt_check_tokens(m, inputs, B, T);
 }
 
 /* Forward through the blocks and the final LayerNorm and head: a.logits. */
@@ -817,16 +610,16 @@ static int forward_body(loco_gpt *m, const int32_t *inputs, int B, int T) {
     LOCO_CHECK(loco__gpt_embed_fwd(m, &d, inputs, B, T));
     for (int l = 0; l < L; l++) {
         LOCO_CHECK(acquire(m, l + 1, false));
-        LOCO_CHECK(block_fwd(m, &d, l, &a->layer[l], B, T));
+        LOCO_CHECK(loco__gpt_block_fwd(m, &d, l, &a->layer[l], B, T));
         LOCO_CHECK(release(m, l + 1, false));
     }
     LOCO_CHECK(acquire(m, L + 1, false));
-    LOCO_CHECK(head_fwd(m, &d));
+    LOCO_CHECK(loco__gpt_head_fwd(m, &d));
     LOCO_CHECK(release(m, L + 1, false));
     return release(m, 0, false);
 }
 
-static float mean_of(const float *x, int n) {
+float loco__gpt_mean_of(const float *x, int n) {
     double s = 0;
     for (int i = 0; i < n; i++)
         s += x[i];
@@ -840,7 +633,7 @@ int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets,
     if (targets) {
         LOCO_CHECK(loco__gpt_cross_entropy(m, targets, B * T, false, 0.f));
         if (mean_loss)
-            *mean_loss = mean_of(m->a.losses, B * T);
+            *mean_loss = loco__gpt_mean_of(m->a.losses, B * T);
     }
     return 0;
 }
@@ -858,130 +651,26 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
     LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
     if (mean_loss)
-        *mean_loss = mean_of(a->losses, N);
+        *mean_loss = loco__gpt_mean_of(a->losses, N);
 
     /* The tied head: d(ln_f output) over all rows, summed over tp. */
     LOCO_CHECK(acquire(m, 0, true));
     LOCO_CHECK(acquire(m, L + 1, true));
-    LOCO_CHECK(head_bwd_input(m, &d));
-    head_bwd_weight(m, &d);
+    LOCO_CHECK(loco__gpt_head_bwd_input(m, &d));
+    loco__gpt_head_bwd_weight(m, &d);
     LOCO_CHECK(release(m, L + 1, true));
     LOCO_CHECK(grads_ready(m, L + 1));
     for (int l = L - 1; l >= 0; l--) {
         LOCO_CHECK(acquire(m, l + 1, true));
-        if (full_recompute(m, l)) /* only the block's input was kept */
-            LOCO_CHECK(block_fwd(m, &d, l, &a->layer[l], B, T));
-        LOCO_CHECK(block_bwd(m, &d, l, &a->layer[l], B, T));
+        if (loco__gpt_full_recompute(m, l)) /* only the block's input was kept */
+            LOCO_CHECK(loco__gpt_block_fwd(m, &d, l, &a->layer[l], B, T));
+        LOCO_CHECK(loco__gpt_block_bwd(m, &d, l, &a->layer[l], B, T));
         LOCO_CHECK(release(m, l + 1, true));
         LOCO_CHECK(grads_ready(m, l + 1));
     }
     LOCO_CHECK(loco__gpt_embed_bwd(m, &d, inputs, B, T));
     LOCO_CHECK(release(m, 0, true));
     return grads_ready(m, 0);
-}
-
-/* ------------------------------------------------------- pipeline stages */
-
-/* Makes slot's activations current for a pass of chunk. */
-static int use_slot(loco_gpt *m, int slot, int chunk, int B, int T) {
-    if (!m->staged)
-        return LOCO_ERR(LOCO_EINVAL,
-                        "chunk passes need a pipeline stage (loco_gpt_parallel.stage)");
-    if (slot < 0 || slot >= m->stage.slots || chunk < 0 || chunk >= m->stage.n)
-        return LOCO_ERR(LOCO_EINVAL, "slot %d of %d, chunk %d of %d", slot, m->stage.slots, chunk,
-                        m->stage.n);
-    LOCO_CHECK(check_capacity(m, B, T));
-    m->a = m->slot_acts[slot];
-    m->pass_first = m->stage.first[chunk];
-    return 0;
-}
-
-/* The W buffers a stage keeps for block l in the current slot. */
-static block_keep slot_keep(const loco_gpt *m, int l) {
-    const loco_gpt_layer_acts *la = &m->a.layer[l];
-    return (block_keep){la->keep_out, la->keep_fch, la->keep_mid, la->keep_qkv};
-}
-
-int loco_gpt_chunk_forward(loco_gpt *m, int slot, int chunk, const int32_t *inputs,
-                           const int32_t *targets, int B, int T, const float *in, float *out,
-                           float loss_scale, float *loss) {
-    LOCO_CHECK(use_slot(m, slot, chunk, B, T));
-    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
-    const int first = m->stage.first[chunk], end = m->stage.end[chunk], L = m->cfg.n_layer;
-    const size_t rows = d.R * (size_t)d.C;
-    if (first == 0) {
-        LOCO_CHECK(check_tokens(m, inputs, B, T));
-        LOCO_CHECK(loco__gpt_embed_fwd(m, &d, inputs, B, T));
-    } else {
-        if (!in)
-            return LOCO_ERR(LOCO_EINVAL, "chunk %d starts at block %d: it needs its input", chunk,
-                            first);
-        memcpy(m->a.encoded, in, rows * sizeof(float));
-    }
-    for (int l = first; l < end; l++)
-        LOCO_CHECK(block_fwd(m, &d, l, &m->a.layer[l], B, T));
-    if (end < L) {
-        memcpy(out, m->a.layer[end - 1].res3, rows * sizeof(float));
-        return 0;
-    }
-    const int N = B * T;
-    for (int i = 0; i < N; i++)
-        if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
-            return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
-    LOCO_CHECK(head_fwd(m, &d));
-    /* The loss and, in place, its gradient: the backward starts from it. */
-    LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
-    if (loss)
-        *loss = mean_of(m->a.losses, N);
-    return 0;
-}
-
-int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_t *inputs, int B,
-                                  int T, const float *dout, float *din) {
-    LOCO_CHECK(use_slot(m, slot, chunk, B, T));
-    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
-    const int first = m->stage.first[chunk], end = m->stage.end[chunk];
-    const size_t rows = d.R * (size_t)d.C;
-    if (end == m->cfg.n_layer) {
-        LOCO_CHECK(head_bwd_input(m, &d));
-    } else {
-        if (!dout)
-            return LOCO_ERR(LOCO_EINVAL,
-                            "chunk %d ends at block %d: it needs its output's "
-                            "gradient",
-                            chunk, end);
-        memcpy(m->s.dres, dout, rows * sizeof(float));
-    }
-    for (int l = end - 1; l >= first; l--) {
-        const loco_gpt_layer_acts *la = &m->a.layer[l];
-        if (full_recompute(m, l)) {
-            /* The rerun block lives in the shared buffers, which the next
-             * block's rerun overwrites: its weight half runs now. */
-            LOCO_CHECK(block_fwd(m, &d, l, la, B, T));
-            LOCO_CHECK(block_bwd(m, &d, l, la, B, T));
-        } else {
-            const block_keep k = slot_keep(m, l);
-            LOCO_CHECK(block_bwd_input(m, &d, l, la, B, T, &k));
-        }
-    }
-    if (first == 0)
-        return loco__gpt_embed_bwd(m, &d, inputs, B, T);
-    memcpy(din, m->s.dres, rows * sizeof(float));
-    return 0;
-}
-
-int loco_gpt_chunk_backward_weight(loco_gpt *m, int slot, int chunk, int B, int T) {
-    LOCO_CHECK(use_slot(m, slot, chunk, B, T));
-    const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
-    const int first = m->stage.first[chunk], end = m->stage.end[chunk];
-    if (end == m->cfg.n_layer)
-        head_bwd_weight(m, &d);
-    for (int l = end - 1; l >= first; l--)
-        if (!full_recompute(m, l)) {
-            const block_keep k = slot_keep(m, l);
-            LOCO_CHECK(block_bwd_weight(m, &d, l, &m->a.layer[l], &k));
-        }
-    return 0;
 }
 
 double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {

@@ -64,4 +64,46 @@ int loco__gpt_embed_bwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *in
 int loco__gpt_cross_entropy(loco_gpt *m, const int32_t *targets, int N, bool backward,
                             float dscale);
 
+/* What a block's weight half needs from its input half: the gradients
+ * of its four matmuls' outputs (the row-parallel ones over all rows). */
+typedef struct {
+    float *d_out; /* (N, C) of mlp.c_proj's output: the block output's */
+    float *d_fch; /* (N, Fl) of c_fc's output */
+    float *d_mid; /* (N, C) of attn.c_proj's output */
+    float *d_qkv; /* (N, 3Cl) of c_attn's output */
+} loco__gpt_block_keep;
+
+/* The unit of tensor t in a (whole or stage) table: 0 for wte and wpe,
+ * l + 1 for block l, L + 1 for ln_f and a wte that follows it. */
+int loco__gpt_unit_of(const loco_tensor *t, int L, bool after_lnf);
+/* Whether block l reruns its forward in its backward (full recompute). */
+bool loco__gpt_full_recompute(const loco_gpt *m, int l);
+/* A pass of a B x T batch: activations held, within capacity, rows split
+ * under sp; with tokens, every token in the vocabulary. */
+int loco__gpt_check_capacity(const loco_gpt *m, int B, int T);
+int loco__gpt_check_tokens(const loco_gpt *m, const int32_t *inputs, int B, int T);
+/* Block l's forward; its backward's input half (B: s.dres in, the input's
+ * gradient out, what W needs into k), weight half (W) and both at once. */
+int loco__gpt_block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                        int B, int T);
+int loco__gpt_block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
+                              const loco_gpt_layer_acts *la, int B, int T,
+                              const loco__gpt_block_keep *k);
+int loco__gpt_block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
+                               const loco_gpt_layer_acts *la, const loco__gpt_block_keep *k);
+int loco__gpt_block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                        int B, int T);
+/* ln_f and the tied head: forward to a.logits; the input half (ln_f's
+ * input gradient into s.dres, ln_f's own gradients); the weight half
+ * (wte's gradient from the logits'). */
+int loco__gpt_head_fwd(loco_gpt *m, const loco__gpt_shape *d);
+int loco__gpt_head_bwd_input(loco_gpt *m, const loco__gpt_shape *d);
+void loco__gpt_head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d);
+/* Carves the activation slab (inner/model_acts.c): with base NULL only
+ * counts; returns floats; sets block_act_bytes and, with a base, points
+ * every slot's and the scratch's buffers into it. */
+size_t loco__gpt_carve_acts(loco_gpt *m, float *base);
+/* Mean of n floats, summed in double. */
+float loco__gpt_mean_of(const float *x, int n);
+
 #endif /* LOCO_MODEL_INTERNAL_H */

@@ -1,0 +1,151 @@
+/* The activation slab of the model: per block (and per pipeline slot),
+ * shared recompute buffers and backward scratch, and the formula of what a
+ * block keeps (docs/PERFORMANCE.md). */
+#include "inner/model_internal.h"
+
+/* Whether the model holds block l (0-based). */
+static bool holds_block(const loco_gpt *m, int l) {
+    return m->unit_t1[l + 1] > m->unit_t0[l + 1];
+}
+
+/* Carves one block's forward activations (res3 apart; att only with
+ * `att`) from base + off; returns the new offset. base NULL: counts. */
+static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
+                          const loco__gpt_shape *d, size_t B, size_t T, bool att) {
+    const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
+#define CARVE(field, count)                                                                        \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = base + off;                                                                    \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
+    } while (0)
+    CARVE(la->ln1, R * C);
+    CARVE(la->ln1_mean, R);
+    CARVE(la->ln1_rstd, R);
+    CARVE(la->qkv, N * 3 * Cl);
+    CARVE(la->atty, N * Cl);
+    if (att)
+        CARVE(la->att, B * (size_t)d->NHl * T * T);
+    CARVE(la->attproj, R * C);
+    CARVE(la->res2, R * C);
+    CARVE(la->ln2, R * C);
+    CARVE(la->ln2_mean, R);
+    CARVE(la->ln2_rstd, R);
+    CARVE(la->fch, N * Fl);
+    CARVE(la->fch_gelu, N * Fl);
+    CARVE(la->fcproj, R * C);
+#undef CARVE
+    return off;
+}
+
+/* Carves the activation slab; with base NULL only counts. Returns floats.
+ * Per-block buffers are sized by the capacity B x T, so a smaller batch
+ * (eval, sampling) uses the same slab. A pipeline stage has one set of
+ * its blocks' activations (and the head's) per slot, with what the weight
+ * half of a split backward keeps; the recompute and scratch buffers are
+ * shared by all slots. */
+size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
+    const size_t L = (size_t)m->cfg.n_layer;
+    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
+    const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
+    const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = B * (size_t)d.NHl * T * T;
+    const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE;
+    const int slots = m->staged ? m->stage.slots : 1;
+    size_t off = 0;
+#define CARVE(field, count)                                                                        \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = base + off;                                                                    \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
+    } while (0)
+    /* One block's worth of every activation: the shared block that full
+     * recompute reruns into, or the shared attention probabilities. */
+    loco_gpt_layer_acts shared = {0};
+    bool any_full = false;
+    for (size_t l = 0; l < L; l++)
+        any_full |= holds_block(m, (int)l) && loco__gpt_full_recompute(m, (int)l);
+    if (any_full || selective)
+        off = carve_block(&shared, base, off, &d, B, T, true);
+    size_t kept = 0; /* what the first block held keeps for its backward */
+    bool counted = false;
+    for (int k = 0; k < slots; k++) {
+        loco_gpt_acts scratch_acts = {0};
+        loco_gpt_acts *a = base ? &m->slot_acts[k] : &scratch_acts;
+        CARVE(a->encoded, R * C);
+        for (size_t l = 0; l < L; l++) {
+            if (!holds_block(m, (int)l))
+                continue;
+            loco_gpt_layer_acts *la = base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
+            const bool full = loco__gpt_full_recompute(m, (int)l);
+            const size_t before = off;
+            if (!full)
+                off = carve_block(la, base, off, &d, B, T, !selective);
+            CARVE(la->res3, R * C);
+            if (!counted) {
+                kept = (off - before) * sizeof(float);
+                counted = true;
+            }
+            if (m->staged && !full) { /* a recomputed block runs W at once */
+                CARVE(la->keep_out, N * C);
+                CARVE(la->keep_mid, N * C);
+                CARVE(la->keep_fch, N * Fl);
+                CARVE(la->keep_qkv, N * 3 * Cl);
+            }
+            if (base && full) {
+                float *res3 = la->res3;
+                *la = shared;
+                la->res3 = res3;
+            } else if (base && selective) {
+                la->att = shared.att;
+            }
+        }
+        if (m->head) {
+            CARVE(a->lnf, N * C);
+            CARVE(a->lnf_mean, R);
+            CARVE(a->lnf_rstd, R);
+            CARVE(a->logits, N * (size_t)d.Vl);
+            CARVE(a->losses, N);
+            CARVE(a->xent, 3 * N);
+        }
+    }
+    m->block_act_bytes = kept;
+    loco_gpt_scratch *s = &m->s;
+    CARVE(s->dres, R * C);
+    CARVE(s->dbtc, R * C);
+    if (d.t > 1)
+        CARVE(s->full, N * C);
+    if (d.sp) {
+        CARVE(s->gather, N * C);
+        CARVE(s->drep, (6 * C > T * C ? 6 * C : T * C));
+    }
+    CARVE(s->dkeep3, N * C);
+    CARVE(s->dkeep2, N * C);
+    CARVE(s->dqkv, N * 3 * Cl);
+    CARVE(s->datt, att);
+    CARVE(s->dfch, N * Fl);
+    CARVE(s->dfchg, N * Fl);
+    if (selective)
+        CARVE(s->atty, N * Cl);
+#undef CARVE
+    if (base)
+        m->a = m->slot_acts[0];
+    return off;
+}
+
+double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
+    /* Per token of the batch, in floats: the residual regions keep ln1, ln2
+     * (C each), their mean and rstd (2 + 2), attproj, res2, fcproj and res3
+     * (C each): 6C + 4, over t with sp. The tp slice keeps qkv (3C/t), atty
+     * (C/t), fch and its GELU (8C/t): 12C/t, and the attention
+     * probabilities NH*T/t. Selective drops the probabilities; full keeps
+     * only the block's output res3 (C, over t with sp). */
+    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
+    const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
+    const double rows = d.sp ? 1.0 / t : 1.0;
+    const double per_token =
+        mode == LOCO_RECOMPUTE_FULL
+            ? C * rows
+            : (6 * C + 4) * rows + 12 * C / t + (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
+    return 4.0 * per_token * (double)d.N;
+}
+
