@@ -1,5 +1,6 @@
 /* Internals of the GPT model shared by inner/model.c (tables, buffers,
- * passes) and inner/model_tp.c (tensor parallelism). Not for use outside
+ * passes), model_tp.c (tensor parallelism), model_stage.c (pipeline
+ * stages) and model_acts.c (the activation slab). Not for use outside
  * them. */
 #ifndef LOCO_MODEL_INTERNAL_H
 #define LOCO_MODEL_INTERNAL_H
