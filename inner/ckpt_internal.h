@@ -9,6 +9,23 @@
 
 #include "inner/inner.h"
 
+#define CKPT_FORMAT "loco-checkpoint"
+#define CKPT_VERSION 1
+#define MODEL_FILE "model.safetensors"
+#define OPTIM_FILE "optimizer.safetensors"
+#define STATE_FILE "state.json"
+
+/* The config sections a checkpoint's model hash covers. */
+extern const char *const loco__ckpt_model_sections[];
+
+/* Shared by writing (ckpt.c) and loading (ckpt_load.c): a file's XXH3; the
+ * AdamW moments' table (exp_avg.NAME then exp_avg_sq.NAME); a view of a
+ * whole model and optimizer; Hugging Face's config.json. */
+int loco__ckpt_file_hash(const char *path, uint64_t *h);
+int loco__ckpt_moments_table(loco_ttable *both, const loco_ttable *tt);
+loco_ckpt_view loco__ckpt_model_view(const loco_gpt *m, const loco_adamw *opt);
+int loco__ckpt_write_hf_config(const char *path, const loco_gpt_config *c);
+
 /* The single layout's files, verified and opened, and its tensors in the
  * order of a whole-model table: x[3 i + a] for a = 0 (parameters), 1
  * (exp_avg), 2 (exp_avg_sq; the moments only when asked for). */
