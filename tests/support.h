@@ -77,6 +77,15 @@ static inline void test_read_losses(const char *run_dir, double *loss, int steps
     fclose(f);
 }
 
+/* The losses got[from .. to] equal ref's within 1e-5 relative (the
+ * parallel tests' definition of "the same curve"); `what` names the run. */
+static inline void test_expect_losses(const double *got, const double *ref, int from, int to,
+                                      const char *what) {
+    for (int s = from; s <= to; s++)
+        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
+                  "%s, step %d: loss %.9g, one rank %.9g", what, s, got[s], ref[s]);
+}
+
 /* How far two Hugging Face layout model files (DIR/model.safetensors:
  * exported or single-rank checkpoints of the model mc) are apart:
  * *l2 = ||a - b|| / ||b|| over every parameter, *worst = max |a - b| /

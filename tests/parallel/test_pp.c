@@ -70,10 +70,9 @@ static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
     test_read_losses(run_dir, got, STEPS);
-    for (int s = 1; s <= STEPS; s++)
-        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
-                  "%s p=%d v=%d m=%d dp=%d tp=%d step %d: loss %.9g, one rank %.9g", schedule, p, v,
-                  m, dp, tp, s, got[s], ref[s]);
+    char what[128];
+    snprintf(what, sizeof what, "%s p=%d v=%d m=%d dp=%d tp=%d", schedule, p, v, m, dp, tp);
+    test_expect_losses(got, ref, 1, STEPS, what);
     rc = test_run(out, sizeof out, LOCO " ckpt export %s/pp/ckpt_%08d %s/export", dir, STEPS, dir);
     cr_assert_eq(rc, 0, "%s", out);
     char exp_dir[600], ref_ckpt[600];
@@ -179,9 +178,7 @@ static void check_recompute(const char *mode) {
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
     test_read_losses(run_dir, got, STEPS);
-    for (int s = 1; s <= STEPS; s++)
-        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]), "%s step %d: %.9g vs %.9g", mode, s,
-                  got[s], ref[s]);
+    test_expect_losses(got, ref, 1, STEPS, mode);
 }
 
 Test(pp, zbh1_with_selective_recompute) {
@@ -256,9 +253,6 @@ Test(pp, reshard_pp4_to_2_and_1_continues_the_curve) {
         test_read_losses(run_dir, got, STEPS);
         cr_expect(got[3] == 0 && got[4] != 0, "%s: the resumed run did not start at step 4",
                   runs[i]);
-        for (int s = 4; s <= STEPS; s++)
-            cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
-                      "%s after reshard, step %d: loss %.9g, one rank %.9g", runs[i], s, got[s],
-                      ref[s]);
+        test_expect_losses(got, ref, 4, STEPS, runs[i]);
     }
 }

@@ -84,10 +84,9 @@ static void check_mesh(int tp, int dp, int stage, bool sp, const char *recompute
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/tp", dir);
     test_read_losses(run_dir, got, STEPS);
-    for (int s = 1; s <= STEPS; s++)
-        cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
-                  "tp=%d dp=%d ZeRO-%d sp=%d %s step %d: loss %.9g, one rank %.9g", tp, dp, stage,
-                  sp, recompute, s, got[s], ref[s]);
+    char what[128];
+    snprintf(what, sizeof what, "tp=%d dp=%d ZeRO-%d sp=%d %s", tp, dp, stage, sp, recompute);
+    test_expect_losses(got, ref, 1, STEPS, what);
     /* The tp-sharded checkpoint, gathered to the Hugging Face layout,
      * holds the single rank's parameters. */
     rc = test_run(out, sizeof out, LOCO " ckpt export %s/tp/ckpt_%08d %s/export", dir, STEPS, dir);
@@ -217,10 +216,7 @@ Test(tp, reshard_tp2_to_1_and_4_continues_the_curve) {
         char run_dir[600];
         snprintf(run_dir, sizeof run_dir, "%s/%s", dir, runs[i]);
         test_read_losses(run_dir, got, STEPS);
-        for (int s = 5; s <= STEPS; s++)
-            cr_expect(fabs(got[s] - ref[s]) <= 1e-5 * fabs(ref[s]),
-                      "%s after reshard, step %d: loss %.9g, one rank %.9g", runs[i], s, got[s],
-                      ref[s]);
+        test_expect_losses(got, ref, 5, STEPS, runs[i]);
     }
 }
 
