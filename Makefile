@@ -107,12 +107,12 @@ $(BUILD)/tests/test_%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename
 # Checks that need several ranks: standalone programs that the Criterion
 # tests start under mpirun.
 MPI_CHECK := $(BUILD)/tests/mpi_comm_check
-$(MPI_CHECK): tests/mpi/mpi_comm_check.c inner/comm/comm.h $(LIB)
+$(MPI_CHECK): tests/mpi/mpi_comm_check.c tests/mpi/mpi_check.h inner/comm/comm.h $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -DLOCO_MPI_CHECK_MAIN $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 PP_CHECK := $(BUILD)/tests/pipeline_exec_check
-$(PP_CHECK): tests/mpi/pipeline_exec_check.c inner/parallel/parallel.h inner/comm/comm.h $(LIB)
+$(PP_CHECK): tests/mpi/pipeline_exec_check.c tests/mpi/mpi_check.h inner/parallel/parallel.h inner/comm/comm.h $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -DLOCO_PP_CHECK_MAIN $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)

@@ -13,6 +13,7 @@ struct loco__pp {
     loco_comm *pp;          /* the mesh's pp group (not owned) */
     loco_comm *tied;        /* the embedding and head ranks, when they differ */
     int tied_root;          /* rank of the embedding stage in `tied` */
+    const loco_tensor *wte; /* this stage's wte, when it is in `tied` */
     loco_pp_exec *exec;
     int B, T;
     int *slot_of;   /* (m * n_chunks) slot of a (mb, chunk) in flight, -1 */
@@ -125,6 +126,8 @@ int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, i
         LOCO_CHECK(loco_comm_split(pp->pp, member ? 0 : LOCO_COMM_COLOR_NONE, pp->rank == first ? 0 : 1,
                                    &pp->tied));
         pp->tied_root = 0;
+        if (member)
+            pp->wte = &model->tt.t[loco_ttable_find(&model->tt, "transformer.wte.weight")];
     }
     return 0;
 }
@@ -185,14 +188,6 @@ static int on_backward_weight(void *ctx, int mb, int chunk) {
 
 /* --------------------------------------------------------------- steps */
 
-/* The wte gradient or values of the stage's own copy. */
-static float *wte_of(loco_gpt *m, bool grads) {
-    const int i = loco_ttable_find(&m->tt, "transformer.wte.weight");
-    if (i < 0)
-        return NULL;
-    return (grads ? m->grads : m->params) + m->tt.t[i].offset;
-}
-
 int loco__pp_step(loco__pp *pp, const int32_t *inputs, const int32_t *targets, double *loss) {
     pp->inputs = inputs, pp->targets = targets;
     pp->loss_sum = 0;
@@ -204,11 +199,9 @@ int loco__pp_step(loco__pp *pp, const int32_t *inputs, const int32_t *targets, d
                                    .backward_input = on_backward_input,
                                    .backward_weight = on_backward_weight};
     LOCO_CHECK(loco_pp_execute(pp->exec, &ops, NULL));
-    if (pp->tied) {
-        const int i = loco_ttable_find(&pp->model->tt, "transformer.wte.weight");
-        LOCO_CHECK(loco_comm_allreduce(pp->tied, wte_of(pp->model, true),
-                                       pp->model->tt.t[i].numel, LOCO_DT_F32, LOCO_OP_SUM));
-    }
+    if (pp->tied)
+        LOCO_CHECK(loco_comm_allreduce(pp->tied, pp->model->grads + pp->wte->offset,
+                                       pp->wte->numel, LOCO_DT_F32, LOCO_OP_SUM));
     /* The loss is the last stage's; every stage reports it. */
     double sum = pp->loss_sum;
     LOCO_CHECK(loco_comm_allreduce(pp->pp, &sum, 1, LOCO_DT_F64, LOCO_OP_SUM));
@@ -257,7 +250,6 @@ int loco__pp_eval(loco__pp *pp, const int32_t *inputs, const int32_t *targets, d
 int loco__pp_sync_tied(loco__pp *pp) {
     if (!pp->tied)
         return 0;
-    const int i = loco_ttable_find(&pp->model->tt, "transformer.wte.weight");
-    return loco_comm_broadcast(pp->tied, wte_of(pp->model, false), pp->model->tt.t[i].numel,
+    return loco_comm_broadcast(pp->tied, pp->model->params + pp->wte->offset, pp->wte->numel,
                                LOCO_DT_F32, pp->tied_root);
 }

@@ -25,20 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long n_pass, n_fail;
-static int g_rank; /* in the world, for messages */
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "tests/mpi/mpi_check.h"
 
 /* A call that must succeed; the message names the call and loco's error. */
 #define CHECK_OK(call)                                                                             \

@@ -26,20 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long n_pass, n_fail;
-static int g_rank;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "tests/mpi/mpi_check.h"
 
 /* Message sizes: odd and small (eager), and 512 KB (rendezvous). */
 static const size_t msg_sizes[] = {7, 1 << 17};
