@@ -260,6 +260,9 @@ int loco_config_validate(const loco_config *cfg) {
         return LOCO_ERR(LOCO_EINVAL,
                         "model.n_embd (%lld) must be divisible by model.n_head (%lld)",
                         (long long)cfg->model.n_embd, (long long)cfg->model.n_head);
+    if (cfg->parallel.pp_layers[0] && cfg->parallel.pp < 2)
+        return LOCO_ERR(LOCO_EINVAL, "parallel.pp_layers = \"%s\" needs parallel.pp > 1",
+                        cfg->parallel.pp_layers);
     if (cfg->train.warmup_steps > cfg->train.steps && cfg->train.steps > 0)
         loco_warn("train.warmup_steps (%lld) exceeds train.steps (%lld)",
                   (long long)cfg->train.warmup_steps, (long long)cfg->train.steps);

@@ -57,6 +57,7 @@ LOCO_KEY_INT(parallel, pp, 1, 1, 65536, "pipeline stages (slowest-varying in ran
 LOCO_KEY_ENUM(parallel, pp_schedule, "1f1b", "gpipe|1f1b|interleaved|zb-h1|zbv|dualpipev", "pipeline schedule (docs/PIPELINE.md); interleaved needs virtual_stages >= 2, zbv and dualpipev virtual_stages = 2")
 LOCO_KEY_INT(parallel, microbatches, 0, 0, 65536, "micro-batches m per pipeline flush (0 = train.grad_accum: one flush per optimizer step)")
 LOCO_KEY_INT(parallel, virtual_stages, 1, 1, 64, "model chunks per pipeline rank (pp x virtual_stages chunks in all): 1; >= 2 for interleaved; 2 for zbv and dualpipev")
+LOCO_KEY_STR(parallel, pp_layers, "", "blocks of each pipeline chunk in model order, comma-separated: pp x virtual_stages counts >= 1 summing to model.n_layer (empty = equal chunks)")
 LOCO_KEY_INT(parallel, cp, 1, 1, 65536, "context-parallel ranks")
 LOCO_KEY_INT(parallel, ep, 1, 1, 65536, "expert-parallel ranks")
 LOCO_KEY_INT(parallel, zero_stage, 0, 0, 3, "0 DDP, 1 shard optimizer state, 2 and gradients, 3 and parameters")

@@ -172,7 +172,8 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         loco_log_set_level(LOCO_LOG_WARN);
     loco_gpt_config mc = loco_gpt_config_from(cfg);
     mc.tp = (int)cfg->parallel.tp;
-    unsigned flags = loco_zero_model_flags((int)cfg->parallel.zero_stage);
+    /* A pipeline stage keeps whole buffers at every ZeRO stage. */
+    unsigned flags = cfg->parallel.pp > 1 ? 0 : loco_zero_model_flags((int)cfg->parallel.zero_stage);
     if (on_device(t))
         flags |= LOCO_GPT_NO_ACTS; /* the passes run on the device */
     loco_gpt_parallel par = {
@@ -207,7 +208,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     if (t->pp) {
-        LOCO_CHECK_GOTO(loco__pp_bind(t->pp, &t->model, &t->mesh, t->B, t->T), out_fail);
+        LOCO_CHECK_GOTO(loco__pp_bind(t->pp, &t->model, &t->mesh, t->B, t->T, t->zero), out_fail);
         loco_zero_set_pipeline(t->zero, t->mesh.group[LOCO_DIM_PP]);
         t->mb_inputs = loco_alloc((size_t)accum * t->B * t->T * sizeof(int32_t));
         t->mb_targets = loco_alloc((size_t)accum * t->B * t->T * sizeof(int32_t));

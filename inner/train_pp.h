@@ -20,9 +20,12 @@ int loco__pp_plan(loco__pp **out, const loco_config *cfg, const loco_mesh *mesh,
                   loco_gpt_stage *stage);
 /* Every pp rank's stage (p entries), for checkpoints. */
 const loco_gpt_stage *loco__pp_stages(const loco__pp *pp);
-/* After the stage's model is made: the executor (messages of one
- * micro-batch's activation rows) and the tied-embedding group. */
-int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, int T);
+/* After the stage's model and its ZeRO are made: the executor (messages of
+ * one micro-batch's activation rows), the tied-embedding group, and the
+ * chunks' flat ranges, which the step reports to zero as their gradients
+ * become final (and, at stage 3, gathers before their first forward). */
+int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, int T,
+                  loco_zero *zero);
 void loco__pp_destroy(loco__pp *pp); /* accepts NULL */
 /* One step's forwards and backwards of m micro-batches (inputs and
  * targets: m x B x T) through the schedule, gradients added to the

@@ -69,9 +69,28 @@ void loco_zero_memory(const loco_zero *z, loco_mem_report *r);
 int loco_zero_sync_params(loco_zero *z);
 /* Pipeline parallelism: the global gradient norm also sums over pp (the
  * stages' parts; a head stage's copy of wte is not counted). pp is not
- * owned. A stage's model reduces its gradients over dp in loco_zero_step
- * (its passes call no hooks); ZeRO-2/3 over a stage are refused. */
+ * owned. A stage's chunk passes call no hooks: the pipeline reports ranges
+ * instead (below), and a stage's model keeps its whole parameter and
+ * gradient buffers at every ZeRO stage, as micro-batches interleave
+ * through the step (docs/DECISIONS.md, "ZeRO over a pipeline stage"). */
 void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp);
+/* Pipeline: the gradients of flat range [lo, hi) are final for this step:
+ * their reduction over dp starts at once, without blocking (all-reduce at
+ * stages 0-1, reduce-scatter into the owned shard at 2-3), and overlaps
+ * the rest of the schedule. Every dp rank reports the same ranges in the
+ * same order; loco_zero_step checks that the ranges covered the stage. */
+int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi);
+/* Pipeline, stage 3: starts gathering [lo, hi) of the parameters (the
+ * owned shards) into the model's buffer, if they are stale; then
+ * loco_zero_params_wait(z, lo, hi) before a pass reads them. Ranges are
+ * the ones started; other stages: no-ops. */
+int loco_zero_params_prefetch(loco_zero *z, size_t lo, size_t hi);
+int loco_zero_params_wait(loco_zero *z, size_t lo, size_t hi);
+/* Pipeline, stage 3: the whole buffer gathered (blocking; for evaluation
+ * and the tied embeddings), and the buffer's owned range taken back into
+ * the shard after the caller rewrote the buffer. No-ops otherwise. */
+int loco_zero_gather_params(loco_zero *z);
+void loco_zero_adopt_params(loco_zero *z);
 /* Tensor parallelism: every tp rank takes tp rank 0's values of the
  * replicated tensors (LayerNorms, wpe, row-parallel biases) in its owned
  * range. Collective over the model's tp group; nothing without tp. */

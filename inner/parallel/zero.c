@@ -12,7 +12,13 @@
  * Stage 3: as 2, and parameters are sharded too: a block's parameters are
  * all-gathered into one of two slots before the pass uses them, with the
  * next block's gather started at once (prefetch); the embeddings and ln_f
- * stay gathered for the whole step (the tied head needs wte at both ends). */
+ * stay gathered for the whole step (the tied head needs wte at both ends).
+ *
+ * A pipeline stage's model keeps whole buffers (micro-batches interleave
+ * through the step) and reports ranges instead of calling hooks: each
+ * chunk's gradients are reduced as soon as its last backward ends, while
+ * the rest of the pipeline drains; at stage 3 the owned shards are
+ * gathered chunk by chunk when the next step first needs them. */
 #include "inner/parallel/parallel.h"
 #include "kernels/kernels.h"
 
@@ -20,6 +26,7 @@
 #include <string.h>
 
 #define MAX_BUCKETS 4096
+#define MAX_GATHERS (2 * LOCO_GPT_MAX_CHUNKS + 2)
 
 /* A unit's buffers at stages 2-3: gradients, reduce-scatter staging and,
  * at stage 3, gathered parameters. */
@@ -56,6 +63,13 @@ struct loco_zero {
     float *rep_buf;  /* tp: the replicated pieces of the owned range */
     size_t n_rep;
     loco_comm *pp;   /* pipeline group: the gradient norm sums over it (not owned) */
+    size_t ready_elems; /* pipeline: gradients reported final this step */
+    bool stale;      /* pipeline, stage 3: the model's buffer is behind the shards */
+    struct {
+        size_t lo, hi;
+        loco_comm_req *req;
+    } gathers[MAX_GATHERS]; /* pipeline, stage 3: this step's, in flight or done */
+    int n_gathers;
 };
 
 void loco_zero_owned(size_t total, int r, int n, size_t *lo, size_t *hi) {
@@ -369,16 +383,11 @@ int loco_zero_sync_replicas(loco_zero *z) {
 int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_config *cfg) {
     *out = NULL;
     const int stage = (int)cfg->parallel.zero_stage;
-    if (m->staged && stage >= 2)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.zero_stage = %d with pipeline parallelism is not built yet "
-                        "(stages 0 and 1 are)",
-                        stage);
-    unsigned flags = loco_zero_model_flags(stage);
+    unsigned flags = m->staged ? 0 : loco_zero_model_flags(stage);
     if (((flags & LOCO_GPT_NO_PARAMS) != 0) != (m->params == NULL) ||
         ((flags & LOCO_GPT_NO_GRADS) != 0) != (m->grads == NULL))
-        return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d",
-                        stage);
+        return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d%s",
+                        stage, m->staged ? " over a pipeline stage (whole buffers)" : "");
     loco_zero *z = loco_alloc(sizeof *z);
     if (!z)
         return LOCO_ERR(LOCO_ENOMEM, "ZeRO state");
@@ -413,6 +422,9 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
             rc = LOCO_ERR(LOCO_ENOMEM, "ZeRO shards of %zu elements", own);
             goto out_fail;
         }
+        z->stale = stage >= 3;
+    }
+    if (stage >= 2 && !m->staged) {
         const int L = m->cfg.n_layer;
         size_t a, b, e0, e1, b0, b1;
         loco_gpt_unit_range(m, 0, &e0, &e1);
@@ -437,8 +449,10 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
             goto out_fail;
         }
     }
-    loco_gpt_hooks h = {.ctx = z, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
-    loco_gpt_set_hooks(m, &h);
+    if (!m->staged) {
+        loco_gpt_hooks h = {.ctx = z, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
+        loco_gpt_set_hooks(m, &h);
+    }
     *out = z;
     return 0;
 out_fail:
@@ -461,12 +475,109 @@ static void invalidate_slots(loco_zero *z) {
 
 void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp) { z->pp = pp; }
 
+/* ------------------------------------------------- over a pipeline stage */
+
+int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi) {
+    if (!z->m->staged || lo > hi || hi > z->P)
+        return LOCO_ERR(LOCO_EINVAL, "gradients of [%zu, %zu) reported final: %s", lo, hi,
+                        z->m->staged ? "outside the stage's parameters"
+                                     : "ranges are for a pipeline stage's model");
+    z->ready_elems += hi - lo;
+    if (lo == hi)
+        return 0;
+    float *g = z->m->grads + lo;
+    if (z->stage < 2) {
+        if (z->n == 1)
+            return 0;
+        if (z->n_buckets == MAX_BUCKETS)
+            return LOCO_ERR(LOCO_EINVAL, "more than %d gradient ranges in flight", MAX_BUCKETS);
+        return loco_comm_iallreduce(z->dp, g, hi - lo, LOCO_DT_F32, LOCO_OP_AVG,
+                                    &z->buckets[z->n_buckets++]);
+    }
+    /* Reduce-scatter: this rank's part of the range lands in its shard. */
+    split_counts(z, lo, hi);
+    const size_t mine = lo > z->lo ? lo : z->lo;
+    float *dst = z->gshard + (z->counts[z->rank] ? mine - z->lo : 0);
+    if (z->n == 1) {
+        memcpy(dst, g, (hi - lo) * sizeof(float));
+        return 0;
+    }
+    if (z->n_buckets == MAX_BUCKETS)
+        return LOCO_ERR(LOCO_EINVAL, "more than %d gradient ranges in flight", MAX_BUCKETS);
+    return loco_comm_ireduce_scatter(z->dp, g, dst, z->counts, LOCO_DT_F32, LOCO_OP_AVG,
+                                     &z->buckets[z->n_buckets++]);
+}
+
+static int start_range_gather(loco_zero *z, size_t lo, size_t hi, loco_comm_req **req) {
+    split_counts(z, lo, hi);
+    const size_t mine = lo > z->lo ? lo : z->lo;
+    const float *src = z->pshard + (z->counts[z->rank] ? mine - z->lo : 0);
+    return loco_comm_iallgather(z->dp, src, z->m->params + lo, z->counts, LOCO_DT_F32, req);
+}
+
+int loco_zero_params_prefetch(loco_zero *z, size_t lo, size_t hi) {
+    if (!z->m->staged || z->stage < 3 || !z->stale)
+        return 0;
+    if (z->n_gathers == MAX_GATHERS || lo >= hi || hi > z->P)
+        return LOCO_ERR(LOCO_EINVAL, "parameter range [%zu, %zu) of %zu, %d gathers in flight",
+                        lo, hi, z->P, z->n_gathers);
+    const int i = z->n_gathers++;
+    z->gathers[i].lo = lo, z->gathers[i].hi = hi;
+    return start_range_gather(z, lo, hi, &z->gathers[i].req);
+}
+
+int loco_zero_params_wait(loco_zero *z, size_t lo, size_t hi) {
+    if (!z->m->staged || z->stage < 3 || !z->stale)
+        return 0;
+    for (int i = 0; i < z->n_gathers; i++)
+        if (z->gathers[i].lo == lo && z->gathers[i].hi == hi) {
+            int rc = loco_comm_wait(z->gathers[i].req);
+            z->gathers[i].req = NULL;
+            return rc;
+        }
+    return LOCO_ERR(LOCO_EINVAL, "parameters [%zu, %zu) were not prefetched this step", lo, hi);
+}
+
+/* The step's gathers complete; the next step's buffer is stale again. */
+static int wait_gathers(loco_zero *z) {
+    int rc = 0;
+    for (int i = 0; i < z->n_gathers; i++) {
+        int r = loco_comm_wait(z->gathers[i].req);
+        z->gathers[i].req = NULL;
+        rc = rc ? rc : r;
+    }
+    z->n_gathers = 0;
+    return rc;
+}
+
+int loco_zero_gather_params(loco_zero *z) {
+    if (!z->m->staged || z->stage < 3 || !z->stale)
+        return 0;
+    LOCO_CHECK(wait_gathers(z));
+    loco_comm_req *req;
+    LOCO_CHECK(start_range_gather(z, 0, z->P, &req));
+    LOCO_CHECK(loco_comm_wait(req));
+    z->stale = false;
+    return 0;
+}
+
+void loco_zero_adopt_params(loco_zero *z) {
+    if (z->m->staged && z->stage >= 3)
+        memcpy(z->pshard, z->m->params + z->lo, (z->hi - z->lo) * sizeof(float));
+}
+
 int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     loco_gpt *m = z->m;
-    /* A pipeline stage's passes call no hooks: its gradients are averaged
-     * over dp here, at once. */
-    if (m->staged && z->n > 1)
-        LOCO_CHECK(loco_comm_allreduce(z->dp, m->grads, z->P, LOCO_DT_F32, LOCO_OP_AVG));
+    if (m->staged) {
+        LOCO_CHECK(wait_gathers(z));
+        const size_t ready = z->ready_elems;
+        z->ready_elems = 0;
+        if (ready != z->P)
+            return LOCO_ERR(LOCO_EINVAL,
+                            "ZeRO over a pipeline stage: gradients of %zu of %zu parameters "
+                            "were reported final this step",
+                            ready, z->P);
+    }
     /* Everything still in flight lands first. */
     LOCO_CHECK(launch_bucket(z));
     int rc = loco_comm_waitall(z->buckets, z->n_buckets);
@@ -502,6 +613,7 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
         return 0; /* the caller reports divergence; leave parameters alone */
     float *params = z->stage >= 3 ? z->pshard : m->params + ulo;
     loco_adamw_step_range(&z->opt, &m->tt, params, grads, ulo, uhi, lr);
+    z->stale = m->staged && z->stage >= 3;
     if (z->stage >= 1)
         LOCO_CHECK(loco_zero_sync_params(z));
     return 0;
@@ -510,6 +622,7 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
 int loco_zero_sync_params(loco_zero *z) {
     if (z->stage >= 3) {
         invalidate_slots(z);
+        z->stale = z->m->staged;
         return 0;
     }
     if (z->n == 1)
@@ -526,6 +639,12 @@ void loco_zero_memory(const loco_zero *z, loco_mem_report *r) {
     r->grads = z->stage >= 2 ? (z->hi - z->lo) * f : z->P * f;
     r->optim = 2 * (z->opt_hi - z->opt_lo) * f;
     r->gathered = z->gathered_bytes;
+    if (z->m->staged) { /* whole buffers, held through the step */
+        if (z->stage >= 3)
+            r->gathered += z->P * f;
+        if (z->stage >= 2)
+            r->gathered += z->P * f;
+    }
     r->activations = z->m->act_bytes;
 }
 

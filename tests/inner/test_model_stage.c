@@ -217,10 +217,20 @@ Test(model_stage, what_cannot_be_built_is_refused) {
               loco_errmsg());
     cr_expect_eq(loco_gpt_chunk_forward(&m, 1, 0, inputs[0], NULL, Bm, Tm, NULL, NULL, 0, NULL),
                  LOCO_EINVAL, "slot 1 of 1");
+    /* ZeRO over a stage: the step needs every range reported final. */
     loco_config c;
     loco_config_defaults(&c);
-    c.parallel.zero_stage = 2; /* ZeRO-2/3 over a stage: not built */
+    c.parallel.zero_stage = 2;
+    loco_comm *self;
+    cr_assert_eq(loco_comm_world(&self, "self"), 0);
     loco_zero *z = NULL;
-    cr_expect_eq(loco_zero_create(&z, &m, NULL, &c), LOCO_ENOTSUP);
+    cr_assert_eq(loco_zero_create(&z, &m, self, &c), 0);
+    cr_expect_eq(loco_zero_grads_ready(z, 0, m.n_params + 1), LOCO_EINVAL);
+    cr_expect_eq(loco_zero_grads_ready(z, 0, 10), 0);
+    double norm;
+    cr_expect_eq(loco_zero_step(z, 1e-3f, 1.0, &norm), LOCO_EINVAL);
+    cr_expect(strstr(loco_errmsg(), "gradients of 10 of"), "%s", loco_errmsg());
+    loco_zero_destroy(z);
+    loco_comm_destroy(self);
     loco_gpt_fini(&m);
 }

@@ -2,7 +2,7 @@
  * batch: for every schedule, p in {2, 4} and m in {4, 8} (v = 2 where the
  * schedule has virtual stages; dualpipev needs m >= 2p), the losses of 6
  * steps and the final parameters equal a single rank's within 1e-5
- * relative; a 3-D case (pp 2 x dp 2 x tp 2); recompute inside stages; a
+ * relative; a 3-D case (pp 2 x dp 2 x tp 2); ZeRO-2 and 3 over stages; recompute inside stages; a
  * checkpoint resharded from pp 4 to 2 and 1; clear errors for what cannot
  * be built. Runs build/loco. */
 #include "inner/inner.h"
@@ -52,7 +52,8 @@ static void reference(int m, double *loss) {
 }
 
 /* ranks = pp x dp x tp; the same global batch as the reference. */
-static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
+static void check_with(const char *schedule, int p, int v, int m, int dp, int tp, int zero,
+                       const char *extra) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
@@ -63,15 +64,16 @@ static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
                  MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL
                         " --set train.grad_accum=%d --set parallel.pp=%d"
                         " --set parallel.pp_schedule=%s --set parallel.virtual_stages=%d"
-                        " --set parallel.dp=%d --set parallel.tp=%d --set parallel.zero_stage=1"
-                        " --set run.dir=%s/pp",
-                 p * dp * tp, m, p, schedule, v, dp, tp, dir);
+                        " --set parallel.dp=%d --set parallel.tp=%d --set parallel.zero_stage=%d"
+                        " --set run.dir=%s/pp %s",
+                 p * dp * tp, m, p, schedule, v, dp, tp, zero, dir, extra);
     cr_assert_eq(rc, 0, "%s", out);
     char run_dir[600];
     snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
     test_read_losses(run_dir, got, STEPS);
-    char what[128];
-    snprintf(what, sizeof what, "%s p=%d v=%d m=%d dp=%d tp=%d", schedule, p, v, m, dp, tp);
+    char what[256];
+    snprintf(what, sizeof what, "%s p=%d v=%d m=%d dp=%d tp=%d zero=%d %s", schedule, p, v, m, dp,
+             tp, zero, extra);
     test_expect_losses(got, ref, 1, STEPS, what);
     rc = test_run(out, sizeof out, LOCO " ckpt export %s/pp/ckpt_%08d %s/export", dir, STEPS, dir);
     cr_assert_eq(rc, 0, "%s", out);
@@ -81,8 +83,15 @@ static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
     double l2, worst;
     test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
     cr_expect(l2 <= 1e-5 && worst <= 1e-4,
-              "%s p=%d m=%d: final parameters differ by %g (L2), %g (largest element)", schedule, p,
-              m, l2, worst);
+              "%s: final parameters differ by %g (L2), %g (largest element)", what, l2, worst);
+}
+
+static void check_zero(const char *schedule, int p, int v, int m, int dp, int tp, int zero) {
+    check_with(schedule, p, v, m, dp, tp, zero, "");
+}
+
+static void check(const char *schedule, int p, int v, int m, int dp, int tp) {
+    check_zero(schedule, p, v, m, dp, tp, 1);
 }
 
 TestSuite(pp, .init = setup, .fini = teardown, .timeout = 180);
@@ -160,6 +169,27 @@ Test(pp, three_d_pp2_dp2_tp2) {
     check("1f1b", 2, 1, 4, 2, 2);
 }
 
+/* ZeRO-2/3 over the stages: reduce-scatter of each chunk as it finishes;
+ * at 3 the shards gathered chunk by chunk. The tied wte across two stages
+ * (1f1b, interleaved) and inside one (zbv: rank 0 holds both ends). */
+Test(pp, zero2_1f1b_pp2_dp2) {
+    check_zero("1f1b", 2, 1, 4, 2, 1, 2);
+}
+Test(pp, zero3_interleaved_pp2_dp2) {
+    check_zero("interleaved", 2, 2, 4, 2, 1, 3);
+}
+Test(pp, zero3_zbv_pp2_dp2) {
+    check_zero("zbv", 2, 2, 4, 2, 1, 3);
+}
+
+/* Uneven chunks as parallel.pp_layers lists them. */
+Test(pp, uneven_pp_layers_1f1b) {
+    check_with("1f1b", 2, 1, 4, 1, 1, 1, "--set parallel.pp_layers=3,5");
+}
+Test(pp, uneven_pp_layers_interleaved) {
+    check_with("interleaved", 2, 2, 4, 1, 1, 1, "--set parallel.pp_layers=1,3,2,2");
+}
+
 /* Recompute inside a stage: full recompute runs a block's weight half
  * inside its input half; selective recomputes the attention core in B. */
 static void check_recompute(const char *mode) {
@@ -209,14 +239,30 @@ Test(pp, what_cannot_be_built_is_refused_clearly) {
                   dir);
     cr_expect_neq(rc, 0);
     cr_expect(strstr(out, "needs m >= 2p") != NULL, "%s", out);
-    /* ZeRO-2 over a stage */
+    /* parallel.pp_layers that do not make the chunks */
+    static const char *const bad[][2] = {
+        {"3,4", "2 chunks of 7 blocks in all, but parallel.pp x virtual_stages = 2 chunks of "
+                "model.n_layer = 8 blocks"},
+        {"3,x", "entry 2 is not a block count >= 1"},
+        {"2,2,4", "lists more than parallel.pp x virtual_stages = 2 chunks"},
+        {"0,8", "entry 1 is not a block count >= 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rc = test_run(out, sizeof out,
+                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                             " --set train.grad_accum=4 --set parallel.pp=2"
+                             " --set parallel.pp_layers=%s --set run.dir=%s/x",
+                      bad[i][0], dir);
+        cr_expect_neq(rc, 0);
+        cr_expect(strstr(out, bad[i][1]) != NULL, "pp_layers=%s: %s", bad[i][0], out);
+    }
+    /* ... or come without a pipeline */
     rc = test_run(out, sizeof out,
-                  MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
-                         " --set train.grad_accum=4 --set parallel.pp=2 --set parallel.zero_stage=2"
-                         " --set run.dir=%s/x",
+                  LOCO " train configs/tiny.ini" SMALL " --set parallel.pp_layers=4,4"
+                       " --set run.dir=%s/x",
                   dir);
     cr_expect_neq(rc, 0);
-    cr_expect(strstr(out, "with pipeline parallelism is not built yet") != NULL, "%s", out);
+    cr_expect(strstr(out, "needs parallel.pp > 1") != NULL, "%s", out);
 }
 
 /* A pp = 4 checkpoint at step 3 resumed at pp = 2 (another schedule, with
