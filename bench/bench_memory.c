@@ -4,7 +4,10 @@
  * with parallel.dp = N to see the sharding. Then the activations one
  * block keeps per recompute mode (tp alone and tp + sp) beside their
  * formula, and the bytes the tp collectives of one micro-batch move beside
- * the analytic volume. */
+ * the analytic volume. With parallel.cp > 1: what a block keeps at cp = 1,
+ * 2, 4 (ring and Ulysses) beside 1/cp of cp = 1, and the bytes the cp
+ * attention of one micro-batch moves per layer beside the analytic
+ * volume. */
 #include "bench/bench.h"
 #include "core/core.h"
 #include "inner/inner.h"
@@ -146,6 +149,105 @@ out:
     return rc;
 }
 
+/* One block's kept activations with cp = c (world split into groups of c
+ * ranks) and the given algorithm; *rest: the part outside attention. */
+static int cp_kept(const loco_config *cfg, loco_comm *world, int c, loco_cp_algo algo,
+                   double *kept, double *rest) {
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    loco_comm *group = NULL;
+    LOCO_CHECK(loco_comm_split(world, loco_comm_rank(world) / c, loco_comm_rank(world), &group));
+    loco_gpt_parallel par = {.cp = c > 1 ? group : NULL, .cp_algo = algo};
+    loco_gpt m;
+    int rc = loco_gpt_init_par(&m, &mc, (int)cfg->train.batch_size, mc.seq_len,
+                               LOCO_GPT_NO_PARAMS | LOCO_GPT_NO_GRADS | LOCO_GPT_NO_ACTS, &par);
+    if (rc == 0) {
+        *kept = (double)m.block_act_bytes;
+        *rest = loco_gpt_block_act_formula(&m, LOCO_RECOMPUTE_SELECTIVE);
+        loco_gpt_fini(&m);
+    }
+    loco_comm_destroy(group);
+    return rc;
+}
+
+/* Bytes per rank and layer the cp attention of one micro-batch (forward +
+ * backward, no recompute) moves, from the shapes: ring passes K|V c-1
+ * times forward, and K|V c-1 and dK|dV c times backward; Ulysses sends
+ * (c-1)/c of q, k, v and the output forward, and of their gradients
+ * backward. S = B T/c C 4 bytes, this rank's rows of one activation. */
+static double cp_comm_formula(const loco_config *cfg, loco_cp_algo algo) {
+    const double c = (double)cfg->parallel.cp, C = (double)cfg->model.n_embd;
+    const double S = (double)cfg->train.batch_size * (double)cfg->model.seq_len / c * C * 4;
+    if (algo == LOCO_CP_RING)
+        return (c - 1 + c - 1 + c) * 2 * S;
+    return 8 * (c - 1) / c * S;
+}
+
+/* Under cp: the two tables of the file comment. Collective over world. */
+static int cp_tables(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) {
+    const int n = loco_comm_size(world), cp = (int)cfg->parallel.cp;
+    if (cp < 2)
+        return 0;
+    const bool root = loco_comm_rank(world) == 0;
+    static const char *const algo_names[2] = {"ring", "ulysses"};
+    if (root)
+        printf("\ncontext parallelism: what one block keeps for its backward per rank (fp32), B x "
+               "T = %lld x %lld: measured (the model's buffers); outside attention beside 1/cp of "
+               "cp = 1\n\n| cp_algo | cp | kept MB | attention state MB | outside attention MB "
+               "| cp = 1 / cp MB | ratio |\n|---|---|---|---|---|---|---|\n",
+               (long long)cfg->train.batch_size, (long long)cfg->model.seq_len);
+    double kept1 = 0, rest1 = 0;
+    LOCO_CHECK(cp_kept(cfg, world, 1, LOCO_CP_RING, &kept1, &rest1));
+    for (int a = 0; a < 2; a++)
+        for (int c = 1; c <= n; c *= 2) {
+            if (n % c || (c == 1 && a == 1))
+                continue;
+            double kept, rest;
+            LOCO_CHECK(cp_kept(cfg, world, c, (loco_cp_algo)a, &kept, &rest));
+            if (root)
+                printf("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f |\n", c > 1 ? algo_names[a] : "-",
+                       c, MB(kept), MB(kept - rest), MB(rest), MB(rest1 / c), rest / (rest1 / c));
+        }
+    /* One micro-batch through the configured mesh. */
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    mc.tp = (int)cfg->parallel.tp;
+    const int B = (int)cfg->train.batch_size, T = mc.seq_len;
+    const loco_cp_algo algo =
+        !strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING;
+    loco_gpt_parallel par = {.tp = mc.tp > 1 ? mesh->group[LOCO_DIM_TP] : NULL,
+                             .cp = mesh->group[LOCO_DIM_CP], .cp_algo = algo};
+    loco_gpt m;
+    LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
+    int rc = 0;
+    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
+    if (!tok) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "tokens");
+        goto out;
+    }
+    loco_rng rng;
+    loco_rng_seed(&rng, 1);
+    loco_gpt_init_weights(&m, &rng);
+    for (size_t i = 0; i < (size_t)B * T * 2; i++)
+        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)mc.vocab_size);
+    float loss;
+    const double t0 = loco_now();
+    LOCO_CHECK_GOTO(loco_gpt_forward_backward(&m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss),
+                    out);
+    const double dt = loco_now() - t0;
+    if (root) {
+        const double per_layer = loco_gpt_cp_bytes(&m) / mc.n_layer;
+        const double formula = cp_comm_formula(cfg, algo) / (mc.tp > 1 ? mc.tp : 1);
+        printf("\ncontext-parallel attention of one micro-batch (forward + backward), cp = %d %s, "
+               "B x T = %d x %d, per rank and layer (%.3f s):\n\n| measured MB | analytic MB | "
+               "diff |\n|---|---|---|\n| %.3f | %.3f | %+.2f%% |\n",
+               cp, cfg->parallel.cp_algo, B, T, dt, MB(per_layer), MB(formula),
+               100.0 * (per_layer - formula) / formula);
+    }
+out:
+    loco_free(tok);
+    loco_gpt_fini(&m);
+    return rc;
+}
+
 int loco_bench_memory(int argc, char **argv) {
     const char *path = NULL;
     loco_config cfg;
@@ -176,19 +278,22 @@ int loco_bench_memory(int argc, char **argv) {
     loco_gpt_config mc = loco_gpt_config_from(&cfg);
     mc.tp = (int)cfg.parallel.tp;
     const int stage = (int)cfg.parallel.zero_stage;
-    loco_gpt_parallel par = {.tp = mc.tp > 1 ? mesh.group[LOCO_DIM_TP] : NULL,
-                             .sp = cfg.parallel.sp};
+    loco_gpt_parallel par = {
+        .tp = mc.tp > 1 ? mesh.group[LOCO_DIM_TP] : NULL,
+        .sp = cfg.parallel.sp,
+        .cp = cfg.parallel.cp > 1 ? mesh.group[LOCO_DIM_CP] : NULL,
+        .cp_algo = !strcmp(cfg.parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING};
     LOCO_CHECK_GOTO(loco_gpt_init_par(&m, &mc, (int)cfg.train.batch_size, (int)mc.seq_len,
                                       loco_zero_model_flags(stage), &par),
                     out);
-    LOCO_CHECK_GOTO(loco_zero_create(&z, &m, mesh.group[LOCO_DIM_DP], &cfg), out);
+    LOCO_CHECK_GOTO(loco_zero_create(&z, &m, mesh.dp_cp, &cfg), out);
     loco_mem_report r;
     loco_zero_memory(z, &r);
     /* Everything this process holds through loco_alloc, as a cross-check of
      * the per-kind figures. */
     double live = (double)loco_alloc_live_bytes();
     const int n = loco_comm_size(world), me = loco_comm_rank(world);
-    const int dp = loco_comm_size(mesh.group[LOCO_DIM_DP]);
+    const int dp = loco_comm_size(mesh.dp_cp); /* ZeRO's group: dp x cp */
     double mine[6] = {(double)r.params, (double)r.grads, (double)r.optim, (double)r.gathered,
                       (double)r.activations, live};
     double *all = loco_alloc((size_t)n * 6 * sizeof(double));
@@ -233,6 +338,8 @@ int loco_bench_memory(int argc, char **argv) {
         rc = activation_table(&cfg, &mesh, world);
     if (rc == 0)
         rc = comm_table(&cfg, &mesh, world);
+    if (rc == 0)
+        rc = cp_tables(&cfg, &mesh, world);
 out:
     loco_zero_destroy(z);
     loco_gpt_fini(&m);

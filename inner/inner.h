@@ -147,6 +147,8 @@ typedef struct {
 
 /* Activation recompute (train.recompute). */
 typedef enum { LOCO_RECOMPUTE_NONE = 0, LOCO_RECOMPUTE_SELECTIVE, LOCO_RECOMPUTE_FULL } loco_recompute;
+/* How context parallelism computes attention over the split sequence. */
+typedef enum { LOCO_CP_RING = 0, LOCO_CP_ULYSSES } loco_cp_algo;
 
 /* A pipeline stage: the chunks of consecutive blocks this rank holds, in
  * model order (one, or v for interleaved and V-shaped schedules). A chunk
@@ -173,6 +175,11 @@ typedef struct {
     loco_recompute recompute;
     int recompute_layers;     /* full: only the first N blocks (0 = all) */
     const loco_gpt_stage *stage; /* a pipeline stage's chunks; NULL: the whole model */
+    /* Context parallelism over `cp` (not owned; NULL or one rank: off):
+     * the sequence is cut into 2c chunks and rank r holds chunks r and
+     * 2c-1-r of every sequence (zig-zag); T must divide by 2c. */
+    struct loco_comm *cp;
+    loco_cp_algo cp_algo;
 } loco_gpt_parallel;
 
 /* Bytes the tensor-parallel collectives of this model moved, counted per
@@ -239,6 +246,10 @@ struct loco_gpt {
     int *unit_t0, *unit_t1; /* (L + 2) */
     loco_gpt_acts *slot_acts; /* (stage.slots) */
     int pass_first;         /* first block of the chunk a pass runs */
+    /* Context parallelism (par.cp): the zig-zag slice, the ring's and
+     * the all-to-alls' buffers (inner/model_cp.c); T above is then the
+     * local rows per sequence, cp->T the whole sequence. */
+    struct loco_gpt_cp *cp;
 };
 
 /* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg.
@@ -304,6 +315,9 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode);
 /* Whether tensor i of the model's table is replicated over tp (LayerNorms,
  * wpe, row-parallel biases) rather than split. */
 bool loco_gpt_tensor_replicated(const loco_gpt *m, int i);
+/* Bytes this rank sent for context parallelism since the model was made
+ * (ring: K|V and dK|dV blocks; Ulysses: the all-to-alls' off-rank parts). */
+double loco_gpt_cp_bytes(const loco_gpt *m);
 void loco_gpt_fini(loco_gpt *m);
 int loco_gpt_num_units(const loco_gpt *m);
 /* Flat-buffer range [*lo, *hi) of a unit. */

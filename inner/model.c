@@ -229,6 +229,7 @@ static int check_parallel(const loco_gpt_config *cfg, int B, int T, const loco_g
                         "parallel.sp: the %d x %d tokens of a micro-batch do not split evenly "
                         "over tp = %d ranks (train.batch_size x model.seq_len must divide by tp)",
                         B, T, t);
+    LOCO_CHECK(loco__gpt_cp_check(cfg, B, T, par));
     if (par->recompute_layers < 0 || par->recompute_layers > cfg->n_layer)
         return LOCO_ERR(LOCO_EINVAL, "train.recompute_layers = %d: the model has %d blocks",
                         par->recompute_layers, cfg->n_layer);
@@ -294,12 +295,13 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     const bool want_a = !(flags & LOCO_GPT_NO_ACTS);
     /* Counted always (block_act_bytes tells what a block would keep), held
      * only when wanted. */
+    LOCO_CHECK_GOTO(loco__gpt_cp_init(m, B, T), out_fail);
     size_t n_act = loco__gpt_carve_acts(m, NULL);
     if (!want_a)
         n_act = 0;
-    m->act_bytes = n_act * sizeof(float);
+    m->act_bytes = n_act * sizeof(float) + (m->cp ? m->cp->bytes_held : 0);
     if (want_a)
-        m->act_slab = loco_alloc(m->act_bytes);
+        m->act_slab = loco_alloc(n_act * sizeof(float));
     if ((want_p && !m->params) || (want_g && !m->grads) || !m->p.h || !m->g.h || !m->slot_acts ||
         !m->slot_acts[0].layer || !m->tp_counts || (want_a && !m->act_slab)) {
         rc = LOCO_ERR(LOCO_ENOMEM, "model of %zu parameters and %zu activation floats", m->n_params,
@@ -335,6 +337,7 @@ void loco_gpt_fini(loco_gpt *m) {
     loco_free(m->unit_t0);
     loco_free(m->tp_counts);
     loco_free(m->act_slab);
+    loco__gpt_cp_fini(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -451,7 +454,7 @@ int loco__gpt_block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco
     loco_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, res, w->ln1w, w->ln1b, R, C);
     LOCO_CHECK(loco__gpt_column_input(m, d, la->ln1, &x));
     loco_matmul_fwd(la->qkv, x, w->qkvw, w->qkvb, N, C, 3 * d->Cl, false);
-    loco_attention_fwd(la->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
+    LOCO_CHECK(loco__gpt_attention_fwd(m, d, la->atty, la->att, la->qkv, B, T));
     LOCO_CHECK(
         loco__gpt_row_parallel_fwd(m, d, la->attproj, la->atty, w->attprojw, w->attprojb, d->Cl));
     loco_residual_fwd(la->res2, res, la->attproj, (size_t)R * C);
@@ -498,14 +501,15 @@ int loco__gpt_block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
     /* res2 = res + attproj: dres flows to both. */
     if (m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !loco__gpt_full_recompute(m, l)) {
         /* The attention core again: the probabilities were not kept. */
-        loco_attention_fwd(s->atty, la->att, la->qkv, B, T, d->Cl, d->NHl);
+        LOCO_CHECK(loco__gpt_attention_rerun(m, d, s->atty, la->att, la->qkv, B, T));
     }
     float *datty = s->dfchg; /* (N, Cl) fits in (N, Fl) */
     memset(datty, 0, (size_t)N * d->Cl * sizeof(float));
     LOCO_CHECK(
         loco__gpt_row_parallel_bwd_input(m, d, datty, apb, s->dres, k->d_mid, w->attprojw, d->Cl));
     memset(k->d_qkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
-    loco_attention_bwd(k->d_qkv, s->datt, datty, la->qkv, la->att, B, T, d->Cl, d->NHl);
+    LOCO_CHECK(loco__gpt_attention_bwd(m, d, k->d_qkv, s->datt, datty, la->qkv, la->atty, la->att,
+                                       B, T));
     LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_qkv, w->qkvw, 3 * d->Cl));
     loco_layernorm_bwd(s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R,
                        C);
@@ -628,18 +632,25 @@ float loco__gpt_mean_of(const float *x, int n) {
 
 int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *mean_loss) {
+    if (m->cp) /* this rank's rows of the sequences */
+        LOCO_CHECK(loco__gpt_cp_localize(m, &inputs, &targets, B, &T));
     LOCO_CHECK(check_batch(m, inputs, B, T));
     LOCO_CHECK(forward_body(m, inputs, B, T));
     if (targets) {
         LOCO_CHECK(loco__gpt_cross_entropy(m, targets, B * T, false, 0.f));
+        float loss = loco__gpt_mean_of(m->a.losses, B * T);
+        if (m->cp)
+            LOCO_CHECK(loco__gpt_cp_mean_loss(m, &loss));
         if (mean_loss)
-            *mean_loss = loco__gpt_mean_of(m->a.losses, B * T);
+            *mean_loss = loss;
     }
     return 0;
 }
 
 int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
                               int T, float loss_scale, float *mean_loss) {
+    if (m->cp) /* this rank's rows; its loss is the mean over them */
+        LOCO_CHECK(loco__gpt_cp_localize(m, &inputs, &targets, B, &T));
     LOCO_CHECK(check_batch(m, inputs, B, T));
     for (int i = 0; i < B * T; i++)
         if (targets[i] < 0 || targets[i] >= m->cfg.vocab_size)
@@ -650,8 +661,11 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     LOCO_CHECK(forward_body(m, inputs, B, T));
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
     LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
+    float loss = loco__gpt_mean_of(a->losses, N);
+    if (m->cp)
+        LOCO_CHECK(loco__gpt_cp_mean_loss(m, &loss));
     if (mean_loss)
-        *mean_loss = loco__gpt_mean_of(a->losses, N);
+        *mean_loss = loss;
 
     /* The tied head: d(ln_f output) over all rows, summed over tp. */
     LOCO_CHECK(acquire(m, 0, true));

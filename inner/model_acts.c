@@ -8,10 +8,11 @@ static bool holds_block(const loco_gpt *m, int l) {
     return m->unit_t1[l + 1] > m->unit_t0[l + 1];
 }
 
-/* Carves one block's forward activations (res3 apart; att only with
- * `att`) from base + off; returns the new offset. base NULL: counts. */
+/* Carves one block's forward activations (res3 apart; att floats of
+ * attention state, none when 0) from base + off; returns the new offset.
+ * base NULL: counts. */
 static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
-                          const loco__gpt_shape *d, size_t B, size_t T, bool att) {
+                          const loco__gpt_shape *d, size_t att) {
     const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
 #define CARVE(field, count)                                                                        \
     do {                                                                                           \
@@ -25,7 +26,7 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
     CARVE(la->qkv, N * 3 * Cl);
     CARVE(la->atty, N * Cl);
     if (att)
-        CARVE(la->att, B * (size_t)d->NHl * T * T);
+        CARVE(la->att, att);
     CARVE(la->attproj, R * C);
     CARVE(la->res2, R * C);
     CARVE(la->ln2, R * C);
@@ -47,9 +48,12 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
 size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     const size_t L = (size_t)m->cfg.n_layer;
     const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
-    const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
-    const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = B * (size_t)d.NHl * T * T;
-    const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE;
+    const size_t T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
+    const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = loco__gpt_att_floats(m, &d);
+    /* Ring attention keeps only each row's log-sum-exp: per block, even
+     * under selective recompute (nothing to rerun). */
+    const bool ring = m->cp && m->cp->algo == LOCO_CP_RING;
+    const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !ring;
     const int slots = m->staged ? m->stage.slots : 1;
     size_t off = 0;
 #define CARVE(field, count)                                                                        \
@@ -65,7 +69,7 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     for (size_t l = 0; l < L; l++)
         any_full |= holds_block(m, (int)l) && loco__gpt_full_recompute(m, (int)l);
     if (any_full || selective)
-        off = carve_block(&shared, base, off, &d, B, T, true);
+        off = carve_block(&shared, base, off, &d, att);
     size_t kept = 0; /* what the first block held keeps for its backward */
     bool counted = false;
     for (int k = 0; k < slots; k++) {
@@ -79,7 +83,7 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
             const bool full = loco__gpt_full_recompute(m, (int)l);
             const size_t before = off;
             if (!full)
-                off = carve_block(la, base, off, &d, B, T, !selective);
+                off = carve_block(la, base, off, &d, selective ? 0 : att);
             CARVE(la->res3, R * C);
             if (!counted) {
                 kept = (off - before) * sizeof(float);
@@ -121,7 +125,7 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     CARVE(s->dkeep3, N * C);
     CARVE(s->dkeep2, N * C);
     CARVE(s->dqkv, N * 3 * Cl);
-    CARVE(s->datt, att);
+    CARVE(s->datt, ring ? 0 : att);
     CARVE(s->dfch, N * Fl);
     CARVE(s->dfchg, N * Fl);
     if (selective)

@@ -1,6 +1,7 @@
 /* Internals of the GPT model shared by inner/model.c (tables, buffers,
  * passes), model_tp.c (tensor parallelism), model_stage.c (pipeline
- * stages) and model_acts.c (the activation slab). Not for use outside
+ * stages), model_acts.c (the activation slab) and model_cp.c (context
+ * parallelism). Not for use outside
  * them. */
 #ifndef LOCO_MODEL_INTERNAL_H
 #define LOCO_MODEL_INTERNAL_H
@@ -106,5 +107,56 @@ void loco__gpt_head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d);
 size_t loco__gpt_carve_acts(loco_gpt *m, float *base);
 /* Mean of n floats, summed in double. */
 float loco__gpt_mean_of(const float *x, int n);
+
+/* ------------------------------------------------ context parallelism */
+
+/* The state of inner/model_cp.c (m->cp, NULL without cp). */
+typedef struct loco_gpt_cp {
+    loco_comm *comm; /* m->par.cp */
+    loco_cp_algo algo;
+    int c, r;        /* group size, this rank */
+    int T, Tc, Tl;   /* whole sequence, one of its 2c chunks, this rank's rows */
+    int32_t *tok, *tgt;    /* (B, Tl) the rank's tokens and targets */
+    float *buf;            /* the slab the buffers below live in */
+    float *wpe, *dwpe;     /* (Tl, C) the rows' positions in wpe, their gradient */
+    float *kv[2], *dkv[2]; /* ring: (B Tl, 2 Cl) K|V travelling, dK|dV following */
+    float *blk_out, *blk_lse, *delta; /* ring: a block's (Tc, Cl), (NHl, Tc); (B, 2, NHl, Tc) */
+    float *send, *recv;    /* Ulysses: all-to-all buffers (B Tl 3 Cl) */
+    float *hout, *hdout, *hdqkv; /* Ulysses: head-sharded output, its gradient, dqkv */
+    size_t bytes_held;     /* allocated */
+    double bytes;          /* sent by this rank */
+} loco_gpt_cp;
+
+/* Shapes context parallelism can split (LOCO_EINVAL with the reason). */
+int loco__gpt_cp_check(const loco_gpt_config *cfg, int B, int T, const loco_gpt_parallel *par);
+/* Makes m->cp for par.cp (nothing for one rank) and sets m->T to the
+ * local rows; before the activations are carved. */
+int loco__gpt_cp_init(loco_gpt *m, int B, int T);
+void loco__gpt_cp_fini(loco_gpt *m);
+/* A pass's whole sequences (B x *T tokens; inputs or targets may be NULL)
+ * -> this rank's rows (*T becomes the local rows). */
+int loco__gpt_cp_localize(loco_gpt *m, const int32_t **inputs, const int32_t **targets, int B,
+                          int *T);
+/* The rank's mean loss -> the mean over the whole sequences (collective). */
+int loco__gpt_cp_mean_loss(loco_gpt *m, float *loss);
+/* wpe as the embedding reads it: the rows' positions (m->p.wpe without
+ * cp); its gradient buffer (zeroed), added into m->g.wpe by _done. */
+const float *loco__gpt_cp_wpe(loco_gpt *m);
+float *loco__gpt_cp_dwpe(loco_gpt *m);
+void loco__gpt_cp_dwpe_done(loco_gpt *m);
+/* Floats a block keeps of its attention (probabilities, or under ring the
+ * rows' log-sum-exp), and the size of the backward's scratch for them. */
+size_t loco__gpt_att_floats(const loco_gpt *m, const loco__gpt_shape *d);
+/* Attention of qkv (B x T local rows, 3 Cl) into out, keeping att; under
+ * Ulysses qkv becomes the head-sharded whole sequences in place. _rerun:
+ * the forward again for the backward (selective recompute); _bwd: dqkv
+ * accumulates. */
+int loco__gpt_attention_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, float *att,
+                            float *qkv, int B, int T);
+int loco__gpt_attention_rerun(loco_gpt *m, const loco__gpt_shape *d, float *scratch, float *att,
+                              const float *qkv, int B, int T);
+int loco__gpt_attention_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, float *datt,
+                            const float *dout, const float *qkv, const float *out,
+                            const float *att, int B, int T);
 
 #endif /* LOCO_MODEL_INTERNAL_H */

@@ -83,6 +83,8 @@ static loco__gpt_block_keep slot_keep(const loco_gpt *m, int l) {
 int loco_gpt_chunk_forward(loco_gpt *m, int slot, int chunk, const int32_t *inputs,
                            const int32_t *targets, int B, int T, const float *in, float *out,
                            float loss_scale, float *loss) {
+    if (m->cp)
+        LOCO_CHECK(loco__gpt_cp_localize(m, &inputs, &targets, B, &T));
     LOCO_CHECK(use_slot(m, slot, chunk, B, T));
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     const int first = m->stage.first[chunk], end = m->stage.end[chunk], L = m->cfg.n_layer;
@@ -109,13 +111,18 @@ int loco_gpt_chunk_forward(loco_gpt *m, int slot, int chunk, const int32_t *inpu
     LOCO_CHECK(loco__gpt_head_fwd(m, &d));
     /* The loss and, in place, its gradient: the backward starts from it. */
     LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
+    float mean = loco__gpt_mean_of(m->a.losses, N);
+    if (m->cp)
+        LOCO_CHECK(loco__gpt_cp_mean_loss(m, &mean));
     if (loss)
-        *loss = loco__gpt_mean_of(m->a.losses, N);
+        *loss = mean;
     return 0;
 }
 
 int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_t *inputs, int B,
                                   int T, const float *dout, float *din) {
+    if (m->cp)
+        LOCO_CHECK(loco__gpt_cp_localize(m, &inputs, NULL, B, &T));
     LOCO_CHECK(use_slot(m, slot, chunk, B, T));
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     const int first = m->stage.first[chunk], end = m->stage.end[chunk];
@@ -149,6 +156,8 @@ int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_
 }
 
 int loco_gpt_chunk_backward_weight(loco_gpt *m, int slot, int chunk, int B, int T) {
+    if (m->cp)
+        LOCO_CHECK(loco__gpt_cp_localize(m, NULL, NULL, B, &T));
     LOCO_CHECK(use_slot(m, slot, chunk, B, T));
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     const int first = m->stage.first[chunk], end = m->stage.end[chunk];

@@ -202,8 +202,9 @@ int loco__gpt_sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, 
 int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B,
                         int T) {
     const int C = d->C;
+    const float *wpe = loco__gpt_cp_wpe(m); /* the rows' positions */
     if (d->t == 1) {
-        loco_encoder_fwd(m->a.encoded, inputs, m->p.wte, m->p.wpe, B, T, C);
+        loco_encoder_fwd(m->a.encoded, inputs, m->p.wte, wpe, B, T, C);
         return 0;
     }
     float *dst = d->sp ? m->s.full : m->a.encoded;
@@ -212,29 +213,32 @@ int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *in
         LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, m->s.full, m->a.encoded, d->R * (size_t)C));
     else
         LOCO_CHECK(loco__gpt_tp_allreduce(m, m->a.encoded, d->N * (size_t)C, LOCO_OP_SUM));
-    loco_pos_fwd(m->a.encoded, m->p.wpe, (int)d->row0, (int)d->R, T, C);
+    loco_pos_fwd(m->a.encoded, wpe, (int)d->row0, (int)d->R, T, C);
     return 0;
 }
 
 int loco__gpt_embed_bwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B,
                         int T) {
     const int C = d->C;
+    float *dwpe = loco__gpt_cp_dwpe(m);
     if (d->t == 1) {
-        loco_encoder_bwd(m->g.wte, m->g.wpe, m->s.dres, inputs, B, T, C);
+        loco_encoder_bwd(m->g.wte, dwpe, m->s.dres, inputs, B, T, C);
+        loco__gpt_cp_dwpe_done(m);
         return 0;
     }
     const float *dfull = m->s.dres;
     if (d->sp) {
         memset(m->s.drep, 0, (size_t)T * C * sizeof(float));
         loco_pos_bwd(m->s.drep, m->s.dres, (int)d->row0, (int)d->R, T, C);
-        float *dst[1] = {m->g.wpe};
+        float *dst[1] = {dwpe};
         const size_t len[1] = {(size_t)T * C};
         LOCO_CHECK(loco__gpt_sp_reduce_into(m, dst, len, 1));
         LOCO_CHECK(loco__gpt_tp_allgather(m, m->s.dres, m->s.full, d->R * (size_t)C));
         dfull = m->s.full;
     } else {
-        loco_pos_bwd(m->g.wpe, m->s.dres, 0, (int)d->N, T, C);
+        loco_pos_bwd(dwpe, m->s.dres, 0, (int)d->N, T, C);
     }
+    loco__gpt_cp_dwpe_done(m);
     loco_embed_bwd(m->g.wte, dfull, inputs, d->v_lo, d->Vl, (int)d->N, C);
     return 0;
 }

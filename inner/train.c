@@ -181,6 +181,8 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         .sp = cfg->parallel.sp,
         .recompute = recompute_of(cfg),
         .recompute_layers = (int)cfg->train.recompute_layers,
+        .cp = t->mesh.size[LOCO_DIM_CP] > 1 ? t->mesh.group[LOCO_DIM_CP] : NULL,
+        .cp_algo = !strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING,
     };
     loco_gpt_stage stage;
     const int accum = (int)cfg->train.grad_accum;
@@ -204,7 +206,9 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
                                              !strcmp(cfg->train.dtype, "bf16")),
                         out_fail);
 #endif
-    LOCO_CHECK_GOTO(loco_zero_create(&t->zero, &t->model, t->dp, cfg), out_fail);
+    /* The ranks of a dp group's cp slices hold the same parameters: ZeRO
+     * averages and shards over dp x cp (Megatron's dp-cp group). */
+    LOCO_CHECK_GOTO(loco_zero_create(&t->zero, &t->model, t->mesh.dp_cp, cfg), out_fail);
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     if (t->pp) {
@@ -426,8 +430,9 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
     };
     loco_ckpt_view v = trainer_view(t);
     /* Every rank of the island holds a distinct (tp slice, dp range) pair. */
-    const int n = loco_comm_size(t->world), dp = loco_comm_size(t->dp);
-    const int tp_rank = t->mesh.coord[LOCO_DIM_TP], dp_rank = loco_comm_rank(t->dp);
+    /* Shards of a tp slice: one per rank of the dp x cp group ZeRO uses. */
+    const int n = loco_comm_size(t->world), dp = loco_comm_size(t->mesh.dp_cp);
+    const int tp_rank = t->mesh.coord[LOCO_DIM_TP], dp_rank = loco_comm_rank(t->mesh.dp_cp);
     const int pp_rank = t->mesh.coord[LOCO_DIM_PP], tp = t->mesh.size[LOCO_DIM_TP];
     if (n == 1)
         return t->root ? loco_ckpt_save_view(dir, &t->cfg, &v, &st) : 0;
@@ -570,10 +575,13 @@ int loco_trainer_begin_run(loco_trainer *t) {
     loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters%s",
               t->model.cfg.n_layer, t->model.cfg.n_head, t->model.cfg.n_embd, t->model.cfg.seq_len,
               t->model.cfg.vocab_size, n_whole, slice);
-    char pp[96] = "";
+    char pp[160] = "";
     if (t->pp)
         snprintf(pp, sizeof pp, ", pp=%d %s v=%d", t->mesh.size[LOCO_DIM_PP],
                  c->parallel.pp_schedule, t->model.stage.n);
+    if (t->mesh.size[LOCO_DIM_CP] > 1)
+        snprintf(pp + strlen(pp), sizeof pp - strlen(pp), ", cp=%d %s", t->mesh.size[LOCO_DIM_CP],
+                 c->parallel.cp_algo);
     loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s%s, ZeRO-%d, "
               "recompute %s) x %d threads; run dir %s",
               (long long)c->train.steps, (long long)tokens_per_step,

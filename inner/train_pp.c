@@ -193,7 +193,8 @@ int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, i
     pp->pp = mesh->group[LOCO_DIM_PP];
     pp->B = B, pp->T = T;
     const int t = model->cfg.tp > 1 ? model->cfg.tp : 1;
-    const size_t rows = (size_t)B * T / (model->par.sp ? (size_t)t : 1);
+    /* A micro-batch's rows on this rank: model->T is the local rows under cp. */
+    const size_t rows = (size_t)B * model->T / (model->par.sp ? (size_t)t : 1);
     LOCO_CHECK(loco_pp_exec_create(&pp->exec, pp->sched, pp->pp, rows * (size_t)model->cfg.n_embd));
     /* The stage with the embeddings and the one with the head, when they
      * are two ranks, sum their wte gradients and share its values. */
@@ -330,7 +331,7 @@ int loco__pp_eval(loco__pp *pp, const int32_t *inputs, const int32_t *targets, d
     loco_gpt *m = pp->model;
     LOCO_CHECK(loco_zero_gather_params(pp->zero));
     const int t = m->cfg.tp > 1 ? m->cfg.tp : 1;
-    const size_t n = (size_t)pp->B * pp->T / (m->par.sp ? (size_t)t : 1) * m->cfg.n_embd;
+    const size_t n = (size_t)pp->B * m->T / (m->par.sp ? (size_t)t : 1) * m->cfg.n_embd;
     float *buf = loco_alloc(2 * n * sizeof(float));
     if (!buf)
         return LOCO_ERR(LOCO_ENOMEM, "pipeline evaluation buffers");

@@ -54,6 +54,51 @@ void loco_attention_bwd(float *dqkv, float *datt, const float *dout,
                         const float *qkv, const float *att, int B, int T, int C,
                         int NH);
 
+/* ------------------------------------ blockwise attention (ring attention)
+ * Context parallelism splits the sequence over ranks: a rank's query rows
+ * meet every rank's key/value rows one block at a time, the partial results
+ * merge by the log-sum-exp rule, and the backward (FlashAttention-2)
+ * recomputes the probabilities from the final lse and delta. Positions are
+ * global, so a block knows its part of the causal mask. Every operand is
+ * one (B, T, ...) block, batch b at row b*T: a rank holding non-adjacent
+ * chunks (ring attention's zig-zag layout) makes one call per chunk, with
+ * B = 1 per batch where its buffer interleaves them. The results do not
+ * depend on the number of threads. */
+
+/* One block of queries against one block of keys, causal by global position:
+ * query row i (position q_pos + i) sees key row j (position k_pos + j) iff
+ * k_pos + j <= q_pos + i (when causal; all keys when !causal). Scale
+ * 1/sqrt(C/NH). q: rows of B*Tq, row t of batch b at q + (b*Tq + t)*q_ld,
+ * head h at column h*hs (hs = C/NH); k, v: rows of B*Tk with row stride
+ * kv_ld (so q, k, v may point into a GPT-2 qkv (B,T,3C) buffer with ld 3C,
+ * or a packed kv buffer with ld 2C). out (B,Tq,C) is OVERWRITTEN with this
+ * block's normalised attention output, lse (B,NH,Tq) with the natural-log
+ * log-sum-exp of each row's scaled scores; a row with no visible key gets
+ * lse = -INFINITY and out = 0. */
+void loco_attention_block_fwd(float *out, float *lse, const float *q, int q_ld, const float *k,
+                              const float *v, int kv_ld, int B, int Tq, int Tk, int C, int NH,
+                              int q_pos, int k_pos, bool causal);
+/* Merges a block result into a running one: (out, lse) <- the attention
+ * over the union of the keys of both, by the log-sum-exp rule; rows where
+ * either lse is -INFINITY take the other. out, blk_out (B,T,C); lse,
+ * blk_lse (B,NH,T). A running result may start as lse = -INFINITY. */
+void loco_attention_merge(float *out, float *lse, const float *blk_out, const float *blk_lse,
+                          int B, int T, int C, int NH);
+/* delta (B,NH,T) = rowsum over the head of dout * out (FlashAttention-2's
+ * D), overwritten; out is the final merged output. */
+void loco_attention_delta(float *delta, const float *dout, const float *out, int B, int T, int C,
+                          int NH);
+/* Backward of one (query block, key block) pair given the FINAL merged
+ * out's lse and delta: P = exp(S - lse), dV += P^T dout, dP = dout V^T,
+ * dS = P * (dP - delta), dQ += scale dS K, dK += scale dS^T Q. dq (B,Tq, ld
+ * dq_ld), dk, dv (B,Tk, ld dkv_ld) ACCUMULATE; dout (B,Tq,C). Same masking
+ * as the forward; a fully masked block returns at once. */
+void loco_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
+                              const float *dout, const float *lse, const float *delta,
+                              const float *q, int q_ld, const float *k, const float *v, int kv_ld,
+                              int B, int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
+                              bool causal);
+
 /* GELU, tanh approximation (GPT-2's "gelu_new"). */
 void loco_gelu_fwd(float *out, const float *inp, size_t n);
 /* dinp += dout * gelu'(inp) */
@@ -245,6 +290,23 @@ int loco_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, cons
 int loco_cuda_attention_bwd_bf16(loco_bf16 *dqkv, float *scratch, const loco_bf16 *dout,
                                  const loco_bf16 *out, const loco_bf16 *qkv, const float *lse,
                                  int B, int T, int C, int NH, loco_stream s);
+
+/* Blockwise attention (ring attention), fp32, as the CPU twins above; head
+ * size at most 128 (LOCO_EINVAL beyond). The backward runs one kernel for
+ * dq (per query row) and one for dk, dv (per key row): no atomics. */
+int loco_cuda_attention_block_fwd(float *out, float *lse, const float *q, int q_ld,
+                                  const float *k, const float *v, int kv_ld, int B, int Tq,
+                                  int Tk, int C, int NH, int q_pos, int k_pos, bool causal,
+                                  loco_stream s);
+int loco_cuda_attention_merge(float *out, float *lse, const float *blk_out, const float *blk_lse,
+                              int B, int T, int C, int NH, loco_stream s);
+int loco_cuda_attention_delta(float *delta, const float *dout, const float *out, int B, int T,
+                              int C, int NH, loco_stream s);
+int loco_cuda_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
+                                  const float *dout, const float *lse, const float *delta,
+                                  const float *q, int q_ld, const float *k, const float *v,
+                                  int kv_ld, int B, int Tq, int Tk, int C, int NH, int q_pos,
+                                  int k_pos, bool causal, loco_stream s);
 
 int loco_cuda_gelu_fwd(float *out, const float *inp, size_t n, loco_stream s);
 int loco_cuda_gelu_fwd_bf16(loco_bf16 *out, const loco_bf16 *inp, size_t n, loco_stream s);

@@ -26,14 +26,12 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
                         mesh->size[LOCO_DIM_DP], mesh->size[LOCO_DIM_TP],
                         mesh->size[LOCO_DIM_PP], mesh->size[LOCO_DIM_CP],
                         mesh->size[LOCO_DIM_EP], (long long)product, n);
-    static const char *const unbuilt[LOCO_DIM_COUNT] = {
-        [LOCO_DIM_CP] = "context parallelism",
-        [LOCO_DIM_EP] = "expert parallelism"};
+    static const char *const unbuilt[LOCO_DIM_COUNT] = {[LOCO_DIM_EP] = "expert parallelism"};
     for (int d = 0; d < LOCO_DIM_COUNT; d++)
         if (unbuilt[d] && mesh->size[d] > 1)
             return LOCO_ERR(LOCO_ENOTSUP,
                             "parallel.%s = %d: %s is not built yet; this version trains with "
-                            "parallel.dp, parallel.tp and parallel.pp",
+                            "parallel.dp, parallel.tp, parallel.pp and parallel.cp",
                             dim_names[d], mesh->size[d], unbuilt[d]);
     mesh->world = world;
     int r = loco_comm_rank(world);
@@ -55,11 +53,19 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
             return rc;
         }
     }
-    return 0;
+    const int s_cp = mesh->size[LOCO_DIM_TP];
+    const int s_dp = s_cp * mesh->size[LOCO_DIM_CP] * mesh->size[LOCO_DIM_EP];
+    const int cp = mesh->coord[LOCO_DIM_CP], dp = mesh->coord[LOCO_DIM_DP];
+    int rc = loco_comm_split(world, me - cp * s_cp - dp * s_dp, dp * mesh->size[LOCO_DIM_CP] + cp,
+                             &mesh->dp_cp);
+    if (rc < 0)
+        loco_mesh_fini(mesh);
+    return rc;
 }
 
 void loco_mesh_fini(loco_mesh *mesh) {
     for (int d = 0; d < LOCO_DIM_COUNT; d++)
         loco_comm_destroy(mesh->group[d]);
+    loco_comm_destroy(mesh->dp_cp);
     memset(mesh, 0, sizeof *mesh);
 }

@@ -13,6 +13,9 @@ typedef struct {
     int coord[LOCO_DIM_COUNT];  /* this rank's position in each */
     loco_comm *world;           /* not owned */
     loco_comm *group[LOCO_DIM_COUNT]; /* ranks differing only in that dimension */
+    /* Ranks differing only in dp and cp (rank dp x cp + cp): they hold the
+     * same parameters and average their gradients; ZeRO shards over it. */
+    loco_comm *dp_cp;
 } loco_mesh;
 
 /* Builds the mesh of the [parallel] section over `world`. Rank order puts
@@ -20,8 +23,8 @@ typedef struct {
  * between cp and dp):
  *   rank = tp + TP*(cp + CP*(ep + EP*(dp + DP*pp))).
  * The product of the sizes must equal the world size; a dimension whose
- * feature is not built yet (cp, ep > 1 today) is LOCO_ENOTSUP with
- * a message that says so. Collective over world. */
+ * feature is not built yet (ep > 1 today) is LOCO_ENOTSUP with a message
+ * that says so. Collective over world. */
 int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world);
 void loco_mesh_fini(loco_mesh *mesh);
 /* Name of a dimension ("tp", "cp", "ep", "dp", "pp"). */

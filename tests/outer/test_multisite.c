@@ -193,8 +193,8 @@ Test(multisite, four_islands_rsag_int8_agree) {
 }
 
 /* Islands of tp = 2, of tp = 2 x dp = 2 with sequence parallelism and
- * ZeRO-1, and of pp = 2: each rank exchanges its owned range of its tp
- * slice or pipeline stage with the same rank of the other island, and the
+ * ZeRO-1, of pp = 2 and of cp = 2: each rank exchanges its owned range of
+ * its tp slice or pipeline stage (under cp, of the dp x cp group's split) with the same rank of the other island, and the
  * coordinator finds every rank's θ hash equal after every outer step. */
 static void check_mesh_islands(const char *extra) {
     char dir[] = "/tmp/loco-multisite-tp-XXXXXX";
@@ -216,4 +216,7 @@ Test(multisite, tp2_dp2_sp_islands_agree) {
 }
 Test(multisite, pp2_islands_agree) {
     check_mesh_islands("--set parallel.pp=2 --set train.grad_accum=2");
+}
+Test(multisite, cp2_islands_agree) {
+    check_mesh_islands("--set parallel.cp=2");
 }

@@ -7,7 +7,8 @@ fake_cublaslt.h, the runtime (cudaMalloc, copies) emu.h's host versions.
 Usage: translate.py REPO OUT.cpp"""
 import sys
 
-FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "quant", "matmul"]
+FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "attention_block", "quant",
+         "matmul"]
 
 
 
@@ -73,6 +74,7 @@ def main():
         for a, b in [('#include "kernels/cuda/common.cuh"', ""), ("#include <cublasLt.h>", ""),
                      ('extern "C" {\n#include "compress/compress.h"\n}', ""),
                      ("extern __shared__ float sm[];", "float *sm = g_smem;"),
+                     ("__host__ __device__", "__device__"),
                      ("__device__ __forceinline__", "static inline"), ("__device__ void", "inline void"),
                      ("__shared__", "static")]:
             s = s.replace(a, b)
