@@ -9,6 +9,12 @@ LOCO_KEY_INT(model, n_head, 4, 1, 1024, "attention heads per block (must divide 
 LOCO_KEY_INT(model, n_embd, 128, 8, 65536, "width of the residual stream")
 LOCO_KEY_INT(model, seq_len, 128, 2, 65536, "context length T (also the size of the position table)")
 LOCO_KEY_INT(model, vocab_size, 256, 2, 1048576, "vocabulary size (256 = bytes, 50257 = GPT-2 BPE)")
+LOCO_KEY_INT(model, n_experts, 0, 0, 4096, "experts E of each MoE layer (0 = dense GPT-2): every expert a GPT-2 MLP")
+LOCO_KEY_INT(model, top_k, 2, 1, 64, "experts each token is routed to (MoE): the top-k router probabilities, renormalised to sum 1 (Mixtral)")
+LOCO_KEY_INT(model, moe_every, 1, 1, 1024, "every n-th block's MLP is an MoE layer: 0-based blocks n-1, 2n-1, ...")
+LOCO_KEY_NUM(model, capacity_factor, 0, 0, 1024, "expert capacity ceil(top_k x tokens x f / n_experts) over a rank's micro-batch (0 = dropless); the least probable assignments over it are dropped")
+LOCO_KEY_NUM(model, aux_loss, 0.01, 0, 100, "coefficient of Switch's load-balancing loss E sum f_i P_i, per MoE layer")
+LOCO_KEY_NUM(model, z_loss, 0.001, 0, 100, "coefficient of the router z-loss mean (logsumexp of the router logits)^2, per MoE layer")
 LOCO_SECTION_END(model)
 
 LOCO_SECTION_BEGIN(train)

@@ -243,6 +243,8 @@ void loco_metrics_close(loco_metrics *m); /* accepts NULL */
 void loco_metrics_begin(loco_metrics *m);
 void loco_metrics_int(loco_metrics *m, const char *key, int64_t v);
 void loco_metrics_num(loco_metrics *m, const char *key, double v);
+/* key: a JSON array of n integers. */
+void loco_metrics_ints(loco_metrics *m, const char *key, const int64_t *v, int n);
 void loco_metrics_str(loco_metrics *m, const char *key, const char *v);
 int loco_metrics_end(loco_metrics *m);
 

@@ -51,6 +51,14 @@ void loco_metrics_int(loco_metrics *m, const char *key, int64_t v) {
     cJSON_AddNumberToObject(m->rec, key, (double)v);
 }
 
+void loco_metrics_ints(loco_metrics *m, const char *key, const int64_t *v, int n) {
+    if (!m)
+        return;
+    cJSON *a = cJSON_AddArrayToObject(m->rec, key);
+    for (int i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+}
+
 void loco_metrics_num(loco_metrics *m, const char *key, double v) {
     if (!m)
         return;

@@ -31,9 +31,21 @@ int loco__ckpt_file_hash(const char *path, uint64_t *h) {
 
 int loco__ckpt_write_hf_config(const char *path, const loco_gpt_config *c) {
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
+    const bool moe = c->n_experts > 0;
+    /* GPT-2 with MoE MLPs: no Hugging Face class loads it, so it does not
+     * claim to be one; tests/fixtures/make_fixtures.py --load-check does. */
+    cJSON_AddStringToObject(j, "model_type", moe ? "loco_gpt2_moe" : "gpt2");
     cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "LocoGPT2MoE" : "GPT2LMHeadModel"));
+    if (moe) {
+        cJSON_AddNumberToObject(j, "n_experts", c->n_experts);
+        cJSON_AddNumberToObject(j, "top_k", c->top_k);
+        cJSON_AddNumberToObject(j, "moe_every", c->moe_every);
+        cJSON_AddNumberToObject(j, "capacity_factor", c->capacity_factor);
+        cJSON_AddNumberToObject(j, "aux_loss", c->aux_loss);
+        cJSON_AddNumberToObject(j, "z_loss", c->z_loss);
+        cJSON_AddStringToObject(j, "router", "softmax, top_k, renormalised (Mixtral)");
+    }
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "n_positions", c->seq_len);
     cJSON_AddNumberToObject(j, "n_ctx", c->seq_len);

@@ -70,7 +70,17 @@ typedef struct {
     int vocab_size;              /* V */
     int tp;                      /* tensor-parallel degree t: tables, buffers and passes
                                   * hold one tp rank's slice (0 or 1: the whole model) */
+    /* Mixture of experts (n_experts = 0: dense): blocks l with
+     * l % moe_every == moe_every - 1 route each token to top_k of
+     * n_experts GPT-2 MLPs; capacity_factor 0 = dropless. */
+    int n_experts, top_k, moe_every;
+    float capacity_factor, aux_loss, z_loss;
 } loco_gpt_config;
+
+/* Whether block l's MLP is a mixture of experts. */
+static inline bool loco_gpt_is_moe(const loco_gpt_config *cfg, int l) {
+    return cfg->n_experts > 0 && cfg->moe_every > 0 && l % cfg->moe_every == cfg->moe_every - 1;
+}
 
 /* Views of one block's tensors inside a flat buffer (HF GPT-2 layouts). */
 typedef struct {
@@ -84,7 +94,23 @@ typedef struct {
     float *fcb;                 /* (4C) */
     float *fcprojw;             /* (4C, C)  mlp.c_proj.weight */
     float *fcprojb;             /* (C) */
+    /* An MoE block instead of the four mlp tensors: the router and its
+     * experts, each c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight
+     * (4C, C), c_proj.bias (C) back to back (loco_gpt_expert). */
+    float *routerw;             /* (E, C)   mlp.router.weight */
+    float *experts;             /* expert 0's c_fc.weight */
 } loco_gpt_block;
+
+/* Expert j of an MoE block's views (at b->experts of params or grads). */
+typedef struct {
+    float *fcw, *fcb, *projw, *projb;
+} loco_gpt_expert;
+static inline loco_gpt_expert loco_gpt_expert_at(float *experts, int C, int j) {
+    const size_t C_ = (size_t)C, size = 8 * C_ * C_ + 5 * C_;
+    float *b = experts + (size_t)j * size;
+    return (loco_gpt_expert){b, b + 4 * C_ * C_, b + 4 * C_ * C_ + 4 * C_,
+                             b + 8 * C_ * C_ + 4 * C_};
+}
 
 typedef struct {
     float *wte;          /* (V, C), also the tied output head */
@@ -114,6 +140,15 @@ typedef struct {
     float *keep_out, *keep_mid;         /* (N, C) gradients of the two c_proj outputs */
     float *keep_fch;                    /* (N, Fl) of c_fc's output */
     float *keep_qkv;                    /* (N, 3Cl) of c_attn's output */
+    /* An MoE block's MLP instead of fch, fch_gelu (k = top_k, E experts;
+     * at most N k packed rows, expert-major; kernels.h, "mixture of
+     * experts"): */
+    float *moe_probs, *moe_lse;         /* (N, E) router probabilities, (N) */
+    int32_t *moe_expert, *moe_slot;     /* (N, k) chosen experts, packed rows */
+    float *moe_weight;                  /* (N, k) renormalised probabilities */
+    int32_t *moe_rows, *moe_count, *moe_routed; /* (N k) tokens, (E) kept, (E) routed */
+    float *moe_x, *moe_y;               /* (N k, C) packed inputs and outputs */
+    float *moe_h, *moe_hg;              /* (N k, 4C) c_fc output and its GELU */
 } loco_gpt_layer_acts;
 
 /* Activations of one forward pass, kept for backward. */
@@ -143,6 +178,11 @@ typedef struct {
     float *drep;   /* (max(6C, T*C)) sp: this rank's part of replicated gradients */
     float *dkeep3, *dkeep2; /* (N, C) gradients of mlp.c_proj's and attn.c_proj's
                              * outputs over all rows, for the weight half */
+    float *moe_dy, *moe_dx;     /* (N k, C) MoE: packed rows' output and input gradients */
+    float *moe_dh, *moe_dhg;    /* (N k, 4C) of c_fc's output and its GELU */
+    float *moe_dlogits;         /* (N, E) */
+    float *moe_dweight;         /* (N, k) */
+    float *moe_plan;            /* (3 N k) loco_moe_plan's scratch */
 } loco_gpt_scratch;
 
 /* Activation recompute (train.recompute). */
@@ -250,7 +290,27 @@ struct loco_gpt {
      * the all-to-alls' buffers (inner/model_cp.c); T above is then the
      * local rows per sequence, cp->T the whole sequence. */
     struct loco_gpt_cp *cp;
+    /* Mixture of experts: per MoE layer, what the passes routed since
+     * loco_gpt_moe_reset (inner/model_moe.c); loss_scale of the pass. */
+    struct loco_gpt_moe *moe;
+    float loss_scale;
+    bool rerun;             /* a block's forward rerun by full recompute */
 };
+
+/* What one MoE layer routed since the last loco_gpt_moe_reset: the
+ * assignments (tokens x top_k) routed to each expert before dropping, how
+ * many were dropped, and the mean of the micro-batches' load-balancing and
+ * z losses (unscaled). */
+typedef struct {
+    int block;                       /* 0-based */
+    int64_t assignments, dropped;
+    const int64_t *routed;           /* (n_experts) */
+    double aux, z;
+} loco_gpt_moe_stats;
+/* MoE layers of the model (0 for a dense one) and layer i's figures. */
+int loco_gpt_moe_layers(const loco_gpt *m);
+void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out);
+void loco_gpt_moe_reset(loco_gpt *m);
 
 /* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg.
  * With cfg->tp = t > 1 the shapes are one tp rank's slice (Megatron 1-D):

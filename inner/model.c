@@ -16,6 +16,12 @@ loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
         .n_embd = (int)cfg->model.n_embd,
         .seq_len = (int)cfg->model.seq_len,
         .vocab_size = (int)cfg->model.vocab_size,
+        .n_experts = (int)cfg->model.n_experts,
+        .top_k = (int)cfg->model.top_k,
+        .moe_every = (int)cfg->model.moe_every,
+        .capacity_factor = (float)cfg->model.capacity_factor,
+        .aux_loss = (float)cfg->model.aux_loss,
+        .z_loss = (float)cfg->model.z_loss,
     };
     return c;
 }
@@ -54,6 +60,19 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
         ADD1(NAME("attn.c_proj.bias"), C, -1, false);
         ADD1(NAME("ln_2.weight"), C, -1, false);
         ADD1(NAME("ln_2.bias"), C, -1, false);
+        if (loco_gpt_is_moe(cfg, l)) {
+            ADD2(NAME("mlp.router.weight"), cfg->n_experts, C, -1);
+            for (int j = 0; j < cfg->n_experts; j++) {
+                char e[64];
+#define EXPERT(suffix) (snprintf(e, sizeof e, "mlp.experts.%d.%s", j, suffix), NAME(e))
+                ADD2(EXPERT("c_fc.weight"), C, 4 * C, -1);
+                ADD1(EXPERT("c_fc.bias"), 4 * C, -1, false);
+                ADD2(EXPERT("c_proj.weight"), 4 * C, C, -1);
+                ADD1(EXPERT("c_proj.bias"), C, -1, false);
+#undef EXPERT
+            }
+            continue;
+        }
         ADD2(NAME("mlp.c_fc.weight"), C, Fl, 1);
         ADD1(NAME("mlp.c_fc.bias"), Fl, 0, false);
         ADD2(NAME("mlp.c_proj.weight"), Fl, C, 0);
@@ -142,6 +161,11 @@ static void bind_views(loco_gpt *m, loco_gpt_tensors *v, int unit, float *base) 
         b->attprojb = NEXT;
         b->ln2w = NEXT;
         b->ln2b = NEXT;
+        if (loco_gpt_is_moe(&m->cfg, unit - 1)) {
+            b->routerw = NEXT;
+            b->experts = NEXT; /* the experts' tensors follow back to back */
+            return;
+        }
         b->fcw = NEXT;
         b->fcb = NEXT;
         b->fcprojw = NEXT;
@@ -230,6 +254,7 @@ static int check_parallel(const loco_gpt_config *cfg, int B, int T, const loco_g
                         "over tp = %d ranks (train.batch_size x model.seq_len must divide by tp)",
                         B, T, t);
     LOCO_CHECK(loco__gpt_cp_check(cfg, B, T, par));
+    LOCO_CHECK(loco__gpt_moe_check(cfg, par));
     if (par->recompute_layers < 0 || par->recompute_layers > cfg->n_layer)
         return LOCO_ERR(LOCO_EINVAL, "train.recompute_layers = %d: the model has %d blocks",
                         par->recompute_layers, cfg->n_layer);
@@ -296,6 +321,7 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
     /* Counted always (block_act_bytes tells what a block would keep), held
      * only when wanted. */
     LOCO_CHECK_GOTO(loco__gpt_cp_init(m, B, T), out_fail);
+    LOCO_CHECK_GOTO(loco__gpt_moe_init(m), out_fail);
     size_t n_act = loco__gpt_carve_acts(m, NULL);
     if (!want_a)
         n_act = 0;
@@ -338,6 +364,7 @@ void loco_gpt_fini(loco_gpt *m) {
     loco_free(m->tp_counts);
     loco_free(m->act_slab);
     loco__gpt_cp_fini(m);
+    loco__gpt_moe_fini(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -459,6 +486,11 @@ int loco__gpt_block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco
         loco__gpt_row_parallel_fwd(m, d, la->attproj, la->atty, w->attprojw, w->attprojb, d->Cl));
     loco_residual_fwd(la->res2, res, la->attproj, (size_t)R * C);
     loco_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, R, C);
+    if (loco_gpt_is_moe(&m->cfg, l)) {
+        LOCO_CHECK(loco__gpt_moe_fwd(m, d, l, la));
+        loco_residual_fwd(la->res3, la->res2, la->fcproj, (size_t)R * C);
+        return 0;
+    }
     LOCO_CHECK(loco__gpt_column_input(m, d, la->ln2, &x));
     loco_matmul_fwd(la->fch, x, w->fcw, w->fcb, N, C, d->Fl, false);
     loco_gelu_fwd(la->fch_gelu, la->fch, (size_t)N * d->Fl);
@@ -490,12 +522,16 @@ int loco__gpt_block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
         ln2w = s->drep + 3 * C, ln2b = s->drep + 4 * C, fpb = s->drep + 5 * C;
     }
     /* res3 = res2 + fcproj: dres flows to both. */
-    memset(s->dfchg, 0, (size_t)N * d->Fl * sizeof(float));
-    LOCO_CHECK(loco__gpt_row_parallel_bwd_input(m, d, s->dfchg, fpb, s->dres, k->d_out, w->fcprojw,
-                                                d->Fl));
-    memset(k->d_fch, 0, (size_t)N * d->Fl * sizeof(float));
-    loco_gelu_bwd(k->d_fch, la->fch, s->dfchg, (size_t)N * d->Fl);
-    LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_fch, w->fcw, d->Fl));
+    if (loco_gpt_is_moe(&m->cfg, l)) { /* the whole MoE backward, weights too */
+        LOCO_CHECK(loco__gpt_moe_bwd(m, d, l, la));
+    } else {
+        memset(s->dfchg, 0, (size_t)N * d->Fl * sizeof(float));
+        LOCO_CHECK(loco__gpt_row_parallel_bwd_input(m, d, s->dfchg, fpb, s->dres, k->d_out,
+                                                    w->fcprojw, d->Fl));
+        memset(k->d_fch, 0, (size_t)N * d->Fl * sizeof(float));
+        loco_gelu_bwd(k->d_fch, la->fch, s->dfchg, (size_t)N * d->Fl);
+        LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_fch, w->fcw, d->Fl));
+    }
     loco_layernorm_bwd(s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd,
                        R, C);
     /* res2 = res + attproj: dres flows to both. */
@@ -526,9 +562,11 @@ int loco__gpt_block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
 int loco__gpt_block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
                                const loco_gpt_layer_acts *la, const loco__gpt_block_keep *k) {
     loco_gpt_block *g = &m->g.h[l];
-    loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Fl);
-    LOCO_CHECK(
-        loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
+    if (!loco_gpt_is_moe(&m->cfg, l)) { /* an MoE block's came with its input half */
+        loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Fl);
+        LOCO_CHECK(
+            loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
+    }
     loco__gpt_row_parallel_bwd_weight(d, g->attprojw, k->d_mid, la->atty, d->Cl);
     return loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1,
                                                 3 * d->Cl);
@@ -658,6 +696,7 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     const int N = B * T, L = m->cfg.n_layer;
     loco_gpt_acts *a = &m->a;
+    m->loss_scale = loss_scale; /* the MoE layers' own losses are scaled alike */
     LOCO_CHECK(forward_body(m, inputs, B, T));
     /* Fused softmax + cross-entropy turns logits into dlogits in place. */
     LOCO_CHECK(loco__gpt_cross_entropy(m, targets, N, true, loss_scale / (float)N));
@@ -676,8 +715,12 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
     LOCO_CHECK(grads_ready(m, L + 1));
     for (int l = L - 1; l >= 0; l--) {
         LOCO_CHECK(acquire(m, l + 1, true));
-        if (loco__gpt_full_recompute(m, l)) /* only the block's input was kept */
-            LOCO_CHECK(loco__gpt_block_fwd(m, &d, l, &a->layer[l], B, T));
+        if (loco__gpt_full_recompute(m, l)) { /* only the block's input was kept */
+            m->rerun = true;
+            int rc = loco__gpt_block_fwd(m, &d, l, &a->layer[l], B, T);
+            m->rerun = false;
+            LOCO_CHECK(rc);
+        }
         LOCO_CHECK(loco__gpt_block_bwd(m, &d, l, &a->layer[l], B, T));
         LOCO_CHECK(release(m, l + 1, true));
         LOCO_CHECK(grads_ready(m, l + 1));
@@ -689,6 +732,11 @@ int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t 
 
 double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {
     const double L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab_size;
-    const double matmul_params = L * 12.0 * C * C + V * C;
+    /* the matmul parameters a token meets: an MoE block's top_k experts
+     * and its router in place of the MLP */
+    double matmul_params = L * 12.0 * C * C + V * C;
+    for (int l = 0; l < cfg->n_layer; l++)
+        if (loco_gpt_is_moe(cfg, l))
+            matmul_params += (cfg->top_k - 1) * 8.0 * C * C + (double)cfg->n_experts * C;
     return 6.0 * matmul_params + 12.0 * L * C * T;
 }

@@ -12,7 +12,7 @@ static bool holds_block(const loco_gpt *m, int l) {
  * attention state, none when 0) from base + off; returns the new offset.
  * base NULL: counts. */
 static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
-                          const loco__gpt_shape *d, size_t att) {
+                          const loco__gpt_shape *d, size_t att, const loco_gpt_config *moe) {
     const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
 #define CARVE(field, count)                                                                        \
     do {                                                                                           \
@@ -32,8 +32,31 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
     CARVE(la->ln2, R * C);
     CARVE(la->ln2_mean, R);
     CARVE(la->ln2_rstd, R);
-    CARVE(la->fch, N * Fl);
-    CARVE(la->fch_gelu, N * Fl);
+    if (moe) { /* an MoE block's MLP */
+        const size_t E = (size_t)moe->n_experts, Nk = N * (size_t)moe->top_k;
+#define CARVEI(field, count)                                                                       \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = (int32_t *)(base + off);                                                       \
+        off += ((size_t)(count) + 15) & ~(size_t)15;                                               \
+    } while (0)
+        CARVE(la->moe_probs, N * E);
+        CARVE(la->moe_lse, N);
+        CARVEI(la->moe_expert, Nk);
+        CARVEI(la->moe_slot, Nk);
+        CARVE(la->moe_weight, Nk);
+        CARVEI(la->moe_rows, Nk);
+        CARVEI(la->moe_count, E);
+        CARVEI(la->moe_routed, E);
+        CARVE(la->moe_x, Nk * C);
+        CARVE(la->moe_y, Nk * C);
+        CARVE(la->moe_h, Nk * 4 * C);
+        CARVE(la->moe_hg, Nk * 4 * C);
+#undef CARVEI
+    } else {
+        CARVE(la->fch, N * Fl);
+        CARVE(la->fch_gelu, N * Fl);
+    }
     CARVE(la->fcproj, R * C);
 #undef CARVE
     return off;
@@ -65,11 +88,13 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     /* One block's worth of every activation: the shared block that full
      * recompute reruns into, or the shared attention probabilities. */
     loco_gpt_layer_acts shared = {0};
-    bool any_full = false;
-    for (size_t l = 0; l < L; l++)
+    bool any_full = false, any_moe = false;
+    for (size_t l = 0; l < L; l++) {
         any_full |= holds_block(m, (int)l) && loco__gpt_full_recompute(m, (int)l);
+        any_moe |= holds_block(m, (int)l) && loco_gpt_is_moe(&m->cfg, (int)l);
+    }
     if (any_full || selective)
-        off = carve_block(&shared, base, off, &d, att);
+        off = carve_block(&shared, base, off, &d, att, any_moe ? &m->cfg : NULL);
     size_t kept = 0; /* what the first block held keeps for its backward */
     bool counted = false;
     for (int k = 0; k < slots; k++) {
@@ -83,7 +108,8 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
             const bool full = loco__gpt_full_recompute(m, (int)l);
             const size_t before = off;
             if (!full)
-                off = carve_block(la, base, off, &d, selective ? 0 : att);
+                off = carve_block(la, base, off, &d, selective ? 0 : att,
+                                  loco_gpt_is_moe(&m->cfg, (int)l) ? &m->cfg : NULL);
             CARVE(la->res3, R * C);
             if (!counted) {
                 kept = (off - before) * sizeof(float);
@@ -130,6 +156,16 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     CARVE(s->dfchg, N * Fl);
     if (selective)
         CARVE(s->atty, N * Cl);
+    if (any_moe) {
+        const size_t Nk = N * (size_t)m->cfg.top_k;
+        CARVE(s->moe_dy, Nk * C);
+        CARVE(s->moe_dx, Nk * C);
+        CARVE(s->moe_dh, Nk * 4 * C);
+        CARVE(s->moe_dhg, Nk * 4 * C);
+        CARVE(s->moe_dlogits, N * (size_t)m->cfg.n_experts);
+        CARVE(s->moe_dweight, Nk);
+        CARVE(s->moe_plan, 3 * Nk);
+    }
 #undef CARVE
     if (base)
         m->a = m->slot_acts[0];

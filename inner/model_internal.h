@@ -1,7 +1,7 @@
 /* Internals of the GPT model shared by inner/model.c (tables, buffers,
  * passes), model_tp.c (tensor parallelism), model_stage.c (pipeline
- * stages), model_acts.c (the activation slab) and model_cp.c (context
- * parallelism). Not for use outside
+ * stages), model_acts.c (the activation slab), model_cp.c (context
+ * parallelism) and model_moe.c (mixture of experts). Not for use outside
  * them. */
 #ifndef LOCO_MODEL_INTERNAL_H
 #define LOCO_MODEL_INTERNAL_H
@@ -158,5 +158,17 @@ int loco__gpt_attention_rerun(loco_gpt *m, const loco__gpt_shape *d, float *scra
 int loco__gpt_attention_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, float *datt,
                             const float *dout, const float *qkv, const float *out,
                             const float *att, int B, int T);
+
+/* ------------------------------------------------- mixture of experts */
+
+/* MoE against the rest of the configuration (LOCO_EINVAL, or
+ * LOCO_ENOTSUP for what is not built). */
+int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par);
+int loco__gpt_moe_init(loco_gpt *m); /* the statistics; nothing for a dense model */
+void loco__gpt_moe_fini(loco_gpt *m);
+/* Block l's MoE MLP: la->ln2 in, la->fcproj out (inner/model_moe.c); its
+ * backward from s.dres into s.dbtc, with every router and expert gradient. */
+int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
+int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
 
 #endif /* LOCO_MODEL_INTERNAL_H */

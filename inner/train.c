@@ -79,6 +79,12 @@ static int check_device(const loco_config *cfg, int world) {
                         "the attention's log-sum-exp (what selective recompute saves) and has no "
                         "full recompute yet: use train.recompute = none with train.device = cuda",
                         cfg->train.recompute);
+    if (cfg->model.n_experts > 0)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "model.n_experts = %lld: the mixture of experts trains on the CPU path; "
+                        "the GPU model is dense (the MoE kernels' CUDA twins exist, the device "
+                        "model does not use them yet)",
+                        (long long)cfg->model.n_experts);
     if (world > 1)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "train.device = cuda trains on one rank; this island has %d (multi-rank "
@@ -323,6 +329,7 @@ static int pipeline_step(loco_trainer *t, double *loss_sum, float lr, double *no
 
 int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     double t0 = loco_now();
+    loco_gpt_moe_reset(&t->model); /* the step's routing, for metrics */
     const int accum = (int)t->cfg.train.grad_accum;
     double loss_sum = 0;
     float lr = loco_lr_at(&t->cfg, t->step);
@@ -599,6 +606,29 @@ int loco_trainer_begin_run(loco_trainer *t) {
     return 0;
 }
 
+/* Per MoE layer, what this rank's micro-batches of the step routed (rank
+ * 0's; every dp rank's are alike in distribution): assignments per expert
+ * before dropping, the fraction dropped, the load-balancing and z losses
+ * (unscaled means over the micro-batches). */
+static int moe_metrics(loco_trainer *t) {
+    loco_gpt *m = &t->model;
+    for (int i = 0; i < loco_gpt_moe_layers(m); i++) {
+        loco_gpt_moe_stats st;
+        loco_gpt_moe_layer(m, i, &st);
+        char key[64];
+        snprintf(key, sizeof key, "moe.%d.tokens_per_expert", st.block);
+        loco_metrics_ints(t->metrics, key, st.routed, m->cfg.n_experts);
+        snprintf(key, sizeof key, "moe.%d.dropped_frac", st.block);
+        loco_metrics_num(t->metrics, key,
+                         st.assignments ? (double)st.dropped / (double)st.assignments : 0);
+        snprintf(key, sizeof key, "moe.%d.aux_loss", st.block);
+        loco_metrics_num(t->metrics, key, st.aux);
+        snprintf(key, sizeof key, "moe.%d.z_loss", st.block);
+        loco_metrics_num(t->metrics, key, st.z);
+    }
+    return 0;
+}
+
 int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s) {
     const loco_config *c = &t->cfg;
     bool last = t->step == c->train.steps;
@@ -611,6 +641,7 @@ int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s) {
     loco_metrics_num(t->metrics, "grad_norm", s->grad_norm);
     loco_metrics_num(t->metrics, "tokens_per_s", s->tokens_per_s);
     loco_metrics_num(t->metrics, "step_s", s->seconds);
+    LOCO_CHECK(moe_metrics(t));
     LOCO_CHECK(loco_metrics_end(t->metrics));
     if (s->step % c->run.log_every == 0 || s->step == t->first_step + 1 || last) {
         char e[32];

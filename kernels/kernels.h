@@ -99,6 +99,50 @@ void loco_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dk
                               int B, int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
                               bool causal);
 
+/* ------------------------------------------------- mixture of experts
+ * A token goes to its top-k experts (Mixtral's router: softmax over the
+ * E logits, the k largest, their probabilities renormalised to sum 1);
+ * an expert takes at most `cap` of the assignments routed to it, the most
+ * probable first (ties: lower token position, then earlier choice); the
+ * rest are dropped and their tokens keep only the residual. Kept
+ * assignments are packed expert-major, each expert's in token order. */
+
+/* probs (N,E) = softmax of logits' rows (probs may equal logits), lse (N)
+ * their log-sum-exp; expert (N,k) the k most probable (descending, ties:
+ * lower index), weight (N,k) their probabilities over their sum. */
+void loco_moe_route(float *probs, float *lse, int32_t *expert, float *weight, const float *logits,
+                    int N, int E, int k);
+/* Capacity and packing: slot (N,k) the packed row of each assignment or
+ * -1 when dropped; rows (<= N k) the token of each packed row; count (E)
+ * the rows each expert keeps; routed (E) the assignments routed to it
+ * before dropping. scratch: N k x 12 bytes. Returns the packed rows. */
+int loco_moe_plan(int32_t *slot, int32_t *rows, int32_t *count, int32_t *routed,
+                  const int32_t *expert, const float *probs, int N, int E, int k, int cap,
+                  void *scratch);
+/* out (n,C): out[r] = x[rows[r]]. Its backward: dx[t] += the kept rows of
+ * token t (choice order). */
+void loco_moe_gather(float *out, const float *x, const int32_t *rows, int n, int C);
+void loco_moe_gather_bwd(float *dx, const float *dxe, const int32_t *slot, int N, int k, int C);
+/* out (N,C) = sum over token t's kept choices of weight * y[slot]
+ * (overwritten; 0 when all were dropped). Backward: dy's kept rows
+ * overwritten with weight * dout[t], dweight (N,k) = dout[t] . y[slot]
+ * (0 when dropped). */
+void loco_moe_combine(float *out, const float *y, const int32_t *slot, const float *weight, int N,
+                      int k, int C);
+void loco_moe_combine_bwd(float *dy, float *dweight, const float *dout, const float *y,
+                          const int32_t *slot, const float *weight, int N, int k, int C);
+/* Switch's load-balancing loss E sum_e f_e P_e (f_e = routed_e / (N k),
+ * P_e = the mean router probability of e) and the router z-loss
+ * mean_t lse_t^2, unscaled. */
+void loco_moe_losses(double *aux, double *z, const float *probs, const float *lse,
+                     const int32_t *routed, int N, int E, int k);
+/* dlogits (N,E), overwritten: the gradient through the renormalised
+ * weights (dweight) and the softmax, plus scale x (aux x the load-balancing
+ * loss + z x the z-loss); f_e is constant (counts). */
+void loco_moe_route_bwd(float *dlogits, const float *dweight, const float *probs, const float *lse,
+                        const int32_t *expert, const float *weight, const int32_t *routed, int N,
+                        int E, int k, float aux, float z, float scale);
+
 /* GELU, tanh approximation (GPT-2's "gelu_new"). */
 void loco_gelu_fwd(float *out, const float *inp, size_t n);
 /* dinp += dout * gelu'(inp) */
@@ -349,6 +393,37 @@ int loco_cuda_xent_vp_finish(float *losses, float *dlogits, const float *logits,
                              const float *rowmax, const float *sumexp, const float *tlogit,
                              const int32_t *targets, int v_lo, int N, int Vl, int v_valid,
                              float dscale, loco_stream s);
+
+/* Mixture of experts (fp32), as the CPU twins above, deterministic (no
+ * atomics). LOCO_EINVAL unless 1 <= k <= E (route, plan, losses, route_bwd)
+ * and cap >= 0 (plan). The integers (expert, slot, rows, count, routed) are
+ * the CPU's exactly for the same inputs. plan returns 0, not the packed
+ * rows: they are the sum of count, and scratch's first int32 receives them
+ * (device memory, LOCO_CUDA_MOE_PLAN_SCRATCH bytes, overwritten).
+ * losses writes aux and z to device doubles (one block, a fixed order of
+ * summation: not the CPU's bits). */
+#define LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) \
+    ((size_t)4 * (3 * (size_t)(N) * (size_t)(k) + 2 * (size_t)(E) + 3))
+int loco_cuda_moe_route(float *probs, float *lse, int32_t *expert, float *weight,
+                        const float *logits, int N, int E, int k, loco_stream s);
+int loco_cuda_moe_plan(int32_t *slot, int32_t *rows, int32_t *count, int32_t *routed,
+                       const int32_t *expert, const float *probs, int N, int E, int k, int cap,
+                       void *scratch, loco_stream s);
+int loco_cuda_moe_gather(float *out, const float *x, const int32_t *rows, int n, int C,
+                         loco_stream s);
+int loco_cuda_moe_gather_bwd(float *dx, const float *dxe, const int32_t *slot, int N, int k, int C,
+                             loco_stream s);
+int loco_cuda_moe_combine(float *out, const float *y, const int32_t *slot, const float *weight,
+                          int N, int k, int C, loco_stream s);
+int loco_cuda_moe_combine_bwd(float *dy, float *dweight, const float *dout, const float *y,
+                              const int32_t *slot, const float *weight, int N, int k, int C,
+                              loco_stream s);
+int loco_cuda_moe_losses(double *aux, double *z, const float *probs, const float *lse,
+                         const int32_t *routed, int N, int E, int k, loco_stream s);
+int loco_cuda_moe_route_bwd(float *dlogits, const float *dweight, const float *probs,
+                            const float *lse, const int32_t *expert, const float *weight,
+                            const int32_t *routed, int N, int E, int k, float aux, float z,
+                            float scale, loco_stream s);
 
 /* fp32 master weights and state; the bf16 weight copy is made afterwards
  * with loco_cuda_cast_bf16. */
