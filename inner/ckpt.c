@@ -344,9 +344,16 @@ static int check_shard_list(int t, int pp, const size_t *P, int n, const size_t 
  * caller. */
 static int manifest_stage_params(const loco_ckpt_view *v, const loco_gpt_stage *stages, int pp,
                                  size_t **P) {
-    *P = loco_alloc((size_t)pp * sizeof **P);
+    const int ep = v->model.ep > 1 ? v->model.ep : 1;
+    *P = loco_alloc((size_t)pp * ep * sizeof **P);
     if (!*P)
         return LOCO_ERR(LOCO_ENOMEM, "table of %d pipeline stages", pp);
+    if (pp == 1 && ep > 1) { /* the ep ranks' tables of the whole model */
+        LOCO_CHECK(loco__ckpt_stage_params(&v->model, NULL, 1, *P));
+        if ((*P)[v->model.ep_rank] != v->tt->numel)
+            return LOCO_ERR(LOCO_EINVAL, "the view is not ep rank %d's table", v->model.ep_rank);
+        return 0;
+    }
     if (pp == 1) {
         LOCO_CHECK(loco__ckpt_stage_params(&v->model, NULL, 1, *P));
         if ((*P)[0] != v->tt->numel)
@@ -360,7 +367,8 @@ static int manifest_stage_params(const loco_ckpt_view *v, const loco_gpt_stage *
         return LOCO_ERR(LOCO_EINVAL, "pipeline stages that do not tile the model's blocks (%s)",
                         stages ? why : "none given");
     LOCO_CHECK(loco__ckpt_stage_params(&v->model, stages, pp, *P));
-    if (v->stage && (v->pp_rank < 0 || v->pp_rank >= pp || (*P)[v->pp_rank] != v->tt->numel))
+    if (v->stage && (v->pp_rank < 0 || v->pp_rank >= pp ||
+                     (*P)[v->pp_rank * ep + v->model.ep_rank] != v->tt->numel))
         return LOCO_ERR(LOCO_EINVAL, "the view is not pp rank %d's stage of the %d given",
                         v->pp_rank, pp);
     return 0;
@@ -379,25 +387,28 @@ int loco_ckpt_write_manifest_pp(const char *tmpdir, const char *dir, const loco_
                                 const size_t *his, const uint64_t *hashes, const int *tp_ranks,
                                 const int *pp_ranks, const loco_gpt_stage *stages, int pp,
                                 const loco_ckpt_state *st) {
-    const int t = loco__ckpt_view_tp(v);
+    const int t = loco__ckpt_view_tp(v), ep = v->model.ep > 1 ? v->model.ep : 1;
     if (pp < 1)
         return LOCO_ERR(LOCO_EINVAL, "pp = %d", pp);
     size_t *P;
     int rc = manifest_stage_params(v, stages, pp, &P);
     cJSON *j = NULL;
     LOCO_CHECK_GOTO(rc, out);
-    LOCO_CHECK_GOTO(check_shard_list(t, pp, P, n_shards, los, his, tp_ranks, pp_ranks), out);
+    /* pp_ranks name groups: pp rank x ep + ep rank */
+    LOCO_CHECK_GOTO(check_shard_list(t, pp * ep, P, n_shards, los, his, tp_ranks, pp_ranks), out);
     LOCO_CHECK_GOTO(write_configs(tmpdir, cfg, &v->model), out);
     j = state_json(st, v->adam_t);
-    if (pp == 1) {
+    if (pp * ep == 1) {
         cJSON_AddNumberToObject(j, "n_params", (double)P[0]);
     } else {
         cJSON *np = cJSON_AddArrayToObject(j, "n_params");
-        for (int q = 0; q < pp; q++)
+        for (int q = 0; q < pp * ep; q++)
             cJSON_AddItemToArray(np, cJSON_CreateNumber((double)P[q]));
     }
     if (t > 1)
         cJSON_AddNumberToObject(j, "tp", t);
+    if (ep > 1)
+        cJSON_AddNumberToObject(j, "ep", ep);
     if (pp > 1) {
         cJSON_AddNumberToObject(j, "pp", pp);
         cJSON *sa = cJSON_AddArrayToObject(j, "stages");
@@ -416,8 +427,11 @@ int loco_ckpt_write_manifest_pp(const char *tmpdir, const char *dir, const loco_
         char name[64];
         snprintf(name, sizeof name, "shard_%05d.safetensors", i);
         cJSON_AddStringToObject(e, "file", name);
+        const int g = pp_ranks ? pp_ranks[i] : 0;
         if (pp > 1)
-            cJSON_AddNumberToObject(e, "pp_rank", pp_ranks ? pp_ranks[i] : 0);
+            cJSON_AddNumberToObject(e, "pp_rank", g / ep);
+        if (ep > 1)
+            cJSON_AddNumberToObject(e, "ep_rank", g % ep);
         if (t > 1)
             cJSON_AddNumberToObject(e, "tp_rank", tp_ranks ? tp_ranks[i] : 0);
         cJSON_AddNumberToObject(e, "lo", (double)los[i]);

@@ -40,7 +40,7 @@ typedef struct {
     size_t lo, hi;     /* flat range of its tp rank's slice */
     uint64_t xxh3;
     int rank;          /* tp rank of the slice */
-    int pp;            /* pp rank of the stage (0 without pipeline) */
+    int pp;            /* its group: pp rank x ep + ep rank (0 without either) */
     bool need;         /* the view needs some of it */
     loco_st *st;       /* once verified */
     const float *x[3]; /* params, exp_avg, exp_avg_sq from lo */
@@ -51,8 +51,9 @@ typedef struct {
  * pp_rank * tp + tp_rank. */
 typedef struct {
     const char *dir;
-    int tp, pp, n;
-    size_t *P;               /* (pp) parameters of each stage's tp slice */
+    int tp, pp, n;           /* pp: groups (pp x ep) */
+    int ep;
+    size_t *P;               /* (pp) parameters of each group's tp slice */
     loco__ckpt_shard_ref *s; /* (n) in state.json's order */
     int *order;              /* (n) indices into s grouped by group, each group in order */
     int *first;              /* (pp * tp + 1) group g is order[first[g] .. first[g + 1]) */
@@ -91,8 +92,12 @@ bool loco__ckpt_same_stage(const loco_gpt_stage *a, const loco_gpt_stage *b);
  * "stages" is malformed or the stages do not tile the L blocks. */
 int loco__ckpt_parse_stages(const char *dir, const cJSON *j, int L, int *pp,
                             loco_gpt_stage **stages);
-/* P[p] = parameters of stage p's table for mc (mc->tp's slice); stages
- * NULL (pp = 1): the whole model's. */
+/* Expert parallelism splits a stage's table once more, by ep rank: a
+ * checkpoint's groups are (pp rank, ep rank) pairs, g = pp_rank * ep +
+ * ep_rank (ep = mc->ep, 1 when 0), and "pp" below counts groups where
+ * marked. P[g] = parameters of group g's table for mc (mc->tp's slice,
+ * stage g / ep, ep rank g % ep): pp x ep entries; stages NULL (pp = 1):
+ * the whole model's. */
 int loco__ckpt_stage_params(const loco_gpt_config *mc, const loco_gpt_stage *stages, int pp,
                             size_t *P);
 /* Parses and checks j's shard list for a checkpoint of pp stages of tp
@@ -100,7 +105,7 @@ int loco__ckpt_stage_params(const loco_gpt_config *mc, const loco_gpt_stage *sta
  * slice is missing or its shards do not tile it); on error mf holds
  * nothing. mf's strings point into j, which must outlive it. */
 int loco__ckpt_parse_manifest(loco__ckpt_manifest *mf, const char *dir, const cJSON *j, int tp,
-                              int pp, const size_t *P);
+                              int pp, int ep, const size_t *P);
 /* Closes the opened shards, frees the table, zeroes mf (zeroed is fine). */
 void loco__ckpt_manifest_fini(loco__ckpt_manifest *mf);
 /* The shard of group g (pp_rank * tp + tp_rank) that holds element x of
@@ -118,7 +123,7 @@ int loco__ckpt_open_shards(loco__ckpt_manifest *mf);
  * when v->tt is not the table of v->stage (NULL: the whole model) of tp
  * rank v->tp_rank's slice of v->model; every source the view needs is
  * verified before v is written. */
-int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp,
+int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp, int ep_src,
                               const loco_gpt_stage *stages, loco_ckpt_view *v);
 
 #endif /* LOCO_CKPT_INTERNAL_H */

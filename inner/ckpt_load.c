@@ -157,19 +157,20 @@ static int load_single(const char *dir, const cJSON *sums, loco_ckpt_view *v) {
 static int load_sharded(const char *dir, const cJSON *j, int tp, int pp,
                         const loco_gpt_stage *stages, loco_ckpt_view *v) {
     loco__ckpt_manifest mf;
-    size_t *P = loco_alloc((size_t)pp * sizeof *P);
+    const int ep = v->model.ep > 1 ? v->model.ep : 1; /* the checkpoint's too */
+    size_t *P = loco_alloc((size_t)pp * ep * sizeof *P);
     if (!P)
         return LOCO_ERR(LOCO_ENOMEM, "table of %d pipeline stages", pp);
-    const int q = pp > 1 ? v->pp_rank : 0;
+    const int q = (pp > 1 ? v->pp_rank : 0) * ep + (ep > 1 ? v->model.ep_rank : 0);
     int rc = 0;
-    if (pp > 1) {
+    if (pp * ep > 1) {
         loco_gpt_config mc = v->model;
         mc.tp = tp;
         LOCO_CHECK_GOTO(loco__ckpt_stage_params(&mc, stages, pp, P), out);
     } else {
         P[0] = v->tt->numel;
     }
-    LOCO_CHECK_GOTO(loco__ckpt_parse_manifest(&mf, dir, j, tp, pp, P), out);
+    LOCO_CHECK_GOTO(loco__ckpt_parse_manifest(&mf, dir, j, tp, pp, ep, P), out);
     if (P[q] != v->tt->numel) {
         loco__ckpt_manifest_fini(&mf);
         rc = LOCO_ERR(LOCO_EINVAL, "the view's table is not pp rank %d's stage (%zu parameters, "
@@ -335,12 +336,24 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                       dir, pp);
         goto out;
     }
+    /* The checkpoint's expert parallelism (absent: 1). */
+    int64_t ep = 1;
+    if (cJSON_HasObjectItem(j, "ep") &&
+        (loco__ckpt_get_int(j, "ep", &ep) || ep < 1 || ep > 1 << 20 || !cJSON_IsArray(shards) ||
+         v->model.n_experts <= 0 || v->model.n_experts % ep)) {
+        rc = LOCO_ERR(LOCO_EPROTO,
+                      "checkpoint %s: %s has an ep that does not split the model's %d experts "
+                      "(or a single-file layout)",
+                      dir, STATE_FILE, v->model.n_experts);
+        goto out;
+    }
     /* Same layout: the view's own shards; any other: by tensor name. */
     const bool same_pp = pp == 1 ? !v->stage
                                  : v->stage && v->pp_rank >= 0 && v->pp_rank < pp &&
                                        loco__ckpt_same_stage(v->stage, &stages[v->pp_rank]);
-    if (tp != tv || !same_pp)
-        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, (int)tp, pp, stages, v), out);
+    const bool same_ep = ep == (v->model.ep > 1 ? v->model.ep : 1);
+    if (tp != tv || !same_pp || !same_ep)
+        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, (int)tp, pp, (int)ep, stages, v), out);
     else if (cJSON_IsArray(shards))
         LOCO_CHECK_GOTO(load_sharded(dir, j, (int)tp, pp, stages, v), out);
     else

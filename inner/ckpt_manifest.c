@@ -111,13 +111,16 @@ int loco__ckpt_parse_stages(const char *dir, const cJSON *j, int L, int *pp,
 
 int loco__ckpt_stage_params(const loco_gpt_config *mc, const loco_gpt_stage *stages, int pp,
                             size_t *P) {
-    for (int p = 0; p < pp; p++) {
+    const int ep = mc->ep > 1 ? mc->ep : 1;
+    loco_gpt_config c = *mc;
+    for (int g = 0; g < pp * ep; g++) {
         loco_ttable tt;
-        loco_gpt_stage one = stages ? stages[p] : (loco_gpt_stage){0};
+        loco_gpt_stage one = stages ? stages[g / ep] : (loco_gpt_stage){0};
         one.slots = 1; /* the table does not depend on the activation slots */
-        LOCO_CHECK(stages ? loco_gpt_build_stage_table(&tt, mc, &one)
-                          : loco_gpt_build_table(&tt, mc));
-        P[p] = tt.numel;
+        c.ep_rank = g % ep;
+        LOCO_CHECK(stages ? loco_gpt_build_stage_table(&tt, &c, &one)
+                          : loco_gpt_build_table(&tt, &c));
+        P[g] = tt.numel;
         loco_ttable_fini(&tt);
     }
     return 0;
@@ -180,15 +183,16 @@ static int check_n_params(const char *dir, const cJSON *j, int tp, int pp, const
 }
 
 int loco__ckpt_parse_manifest(loco__ckpt_manifest *mf, const char *dir, const cJSON *j, int tp,
-                              int pp, const size_t *P) {
+                              int pp_stages, int ep, const size_t *P) {
     memset(mf, 0, sizeof *mf);
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "shards");
+    const int pp = pp_stages * ep; /* groups */
     const int n = cJSON_GetArraySize(arr), G = pp * tp;
     char who[128];
     if (n < 1 || n > 1 << 20)
         return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: state.json has a bad shard list", dir);
     LOCO_CHECK(check_n_params(dir, j, tp, pp, P));
-    mf->dir = dir, mf->tp = tp, mf->pp = pp, mf->n = n;
+    mf->dir = dir, mf->tp = tp, mf->pp = pp, mf->n = n, mf->ep = ep;
     mf->s = loco_alloc((size_t)n * sizeof *mf->s);
     mf->order = loco_alloc((size_t)n * sizeof *mf->order);
     mf->first = loco_alloc(((size_t)G + 1) * sizeof *mf->first);
@@ -203,17 +207,20 @@ int loco__ckpt_parse_manifest(loco__ckpt_manifest *mf, const char *dir, const cJ
     for (int i = 0; i < n; i++) {
         const cJSON *e = cJSON_GetArrayItem(arr, i);
         const cJSON *file = cJSON_GetObjectItemCaseSensitive(e, "file");
-        int64_t lo, hi, rank = 0, q = 0;
+        int64_t lo, hi, rank = 0, q = 0, er = 0;
         uint64_t h;
         if (!cJSON_IsString(file) || strchr(file->valuestring, '/') ||
             loco__ckpt_get_int(e, "lo", &lo) || loco__ckpt_get_int(e, "hi", &hi) || hi < lo ||
             loco__ckpt_parse_hex(cJSON_GetObjectItemCaseSensitive(e, "xxh3"), &h) ||
             (cJSON_HasObjectItem(e, "tp_rank") && loco__ckpt_get_int(e, "tp_rank", &rank)) ||
-            (cJSON_HasObjectItem(e, "pp_rank") && loco__ckpt_get_int(e, "pp_rank", &q))) {
+            (cJSON_HasObjectItem(e, "pp_rank") && loco__ckpt_get_int(e, "pp_rank", &q)) ||
+            (cJSON_HasObjectItem(e, "ep_rank") && loco__ckpt_get_int(e, "ep_rank", &er)) ||
+            er >= ep) {
             loco__ckpt_manifest_fini(mf);
             return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: shard %d of state.json is malformed",
                             dir, i);
         }
+        q = q * ep + er;
         if (rank >= tp || q >= pp) {
             loco__ckpt_manifest_fini(mf);
             return LOCO_ERR(LOCO_EPROTO,
@@ -297,6 +304,7 @@ int loco__ckpt_open_shards(loco__ckpt_manifest *mf) {
         if (mf->tp > 1 || mf->pp > 1)
             snprintf(what, sizeof what, "%s (of %s)", s->file,
                      group_name(who, sizeof who, s->pp * mf->tp + s->rank, mf->tp, mf->pp));
+        /* (under ep "pp rank" names the group: pp rank x ep + ep rank) */
         else
             snprintf(what, sizeof what, "%s", s->file);
         LOCO_CHECK(loco__ckpt_verify_hash(mf->dir, s->file, what, s->xxh3));
@@ -316,7 +324,7 @@ int loco__ckpt_open_shards(loco__ckpt_manifest *mf) {
             return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s says it holds tp rank %s", mf->dir,
                             what, r);
         const char *q = loco_st_meta(s->st, "pp_rank");
-        if (q && strtol(q, NULL, 10) != s->pp)
+        if (q && strtol(q, NULL, 10) != s->pp / mf->ep)
             return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s says it holds pp rank %s", mf->dir,
                             what, q);
     }

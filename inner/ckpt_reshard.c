@@ -182,26 +182,29 @@ static bool same_table(const loco_ttable *a, const loco_ttable *b) {
 /* The source stages' tables at the checkpoint's tp, their parameters,
  * and which holds the embeddings. */
 static int source_tables(reshard *R, const loco_gpt_config *model, const loco_gpt_stage *stages,
-                         size_t *P) {
+                         int ep, size_t *P) {
     loco_gpt_config mc = *model;
     mc.tp = R->t_src;
+    mc.ep = ep;
     R->src = loco_alloc((size_t)R->pp * sizeof *R->src);
     if (!R->src)
         return LOCO_ERR(LOCO_ENOMEM, "tables of %d pipeline stages", R->pp);
     for (int q = 0; q < R->pp; q++)
         loco_ttable_init(&R->src[q]);
-    for (int q = 0; q < R->pp; q++) {
-        LOCO_CHECK(stages ? loco_gpt_build_stage_table(&R->src[q], &mc, &stages[q])
+    for (int q = R->pp - 1; q >= 0; q--) { /* groups: stage q / ep, ep rank q % ep */
+        mc.ep_rank = q % ep;
+        LOCO_CHECK(stages ? loco_gpt_build_stage_table(&R->src[q], &mc, &stages[q / ep])
                           : loco_gpt_build_table(&R->src[q], &mc));
         P[q] = R->src[q].numel;
-        if (!stages || stages[q].first[0] == 0)
+        if (!stages || stages[q / ep].first[0] == 0)
             R->embed = q;
     }
     return 0;
 }
 
-int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp,
-                              const loco_gpt_stage *stages, loco_ckpt_view *v) {
+int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp_stages,
+                              int ep_src, const loco_gpt_stage *stages, loco_ckpt_view *v) {
+    const int pp = pp_stages * ep_src; /* source groups */
     reshard R = {.t_src = t_src, .t_dst = loco__ckpt_view_tp(v), .rank = v->tp_rank, .pp = pp,
                  .sharded = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "shards"))};
     int rc = 0;
@@ -210,7 +213,9 @@ int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp
     loco_ttable_init(&R.dst);
     loco_gpt_config mc = v->model;
     mc.tp = 1;
+    mc.ep = 1, mc.ep_rank = 0; /* every expert */
     LOCO_CHECK_GOTO(loco_gpt_build_table(&R.whole, &mc), out);
+    mc.ep = v->model.ep, mc.ep_rank = v->model.ep_rank;
     mc.tp = R.t_dst;
     loco_gpt_stage vs = v->stage ? *v->stage : (loco_gpt_stage){0};
     vs.slots = 1; /* the table does not depend on the activation slots */
@@ -228,7 +233,7 @@ int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp
         rc = LOCO_ERR(LOCO_ENOMEM, "table of %d pipeline stages", pp);
         goto out;
     }
-    LOCO_CHECK_GOTO(source_tables(&R, &v->model, stages, P), out);
+    LOCO_CHECK_GOTO(source_tables(&R, &v->model, stages, ep_src, P), out);
     size_t cap = 1;
     for (int i = 0; i < R.whole.n; i++) {
         const size_t n = split_len(&R.whole.t[i]);
@@ -248,7 +253,8 @@ int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp
     /* Everything the view needs is checked before it is touched: the
      * manifest, every tensor's source, the files. */
     if (R.sharded)
-        LOCO_CHECK_GOTO(loco__ckpt_parse_manifest(&R.mf, dir, j, t_src, pp, P), out);
+        LOCO_CHECK_GOTO(loco__ckpt_parse_manifest(&R.mf, dir, j, t_src, pp_stages, ep_src, P),
+                        out);
     LOCO_CHECK_GOTO(walk_view(&R, v, false), out);
     if (R.sharded) {
         LOCO_CHECK_GOTO(loco__ckpt_open_shards(&R.mf), out);

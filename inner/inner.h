@@ -75,6 +75,10 @@ typedef struct {
      * n_experts GPT-2 MLPs; capacity_factor 0 = dropless. */
     int n_experts, top_k, moe_every;
     float capacity_factor, aux_loss, z_loss;
+    /* Expert parallelism: the experts are split over ep ranks (0 or 1:
+     * all here); this rank's table holds experts [ep_rank E/ep, (ep_rank +
+     * 1) E/ep) of every MoE block, under their global names. */
+    int ep, ep_rank;
 } loco_gpt_config;
 
 /* Whether block l's MLP is a mixture of experts. */
@@ -148,7 +152,12 @@ typedef struct {
     float *moe_weight;                  /* (N, k) renormalised probabilities */
     int32_t *moe_rows, *moe_count, *moe_routed; /* (N k) tokens, (E) kept, (E) routed */
     float *moe_x, *moe_y;               /* (N k, C) packed inputs and outputs */
-    float *moe_h, *moe_hg;              /* (N k, 4C) c_fc output and its GELU */
+    float *moe_h, *moe_hg;              /* (M, 4C) c_fc output and its GELU */
+    /* Under ep (M = ep N k, else N k and moe_xo = moe_x): the rows this
+     * rank's experts received, expert-major, then by source rank, and how
+     * many each source sent each of them (ep x E/ep). */
+    float *moe_xo;                      /* (M, C) */
+    int32_t *moe_recv;
 } loco_gpt_layer_acts;
 
 /* Activations of one forward pass, kept for backward. */
@@ -179,7 +188,8 @@ typedef struct {
     float *dkeep3, *dkeep2; /* (N, C) gradients of mlp.c_proj's and attn.c_proj's
                              * outputs over all rows, for the weight half */
     float *moe_dy, *moe_dx;     /* (N k, C) MoE: packed rows' output and input gradients */
-    float *moe_dh, *moe_dhg;    /* (N k, 4C) of c_fc's output and its GELU */
+    float *moe_dh, *moe_dhg;    /* (M, 4C) of c_fc's output and its GELU */
+    float *moe_yo, *moe_xfer;   /* (M, C) ep: the experts' side; all-to-all receive */
     float *moe_dlogits;         /* (N, E) */
     float *moe_dweight;         /* (N, k) */
     float *moe_plan;            /* (3 N k) loco_moe_plan's scratch */
@@ -220,6 +230,10 @@ typedef struct {
      * 2c-1-r of every sequence (zig-zag); T must divide by 2c. */
     struct loco_comm *cp;
     loco_cp_algo cp_algo;
+    /* Expert parallelism over `ep` (cfg->ep ranks, this rank cfg->ep_rank
+     * in it; not owned): an MoE layer's tokens travel to their experts'
+     * ranks by all-to-all and back. */
+    struct loco_comm *ep;
 } loco_gpt_parallel;
 
 /* Bytes the tensor-parallel collectives of this model moved, counted per

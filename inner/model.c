@@ -62,7 +62,8 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
         ADD1(NAME("ln_2.bias"), C, -1, false);
         if (loco_gpt_is_moe(cfg, l)) {
             ADD2(NAME("mlp.router.weight"), cfg->n_experts, C, -1);
-            for (int j = 0; j < cfg->n_experts; j++) {
+            const int ep = cfg->ep > 1 ? cfg->ep : 1, El = cfg->n_experts / ep;
+            for (int j = cfg->ep_rank * El; j < (cfg->ep_rank + 1) * El; j++) {
                 char e[64];
 #define EXPERT(suffix) (snprintf(e, sizeof e, "mlp.experts.%d.%s", j, suffix), NAME(e))
                 ADD2(EXPERT("c_fc.weight"), C, 4 * C, -1);
@@ -379,16 +380,18 @@ void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, s
      * table (a tp slice, a pipeline stage) is found by name. */
     loco_ttable whole;
     const loco_ttable *tt = &m->tt;
-    if (t > 1 || m->staged) {
+    const bool ep = m->cfg.ep > 1;
+    if (t > 1 || m->staged || ep) {
         loco_gpt_config one = m->cfg;
         one.tp = 1;
+        one.ep = 1, one.ep_rank = 0; /* every expert */
         if (loco_gpt_build_table(&whole, &one) < 0)
             return; /* the sliced table of the same shapes was built */
         tt = &whole;
     }
     for (int i = 0; i < tt->n; i++) {
         const loco_tensor *t_whole = &tt->t[i];
-        const int mine = m->staged ? loco_ttable_find(&m->tt, t_whole->name) : i;
+        const int mine = m->staged || ep ? loco_ttable_find(&m->tt, t_whole->name) : i;
         const loco_tensor *t_mine = mine >= 0 ? &m->tt.t[mine] : NULL;
         const char *name = t_whole->name;
         size_t len = strlen(name);

@@ -34,6 +34,7 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
     CARVE(la->ln2_rstd, R);
     if (moe) { /* an MoE block's MLP */
         const size_t E = (size_t)moe->n_experts, Nk = N * (size_t)moe->top_k;
+        const size_t ep = moe->ep > 1 ? (size_t)moe->ep : 1, M = ep * Nk;
 #define CARVEI(field, count)                                                                       \
     do {                                                                                           \
         if (base)                                                                                  \
@@ -50,8 +51,14 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
         CARVEI(la->moe_routed, E);
         CARVE(la->moe_x, Nk * C);
         CARVE(la->moe_y, Nk * C);
-        CARVE(la->moe_h, Nk * 4 * C);
-        CARVE(la->moe_hg, Nk * 4 * C);
+        CARVE(la->moe_h, M * 4 * C);
+        CARVE(la->moe_hg, M * 4 * C);
+        if (ep > 1) {
+            CARVE(la->moe_xo, M * C);
+            CARVEI(la->moe_recv, E);
+        } else if (base) {
+            la->moe_xo = la->moe_x;
+        }
 #undef CARVEI
     } else {
         CARVE(la->fch, N * Fl);
@@ -158,10 +165,15 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
         CARVE(s->atty, N * Cl);
     if (any_moe) {
         const size_t Nk = N * (size_t)m->cfg.top_k;
-        CARVE(s->moe_dy, Nk * C);
-        CARVE(s->moe_dx, Nk * C);
-        CARVE(s->moe_dh, Nk * 4 * C);
-        CARVE(s->moe_dhg, Nk * 4 * C);
+        const size_t M = (m->cfg.ep > 1 ? (size_t)m->cfg.ep : 1) * Nk;
+        CARVE(s->moe_dy, M * C);
+        CARVE(s->moe_dx, M * C);
+        CARVE(s->moe_dh, M * 4 * C);
+        CARVE(s->moe_dhg, M * 4 * C);
+        if (m->cfg.ep > 1) {
+            CARVE(s->moe_yo, M * C);
+            CARVE(s->moe_xfer, M * C);
+        }
         CARVE(s->moe_dlogits, N * (size_t)m->cfg.n_experts);
         CARVE(s->moe_dweight, Nk);
         CARVE(s->moe_plan, 3 * Nk);

@@ -172,12 +172,14 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     LOCO_CHECK_GOTO(loco_comm_world(&t->world, cfg->parallel.backend), out_fail);
     LOCO_CHECK_GOTO(check_device(cfg, loco_comm_size(t->world)), out_fail);
     LOCO_CHECK_GOTO(loco_mesh_init(&t->mesh, cfg, t->world), out_fail);
-    t->dp = t->mesh.group[LOCO_DIM_DP];
+    t->dp = t->mesh.data; /* every data-parallel rank, ep folded in */
     t->root = loco_comm_rank(t->world) == 0;
     if (!t->root && loco_log_get_level() > LOCO_LOG_WARN)
         loco_log_set_level(LOCO_LOG_WARN);
     loco_gpt_config mc = loco_gpt_config_from(cfg);
     mc.tp = (int)cfg->parallel.tp;
+    mc.ep = t->mesh.size[LOCO_DIM_EP];
+    mc.ep_rank = t->mesh.coord[LOCO_DIM_EP];
     /* A pipeline stage keeps whole buffers at every ZeRO stage. */
     unsigned flags = cfg->parallel.pp > 1 ? 0 : loco_zero_model_flags((int)cfg->parallel.zero_stage);
     if (on_device(t))
@@ -189,6 +191,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         .recompute_layers = (int)cfg->train.recompute_layers,
         .cp = t->mesh.size[LOCO_DIM_CP] > 1 ? t->mesh.group[LOCO_DIM_CP] : NULL,
         .cp_algo = !strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING,
+        .ep = mc.ep > 1 ? t->mesh.group[LOCO_DIM_EP] : NULL,
     };
     loco_gpt_stage stage;
     const int accum = (int)cfg->train.grad_accum;
@@ -215,6 +218,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     /* The ranks of a dp group's cp slices hold the same parameters: ZeRO
      * averages and shards over dp x cp (Megatron's dp-cp group). */
     LOCO_CHECK_GOTO(loco_zero_create(&t->zero, &t->model, t->mesh.dp_cp, cfg), out_fail);
+    LOCO_CHECK_GOTO(loco_zero_set_experts(t->zero, par.ep), out_fail);
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     if (t->pp) {
@@ -463,7 +467,9 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
     size_t lo, hi;
     loco_zero_range(t->zero, &lo, &hi);
     uint64_t h = 0;
-    const int index = (pp_rank * tp + tp_rank) * dp + dp_rank;
+    /* group: pp rank x ep + ep rank (the ranks' tables differ by both) */
+    const int group = pp_rank * t->mesh.size[LOCO_DIM_EP] + t->mesh.coord[LOCO_DIM_EP];
+    const int index = (group * tp + tp_rank) * dp + dp_rank;
     rc = loco_ckpt_write_shard(tmp, index, &v, lo, hi, &h);
     /* Every rank learns every shard's index, range, checksum and success. */
     enum { F = 5 };
@@ -571,6 +577,7 @@ int loco_trainer_begin_run(loco_trainer *t) {
     /* The whole model's count; under tp each rank holds a slice of it. */
     loco_gpt_config whole_cfg = t->model.cfg;
     whole_cfg.tp = 1;
+    whole_cfg.ep = 1, whole_cfg.ep_rank = 0;
     loco_ttable whole;
     LOCO_CHECK(loco_gpt_build_table(&whole, &whole_cfg));
     const size_t n_whole = whole.numel;

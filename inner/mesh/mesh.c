@@ -11,28 +11,30 @@ const char *loco_mesh_dim_name(loco_mesh_dim d) {
 
 int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
     memset(mesh, 0, sizeof *mesh);
-    const int64_t sizes[LOCO_DIM_COUNT] = {cfg->parallel.tp, cfg->parallel.cp, cfg->parallel.ep,
-                                           cfg->parallel.dp, cfg->parallel.pp};
-    int64_t product = 1;
-    for (int d = 0; d < LOCO_DIM_COUNT; d++) {
-        mesh->size[d] = (int)sizes[d];
-        product *= sizes[d];
-    }
+    const int64_t tp = cfg->parallel.tp, cp = cfg->parallel.cp, ep = cfg->parallel.ep;
+    const int64_t dp = cfg->parallel.dp, pp = cfg->parallel.pp;
+    const int64_t product = tp * cp * dp * pp;
     const int n = loco_comm_size(world);
     if (product != n)
         return LOCO_ERR(LOCO_EINVAL,
-                        "mesh dp=%d x tp=%d x pp=%d x cp=%d x ep=%d = %lld ranks, but the world "
-                        "has %d (set parallel.* so that the product equals the rank count)",
-                        mesh->size[LOCO_DIM_DP], mesh->size[LOCO_DIM_TP],
-                        mesh->size[LOCO_DIM_PP], mesh->size[LOCO_DIM_CP],
-                        mesh->size[LOCO_DIM_EP], (long long)product, n);
-    static const char *const unbuilt[LOCO_DIM_COUNT] = {[LOCO_DIM_EP] = "expert parallelism"};
+                        "mesh dp=%lld x tp=%lld x pp=%lld x cp=%lld = %lld ranks, but the world "
+                        "has %d (set parallel.* so that the product equals the rank count; "
+                        "parallel.ep is folded out of dp)",
+                        (long long)dp, (long long)tp, (long long)pp, (long long)cp,
+                        (long long)product, n);
+    if (dp % ep)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "parallel.ep = %lld must divide parallel.dp = %lld: expert parallelism is "
+                        "folded out of the data-parallel ranks",
+                        (long long)ep, (long long)dp);
+    if (ep > 1 && cp > 1)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.ep = %lld with parallel.cp = %lld is not built yet (the experts "
+                        "fold out of dp alone)",
+                        (long long)ep, (long long)cp);
+    const int64_t sizes[LOCO_DIM_COUNT] = {tp, cp, ep, dp / ep, pp};
     for (int d = 0; d < LOCO_DIM_COUNT; d++)
-        if (unbuilt[d] && mesh->size[d] > 1)
-            return LOCO_ERR(LOCO_ENOTSUP,
-                            "parallel.%s = %d: %s is not built yet; this version trains with "
-                            "parallel.dp, parallel.tp, parallel.pp and parallel.cp",
-                            dim_names[d], mesh->size[d], unbuilt[d]);
+        mesh->size[d] = (int)sizes[d];
     mesh->world = world;
     int r = loco_comm_rank(world);
     for (int d = 0; d < LOCO_DIM_COUNT; d++) {
@@ -53,11 +55,18 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
             return rc;
         }
     }
-    const int s_cp = mesh->size[LOCO_DIM_TP];
-    const int s_dp = s_cp * mesh->size[LOCO_DIM_CP] * mesh->size[LOCO_DIM_EP];
-    const int cp = mesh->coord[LOCO_DIM_CP], dp = mesh->coord[LOCO_DIM_DP];
-    int rc = loco_comm_split(world, me - cp * s_cp - dp * s_dp, dp * mesh->size[LOCO_DIM_CP] + cp,
-                             &mesh->dp_cp);
+    /* data: ep and expert-dp vary; dp_cp: cp too (ep = 1) or expert-dp. */
+    const int s_cp = mesh->size[LOCO_DIM_TP], s_ep = s_cp * mesh->size[LOCO_DIM_CP];
+    const int s_dp = s_ep * mesh->size[LOCO_DIM_EP];
+    const int c = mesh->coord[LOCO_DIM_CP], e = mesh->coord[LOCO_DIM_EP];
+    const int d = mesh->coord[LOCO_DIM_DP];
+    mesh->data_rank = e + mesh->size[LOCO_DIM_EP] * d;
+    int rc = loco_comm_split(world, me - e * s_ep - d * s_dp, mesh->data_rank, &mesh->data);
+    if (rc == 0 && mesh->size[LOCO_DIM_EP] > 1)
+        rc = loco_comm_split(world, me - d * s_dp, d, &mesh->dp_cp);
+    else if (rc == 0)
+        rc = loco_comm_split(world, me - c * s_cp - e * s_ep - d * s_dp,
+                             mesh->data_rank * mesh->size[LOCO_DIM_CP] + c, &mesh->dp_cp);
     if (rc < 0)
         loco_mesh_fini(mesh);
     return rc;
@@ -67,5 +76,6 @@ void loco_mesh_fini(loco_mesh *mesh) {
     for (int d = 0; d < LOCO_DIM_COUNT; d++)
         loco_comm_destroy(mesh->group[d]);
     loco_comm_destroy(mesh->dp_cp);
+    loco_comm_destroy(mesh->data);
     memset(mesh, 0, sizeof *mesh);
 }

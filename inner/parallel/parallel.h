@@ -91,6 +91,12 @@ int loco_zero_params_wait(loco_zero *z, size_t lo, size_t hi);
  * the shard after the caller rewrote the buffer. No-ops otherwise. */
 int loco_zero_gather_params(loco_zero *z);
 void loco_zero_adopt_params(loco_zero *z);
+/* Expert parallelism (ep folded out of dp; the model's table holds this
+ * rank's experts): ZeRO's dp group is then the expert-dp group; before
+ * each unit's reduction its dense gradients are averaged over ep and its
+ * experts' scaled by 1/ep, and the gradient norm sums the experts over ep.
+ * ep is not owned; nothing for one rank. */
+int loco_zero_set_experts(loco_zero *z, loco_comm *ep);
 /* Tensor parallelism: every tp rank takes tp rank 0's values of the
  * replicated tensors (LayerNorms, wpe, row-parallel biases) in its owned
  * range. Collective over the model's tp group; nothing without tp. */

@@ -70,6 +70,8 @@ struct loco_zero {
         loco_comm_req *req;
     } gathers[MAX_GATHERS]; /* pipeline, stage 3: this step's, in flight or done */
     int n_gathers;
+    loco_comm *ep;   /* expert parallelism (not owned), NULL without */
+    bool *expert;    /* (tensors) ep: whether tensor i is an expert's */
 };
 
 void loco_zero_owned(size_t total, int r, int n, size_t *lo, size_t *hi) {
@@ -252,14 +254,47 @@ static int launch_bucket(loco_zero *z) {
     return 0;
 }
 
+/* Expert parallelism, before a unit's gradients (g holds the unit) go to
+ * the expert-dp group: its dense tensors are averaged over ep (with the
+ * expert-dp average, over every data-parallel rank), its experts' scaled
+ * by 1/ep (an expert's rank summed its whole ep group's tokens; the
+ * expert-dp average then makes the mean over every rank's). */
+static int ep_prereduce(loco_zero *z, int unit, float *g) {
+    const loco_gpt *m = z->m;
+    int i, end;
+    size_t a, b;
+    loco_gpt_unit_range(m, unit, &a, &b);
+    if (a == b)
+        return 0;
+    for (i = 0; i < m->tt.n && m->tt.t[i].offset < a; i++)
+        ;
+    const float inv = 1.0f / (float)loco_comm_size(z->ep);
+    while (i < m->tt.n && m->tt.t[i].offset < b) {
+        for (end = i; end < m->tt.n && m->tt.t[end].offset < b && z->expert[end] == z->expert[i];)
+            end++;
+        const size_t lo = m->tt.t[i].offset, hi = m->tt.t[end - 1].offset + m->tt.t[end - 1].numel;
+        if (z->expert[i])
+            loco_scale(g + (lo - a), inv, hi - lo);
+        else
+            LOCO_CHECK(loco_comm_allreduce(z->ep, g + (lo - a), hi - lo, LOCO_DT_F32, LOCO_OP_AVG));
+        i = end;
+    }
+    return 0;
+}
+
 static int hook_grads_ready(void *ctx, loco_gpt *m, int unit) {
     loco_zero *z = ctx;
-    if (z->n == 1 && z->stage < 2)
+    if (z->n == 1 && z->stage < 2 && !z->ep)
         return 0;
     LOCO_CHECK(progress(z));
+    if (z->ep && (z->stage >= 2 || z->last_micro)) {
+        size_t a, b;
+        loco_gpt_unit_range(m, unit, &a, &b);
+        LOCO_CHECK(ep_prereduce(z, unit, z->stage >= 2 ? unit_slot(z, unit)->grads : m->grads + a));
+    }
     if (z->stage >= 2)
         return start_reduce(z, unit_slot(z, unit), unit);
-    if (!z->last_micro)
+    if (!z->last_micro || z->n == 1)
         return 0; /* accumulate locally; reduce once per step */
     size_t a, b;
     loco_gpt_unit_range(m, unit, &a, &b);
@@ -316,6 +351,7 @@ void loco_zero_destroy(loco_zero *z) {
     loco_free(z->own_lo);
     loco_free(z->counts);
     loco_free(z->rep_buf);
+    loco_free(z->expert);
     loco_free(z);
 }
 
@@ -328,17 +364,17 @@ static bool tied_copy(const loco_gpt *m, int i) {
 /* Sum of squares of the gradients of flat range [lo, hi) (at g). Under
  * tensor parallelism a replicated tensor (the same on every tp rank) is
  * counted by tp rank 0 only, so the sum over tp is the whole model's. */
-static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi) {
+static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi, bool experts) {
     const loco_gpt *m = z->m;
-    if (!m->par.tp && !(m->staged && m->head && !m->embed))
-        return loco_sumsq(g, hi - lo);
+    if (!z->ep && !m->par.tp && !(m->staged && m->head && !m->embed))
+        return experts ? 0 : loco_sumsq(g, hi - lo);
     double s = 0;
     for (int i = 0; i < m->tt.n; i++) {
         const loco_tensor *t = &m->tt.t[i];
         size_t a = t->offset > lo ? t->offset : lo;
         size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= b || (loco_gpt_tensor_replicated(m, i) && m->tp_rank != 0) ||
-            tied_copy(m, i))
+            tied_copy(m, i) || (z->ep ? z->expert[i] : false) != experts)
             continue;
         s += loco_sumsq(g + (a - lo), b - a);
     }
@@ -475,6 +511,18 @@ static void invalidate_slots(loco_zero *z) {
 
 void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp) { z->pp = pp; }
 
+int loco_zero_set_experts(loco_zero *z, loco_comm *ep) {
+    if (!ep || loco_comm_size(ep) < 2)
+        return 0;
+    z->expert = loco_alloc((size_t)z->m->tt.n * sizeof(bool));
+    if (!z->expert)
+        return LOCO_ERR(LOCO_ENOMEM, "expert table");
+    for (int i = 0; i < z->m->tt.n; i++)
+        z->expert[i] = strstr(z->m->tt.t[i].name, ".mlp.experts.") != NULL;
+    z->ep = ep;
+    return 0;
+}
+
 /* ------------------------------------------------- over a pipeline stage */
 
 int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi) {
@@ -592,16 +640,22 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     float *grads;      /* gradients of the range this rank updates */
     size_t ulo, uhi;   /* that range */
     double sumsq;
-    if (z->stage < 2) {
-        sumsq = tp_sumsq(z, m->grads, 0, z->P); /* identical on every dp rank */
+    double part[2]; /* dense, experts (under ep: each ep rank's own) */
+    if (z->stage < 2) { /* identical on every dp rank */
+        part[0] = tp_sumsq(z, m->grads, 0, z->P, false);
+        part[1] = tp_sumsq(z, m->grads, 0, z->P, true);
         ulo = z->opt_lo, uhi = z->opt_hi;
         grads = m->grads + ulo;
     } else {
-        sumsq = tp_sumsq(z, z->gshard, z->lo, z->hi);
-        LOCO_CHECK(loco_comm_allreduce(z->dp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
+        part[0] = tp_sumsq(z, z->gshard, z->lo, z->hi, false);
+        part[1] = tp_sumsq(z, z->gshard, z->lo, z->hi, true);
+        LOCO_CHECK(loco_comm_allreduce(z->dp, part, 2, LOCO_DT_F64, LOCO_OP_SUM));
         ulo = z->lo, uhi = z->hi;
         grads = z->gshard;
     }
+    if (z->ep)
+        LOCO_CHECK(loco_comm_allreduce(z->ep, &part[1], 1, LOCO_DT_F64, LOCO_OP_SUM));
+    sumsq = part[0] + part[1];
     if (z->m->par.tp) /* the slices' sums; replicated tensors counted once */
         LOCO_CHECK(loco_comm_allreduce(z->m->par.tp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
     if (z->pp) /* and the stages' */

@@ -139,8 +139,8 @@ Test(zero, meshes_that_cannot_be_built_are_refused) {
     cr_expect_neq(rc, 0);
     cr_expect(strstr(out, "= 3 ranks, but the world has 2") != NULL, "%s", out);
     rc = test_run(out, sizeof out, MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
-                                     " --set parallel.ep=2 --set run.dir=%s/x",
+                                     " --set parallel.dp=2 --set parallel.ep=2 --set run.dir=%s/x",
              dir);
     cr_expect_neq(rc, 0);
-    cr_expect(strstr(out, "expert parallelism is not built yet") != NULL, "%s", out);
+    cr_expect(strstr(out, "parallel.ep = 2 needs experts to split") != NULL, "%s", out);
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the CUDA twins' logic on this CPU, no GPU needed: kernels/cuda/*.cu
 # translated to host C++ (translate.py, emu.h, fake_cublaslt.h), then
-#   1. tests/gpu/test_cuda_kernels.c, test_cuda_tp.c, test_cuda_attention_block.c
-#      and test_cuda_codecs.c, unchanged, against the translated twins (the
-#      same assertions as on a GPU);
+#   1. tests/gpu/test_cuda_kernels.c, test_cuda_tp.c, test_cuda_attention_block.c,
+#      test_cuda_moe.c and test_cuda_codecs.c, unchanged, against the
+#      translated twins (the same assertions as on a GPU);
 #   2. tests/gpu/test_cuda_model.c, the device model
 #      (inner/gpt_cuda.c) against the CPU model, fp32 and bf16, and 20
 #      trainer steps with train.device = cuda against cpu.
@@ -26,14 +26,14 @@ CUDA_LIB=${CUDA_LIB:-/usr/local/cuda/lib64}
 LIBS="$LIBS -L$CUDA_LIB -Wl,-rpath,$CUDA_LIB -lnccl -lcublasLt -lcudart -lstdc++"
 python3 tests/gpu/emu/translate.py . "$out/twins.cpp"
 g++ $CXXFLAGS -c "$out/twins.cpp" -o "$out/twins.o"
-for t in test_cuda_kernels test_cuda_tp test_cuda_attention_block test_cuda_codecs; do
+for t in test_cuda_kernels test_cuda_tp test_cuda_attention_block test_cuda_moe test_cuda_codecs; do
   gcc $CFLAGS -c "tests/gpu/$t.c" -o "$out/$t.o"
 done
 # the trainer comparison over EMU_TRAIN_STEPS steps instead of 20
 gcc $CFLAGS -DTRAIN_STEPS="${EMU_TRAIN_STEPS:-4}" -DTRAIN_TIMEOUT=3000 \
   -c tests/gpu/test_cuda_model.c -o "$out/test_cuda_model.o"
 g++ -o "$out/emu_tests" "$out/test_cuda_kernels.o" "$out/test_cuda_tp.o" \
-  "$out/test_cuda_attention_block.o" "$out/test_cuda_codecs.o" "$out/test_cuda_model.o" \
-  "$out/twins.o" \
+  "$out/test_cuda_attention_block.o" "$out/test_cuda_moe.o" "$out/test_cuda_codecs.o" \
+  "$out/test_cuda_model.o" "$out/twins.o" \
   $LIBS -lcriterion
 exec "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "$@"

@@ -8,7 +8,7 @@ Usage: translate.py REPO OUT.cpp"""
 import sys
 
 FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "attention_block", "quant",
-         "matmul"]
+         "moe", "matmul"]
 
 
 

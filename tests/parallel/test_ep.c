@@ -1,0 +1,213 @@
+/* Mixture of experts under mpirun against one rank with the same global
+ * batch: experts split over ep in {2, 4} ranks folded out of dp = 4, with
+ * and without dropping, ZeRO-1 and ZeRO-3, recompute; plain dp over an
+ * MoE model; the losses of 8 steps and the final parameters equal a
+ * single rank's within 1e-5 relative; a checkpoint of ep = 2 resumed at
+ * ep = 1 and 4; the export loads in the PyTorch reference with loco's
+ * loss; clear errors for what does not split. Runs build/loco. */
+#include "inner/inner.h"
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np "
+#define STEPS 8
+/* Two blocks, both MoE: 4 experts, top-2. */
+#define SMALL                                                                                      \
+    " --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=16 --set model.seq_len=16"     \
+    " --set model.vocab_size=256 --set train.steps=8 --set train.warmup_steps=2"                   \
+    " --set train.batch_size=2 --set run.threads=1 --set run.eval_every=0"                         \
+    " --set run.log_every=100 --set model.n_experts=4 --set model.top_k=2"
+
+static char *dir;
+
+static void setup(void) {
+    dir = test_tmpdir("loco-ep");
+    test_mpi_session_dir(dir);
+}
+
+static void teardown(void) {
+    loco_rmtree(dir);
+    free(dir);
+}
+
+static const loco_gpt_config small_model = {.n_layer = 2,
+                                            .n_head = 2,
+                                            .n_embd = 16,
+                                            .seq_len = 16,
+                                            .vocab_size = 256,
+                                            .n_experts = 4,
+                                            .top_k = 2,
+                                            .moe_every = 1};
+
+/* One rank, m micro-batches: the reference. */
+static void reference(int m, const char *extra, double *loss) {
+    static char out[1 << 16];
+    int rc = test_run(out, sizeof out,
+                      LOCO " train configs/tiny.ini" SMALL " --set train.grad_accum=%d %s"
+                           " --set run.dir=%s/ref",
+                      m, extra, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char run_dir[600];
+    snprintf(run_dir, sizeof run_dir, "%s/ref", dir);
+    test_read_losses(run_dir, loss, STEPS);
+}
+
+/* dp = 4 ranks (ep folded out of them) with `extra` against one rank
+ * accumulating the four ranks' micro-batches. */
+static void check(const char *extra) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    double ref[STEPS + 1], got[STEPS + 1];
+    const bool dropping = strstr(extra, "--set model.capacity_factor=1.25") != NULL;
+    reference(4, dropping ? "--set model.capacity_factor=1.25" : "", ref);
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
+                             " --set parallel.dp=4 %s --set run.dir=%s/ep",
+                      extra, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char run_dir[600];
+    snprintf(run_dir, sizeof run_dir, "%s/ep", dir);
+    test_read_losses(run_dir, got, STEPS);
+    test_expect_losses(got, ref, 1, STEPS, extra);
+    rc = test_run(out, sizeof out, LOCO " ckpt export %s/ep/ckpt_%08d %s/export", dir, STEPS, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char exp_dir[600], ref_ckpt[600];
+    snprintf(exp_dir, sizeof exp_dir, "%s/export", dir);
+    snprintf(ref_ckpt, sizeof ref_ckpt, "%s/ref/ckpt_%08d", dir, STEPS);
+    double l2, worst;
+    test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
+    cr_expect(l2 <= 1e-5 && worst <= 1e-4,
+              "%s: final parameters differ by %g (L2), %g (largest element)", extra, l2, worst);
+}
+
+TestSuite(ep, .init = setup, .fini = teardown, .timeout = 180);
+
+Test(ep, dp4_dropless) {
+    check("--set parallel.ep=1");
+}
+Test(ep, ep2_dropless) {
+    check("--set parallel.ep=2");
+}
+Test(ep, ep4_dropless) {
+    check("--set parallel.ep=4");
+}
+Test(ep, ep2_dropping_zero1) {
+    check("--set parallel.ep=2 --set model.capacity_factor=1.25 --set parallel.zero_stage=1");
+}
+Test(ep, ep4_dropping_zero3) {
+    check("--set parallel.ep=4 --set model.capacity_factor=1.25 --set parallel.zero_stage=3");
+}
+Test(ep, ep2_full_recompute_zero2) {
+    check("--set parallel.ep=2 --set train.recompute=full --set parallel.zero_stage=2");
+}
+
+/* An ep = 2 checkpoint at step 4 goes on at ep = 4 and on one rank (no
+ * ep) along the curve: the experts are resharded by name. */
+Test(ep, resume_with_another_ep_continues_the_curve) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    double ref[STEPS + 1], got[STEPS + 1];
+    reference(4, "", ref);
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
+                             " --set parallel.dp=4 --set parallel.ep=2 --set run.ckpt_every=4"
+                             " --set run.dir=%s/a",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *runs[2] = {"four", "one"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0)
+            rc = test_run(out, sizeof out,
+                          MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
+                                 " --set parallel.dp=4 --set parallel.ep=4"
+                                 " --set run.dir=%s/%s --resume %s/a/ckpt_00000004",
+                          dir, runs[i], dir);
+        else
+            rc = test_run(out, sizeof out,
+                          LOCO " train configs/tiny.ini" SMALL " --set train.grad_accum=4"
+                               " --set run.dir=%s/%s --resume %s/a/ckpt_00000004",
+                          dir, runs[i], dir);
+        cr_assert_eq(rc, 0, "%s", out);
+        char run_dir[600];
+        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, runs[i]);
+        test_read_losses(run_dir, got, STEPS);
+        cr_expect(got[4] == 0 && got[5] != 0, "%s: the resumed run did not start at step 5",
+                  runs[i]);
+        test_expect_losses(got, ref, 5, STEPS, runs[i]);
+    }
+}
+
+/* The export of an ep = 2 MoE checkpoint loads in the PyTorch reference
+ * of tests/fixtures (which gains the MoE block) with `loco eval`'s loss. */
+Test(ep, export_loads_in_pytorch_with_the_eval_loss) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        cr_skip_test("PyTorch not installed (apt-get install python3-torch): export not "
+                     "loaded in PyTorch");
+    static char out[1 << 16];
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                             " --set parallel.dp=2 --set parallel.ep=2"
+                             " --set model.capacity_factor=1.25 --set run.dir=%s/a",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    rc = test_run(out, sizeof out, LOCO " ckpt export %s/a/ckpt_%08d %s/hf", dir, STEPS, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    rc = test_run(out, sizeof out,
+                  LOCO " eval configs/tiny.ini" SMALL " --set model.capacity_factor=1.25"
+                       " --set train.batch_size=4 --ckpt %s/a/ckpt_%08d --batches 1",
+                  dir, STEPS);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *p = strstr(out, "\"val_loss\": ");
+    cr_assert(p, "%s", out);
+    const double eval_loss = atof(p + 12);
+    rc = test_run(out, sizeof out,
+                  "/usr/bin/python3 tests/fixtures/make_fixtures.py --load-check %s/hf"
+                  " --tokens \"$(ls data/kjv_val_*.bin | head -n 1)\" -B 4 -T 16",
+                  dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    p = strstr(out, "T=16: ");
+    cr_assert(p, "%s", out);
+    const double torch_loss = atof(p + 6);
+    cr_expect(fabs(torch_loss - eval_loss) <= 1e-4 * fabs(eval_loss),
+              "PyTorch loss %.6f, loco eval %.6f", torch_loss, eval_loss);
+}
+
+Test(ep, what_cannot_be_split_is_refused_clearly) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    static const char *const bad[][2] = {
+        /* 4 experts over 3 ranks */
+        {"--set parallel.dp=3 --set parallel.ep=3", "parallel.ep = 3 must divide model.n_experts = 4"},
+        /* ep not dividing dp */
+        {"--set parallel.dp=3 --set parallel.ep=2", "parallel.ep = 2 must divide parallel.dp = 3"},
+        /* top_k over E */
+        {"--set parallel.dp=3 --set model.top_k=5", "model.top_k = 5 must be between 1 and model.n_experts = 4"},
+        /* experts with tensor parallelism */
+        {"--set parallel.tp=3", "with tensor parallelism (parallel.tp) is not built yet"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = test_run(out, sizeof out,
+                          MPIRUN "3 " LOCO " train configs/tiny.ini" SMALL " --set model.n_head=3"
+                                 " --set model.n_embd=24 %s --set run.dir=%s/x",
+                          bad[i][0], dir);
+        cr_expect_neq(rc, 0);
+        cr_expect(strstr(out, bad[i][1]) != NULL, "%s: %s", bad[i][0], out);
+    }
+    /* ep without experts */
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL " --set model.n_experts=0"
+                             " --set parallel.dp=2 --set parallel.ep=2 --set run.dir=%s/x",
+                      dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "parallel.ep = 2 needs experts to split") != NULL, "%s", out);
+}
