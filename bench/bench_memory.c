@@ -7,7 +7,9 @@
  * the analytic volume. With parallel.cp > 1: what a block keeps at cp = 1,
  * 2, 4 (ring and Ulysses) beside 1/cp of cp = 1, and the bytes the cp
  * attention of one micro-batch moves per layer beside the analytic
- * volume. */
+ * volume. With model.n_experts > 0 and parallel.ep > 1: the token rows the
+ * MoE layers of one micro-batch send to other ep ranks beside the volume
+ * of uniform routing. */
 #include "bench/bench.h"
 #include "core/core.h"
 #include "inner/inner.h"
@@ -248,6 +250,69 @@ out:
     return rc;
 }
 
+/* Under ep: one micro-batch through the configured model (random tokens,
+ * fresh weights): the bytes each rank sent to other ep ranks per MoE layer
+ * beside uniform routing's 4 (e-1)/e N k C 4 (dispatch and combine, and
+ * both again backward; N = B T tokens, k = top_k), and what was routed.
+ * Collective over world. */
+static int moe_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) {
+    const int e = mesh->size[LOCO_DIM_EP];
+    if (cfg->model.n_experts <= 0 || e < 2)
+        return 0;
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    mc.ep = e;
+    mc.ep_rank = mesh->coord[LOCO_DIM_EP];
+    const int B = (int)cfg->train.batch_size, T = mc.seq_len;
+    loco_gpt_parallel par = {.ep = mesh->group[LOCO_DIM_EP]};
+    loco_gpt m;
+    LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
+    int rc = 0;
+    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
+    double *all = loco_alloc((size_t)loco_comm_size(world) * 2 * sizeof(double));
+    size_t *counts = loco_alloc((size_t)loco_comm_size(world) * sizeof(size_t));
+    if (!tok || !all || !counts) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "tokens");
+        goto out;
+    }
+    loco_rng rng;
+    loco_rng_seed(&rng, 1 + (uint64_t)loco_comm_rank(world));
+    loco_gpt_init_weights(&m, &rng);
+    for (size_t i = 0; i < (size_t)B * T * 2; i++)
+        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)mc.vocab_size);
+    float loss;
+    LOCO_CHECK_GOTO(loco_gpt_forward_backward(&m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss),
+                    out);
+    const int layers = loco_gpt_moe_layers(&m);
+    int64_t dropped = 0, assignments = 0;
+    for (int i = 0; i < layers; i++) {
+        loco_gpt_moe_stats st;
+        loco_gpt_moe_layer(&m, i, &st);
+        dropped += st.dropped, assignments += st.assignments;
+    }
+    double mine[2] = {loco_gpt_moe_bytes(&m) / layers, (double)dropped / (double)assignments};
+    for (int i = 0; i < loco_comm_size(world); i++)
+        counts[i] = 2;
+    LOCO_CHECK_GOTO(loco_comm_allgather(world, mine, all, counts, LOCO_DT_F64), out);
+    if (loco_comm_rank(world) == 0) {
+        const double formula = 4.0 * (e - 1) / e * (double)B * T * mc.top_k * mc.n_embd * 4;
+        printf("\nexpert parallelism: token rows one micro-batch's MoE layers send to other ep "
+               "ranks (dispatch + combine, forward + backward), per layer, ep = %d, E = %d, "
+               "top_k = %d, capacity factor %g, B x T = %d x %d; analytic: uniform routing, "
+               "nothing dropped\n\n| rank | measured MB | analytic MB | diff | dropped |\n"
+               "|---|---|---|---|---|\n",
+               e, mc.n_experts, mc.top_k, (double)mc.capacity_factor, B, T);
+        for (int r = 0; r < loco_comm_size(world); r++)
+            printf("| %d | %.3f | %.3f | %+.1f%% | %.1f%% |\n", r, MB(all[2 * r]), MB(formula),
+                   100.0 * (all[2 * r] - formula) / formula, 100.0 * all[2 * r + 1]);
+    }
+out:
+    loco_free(tok);
+    loco_free(all);
+    loco_free(counts);
+    loco_gpt_fini(&m);
+    return rc;
+}
+
 int loco_bench_memory(int argc, char **argv) {
     const char *path = NULL;
     loco_config cfg;
@@ -277,12 +342,15 @@ int loco_bench_memory(int argc, char **argv) {
     LOCO_CHECK_GOTO(loco_mesh_init(&mesh, &cfg, world), out);
     loco_gpt_config mc = loco_gpt_config_from(&cfg);
     mc.tp = (int)cfg.parallel.tp;
+    mc.ep = mesh.size[LOCO_DIM_EP];
+    mc.ep_rank = mesh.coord[LOCO_DIM_EP];
     const int stage = (int)cfg.parallel.zero_stage;
     loco_gpt_parallel par = {
         .tp = mc.tp > 1 ? mesh.group[LOCO_DIM_TP] : NULL,
         .sp = cfg.parallel.sp,
         .cp = cfg.parallel.cp > 1 ? mesh.group[LOCO_DIM_CP] : NULL,
-        .cp_algo = !strcmp(cfg.parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING};
+        .cp_algo = !strcmp(cfg.parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING,
+        .ep = mc.ep > 1 ? mesh.group[LOCO_DIM_EP] : NULL};
     LOCO_CHECK_GOTO(loco_gpt_init_par(&m, &mc, (int)cfg.train.batch_size, (int)mc.seq_len,
                                       loco_zero_model_flags(stage), &par),
                     out);
@@ -340,6 +408,8 @@ int loco_bench_memory(int argc, char **argv) {
         rc = comm_table(&cfg, &mesh, world);
     if (rc == 0)
         rc = cp_tables(&cfg, &mesh, world);
+    if (rc == 0)
+        rc = moe_table(&cfg, &mesh, world);
 out:
     loco_zero_destroy(z);
     loco_gpt_fini(&m);

@@ -325,6 +325,9 @@ typedef struct {
 int loco_gpt_moe_layers(const loco_gpt *m);
 void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out);
 void loco_gpt_moe_reset(loco_gpt *m);
+/* Bytes of token rows this rank sent to other ep ranks (dispatch,
+ * combine and their backward) since the model was made. */
+double loco_gpt_moe_bytes(const loco_gpt *m);
 
 /* Builds the tensor table (Hugging Face GPT-2 names, layer-major) for cfg.
  * With cfg->tp = t > 1 the shapes are one tp rank's slice (Megatron 1-D):

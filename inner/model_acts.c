@@ -194,10 +194,20 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
     const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
     const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
     const double rows = d.sp ? 1.0 / t : 1.0;
+    /* An MoE block 0 keeps, instead of c_fc's output and its GELU (8C/t):
+     * router probabilities (E), lse (1), per choice expert, slot, weight,
+     * token (4k), the packed rows' inputs and outputs (2kC) and, on the
+     * experts' side (ep times the rows), c_fc's output and GELU (8kC ep). */
+    double mlp = 8 * C / t;
+    if (loco_gpt_is_moe(&m->cfg, 0)) {
+        const double E = m->cfg.n_experts, k = m->cfg.top_k, ep = m->cfg.ep > 1 ? m->cfg.ep : 1;
+        mlp = E + 1 + 4 * k + 2 * k * C + 8 * k * C * ep;
+    }
     const double per_token =
         mode == LOCO_RECOMPUTE_FULL
             ? C * rows
-            : (6 * C + 4) * rows + 12 * C / t + (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
+            : (6 * C + 4) * rows + 4 * C / t + mlp +
+                  (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
     return 4.0 * per_token * (double)d.N;
 }
 

@@ -26,6 +26,7 @@ struct loco_gpt_moe {
     double *aux, *z; /* (n) sums over micro-batches */
     int64_t *micro; /* (n) */
     size_t *sendc, *recvc; /* (ep) all-to-all-v counts */
+    double bytes;          /* sent to other ep ranks since the model was made */
 };
 
 int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par) {
@@ -108,6 +109,10 @@ int loco__gpt_moe_init(loco_gpt *m) {
     }
     loco_gpt_moe_reset(m);
     return 0;
+}
+
+double loco_gpt_moe_bytes(const loco_gpt *m) {
+    return m->moe ? m->moe->bytes : 0;
 }
 
 int loco_gpt_moe_layers(const loco_gpt *m) {
@@ -209,6 +214,10 @@ static int travel(loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const 
                   bool back) {
     loco_comm *c = m->par.ep;
     a2a_counts(m, la);
+    const int me = loco_comm_rank(c);
+    for (int x = 0; x < ep_of(m); x++) /* what leaves this rank */
+        if (x != me)
+            m->moe->bytes += (double)(back ? m->moe->recvc[x] : m->moe->sendc[x]) * sizeof(float);
     if (!back) {
         LOCO_CHECK(loco_comm_alltoallv(c, src, m->moe->sendc, m->s.moe_xfer, m->moe->recvc,
                                        LOCO_DT_F32));

@@ -243,7 +243,23 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     if (resume_dir) {
         loco_ckpt_state st;
         loco_ckpt_view v = trainer_view(t);
-        LOCO_CHECK_GOTO(loco_ckpt_load_view(resume_dir, cfg, &v, &st), out_fail);
+        /* Every rank reads its own part: they agree on the outcome, so a
+         * rank that cannot load never leaves the others waiting in a
+         * collective. */
+        const int loaded = loco_ckpt_load_view(resume_dir, cfg, &v, &st);
+        int ok = loaded == 0;
+        LOCO_CHECK_GOTO(loco_comm_allreduce(t->world, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM), out_fail);
+        if (loaded < 0) {
+            rc = loaded;
+            goto out_fail;
+        }
+        if (ok != loco_comm_size(t->world)) {
+            rc = LOCO_ERR(LOCO_EPROTO,
+                          "checkpoint %s: %d rank(s) of this island could not load their part "
+                          "(their error is in the log); nothing was loaded",
+                          resume_dir, loco_comm_size(t->world) - ok);
+            goto out_fail;
+        }
         loco_zero_optimizer(t->zero, NULL, NULL)->t = v.adam_t;
         LOCO_CHECK_GOTO(loco_data_seek(t->train, st.data), out_fail);
         t->step = st.step;

@@ -4,15 +4,16 @@
  * causal, qkv and packed kv strides); keys cut into 2-4 blocks merged by
  * the log-sum-exp rule; the zig-zag layout of context parallelism (rank r
  * holds chunks r and 2c-1-r); the backward summed over key blocks against
- * the reference and loco_attention_bwd; bits that do not depend on the
- * run or the thread count. */
+ * the reference and loco_attention_bwd; queries and keys cut at unrelated
+ * places, forward and backward, with and without memory for the kernels'
+ * scratch; bits that do not depend on the run or the thread count. */
 #include <criterion/criterion.h>
 #include <math.h>
-#include <omp.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "kernels/kernels.h"
 #include "tests/kernels/kernels_test.h"
 
@@ -211,6 +212,16 @@ Test(kernels_attention_block, not_causal_qkv_ld)
 Test(kernels_attention_block, ragged_multi_tile)
 {
     check_block(160, 97, 63, 3, 130, true, true, 8);
+}
+/* several row blocks of the BLAS products, each over a different key count */
+Test(kernels_attention_block, ragged_multi_row_block)
+{
+    check_block(420, 131, 150, 17, 250, true, true, 9);
+}
+/* the first row blocks see no key, the next only some */
+Test(kernels_attention_block, keys_start_inside_many_rows_qkv_ld)
+{
+    check_block(420, 100, 150, 180, 150, true, false, 10);
 }
 
 /* ---- (b) keys in blocks, merged ---- */
@@ -471,20 +482,89 @@ Test(kernels_attention_block, bwd_fully_masked_untouched)
     free(q), free(kv), free(g), free(lse), free(delta), free(dq), free(dkv), free(dq0), free(dkv0);
 }
 
+/* ---- queries and keys cut anywhere ---- */
+
+/* The sequence's queries cut at qc[0] = 0 < ... < qc[nq] = T and its keys
+ * at kc[0..nk]: every (query block, key block) pair forward (merged) and
+ * backward, so blocks start before, inside and after each other at
+ * arbitrary offsets, against the references. no_mem fails the allocation
+ * of every call's scratch: the kernels fall back to their scalar path. */
+static void check_cuts(int T, const int *qc, int nq, const int *kc, int nk, bool no_mem,
+                       uint64_t seed)
+{
+    const size_t nx = (size_t)B * T * C3, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    uint64_t s = seed;
+    float *x = frand(&s, nx, 2.0), *dout = frand(&s, no, 1.0), *dx = ffill(nx, 0.0f);
+    float *out = ffill(no, NAN), *lse = ffill(nl, NAN);
+    for (int i = 0; i < nq; i++) {
+        const int q0 = qc[i], L = qc[i + 1] - qc[i];
+        float *qb = rows_of(x, T, 0, C3, q0, L), *g = slice(dout, T, C, 0, C, q0, L);
+        float *o = ffill((size_t)B * L * C, NAN), *l = ffill((size_t)B * NH * L, -INFINITY);
+        float *bo = xmalloc((size_t)B * L * C * sizeof *bo);
+        float *bl = xmalloc((size_t)B * NH * L * sizeof *bl);
+        float *dl = xmalloc((size_t)B * NH * L * sizeof *dl);
+        float *dq = ffill((size_t)B * L * C3, 0.0f);
+        for (int j = 0; j < nk; j++) {
+            float *kv = rows_of(x, T, C, C2, kc[j], kc[j + 1] - kc[j]);
+            loco_alloc_fail_after(no_mem ? 1 : 0);
+            loco_attention_block_fwd(bo, bl, qb, C3, kv, kv + C, C2, B, L, kc[j + 1] - kc[j], C,
+                                     NH, q0, kc[j], true);
+            loco_alloc_fail_after(0);
+            loco_attention_merge(o, l, bo, bl, B, L, C, NH);
+            free(kv);
+        }
+        loco_attention_delta(dl, g, o, B, L, C, NH);
+        for (int j = 0; j < nk; j++) {
+            const int k0 = kc[j], n = kc[j + 1] - kc[j];
+            float *kv = rows_of(x, T, C, C2, k0, n), *dkv = slice(dx, T, C3, C, C2, k0, n);
+            loco_alloc_fail_after(no_mem ? 1 : 0);
+            loco_attention_block_bwd(dq, C3, dkv, dkv + C, C2, g, l, dl, qb, C3, kv, kv + C, C2, B,
+                                     L, n, C, NH, q0, k0, true);
+            loco_alloc_fail_after(0);
+            unslice(dx, T, C3, C, C2, k0, n, dkv);
+            free(kv), free(dkv);
+        }
+        float *dqq = slice(dq, L, C3, 0, C, 0, L);
+        unslice(dx, T, C3, 0, C, q0, L, dqq);
+        unslice(out, T, C, 0, C, q0, L, o);
+        for (int bh = 0; bh < B * NH; bh++)
+            memcpy(lse + (size_t)bh * T + q0, l + (size_t)bh * L, L * sizeof *lse);
+        free(qb), free(g), free(o), free(l), free(bo), free(bl), free(dl), free(dq), free(dqq);
+    }
+    double *xd = todouble(x, nx), *dod = todouble(dout, no);
+    double *rout = dzeros(no), *rlse = dzeros(nl), *rdx = dzeros(nx);
+    ref_fwd(rout, rlse, xd, T, 0, T, 0, T, true);
+    ref_bwd(rdx, dod, xd, T);
+    EXPECT_CLOSE("cut out", out, rout, no, TOL);
+    expect_lse("cut lse", lse, rlse, nl);
+    EXPECT_CLOSE("cut dqkv", dx, rdx, nx, TOL);
+    free(x), free(dout), free(dx), free(out), free(lse), free(xd), free(dod), free(rout);
+    free(rlse), free(rdx);
+}
+
+static const int cut_q[] = {0, 37, 170, 230, 300}, cut_k[] = {0, 90, 101, 250, 300};
+
+Test(kernels_attention_block, cuts_anywhere) { check_cuts(300, cut_q, 4, cut_k, 4, false, 51); }
+/* no memory for the scratch: the scalar path, the same results */
+Test(kernels_attention_block, cuts_anywhere_without_scratch)
+{
+    check_cuts(300, cut_q, 4, cut_k, 4, true, 51);
+}
+
 /* ---- (e) determinism ---- */
 
-/* The same bits on every run and for 1 or 3 threads, at a size where the
- * kernels run their OpenMP loops in parallel. */
+/* The same bits on every run and for 1 or 3 threads (OpenMP and BLAS), at a
+ * size where the kernels run their OpenMP loops in parallel. */
 Test(kernels_attention_block, zigzag_same_bits_any_thread_count)
 {
-    enum { c = 2, L = 40, T = 2 * c * L };
+    enum { c = 2, L = 130, T = 2 * c * L };
     const size_t nx = (size_t)B * T * C3, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     uint64_t s = 41;
     float *x = frand(&s, nx, 2.0), *dout = frand(&s, no, 1.0);
     float *out[3], *lse[3], *dx[3];
     const int threads[3] = {1, 3, 3};
     for (int k = 0; k < 3; k++) {
-        omp_set_num_threads(threads[k]);
+        loco_set_threads(threads[k]);
         out[k] = xmalloc(no * sizeof(float));
         lse[k] = xmalloc(nl * sizeof(float));
         dx[k] = ffill(nx, NAN);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define LOCO "\"${LOCO_BIN:-build/loco}\""
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np "
@@ -203,6 +204,24 @@ Test(ep, what_cannot_be_split_is_refused_clearly) {
         cr_expect_neq(rc, 0);
         cr_expect(strstr(out, bad[i][1]) != NULL, "%s: %s", bad[i][0], out);
     }
+    /* an expert shard cut short: the resume names it, and nothing trains */
+    int rc0 = test_run(out, sizeof out,
+                       MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                              " --set parallel.dp=2 --set parallel.ep=2 --set train.steps=2"
+                              " --set run.dir=%s/c",
+                       dir);
+    cr_assert_eq(rc0, 0, "%s", out);
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/c/ckpt_00000002/shard_00001.safetensors", dir);
+    cr_assert_eq(truncate(shard, 100), 0, "%s", shard);
+    rc0 = test_run(out, sizeof out,
+                   MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
+                          " --set parallel.dp=2 --set parallel.ep=2 --set train.steps=4"
+                          " --set run.dir=%s/d --resume %s/c/ckpt_00000002",
+                   dir, dir);
+    cr_expect_neq(rc0, 0);
+    cr_expect(strstr(out, "shard_00001.safetensors") && strstr(out, "is corrupt or truncated"),
+              "%s", out);
     /* ep without experts */
     int rc = test_run(out, sizeof out,
                       MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL " --set model.n_experts=0"
