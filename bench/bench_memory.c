@@ -71,6 +71,27 @@ static int activation_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *
     return rc;
 }
 
+/* One forward and backward of B x T random tokens (drawn with
+ * token_seed) through m after GPT-2's initialisation (seed 1: the same
+ * weights on every rank); *dt: its seconds. */
+static int random_micro_batch(loco_gpt *m, int B, int T, uint64_t token_seed, double *dt) {
+    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
+    if (!tok)
+        return LOCO_ERR(LOCO_ENOMEM, "tokens");
+    loco_rng rng;
+    loco_rng_seed(&rng, 1);
+    loco_gpt_init_weights(m, &rng);
+    loco_rng_seed(&rng, token_seed);
+    for (size_t i = 0; i < (size_t)B * T * 2; i++)
+        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)m->cfg.vocab_size);
+    float loss;
+    const double t0 = loco_now();
+    const int rc = loco_gpt_forward_backward(m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss);
+    *dt = loco_now() - t0;
+    loco_free(tok);
+    return rc;
+}
+
 /* The bytes per rank the tensor-parallel collectives of one micro-batch's
  * forward and backward move, counted as ring algorithms move them, from
  * the shapes alone: S = B*T*C*4 bytes of one activation. */
@@ -116,21 +137,8 @@ static int comm_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world)
     loco_gpt m;
     LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
     int rc = 0;
-    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
-    if (!tok) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "tokens");
-        goto out;
-    }
-    loco_rng rng;
-    loco_rng_seed(&rng, 1);
-    loco_gpt_init_weights(&m, &rng);
-    for (size_t i = 0; i < (size_t)B * T * 2; i++)
-        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)mc.vocab_size);
-    float loss;
-    const double t0 = loco_now();
-    LOCO_CHECK_GOTO(loco_gpt_forward_backward(&m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss),
-                    out);
-    const double dt = loco_now() - t0;
+    double dt;
+    LOCO_CHECK_GOTO(random_micro_batch(&m, B, T, 2, &dt), out);
     double ar, rs, ag;
     tp_comm_formula(cfg, &ar, &rs, &ag);
     if (loco_comm_rank(world) == 0) {
@@ -146,7 +154,6 @@ static int comm_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world)
                MB(m.comm.allreduce + m.comm.reduce_scatter + m.comm.allgather), MB(ar + rs + ag));
     }
 out:
-    loco_free(tok);
     loco_gpt_fini(&m);
     return rc;
 }
@@ -220,21 +227,8 @@ static int cp_tables(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
     loco_gpt m;
     LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
     int rc = 0;
-    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
-    if (!tok) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "tokens");
-        goto out;
-    }
-    loco_rng rng;
-    loco_rng_seed(&rng, 1);
-    loco_gpt_init_weights(&m, &rng);
-    for (size_t i = 0; i < (size_t)B * T * 2; i++)
-        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)mc.vocab_size);
-    float loss;
-    const double t0 = loco_now();
-    LOCO_CHECK_GOTO(loco_gpt_forward_backward(&m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss),
-                    out);
-    const double dt = loco_now() - t0;
+    double dt;
+    LOCO_CHECK_GOTO(random_micro_batch(&m, B, T, 2, &dt), out);
     if (root) {
         const double per_layer = loco_gpt_cp_bytes(&m) / mc.n_layer;
         const double formula = cp_comm_formula(cfg, algo) / (mc.tp > 1 ? mc.tp : 1);
@@ -245,7 +239,6 @@ static int cp_tables(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
                100.0 * (per_layer - formula) / formula);
     }
 out:
-    loco_free(tok);
     loco_gpt_fini(&m);
     return rc;
 }
@@ -267,21 +260,15 @@ static int moe_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
     loco_gpt m;
     LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
     int rc = 0;
-    int32_t *tok = loco_alloc((size_t)B * T * sizeof(int32_t) * 2);
+    double dt;
     double *all = loco_alloc((size_t)loco_comm_size(world) * 2 * sizeof(double));
     size_t *counts = loco_alloc((size_t)loco_comm_size(world) * sizeof(size_t));
-    if (!tok || !all || !counts) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "tokens");
+    if (!all || !counts) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "MoE table");
         goto out;
     }
-    loco_rng rng;
-    loco_rng_seed(&rng, 1 + (uint64_t)loco_comm_rank(world));
-    loco_gpt_init_weights(&m, &rng);
-    for (size_t i = 0; i < (size_t)B * T * 2; i++)
-        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)mc.vocab_size);
-    float loss;
-    LOCO_CHECK_GOTO(loco_gpt_forward_backward(&m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss),
-                    out);
+    /* every rank its own tokens, as data parallelism reads them */
+    LOCO_CHECK_GOTO(random_micro_batch(&m, B, T, 2 + (uint64_t)loco_comm_rank(world), &dt), out);
     const int layers = loco_gpt_moe_layers(&m);
     int64_t dropped = 0, assignments = 0;
     for (int i = 0; i < layers; i++) {
@@ -306,7 +293,6 @@ static int moe_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
                    100.0 * (all[2 * r] - formula) / formula, 100.0 * all[2 * r + 1]);
     }
 out:
-    loco_free(tok);
     loco_free(all);
     loco_free(counts);
     loco_gpt_fini(&m);

@@ -52,13 +52,12 @@ int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par
         return LOCO_ERR(LOCO_EINVAL, "experts split over ep = %d ranks need a group of %d ranks",
                         ep, ep);
     const char *with = loco__gpt_tp_of(cfg) > 1 ? "tensor parallelism (parallel.tp)"
-                       : par->stage            ? "pipeline parallelism (parallel.pp)"
                        : par->cp               ? "context parallelism (parallel.cp)"
                                                : NULL;
     if (with)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "mixture of experts (model.n_experts = %d) with %s is not built yet; MoE "
-                        "trains with dp, ZeRO and recompute",
+                        "trains with dp, ep, pp, ZeRO and recompute",
                         cfg->n_experts, with);
     return 0;
 }

@@ -86,6 +86,7 @@ int loco_gpt_chunk_forward(loco_gpt *m, int slot, int chunk, const int32_t *inpu
     if (m->cp)
         LOCO_CHECK(loco__gpt_cp_localize(m, &inputs, &targets, B, &T));
     LOCO_CHECK(use_slot(m, slot, chunk, B, T));
+    m->loss_scale = loss_scale; /* the MoE layers' losses are scaled alike */
     const loco__gpt_shape d = loco__gpt_shape_of(m, B, T);
     const int first = m->stage.first[chunk], end = m->stage.end[chunk], L = m->cfg.n_layer;
     const size_t rows = d.R * (size_t)d.C;
@@ -142,7 +143,10 @@ int loco_gpt_chunk_backward_input(loco_gpt *m, int slot, int chunk, const int32_
         if (loco__gpt_full_recompute(m, l)) {
             /* The rerun block lives in the shared buffers, which the next
              * block's rerun overwrites: its weight half runs now. */
-            LOCO_CHECK(loco__gpt_block_fwd(m, &d, l, la, B, T));
+            m->rerun = true; /* an MoE block does not count its routing twice */
+            const int rc = loco__gpt_block_fwd(m, &d, l, la, B, T);
+            m->rerun = false;
+            LOCO_CHECK(rc);
             LOCO_CHECK(loco__gpt_block_bwd(m, &d, l, la, B, T));
         } else {
             const loco__gpt_block_keep k = slot_keep(m, l);

@@ -94,7 +94,7 @@ static inline void test_model_diff(const loco_gpt_config *mc, const char *a_dir,
                                    const char *b_dir, double *l2, double *worst) {
     loco_ttable tt;
     cr_assert_eq(loco_gpt_build_table(&tt, mc), 0);
-    char pa[4096], pb[4096];
+    char pa[4200], pb[4200];
     snprintf(pa, sizeof pa, "%s/model.safetensors", a_dir);
     snprintf(pb, sizeof pb, "%s/model.safetensors", b_dir);
     loco_st *a, *b;
@@ -121,6 +121,59 @@ static inline void test_model_diff(const loco_gpt_config *mc, const char *a_dir,
     loco_ttable_fini(&tt);
     *l2 = sqrt(dd / bb);
     *worst = maxd / maxr;
+}
+
+/* A multi-rank run DIR/RUN against the single rank DIR/ref on the same
+ * global batch: the losses of steps 1..steps within 1e-5 relative, and its
+ * last checkpoint (ckpt_STEPS), exported to the Hugging Face layout in
+ * DIR/export, holds ref's parameters: relative L2 <= 1e-5 and largest
+ * element <= 1e-4 of the largest parameter (AdamW amplifies the rounding
+ * of the few elements whose moments nearly cancel; a real error moves
+ * elements by the learning rate in one step). `what` names the run. */
+static inline void test_expect_like_reference(const loco_gpt_config *mc, const char *dir,
+                                              const char *run, int steps, const char *what) {
+    double *got = calloc((size_t)steps + 1, sizeof *got);
+    double *ref = calloc((size_t)steps + 1, sizeof *ref);
+    cr_assert(got && ref);
+    char a[4096], b[4096];
+    snprintf(a, sizeof a, "%s/%s", dir, run);
+    snprintf(b, sizeof b, "%s/ref", dir);
+    test_read_losses(a, got, steps);
+    test_read_losses(b, ref, steps);
+    test_expect_losses(got, ref, 1, steps, what);
+    free(got);
+    free(ref);
+    static char out[1 << 16];
+    int rc = test_run(out, sizeof out,
+                      "\"${LOCO_BIN:-build/loco}\" ckpt export %s/%s/ckpt_%08d %s/export", dir, run,
+                      steps, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    snprintf(a, sizeof a, "%s/export", dir);
+    snprintf(b, sizeof b, "%s/ref/ckpt_%08d", dir, steps);
+    double l2, worst;
+    test_model_diff(mc, a, b, &l2, &worst);
+    cr_expect(l2 <= 1e-5 && worst <= 1e-4,
+              "%s: final parameters differ by %g (relative L2), %g (largest element, relative "
+              "to the largest parameter)",
+              what, l2, worst);
+}
+
+/* A run DIR/RUN resumed at step `from` continues ref's curve: nothing
+ * logged before `from`, the losses of from..steps within 1e-5. */
+static inline void test_expect_resumed(const char *dir, const char *run, int from, int steps) {
+    double *got = calloc((size_t)steps + 1, sizeof *got);
+    double *ref = calloc((size_t)steps + 1, sizeof *ref);
+    cr_assert(got && ref);
+    char a[4096], b[4096];
+    snprintf(a, sizeof a, "%s/%s", dir, run);
+    snprintf(b, sizeof b, "%s/ref", dir);
+    test_read_losses(a, got, steps);
+    test_read_losses(b, ref, steps);
+    cr_expect(got[from - 1] == 0 && got[from] != 0, "%s: the resumed run did not start at step %d",
+              run, from);
+    test_expect_losses(got, ref, from, steps, run);
+    free(got);
+    free(ref);
 }
 
 #endif

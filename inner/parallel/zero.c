@@ -259,20 +259,19 @@ static int launch_bucket(loco_zero *z) {
  * expert-dp average, over every data-parallel rank), its experts' scaled
  * by 1/ep (an expert's rank summed its whole ep group's tokens; the
  * expert-dp average then makes the mean over every rank's). */
-static int ep_prereduce(loco_zero *z, int unit, float *g) {
+static int ep_prereduce_range(loco_zero *z, size_t a, size_t b, float *g) {
     const loco_gpt *m = z->m;
     int i, end;
-    size_t a, b;
-    loco_gpt_unit_range(m, unit, &a, &b);
     if (a == b)
         return 0;
-    for (i = 0; i < m->tt.n && m->tt.t[i].offset < a; i++)
+    for (i = 0; i < m->tt.n && m->tt.t[i].offset + m->tt.t[i].numel <= a; i++)
         ;
     const float inv = 1.0f / (float)loco_comm_size(z->ep);
     while (i < m->tt.n && m->tt.t[i].offset < b) {
         for (end = i; end < m->tt.n && m->tt.t[end].offset < b && z->expert[end] == z->expert[i];)
             end++;
-        const size_t lo = m->tt.t[i].offset, hi = m->tt.t[end - 1].offset + m->tt.t[end - 1].numel;
+        size_t lo = m->tt.t[i].offset, hi = m->tt.t[end - 1].offset + m->tt.t[end - 1].numel;
+        lo = lo > a ? lo : a, hi = hi < b ? hi : b;
         if (z->expert[i])
             loco_scale(g + (lo - a), inv, hi - lo);
         else
@@ -280,6 +279,12 @@ static int ep_prereduce(loco_zero *z, int unit, float *g) {
         i = end;
     }
     return 0;
+}
+
+static int ep_prereduce(loco_zero *z, int unit, float *g) {
+    size_t a, b;
+    loco_gpt_unit_range(z->m, unit, &a, &b);
+    return ep_prereduce_range(z, a, b, g);
 }
 
 static int hook_grads_ready(void *ctx, loco_gpt *m, int unit) {
@@ -534,6 +539,8 @@ int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi) {
     if (lo == hi)
         return 0;
     float *g = z->m->grads + lo;
+    if (z->ep) /* dense averaged over ep, experts scaled: as a unit's */
+        LOCO_CHECK(ep_prereduce_range(z, lo, hi, g));
     if (z->stage < 2) {
         if (z->n == 1)
             return 0;

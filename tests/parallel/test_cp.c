@@ -37,16 +37,13 @@ static const loco_gpt_config small_model = {
     .n_layer = 2, .n_head = 4, .n_embd = 16, .seq_len = 16, .vocab_size = 256};
 
 /* One rank, batches of B sequences, m micro-batches: the reference. */
-static void reference(int B, int m, double *loss) {
+static void reference(int B, int m) {
     static char out[1 << 16];
     int rc = test_run(out, sizeof out,
                       LOCO " train configs/tiny.ini" SMALL " --set train.batch_size=%d"
                            " --set train.grad_accum=%d --set run.dir=%s/ref",
                       B, m, dir);
     cr_assert_eq(rc, 0, "%s", out);
-    char run_dir[600];
-    snprintf(run_dir, sizeof run_dir, "%s/ref", dir);
-    test_read_losses(run_dir, loss, STEPS);
 }
 
 /* ranks (cp x the rest) training with `extra`; the same global batch as
@@ -55,25 +52,12 @@ static void check(int ranks, const char *extra, int ref_B, int ref_m) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    double ref[STEPS + 1], got[STEPS + 1];
-    reference(ref_B, ref_m, ref);
+    reference(ref_B, ref_m);
     int rc = test_run(out, sizeof out,
                       MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL " %s --set run.dir=%s/cp",
                       ranks, extra, dir);
     cr_assert_eq(rc, 0, "%s", out);
-    char run_dir[600];
-    snprintf(run_dir, sizeof run_dir, "%s/cp", dir);
-    test_read_losses(run_dir, got, STEPS);
-    test_expect_losses(got, ref, 1, STEPS, extra);
-    rc = test_run(out, sizeof out, LOCO " ckpt export %s/cp/ckpt_%08d %s/export", dir, STEPS, dir);
-    cr_assert_eq(rc, 0, "%s", out);
-    char exp_dir[600], ref_ckpt[600];
-    snprintf(exp_dir, sizeof exp_dir, "%s/export", dir);
-    snprintf(ref_ckpt, sizeof ref_ckpt, "%s/ref/ckpt_%08d", dir, STEPS);
-    double l2, worst;
-    test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
-    cr_expect(l2 <= 1e-5 && worst <= 1e-4,
-              "%s: final parameters differ by %g (L2), %g (largest element)", extra, l2, worst);
+    test_expect_like_reference(&small_model, dir, "cp", STEPS, extra);
 }
 
 TestSuite(cp, .init = setup, .fini = teardown, .timeout = 180);
@@ -124,8 +108,7 @@ Test(cp, resume_with_another_cp_continues_the_curve) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    double ref[STEPS + 1], got[STEPS + 1];
-    reference(2, 1, ref);
+    reference(2, 1);
     int rc = test_run(out, sizeof out,
                       MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
                              " --set parallel.cp=2 --set run.ckpt_every=4 --set run.dir=%s/a",
@@ -145,12 +128,7 @@ Test(cp, resume_with_another_cp_continues_the_curve) {
                                " --set run.dir=%s/%s --resume %s/a/ckpt_00000004",
                           dir, runs[i], dir);
         cr_assert_eq(rc, 0, "%s", out);
-        char run_dir[600];
-        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, runs[i]);
-        test_read_losses(run_dir, got, STEPS);
-        cr_expect(got[4] == 0 && got[5] != 0, "%s: the resumed run did not start at step 5",
-                  runs[i]);
-        test_expect_losses(got, ref, 5, STEPS, runs[i]);
+        test_expect_resumed(dir, runs[i], 5, STEPS);
     }
 }
 

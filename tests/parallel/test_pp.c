@@ -39,16 +39,13 @@ static const loco_gpt_config small_model = {
     .n_layer = 8, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab_size = 256};
 
 /* One rank, m micro-batches of accumulation: the reference. */
-static void reference(int m, double *loss) {
+static void reference(int m) {
     static char out[1 << 16];
     int rc = test_run(out, sizeof out,
                       LOCO " train configs/tiny.ini" SMALL
                            " --set train.grad_accum=%d --set run.dir=%s/ref",
                       m, dir);
     cr_assert_eq(rc, 0, "%s", out);
-    char run_dir[600];
-    snprintf(run_dir, sizeof run_dir, "%s/ref", dir);
-    test_read_losses(run_dir, loss, STEPS);
 }
 
 /* ranks = pp x dp x tp; the same global batch as the reference. */
@@ -57,8 +54,7 @@ static void check_with(const char *schedule, int p, int v, int m, int dp, int tp
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    double ref[STEPS + 1], got[STEPS + 1];
-    reference(m * dp, ref);
+    reference(m * dp);
     int rc =
         test_run(out, sizeof out,
                  MPIRUN "%d " LOCO " train configs/tiny.ini" SMALL
@@ -68,22 +64,10 @@ static void check_with(const char *schedule, int p, int v, int m, int dp, int tp
                         " --set run.dir=%s/pp %s",
                  p * dp * tp, m, p, schedule, v, dp, tp, zero, dir, extra);
     cr_assert_eq(rc, 0, "%s", out);
-    char run_dir[600];
-    snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
-    test_read_losses(run_dir, got, STEPS);
     char what[256];
     snprintf(what, sizeof what, "%s p=%d v=%d m=%d dp=%d tp=%d zero=%d %s", schedule, p, v, m, dp,
              tp, zero, extra);
-    test_expect_losses(got, ref, 1, STEPS, what);
-    rc = test_run(out, sizeof out, LOCO " ckpt export %s/pp/ckpt_%08d %s/export", dir, STEPS, dir);
-    cr_assert_eq(rc, 0, "%s", out);
-    char exp_dir[600], ref_ckpt[600];
-    snprintf(exp_dir, sizeof exp_dir, "%s/export", dir);
-    snprintf(ref_ckpt, sizeof ref_ckpt, "%s/ref/ckpt_%08d", dir, STEPS);
-    double l2, worst;
-    test_model_diff(&small_model, exp_dir, ref_ckpt, &l2, &worst);
-    cr_expect(l2 <= 1e-5 && worst <= 1e-4,
-              "%s: final parameters differ by %g (L2), %g (largest element)", what, l2, worst);
+    test_expect_like_reference(&small_model, dir, "pp", STEPS, what);
 }
 
 static void check_zero(const char *schedule, int p, int v, int m, int dp, int tp, int zero) {
@@ -196,8 +180,7 @@ static void check_recompute(const char *mode) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    double ref[STEPS + 1], got[STEPS + 1];
-    reference(4, ref);
+    reference(4);
     int rc = test_run(out, sizeof out,
                       MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
                              " --set train.grad_accum=4 --set parallel.pp=2"
@@ -205,10 +188,7 @@ static void check_recompute(const char *mode) {
                              " --set run.dir=%s/pp",
                       mode, dir);
     cr_assert_eq(rc, 0, "%s", out);
-    char run_dir[600];
-    snprintf(run_dir, sizeof run_dir, "%s/pp", dir);
-    test_read_losses(run_dir, got, STEPS);
-    test_expect_losses(got, ref, 1, STEPS, mode);
+    test_expect_like_reference(&small_model, dir, "pp", STEPS, mode);
 }
 
 Test(pp, zbh1_with_selective_recompute) {
@@ -271,8 +251,7 @@ Test(pp, reshard_pp4_to_2_and_1_continues_the_curve) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    double ref[STEPS + 1], got[STEPS + 1];
-    reference(4, ref);
+    reference(4);
     int rc = test_run(out, sizeof out,
                       MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
                              " --set train.grad_accum=4 --set parallel.pp=4"
@@ -294,11 +273,6 @@ Test(pp, reshard_pp4_to_2_and_1_continues_the_curve) {
                                " --set run.dir=%s/%s --resume %s/a/ckpt_00000003",
                           dir, runs[i], dir);
         cr_assert_eq(rc, 0, "%s", out);
-        char run_dir[600];
-        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, runs[i]);
-        test_read_losses(run_dir, got, STEPS);
-        cr_expect(got[3] == 0 && got[4] != 0, "%s: the resumed run did not start at step 4",
-                  runs[i]);
-        test_expect_losses(got, ref, 4, STEPS, runs[i]);
+        test_expect_resumed(dir, runs[i], 4, STEPS);
     }
 }
