@@ -92,6 +92,46 @@ static inline float *copy_f(const float *x, size_t n)
     return y;
 }
 
+/* The twins' integer outputs (and some floats) must be the CPU's bits. */
+#define EXPECT_SAME_BITS(what, a, b, n)                                                      \
+    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s: not the CPU's bits", (what))
+
+/* n copies of v (at least one element's room), malloc'd. */
+static inline float *fill_f(size_t n, float v)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = v;
+    return x;
+}
+
+static inline int32_t *fill_i(size_t n, int32_t v)
+{
+    int32_t *x = malloc((n ? n : 1) * sizeof *x);
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = v;
+    return x;
+}
+
+/* n floats or ints of device memory d, copied into a malloc'd host array. */
+static inline float *down_f(const void *d, size_t n)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    cr_assert_not_null(x);
+    to_host(x, d, n * sizeof *x);
+    return x;
+}
+
+static inline int32_t *down_i(const void *d, size_t n)
+{
+    int32_t *x = malloc((n ? n : 1) * sizeof *x);
+    cr_assert_not_null(x);
+    to_host(x, d, n * sizeof *x);
+    return x;
+}
+
 static inline loco_bf16 f2bf(float f)
 {
     uint32_t u;

@@ -21,26 +21,6 @@ Test(gpu_attention_block, skipped)
 
 enum { SLAB = 64 << 20, B = 2 };
 
-#define EXPECT_SAME_BITS(what, a, b, n)                                                      \
-    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s: not the same bits", (what))
-
-static float *fill_f(size_t n, float v)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
-    return x;
-}
-
-static float *down(const void *d, size_t n)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    to_host(x, d, n * sizeof *x);
-    return x;
-}
-
 static void *up(gpu_env *e, const float *x, size_t n)
 {
     return dup_to_dev(e, x, n * sizeof *x);
@@ -100,7 +80,7 @@ static void check_fwd(gpu_env *e, const blk_case *c, const float *qb, const floa
     GPU_OK(loco_cuda_attention_block_fwd(d_out, d_lse, d_q, 3 * C, d_kv + koff,
                                          d_kv + koff + C, kv_ld, B, c->nq, c->nk, C, c->NH,
                                          c->q0, c->k0, c->causal, NULL));
-    float *gout = down(d_out, no), *glse = down(d_lse, nl);
+    float *gout = down_f(d_out, no), *glse = down_f(d_lse, nl);
     EXPECT_NEAR("block out", gout, out, no, TOL_F32);
     expect_lse("block lse", glse, lse, nl);
     free(nan_o), free(nan_l), free(gout), free(glse);
@@ -127,7 +107,7 @@ static void check_bwd(gpu_env *e, const blk_case *c, const float *qb, const floa
     float *d_out = up(e, out, no), *d_dout = up(e, dout, no), *d_lse = up(e, lse, nl);
     float *d_delta = dalloc(e, nl * sizeof(float));
     GPU_OK(loco_cuda_attention_delta(d_delta, d_dout, d_out, B, c->nq, C, c->NH, NULL));
-    float *gdelta = down(d_delta, nl);
+    float *gdelta = down_f(d_delta, nl);
     EXPECT_NEAR("delta", gdelta, delta, nl, TOL_F32);
     GPU_OK(loco_cuda_copy(d_delta, delta, nl * sizeof(float), NULL)); /* the same input */
     float *d_q = up(e, qb, nq), *d_kv = up(e, kvb, nkv);
@@ -138,7 +118,7 @@ static void check_bwd(gpu_env *e, const blk_case *c, const float *qb, const floa
                                              d_dout, d_lse, d_delta, d_q, 3 * C, d_kv + koff,
                                              d_kv + koff + C, kv_ld, B, c->nq, c->nk, C, c->NH,
                                              c->q0, c->k0, c->causal, NULL));
-        gdq[k] = down(d_dq, nq), gdkv[k] = down(d_dkv, nkv);
+        gdq[k] = down_f(d_dq, nq), gdkv[k] = down_f(d_dkv, nkv);
     }
     EXPECT_NEAR("block dq (accumulated)", gdq[0], dq, nq, TOL_F32);
     EXPECT_NEAR("block dk, dv (accumulated)", gdkv[0], dkv, nkv, TOL_F32);
@@ -231,7 +211,7 @@ static void check_merge(int T, int C, int NH, uint64_t seed)
     float *d_lse = up(&e, lse, nl), *d_bl = up(&e, bl, nl);
     GPU_OK(loco_cuda_attention_merge(d_out, d_lse, d_bo, d_bl, B, T, C, NH, NULL));
     loco_attention_merge(out, lse, bo, bl, B, T, C, NH);
-    float *gout = down(d_out, no), *glse = down(d_lse, nl);
+    float *gout = down_f(d_out, no), *glse = down_f(d_lse, nl);
     EXPECT_NEAR("merged out", gout, out, no, TOL_F32);
     expect_lse("merged lse", glse, lse, nl);
     free(out), free(bo), free(lse), free(bl), free(gout), free(glse);

@@ -20,43 +20,6 @@ Test(gpu_moe, skipped)
 
 enum { SLAB = 64 << 20 };
 
-#define EXPECT_SAME_BITS(what, a, b, n)                                                      \
-    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s: not the CPU's bits", (what))
-
-static float *fill_f(size_t n, float v)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
-    return x;
-}
-
-static int32_t *fill_i(size_t n, int32_t v)
-{
-    int32_t *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
-    return x;
-}
-
-static float *down(const void *d, size_t n)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    to_host(x, d, n * sizeof *x);
-    return x;
-}
-
-static int32_t *down_i(const void *d, size_t n)
-{
-    int32_t *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    to_host(x, d, n * sizeof *x);
-    return x;
-}
-
 /* A device copy of n floats or ints (at least one element's room). */
 static void *up(gpu_env *e, const void *h, size_t bytes)
 {
@@ -121,7 +84,7 @@ static void check_route_plan(gpu_env *e, const moe_case *c, moe_routing *r, uint
     r->probs = c->in_place ? logits : fill_f(ne, NAN);
     r->lse = fill_f(N, NAN), r->weight = fill_f(nk, NAN), r->expert = fill_i(nk, -7);
     loco_moe_route(r->probs, r->lse, r->expert, r->weight, logits, N, E, k);
-    float *gp = down(d_probs, ne), *glse = down(d_lse, N), *gw = down(d_w, nk);
+    float *gp = down_f(d_probs, ne), *glse = down_f(d_lse, N), *gw = down_f(d_w, nk);
     int32_t *gex = down_i(d_ex, nk);
     EXPECT_SAME_BITS("route expert", gex, r->expert, nk);
     EXPECT_NEAR("route probs", gp, r->probs, ne, TOL_F32);
@@ -214,8 +177,8 @@ static void check_dispatch(gpu_env *e, const moe_case *c, const moe_routing *r, 
     loco_moe_route_bwd(dl, dwt, r->probs, r->lse, r->expert, r->weight, r->routed, N, E, k, aux,
                        zl, scale);
 
-    float *gxe = down(d_xe, rc), *gout = down(d_out, nc), *gdy = down(d_dy, rc);
-    float *gdw = down(d_dw, nk), *gdx = down(d_dx, nc), *gdl = down(d_dl, ne);
+    float *gxe = down_f(d_xe, rc), *gout = down_f(d_out, nc), *gdy = down_f(d_dy, rc);
+    float *gdw = down_f(d_dw, nk), *gdx = down_f(d_dx, nc), *gdl = down_f(d_dl, ne);
     EXPECT_SAME_BITS("gather", gxe, xe, rc);
     EXPECT_NEAR("combine", gout, out, nc, TOL_F32);
     EXPECT_SAME_BITS("combine_bwd dy", gdy, dy, rc);

@@ -21,26 +21,6 @@ enum { SLAB = 64 << 20 };
 /* Padding columns hold this, so a kernel that reads them shows. */
 #define GARBAGE 1e4f
 
-#define EXPECT_SAME_BITS(what, a, b, n)                                                      \
-    cr_expect_eq(memcmp((a), (b), (n) * sizeof *(a)), 0, "%s: not the CPU's bits", (what))
-
-static float *fill_f(size_t n, float v)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
-    return x;
-}
-
-static float *down(const void *d, size_t n)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    to_host(x, d, n * sizeof *x);
-    return x;
-}
-
 /* ---------------------------------------------------------------- embedding */
 
 /* N rows of C channels, a slice [v_lo, v_lo + v_n) of the vocabulary, tokens
@@ -66,7 +46,7 @@ static void check_embed(int N, int C, int v_lo, int v_n, uint64_t seed)
         loco_embed_bwd(g, dout, tok, v_lo, v_n, N, C);
     }
     loco_embed_fwd(out, tok, wte, v_lo, v_n, N, C);
-    float *gout = down(d_out, nout), *gg = down(d_g, nw);
+    float *gout = down_f(d_out, nout), *gg = down_f(d_g, nw);
     EXPECT_NEAR("embed out", gout, out, nout, TOL_F32);
     EXPECT_SAME_BITS("embed dwte", gg, g, nw);
     free(tok), free(wte), free(dout), free(g), free(out), free(gout), free(gg);
@@ -97,7 +77,7 @@ static void check_pos_bias(int N, int T, int C, int row0, uint64_t seed)
     }
     loco_pos_fwd(out, wpe, row0, N, T, C);
     loco_bias_fwd(out, bias, N, C);
-    float *gout = down(d_out, nout), *gg = down(d_g, np);
+    float *gout = down_f(d_out, nout), *gg = down_f(d_g, np);
     EXPECT_NEAR("pos + bias out", gout, out, nout, TOL_F32);
     EXPECT_SAME_BITS("pos dwpe", gg, g, np);
     free(wpe), free(out), free(bias), free(dout), free(g), free(gout), free(gg);
@@ -140,7 +120,7 @@ static void check_xent_vp(int N, int V, int v_lo, int Vl, int v_valid, bool in_p
 
     GPU_OK(loco_cuda_xent_vp_max(d_max, d_x, N, Vl, v_valid, NULL));
     loco_xent_vp_max(rowmax, x, N, Vl, v_valid);
-    float *got = down(d_max, N);
+    float *got = down_f(d_max, N);
     EXPECT_SAME_BITS("vp rowmax", got, rowmax, (size_t)N);
     free(got);
 
@@ -149,7 +129,7 @@ static void check_xent_vp(int N, int V, int v_lo, int Vl, int v_valid, bool in_p
     GPU_OK(loco_cuda_copy(d_max, rowmax, (size_t)N * 4, NULL));
     GPU_OK(loco_cuda_xent_vp_sum(d_sum, d_t, d_x, d_max, d_y, v_lo, N, Vl, v_valid, NULL));
     loco_xent_vp_sum(sumexp, tlogit, x, rowmax, y, v_lo, N, Vl, v_valid);
-    float *gsum = down(d_sum, N), *gt = down(d_t, N);
+    float *gsum = down_f(d_sum, N), *gt = down_f(d_t, N);
     EXPECT_NEAR("vp sumexp", gsum, sumexp, (size_t)N, TOL_F32);
     EXPECT_SAME_BITS("vp tlogit", gt, tlogit, (size_t)N);
     free(gsum), free(gt);
@@ -165,7 +145,7 @@ static void check_xent_vp(int N, int V, int v_lo, int Vl, int v_valid, bool in_p
     GPU_OK(loco_cuda_xent_vp_finish(d_loss, d_d, d_x, d_max, d_sum, d_t, d_y, v_lo, N, Vl,
                                     v_valid, dscale, NULL));
     loco_xent_vp_finish(loss, d, x, rowmax, sumexp, tlogit, y, v_lo, N, Vl, v_valid, dscale);
-    float *gloss = down(d_loss, N), *gd = down(d_d, n);
+    float *gloss = down_f(d_loss, N), *gd = down_f(d_d, n);
     EXPECT_NEAR("vp losses", gloss, loss, (size_t)N, TOL_F32);
     EXPECT_NEAR("vp dlogits", gd, d, n, TOL_F32);
     for (int i = 0; i < N; i++)
