@@ -87,7 +87,7 @@ int loco__gpt_cp_init(loco_gpt *m, int B, int T) {
     /* One slab: wpe rows and their gradient, then the algorithm's buffers. */
     size_t n = 2 * (size_t)cp->Tl * C;
     if (cp->algo == LOCO_CP_RING)
-        n += 4 * rows * 2 * Cl + Tc * Cl + NHl * Tc + (size_t)B * 2 * NHl * Tc;
+        n += 5 * rows * 2 * Cl + Tc * Cl + NHl * Tc + (size_t)B * 2 * NHl * Tc;
     else
         n += 2 * rows * 3 * Cl + 2 * rows * Cl + rows * 3 * Cl;
     cp->buf = loco_alloc(n * sizeof(float));
@@ -105,6 +105,7 @@ int loco__gpt_cp_init(loco_gpt *m, int B, int T) {
             cp->kv[i] = at, at += rows * 2 * Cl;
             cp->dkv[i] = at, at += rows * 2 * Cl;
         }
+        cp->dkv_part = at, at += rows * 2 * Cl;
         cp->blk_out = at, at += Tc * Cl;
         cp->blk_lse = at, at += NHl * Tc;
         cp->delta = at;
@@ -257,6 +258,31 @@ static int ring_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, float *ls
     return 0;
 }
 
+/* One ring step's backward: this rank's query chunks against the K|V
+ * block of rank src (kv), dQ into dqkv, dK|dV into dkv. */
+static void ring_bwd_block(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, const float *dout,
+                           const float *qkv, const float *lse, int B, const float *kv, float *dkv,
+                           int src) {
+    const loco_gpt_cp *cp = m->cp;
+    const int c = cp->c, r = cp->r, Tc = cp->Tc, Tl = cp->Tl, Cl = d->Cl, NHl = d->NHl;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < 2; j++)
+            for (int i = 0; i < 2; i++) {
+                const int qp = chunk_pos(r, c, Tc, j), kp = chunk_pos(src, c, Tc, i);
+                if (kp > qp + Tc - 1)
+                    continue;
+                const size_t qrow = (size_t)b * Tl + (size_t)j * Tc;
+                const size_t krow = (size_t)b * Tl + (size_t)i * Tc;
+                const float *k = kv + krow * 2 * Cl;
+                float *dk = dkv + krow * 2 * Cl;
+                const size_t stat = ((size_t)b * 2 + j) * NHl * Tc;
+                loco_attention_block_bwd(dqkv + qrow * 3 * Cl, 3 * Cl, dk, dk + Cl, 2 * Cl,
+                                         dout + qrow * Cl, lse + stat, cp->delta + stat,
+                                         qkv + qrow * 3 * Cl, 3 * Cl, k, k + Cl, 2 * Cl, 1, Tc, Tc,
+                                         Cl, NHl, qp, kp, true);
+            }
+}
+
 static int ring_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, const float *dout,
                     const float *qkv, const float *out, const float *lse, int B) {
     loco_gpt_cp *cp = m->cp;
@@ -269,43 +295,53 @@ static int ring_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, const fl
                                  Tc, Cl, NHl);
         }
     pack_kv(cp->kv[0], qkv, rows, Cl);
-    memset(cp->dkv[0], 0, n * sizeof(float));
-    int cur = 0;
-    for (int s = 0; s < c; s++) {
+    /* Each block's dK|dV accumulator follows it around the ring. A step
+     * computes its contribution apart (part) while the accumulator from
+     * the previous rank is in flight, adds it on arrival and sends it on;
+     * accumulators alternate between dkv[0] and dkv[1]. */
+    const int nx = (r + 1) % c, pv = (r + c - 1) % c;
+    loco_comm_req *sreq[2] = {NULL, NULL}, *rreq = NULL;
+    int cur = 0, rc = 0;
+    for (int s = 0; s < c && rc == 0; s++) {
         loco_comm_req *rq[2] = {NULL, NULL};
         if (s < c - 1)
             LOCO_CHECK(ring_post(cp, cp->kv[cur], cp->kv[1 - cur], n, TAG_KV, rq));
+        float *acc = cp->dkv[s % 2], *dst = s == 0 ? acc : cp->dkv_part;
+        if (s > 0) { /* that buffer left at step s - 2 */
+            LOCO_CHECK(loco_comm_wait(sreq[s % 2]));
+            sreq[s % 2] = NULL;
+            LOCO_CHECK(loco_comm_irecv(cp->comm, acc, n, LOCO_DT_F32, pv, TAG_DKV, &rreq));
+        }
+        memset(dst, 0, n * sizeof(float));
         const int src = (r - s + c) % c;
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < 2; j++)
-                for (int i = 0; i < 2; i++) {
-                    const int qp = chunk_pos(r, c, Tc, j), kp = chunk_pos(src, c, Tc, i);
-                    if (kp > qp + Tc - 1)
-                        continue;
-                    const size_t qrow = (size_t)b * Tl + (size_t)j * Tc;
-                    const size_t krow = (size_t)b * Tl + (size_t)i * Tc;
-                    const float *k = cp->kv[cur] + krow * 2 * Cl;
-                    float *dk = cp->dkv[cur] + krow * 2 * Cl;
-                    const size_t stat = ((size_t)b * 2 + j) * NHl * Tc;
-                    loco_attention_block_bwd(dqkv + qrow * 3 * Cl, 3 * Cl, dk, dk + Cl, 2 * Cl,
-                                             dout + qrow * Cl, lse + stat, cp->delta + stat,
-                                             qkv + qrow * 3 * Cl, 3 * Cl, k, k + Cl, 2 * Cl, 1, Tc,
-                                             Tc, Cl, NHl, qp, kp, true);
-                }
+        ring_bwd_block(m, d, dqkv, dout, qkv, lse, B, cp->kv[cur], dst, src);
         if (s < c - 1)
             LOCO_CHECK(ring_wait(rq));
-        /* This block's dK|dV follow it to the next rank; after the last
-         * step they arrive home. */
-        LOCO_CHECK(ring_post(cp, cp->dkv[cur], cp->dkv[1 - cur], n, TAG_DKV, rq));
-        LOCO_CHECK(ring_wait(rq));
+        if (s > 0) {
+            rc = loco_comm_wait(rreq);
+            rreq = NULL;
+            for (size_t i = 0; rc == 0 && i < n; i++)
+                acc[i] += dst[i];
+        }
+        if (rc == 0)
+            rc = loco_comm_isend(cp->comm, acc, n, LOCO_DT_F32, nx, TAG_DKV, &sreq[s % 2]);
+        cp->bytes += (double)n * sizeof(float);
         cur = 1 - cur;
     }
-    const float *mine = cp->dkv[cur];
+    /* After c hops this rank's own block's accumulator comes home. */
+    float *mine = cp->dkv[c % 2];
+    if (rc == 0)
+        rc = loco_comm_wait(sreq[c % 2]);
+    sreq[c % 2] = NULL;
+    if (rc == 0)
+        rc = loco_comm_recv(cp->comm, mine, n, LOCO_DT_F32, pv, TAG_DKV);
+    const int rc2 = loco_comm_wait(sreq[(c + 1) % 2]);
+    LOCO_CHECK(rc < 0 ? rc : rc2);
     for (size_t i = 0; i < rows; i++) {
-        float *dst = dqkv + i * 3 * Cl + Cl;
-        const float *src = mine + i * 2 * Cl;
+        float *o = dqkv + i * 3 * Cl + Cl;
+        const float *in = mine + i * 2 * Cl;
         for (int x = 0; x < 2 * Cl; x++)
-            dst[x] += src[x];
+            o[x] += in[x];
     }
     return 0;
 }

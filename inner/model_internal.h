@@ -120,6 +120,7 @@ typedef struct loco_gpt_cp {
     float *buf;            /* the slab the buffers below live in */
     float *wpe, *dwpe;     /* (Tl, C) the rows' positions in wpe, their gradient */
     float *kv[2], *dkv[2]; /* ring: (B Tl, 2 Cl) K|V travelling, dK|dV following */
+    float *dkv_part;       /* ring: (B Tl, 2 Cl) a step's dK|dV before the accumulator's */
     float *blk_out, *blk_lse, *delta; /* ring: a block's (Tc, Cl), (NHl, Tc); (B, 2, NHl, Tc) */
     float *send, *recv;    /* Ulysses: all-to-all buffers (B Tl 3 Cl) */
     float *hout, *hdout, *hdqkv; /* Ulysses: head-sharded output, its gradient, dqkv */
