@@ -213,6 +213,59 @@ double loco_sumsq(const float *x, size_t n);
 /* x *= s */
 void loco_scale(float *x, float s, size_t n);
 
+/* Elements per scale block: multiples of 8 in [32, 4096]. */
+#define LOCO_QUANT_BLOCK_MIN 32
+#define LOCO_QUANT_BLOCK_MAX 4096
+
+/* The block codecs. */
+typedef enum {
+    LOCO_CODEC_NONE = 0, /* fp32 as is */
+    LOCO_CODEC_BF16 = 1, /* bfloat16, round to nearest even or stochastic */
+    LOCO_CODEC_INT8 = 2, /* int8 in [-127, 127], one absmax scale per block */
+    LOCO_CODEC_INT4 = 3, /* int4 in [-7, 7], two per byte, block scale */
+    LOCO_CODEC_FP8 = 4,  /* fp8 e4m3 (OCP "fn", max 448), block scale */
+    LOCO_CODEC_FP4 = 5,  /* fp4 e2m1 (max 6), two per byte, block scale */
+    LOCO_CODEC_COUNT
+} loco_codec_kind;
+
+/* ------------------------------------------- pseudo-gradient quantizers
+ * The block codecs of compress/ (compress.h says how they are used).
+ * The element loops, in kernels/cpu/quant.c (a CUDA twin takes the same
+ * arguments plus a stream). A payload of n elements is, per codec:
+ *   none  n fp32                       (planes: 4 byte planes)
+ *   bf16  n bf16                       (planes: low bytes, then high bytes)
+ *   int8  ceil(n/block) fp32 scales, then n int8 codes
+ *   int4  scales, then ceil(n/2) bytes: element 2j low nibble, 2j+1 high
+ *   fp8   scales, then n e4m3 codes
+ *   fp4   scales, then ceil(n/2) bytes of e2m1 codes, packed as int4
+ * little-endian, any alignment. A block's scale is absmax / qmax (qmax 127,
+ * 7, 448, 6), rounded down when needed so that qmax * scale <= absmax; a
+ * block whose qmax / absmax overflows is all zero with scale 0. Code q
+ * decodes to value(q) * scale. */
+
+typedef struct {
+    int block;       /* elements per scale block (multiple of 8) */
+    bool stochastic; /* round up with probability = the fraction */
+    bool planes;     /* none/bf16: byte-plane layout */
+    uint64_t key;    /* stochastic stream: element i draws hash(key, i) */
+} loco_quant_args;
+
+/* Payload bytes of n elements. */
+size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block);
+/* Quantizes x[0, n) (plus ef when not NULL, which then receives what this
+ * rounding lost) into payload. Returns 0, or LOCO_EINVAL when x (+ ef) holds
+ * a non-finite value (nothing is recorded; the caller reports). */
+int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+               const loco_quant_args *a);
+/* dst[i] = fmaf(value_i, weight * scale_of_block(i), dst[i]) for a payload of
+ * n elements (none/bf16: fmaf(value_i, weight, dst[i])). */
+void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n, int block,
+                      bool planes, float weight);
+/* True when the payload can be decoded safely: every scale in
+ * [0, FLT_MAX / qmax] (so nothing decodes to infinity or NaN), no fp8 NaN
+ * code. (none/bf16 values are not checked.) */
+bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block);
+
 /* ------------------------------------------------------------ CUDA twins
  * kernels/cuda/*.cu: the same kernels on an NVIDIA GPU. They exist in a
  * build where the CUDA toolkit was found (the Makefile then defines
@@ -438,6 +491,20 @@ int loco_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t 
 #define LOCO_CUDA_SUMSQ_OUT 257
 int loco_cuda_sumsq(double *out, const float *x, size_t n, loco_stream s);
 int loco_cuda_scale(float *x, float sc, size_t n, loco_stream s);
+
+/* CUDA twins (kernels/cuda/quant.cu, in a build with the CUDA toolkit):
+ * device pointers, the CPU twin's arguments and a stream last; the same
+ * payload bytes and error-feedback values as loco_quant / loco_dequant_acc
+ * for the same input. They only enqueue work. A non-finite input cannot be
+ * returned without waiting, so loco_cuda_quant clears the device word
+ * *nonfinite (when not NULL) and sets it to 1 when x (+ ef) holds a
+ * non-finite value (payload and EF are then unspecified, as on the CPU).
+ * 0, or LOCO_EINVAL for a bad codec or block, LOCO_ECUDA when the launch
+ * failed. */
+int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+                    const loco_quant_args *a, uint32_t *nonfinite, loco_stream s);
+int loco_cuda_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n,
+                          int block, bool planes, float weight, loco_stream s);
 
 #endif /* LOCO_HAVE_CUDA || __CUDACC__ */
 

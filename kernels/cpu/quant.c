@@ -1,5 +1,5 @@
 /* Element loops of the pseudo-gradient codecs (declared in
- * compress/compress.h under "kernels"): quantize with optional error
+ * kernels/kernels.h, "pseudo-gradient quantizers"): quantize with optional error
  * feedback and stochastic rounding, dequantize-accumulate, payload checks.
  *
  * Written as plain loops over one scale block that GCC vectorises at -O3
@@ -7,7 +7,9 @@
  * unsigned integers, rounding with rintf (vroundps) or truncation of a
  * positive value, minifloat conversion with integer arithmetic on the fp32
  * bits, random bits from a counter hash so no state crosses elements. */
-#include "compress/compress.h"
+
+#include "core/core.h"
+#include "kernels/kernels.h"
 
 #include <float.h>
 #include <math.h>
@@ -298,7 +300,7 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
         qmax = 448.0f;
     else if (k == LOCO_CODEC_FP4)
         qmax = 6.0f;
-    int8_t tmp[LOCO_COMPRESS_BLOCK_MAX];
+    int8_t tmp[LOCO_QUANT_BLOCK_MAX];
     for (size_t b = 0; b < nb; b++) {
         const size_t s = b * B, m = n - s < B ? n - s : B;
         const float *xb = x + s;

@@ -1,5 +1,5 @@
 /* CUDA twins of the pseudo-gradient codecs' element loops (kernels/cpu/
- * quant.c, declared in compress/compress.h): the same payload bytes and the
+ * quant.c, declared in kernels/kernels.h): the same payload bytes and the
  * same error-feedback values as the CPU for the same input. Every float
  * operation that decides a byte is written with an explicitly rounded
  * intrinsic (__fadd_rn, __fmul_rn, ...) so that nvcc cannot contract it
@@ -11,7 +11,6 @@
 #include "kernels/cuda/common.cuh"
 
 extern "C" {
-#include "compress/compress.h"
 }
 
 enum { Q_THREADS = 128, EW = 256 };
@@ -240,7 +239,7 @@ extern "C" int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float 
     if (k < LOCO_CODEC_NONE || k >= LOCO_CODEC_COUNT)
         return LOCO_ERR(LOCO_EINVAL, "cuda quant: codec %d", (int)k);
     if (k != LOCO_CODEC_NONE && k != LOCO_CODEC_BF16 &&
-        (a->block < 8 || a->block > LOCO_COMPRESS_BLOCK_MAX || a->block % 8))
+        (a->block < 8 || a->block > LOCO_QUANT_BLOCK_MAX || a->block % 8))
         return LOCO_ERR(LOCO_EINVAL, "cuda quant: block %d", a->block);
     if (nonfinite)
         CUDA_CHECK(cudaMemsetAsync(nonfinite, 0, sizeof *nonfinite, s));
