@@ -4,38 +4,19 @@
  * island, over TLS links, and rank 0 keeps the coordinator informed. */
 #include "cli/cli.h"
 
-#include <cjson/cJSON.h>
 #include "faulttol/faulttol.h"
 #include "inner/comm/comm.h"
 #include "inner/inner.h"
 #include "outer/outer.h"
 
-#include <cjson/cJSON.h>
 #include <limits.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#include <time.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_SETS 256
 
-/* The [faults] that concern this island (docs/FAULTS.md). */
-typedef struct {
-    int64_t kill_step;       /* SIGKILL itself on reaching it (0 = never) */
-    int64_t freeze_step, freeze_ms; /* SIGSTOP itself there for that long */
-    double slow;             /* each inner step takes this many times as long */
-    int part_peer;           /* partition from this island, -1 = none */
-    int64_t part_step, part_ms;
-    double part_until;       /* loco_now() when it heals; 0 = not started */
-    int link_peer;           /* link change towards this island, -1 = none */
-    int64_t link_step;
-    loco_wan link_wan;
-    bool link_done;
-    loco_link_faults frames; /* on every island-to-island link */
-} island_faults;
 
 typedef struct {
     loco_config cfg;
@@ -58,7 +39,7 @@ typedef struct {
     double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
     double elems_max;           /* largest owned range of the island */
     loco_metrics *metrics;      /* rank 0: outer-step records */
-    island_faults f;
+    loco_faults f;              /* [faults] of this island (faulttol/) */
     double step_s;              /* duration of the last inner step */
 } island;
 
@@ -80,212 +61,6 @@ static void island_fini(island *is) {
 }
 
 static int rechoose(island *is, const loco_exchange_stats *st);
-
-/* ---------------------------------------------------------------- faults */
-
-/* A string as a JSON string literal (quotes included) in out. */
-static void json_str(const char *in, char *out, size_t cap) {
-    cJSON *j = cJSON_CreateString(in);
-    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
-    snprintf(out, cap, "%s", t ? t : "\"\"");
-    cJSON_free(t);
-    cJSON_Delete(j);
-}
-
-/* A frame this island refused (corrupted, stale, misdirected): on the
- * timeline too (LOCO_EVENTS, set by `loco launch`; docs/REPORTS.md), so
- * reports show when frame faults were caught. */
-static void refused_event(const island *is, const char *reason) {
-    const char *path = getenv("LOCO_EVENTS");
-    if (!path || is->rank != 0)
-        return;
-    char r[400];
-    json_str(reason, r, sizeof r);
-    loco_event_append(path, "\"kind\":\"refused\",\"site\":\"%s\",\"reason\":%s", is->site, r);
-}
-
-/* An injected fault on the timeline, written by the island itself, so the
- * time is the moment it happened. */
-static void fault_event(const island *is, const char *fault, const char *peer,
-                        const char *detail) {
-    const char *path = getenv("LOCO_EVENTS");
-    if (!path || is->rank != 0)
-        return;
-    char d[400], p[96] = "";
-    json_str(detail, d, sizeof d);
-    if (peer)
-        snprintf(p, sizeof p, ",\"peer\":\"%s\"", peer);
-    loco_event_append(path, "\"kind\":\"fault\",\"fault\":\"%s\",\"site\":\"%s\"%s,\"detail\":%s",
-                      fault, is->site, p, d);
-}
-
-static int parse_faults(island *is) {
-    const loco_config *c = &is->cfg;
-    island_faults *f = &is->f;
-    f->slow = 1;
-    f->part_peer = f->link_peer = -1;
-    char buf[LOCO_PATH_MAX + 64];
-    /* kill = SITE@STEP,...: only the first incarnation (launch marks restarts). */
-    snprintf(buf, sizeof buf, "%s", c->faults.kill);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *at = strchr(tok, '@');
-        if (!at)
-            return LOCO_ERR(LOCO_EINVAL, "faults.kill: '%s': expected SITE@STEP", tok);
-        *at = '\0';
-        if (!strcmp(tok, is->site) && !getenv("LOCO_RESTARTED"))
-            f->kill_step = atoll(at + 1);
-    }
-    snprintf(buf, sizeof buf, "%s", c->faults.freeze);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *at = strchr(tok, '@'), *plus = at ? strchr(at, '+') : NULL;
-        if (!at || !plus)
-            return LOCO_ERR(LOCO_EINVAL, "faults.freeze: '%s': expected SITE@STEP+MS", tok);
-        *at = '\0';
-        if (!strcmp(tok, is->site) && !getenv("LOCO_RESTARTED")) {
-            f->freeze_step = atoll(at + 1);
-            f->freeze_ms = atoll(plus + 1);
-        }
-    }
-    if (c->faults.slow[0]) {
-        snprintf(buf, sizeof buf, "%s", c->faults.slow);
-        char *star = strchr(buf, '*');
-        if (!star || atof(star + 1) < 1)
-            return LOCO_ERR(LOCO_EINVAL, "faults.slow: '%s': expected SITE*FACTOR (>= 1)", buf);
-        *star = '\0';
-        if (!strcmp(buf, is->site))
-            f->slow = atof(star + 1);
-    }
-    /* Pair specs: SITEA-SITEB@REST. */
-    const char *pairs[2] = {c->faults.partition, c->faults.link};
-    for (int w = 0; w < 2; w++) {
-        if (!pairs[w][0])
-            continue;
-        snprintf(buf, sizeof buf, "%s", pairs[w]);
-        char *dash = strchr(buf, '-'), *at = strchr(buf, '@');
-        if (!dash || !at || at < dash)
-            return LOCO_ERR(LOCO_EINVAL, "faults.%s: '%s': expected SITEA-SITEB@...",
-                            w ? "link" : "partition", pairs[w]);
-        *dash = *at = '\0';
-        int a, b;
-        LOCO_CHECK(loco_site_id(c, buf, &a, NULL));
-        LOCO_CHECK(loco_site_id(c, dash + 1, &b, NULL));
-        int peer = a == is->id ? b : b == is->id ? a : -1;
-        if (w == 0) {
-            char *plus = strchr(at + 1, '+');
-            if (!plus)
-                return LOCO_ERR(LOCO_EINVAL, "faults.partition: expected ...@STEP+MS");
-            f->part_peer = peer;
-            f->part_step = atoll(at + 1);
-            f->part_ms = atoll(plus + 1);
-        } else {
-            double d, j, g;
-            char *colon = strchr(at + 1, ':');
-            if (!colon || sscanf(colon + 1, "%lf/%lf/%lf", &d, &j, &g) != 3)
-                return LOCO_ERR(LOCO_EINVAL,
-                                "faults.link: expected ...@STEP:DELAY_MS/JITTER_MS/GBPS");
-            f->link_peer = peer;
-            f->link_step = atoll(at + 1);
-            f->link_wan = (loco_wan){.delay_ms = d, .jitter_ms = j, .gbps = g,
-                                     .seed = (uint64_t)c->faults.seed};
-        }
-    }
-    f->frames = (loco_link_faults){.drop = c->faults.drop, .corrupt = c->faults.corrupt,
-                                   .duplicate = c->faults.duplicate, .delay = c->faults.reorder,
-                                   .delay_ms = (double)c->faults.reorder_ms,
-                                   .types = 1u << LOCO_FRAME_PSEUDOGRAD,
-                                   .seed = (uint64_t)c->faults.seed * 1000003u + (uint64_t)is->id};
-    return 0;
-}
-
-static bool partitioned(const island *is, int peer) {
-    return peer == is->f.part_peer && is->f.part_until > 0 && loco_now() < is->f.part_until;
-}
-
-/* The faults a link to `peer` carries now. */
-static void arm_link(island *is, int peer, loco_link *l) {
-    const island_faults *f = &is->f;
-    if (partitioned(is, peer)) {
-        loco_link_faults cut = {.drop = 1.0, .seed = 1};
-        loco_link_set_faults(l, &cut);
-    } else if (f->frames.drop > 0 || f->frames.corrupt > 0 || f->frames.duplicate > 0 ||
-               f->frames.delay > 0) {
-        loco_link_set_faults(l, &f->frames);
-    }
-    if (f->link_done && peer == f->link_peer)
-        loco_link_set_wan(l, &f->link_wan);
-}
-
-/* After inner step `step`: the faults scheduled for it. */
-static void inject(island *is, int64_t step) {
-    island_faults *f = &is->f;
-    char d[160];
-    if (f->kill_step && step >= f->kill_step) {
-        loco_warn("faults: %s kills itself (SIGKILL) at step %lld", is->site, (long long)step);
-        snprintf(d, sizeof d, "SIGKILL at inner step %lld", (long long)step);
-        fault_event(is, "kill", NULL, d);
-        fflush(NULL);
-        raise(SIGKILL);
-    }
-    if (f->freeze_step && step >= f->freeze_step) {
-        /* Every thread stops (heartbeats too) while the sockets stay open:
-         * only the failure detector can tell. A child wakes us up. */
-        f->freeze_step = 0;
-        loco_warn("faults: %s freezes (SIGSTOP) for %lld ms at step %lld", is->site,
-                  (long long)f->freeze_ms, (long long)step);
-        snprintf(d, sizeof d, "SIGSTOP for %lld ms at inner step %lld", (long long)f->freeze_ms,
-                 (long long)step);
-        fault_event(is, "freeze", NULL, d);
-        fflush(NULL);
-        pid_t parent = getpid(), waker = fork();
-        if (waker == 0) {
-            struct timespec ts = {(time_t)(f->freeze_ms / 1000), (long)(f->freeze_ms % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
-            kill(parent, SIGCONT);
-            _exit(0);
-        }
-        if (waker > 0) {
-            raise(SIGSTOP);
-            waitpid(waker, NULL, 0);
-            fault_event(is, "thaw", NULL, "running again");
-        }
-    }
-    if (f->slow > 1 && is->step_s > 0) {
-        double extra = (f->slow - 1) * is->step_s;
-        struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
-        nanosleep(&ts, NULL);
-    }
-    if (f->part_peer >= 0 && f->part_until == 0 && step >= f->part_step) {
-        f->part_until = loco_now() + f->part_ms / 1e3;
-        loco_warn("faults: %s cut from %s for %lld ms", is->site, is->q.m[f->part_peer].site,
-                  (long long)f->part_ms);
-        snprintf(d, sizeof d, "every frame between them dropped for %lld ms", (long long)f->part_ms);
-        if (is->id < f->part_peer) /* one event per pair */
-            fault_event(is, "partition", is->q.m[f->part_peer].site, d);
-        if (is->links[f->part_peer])
-            arm_link(is, f->part_peer, is->links[f->part_peer]);
-    }
-    if (f->part_peer >= 0 && f->part_until > 0 && loco_now() >= f->part_until &&
-        f->part_until != -1) {
-        loco_warn("faults: %s and %s reconnected", is->site, is->q.m[f->part_peer].site);
-        if (is->id < f->part_peer)
-            fault_event(is, "heal", is->q.m[f->part_peer].site, "partition over");
-        f->part_until = -1;
-        if (is->links[f->part_peer])
-            loco_link_set_faults(is->links[f->part_peer], NULL);
-    }
-    if (f->link_peer >= 0 && !f->link_done && step >= f->link_step) {
-        f->link_done = true;
-        loco_warn("faults: link %s-%s now %.0f ms delay, %.0f ms jitter, %.2f Gbit/s", is->site,
-                  is->q.m[f->link_peer].site, f->link_wan.delay_ms, f->link_wan.jitter_ms,
-                  f->link_wan.gbps);
-        snprintf(d, sizeof d, "%.0f ms delay, %.0f ms jitter, %.2f Gbit/s", f->link_wan.delay_ms,
-                 f->link_wan.jitter_ms, f->link_wan.gbps);
-        if (is->id < f->link_peer)
-            fault_event(is, "link", is->q.m[f->link_peer].site, d);
-        if (is->links[f->link_peer])
-            loco_link_set_wan(is->links[f->link_peer], &f->link_wan);
-    }
-}
 
 /* -------------------------------------------------------- joining the run */
 
@@ -388,7 +163,7 @@ static int ensure_links(island *is, uint64_t mask) {
                                  &is->links[k], (int)is->cfg.faulttol.timeout_ms);
         if (rc < 0)
             return rc;
-        arm_link(is, k, is->links[k]);
+        loco_faults_arm_link(&is->f, k, is->links[k]);
     }
     return 0;
 }
@@ -484,7 +259,7 @@ static int attempt(island *is, int64_t outer, int64_t inner, bool *planned, bool
         loco_warn("outer step %lld (epoch %llu): %s", (long long)outer,
                   (unsigned long long)is->q.epoch, loco_errmsg());
         if (rc == LOCO_EPROTO)
-            refused_event(is, loco_errmsg());
+            loco_faults_refused_event(&is->f, loco_errmsg());
     }
     int bad = rc < 0;
     LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
@@ -836,7 +611,7 @@ static int rechoose(island *is, const loco_exchange_stats *st) {
 static int run_island(island *is, const char *resume) {
     const loco_config *c = &is->cfg;
     LOCO_CHECK(loco_site_id(c, is->site, &is->id, &is->K));
-    LOCO_CHECK(parse_faults(is));
+    LOCO_CHECK(loco_faults_parse(&is->f, c, is->site, is->id, is->rank == 0));
     LOCO_CHECK(loco_net_params_from_config(&is->np, c));
     snprintf(is->np.name, sizeof is->np.name, "%s", is->site);
     LOCO_CHECK(loco_trainer_create_island(&is->t, c, resume, is->id, is->K));
@@ -874,18 +649,18 @@ static int run_island(island *is, const char *resume) {
               (long long)c->outer.H, c->outer.optimizer);
     if (!getenv("LOCO_RESTARTED")) {
         char d[160];
-        const island_faults *f = &is->f;
+        const loco_faults *f = &is->f;
         const char *kinds[4] = {"corrupt", "drop", "duplicate", "reorder"};
         const double probs[4] = {f->frames.corrupt, f->frames.drop, f->frames.duplicate,
                                  f->frames.delay};
         for (int k = 0; k < 4; k++)
             if (probs[k] > 0 && is->id == 0) {
                 snprintf(d, sizeof d, "probability %g per island-to-island frame", probs[k]);
-                fault_event(is, kinds[k], NULL, d);
+                loco_faults_event(&is->f, kinds[k], NULL, d);
             }
         if (f->slow > 1) {
             snprintf(d, sizeof d, "every inner step takes %.2fx as long", f->slow);
-            fault_event(is, "slow", NULL, d);
+            loco_faults_event(&is->f, "slow", NULL, d);
         }
     }
     LOCO_CHECK(loco_trainer_begin_run(is->t));
@@ -899,7 +674,7 @@ static int run_island(island *is, const char *resume) {
         double t0 = loco_now();
         LOCO_CHECK(loco_trainer_step(is->t, &s));
         is->step_s = loco_now() - t0;
-        inject(is, s.step);
+        loco_faults_inject(&is->f, s.step, is->step_s, is->links, &is->q);
         LOCO_CHECK(check_coordinator(is));
         bool last = s.step == c->train.steps;
         if (s.step % c->outer.H == 0 || last) {

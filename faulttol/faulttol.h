@@ -200,4 +200,44 @@ static inline int loco_phi_samples(const loco_phi_detector *d) {
     return d->n;
 }
 
+/* ------------------------------------------------------ injected faults
+ * The fault lab's [faults] (docs/FAULTS.md) that concern one island:
+ * parsed once, then applied after each inner step (faulttol/inject.c). */
+typedef struct {
+    char site[LOCO_NET_NAME_MAX];
+    int id;
+    bool events;             /* this rank writes timeline events (rank 0) */
+    int64_t kill_step;       /* SIGKILL itself on reaching it (0 = never) */
+    int64_t freeze_step, freeze_ms; /* SIGSTOP itself there for that long */
+    double slow;             /* each inner step takes this many times as long */
+    int part_peer;           /* partition from this island, -1 = none */
+    int64_t part_step, part_ms;
+    double part_until;       /* loco_now() when it heals; 0 = not started */
+    int link_peer;           /* link change towards this island, -1 = none */
+    int64_t link_step;
+    loco_wan link_wan;
+    bool link_done;
+    loco_link_faults frames; /* on every island-to-island link */
+} loco_faults;
+
+/* The faults of island `id` (site) in c's [faults]; LOCO_EINVAL naming the
+ * key for a malformed spec. events: this rank records timeline events
+ * (LOCO_EVENTS, set by `loco launch`). */
+int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, int id,
+                      bool events);
+/* Whether the link to island `peer` is cut now. */
+bool loco_faults_partitioned(const loco_faults *f, int peer);
+/* Arms a (new) link to `peer` with the faults it carries now. */
+void loco_faults_arm_link(const loco_faults *f, int peer, loco_link *l);
+/* After inner step `step` (which took step_s seconds): the faults due now
+ * (kill, freeze, slow, partition and its healing, link change), applied to
+ * this process and to the island's links (by island id, NULL where none);
+ * q names the peers. */
+void loco_faults_inject(loco_faults *f, int64_t step, double step_s, loco_link *const *links,
+                        const loco_quorum *q);
+/* Timeline events: an injected fault (peer may be NULL), a refused frame. */
+void loco_faults_event(const loco_faults *f, const char *fault, const char *peer,
+                       const char *detail);
+void loco_faults_refused_event(const loco_faults *f, const char *reason);
+
 #endif /* LOCO_FAULTTOL_H */
