@@ -74,25 +74,32 @@ static int by_token(const void *a, const void *b) {
 int loco_moe_plan(int32_t *slot, int32_t *rows, int32_t *count, int32_t *routed,
                   const int32_t *expert, const float *probs, int N, int E, int k, int cap,
                   void *scratch) {
-    assignment *a = scratch; /* N k */
+    assignment *a = scratch; /* N k, bucketed by expert, each in token order */
+    for (int e = 0; e < E; e++)
+        routed[e] = 0;
+    for (size_t i = 0; i < (size_t)N * k; i++)
+        routed[expert[i]]++;
+    for (int e = 0, at = 0; e < E; at += routed[e++])
+        count[e] = at; /* fill cursors first, the kept rows at the end */
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            const int e = expert[(size_t)t * k + j];
+            a[count[e]++] = (assignment){probs[(size_t)t * E + e], t, j};
+        }
     int total = 0;
     for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < N; t++)
-            for (int j = 0; j < k; j++)
-                if (expert[(size_t)t * k + j] == e)
-                    a[n++] = (assignment){probs[(size_t)t * E + e], t, j};
-        routed[e] = n;
+        assignment *b = a + (count[e] - routed[e]);
+        int n = routed[e];
         if (n > cap) { /* the most probable keep their slots */
-            qsort(a, (size_t)n, sizeof *a, by_priority);
+            qsort(b, (size_t)n, sizeof *b, by_priority);
             for (int i = cap; i < n; i++)
-                slot[(size_t)a[i].t * k + a[i].j] = -1;
+                slot[(size_t)b[i].t * k + b[i].j] = -1;
             n = cap;
-            qsort(a, (size_t)n, sizeof *a, by_token);
+            qsort(b, (size_t)n, sizeof *b, by_token);
         }
         for (int i = 0; i < n; i++) {
-            slot[(size_t)a[i].t * k + a[i].j] = total + i;
-            rows[total + i] = a[i].t;
+            slot[(size_t)b[i].t * k + b[i].j] = total + i;
+            rows[total + i] = b[i].t;
         }
         count[e] = n;
         total += n;
