@@ -26,6 +26,7 @@ struct loco_gpt_moe {
     double *aux, *z; /* (n) sums over micro-batches */
     int64_t *micro; /* (n) */
     size_t *sendc, *recvc; /* (ep) all-to-all-v counts */
+    size_t *cursor;        /* (ep) regroup's place in each source's rows */
     double bytes;          /* sent to other ep ranks since the model was made */
 };
 
@@ -90,12 +91,13 @@ int loco__gpt_moe_init(loco_gpt *m) {
     s->routed = loco_alloc((n * (size_t)E + 3 * n) * sizeof(int64_t));
     s->aux = loco_alloc(2 * n * sizeof(double));
     const size_t ep = cfg->ep > 1 ? (size_t)cfg->ep : 1;
-    s->sendc = loco_alloc(2 * ep * sizeof(size_t));
+    s->sendc = loco_alloc(3 * ep * sizeof(size_t));
     if (!s->block || !s->routed || !s->aux || !s->sendc) {
         loco__gpt_moe_fini(m);
         return LOCO_ERR(LOCO_ENOMEM, "MoE statistics");
     }
     s->recvc = s->sendc + ep;
+    s->cursor = s->recvc + ep;
     s->index = s->block + n;
     s->assignments = s->routed + n * (size_t)E;
     s->dropped = s->assignments + n;
@@ -172,21 +174,22 @@ static void regroup(const loco_gpt *m, const loco_gpt_layer_acts *la, float *dst
                     bool to_experts) {
     const int e = ep_of(m), El = m->cfg.n_experts / e, C = m->cfg.n_embd;
     const int32_t *recv = la->moe_recv;
-    size_t at_src = 0;
-    for (int x = 0; x < e; x++)
-        for (int j = 0; j < El; j++) {
-            size_t at_exp = 0; /* rows before (j, x) expert-major */
-            for (int jj = 0; jj < j; jj++)
-                for (int xx = 0; xx < e; xx++)
-                    at_exp += (size_t)recv[xx * El + jj];
-            for (int xx = 0; xx < x; xx++)
-                at_exp += (size_t)recv[xx * El + j];
-            const size_t n = (size_t)recv[x * El + j] * C;
+    size_t *at_src = m->moe->cursor, at = 0; /* each source's next row */
+    for (int x = 0; x < e; x++) {
+        at_src[x] = at;
+        for (int j = 0; j < El; j++)
+            at += (size_t)recv[x * El + j];
+    }
+    size_t at_exp = 0;
+    for (int j = 0; j < El; j++)
+        for (int x = 0; x < e; x++) {
+            const size_t rows = (size_t)recv[x * El + j], n = rows * C;
             if (to_experts)
-                memcpy(dst + at_exp * C, src + at_src * C, n * sizeof(float));
+                memcpy(dst + at_exp * C, src + at_src[x] * C, n * sizeof(float));
             else
-                memcpy(dst + at_src * C, src + at_exp * C, n * sizeof(float));
-            at_src += (size_t)recv[x * El + j];
+                memcpy(dst + at_src[x] * C, src + at_exp * C, n * sizeof(float));
+            at_src[x] += rows;
+            at_exp += rows;
         }
 }
 

@@ -56,52 +56,53 @@ static void reference(int m, const char *extra) {
 }
 
 /* 4 ranks with `extra` (dp = 4 unless it says otherwise; ep folded out
- * of dp) against one rank accumulating ref_m micro-batches. */
-static void check_with(const char *extra, int ref_m) {
+ * of dp) against one rank with `model` (the same MoE settings)
+ * accumulating ref_m micro-batches. */
+static void check_with(const char *extra, const char *model, int ref_m) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
-    const bool dropping = strstr(extra, "--set model.capacity_factor=1.25") != NULL;
-    reference(ref_m, dropping ? "--set model.capacity_factor=1.25" : "");
+    reference(ref_m, model);
     int rc = test_run(out, sizeof out,
                       MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL
-                             " --set parallel.dp=4 %s --set run.dir=%s/ep",
-                      extra, dir);
+                             " --set parallel.dp=4 %s %s --set run.dir=%s/ep",
+                      model, extra, dir);
     cr_assert_eq(rc, 0, "%s", out);
     test_expect_like_reference(&small_model, dir, "ep", STEPS, extra);
 }
 
-static void check(const char *extra) {
-    check_with(extra, 4);
+#define DROPPING "--set model.capacity_factor=1.25"
+
+static void check(const char *extra, const char *model) {
+    check_with(extra, model, 4);
 }
 
 TestSuite(ep, .init = setup, .fini = teardown, .timeout = 180);
 
 Test(ep, dp4_dropless) {
-    check("--set parallel.ep=1");
+    check("--set parallel.ep=1", "");
 }
 Test(ep, ep2_dropless) {
-    check("--set parallel.ep=2");
+    check("--set parallel.ep=2", "");
 }
 Test(ep, ep4_dropless) {
-    check("--set parallel.ep=4");
+    check("--set parallel.ep=4", "");
 }
 Test(ep, ep2_dropping_zero1) {
-    check("--set parallel.ep=2 --set model.capacity_factor=1.25 --set parallel.zero_stage=1");
+    check("--set parallel.ep=2 --set parallel.zero_stage=1", DROPPING);
 }
 Test(ep, ep4_dropping_zero3) {
-    check("--set parallel.ep=4 --set model.capacity_factor=1.25 --set parallel.zero_stage=3");
+    check("--set parallel.ep=4 --set parallel.zero_stage=3", DROPPING);
 }
 Test(ep, ep2_full_recompute_zero2) {
-    check("--set parallel.ep=2 --set train.recompute=full --set parallel.zero_stage=2");
+    check("--set parallel.ep=2 --set train.recompute=full --set parallel.zero_stage=2", "");
 }
 /* Experts inside pipeline stages: pp 2 x dp 2 (ep 2), two micro-batches
  * each: one rank's four. */
 Test(ep, pp2_ep2_dropping_zero1) {
     check_with("--set parallel.dp=2 --set parallel.pp=2 --set parallel.ep=2"
-               " --set train.grad_accum=2 --set model.capacity_factor=1.25"
-               " --set parallel.zero_stage=1",
-               4);
+               " --set train.grad_accum=2 --set parallel.zero_stage=1",
+               DROPPING, 4);
 }
 
 /* An ep = 2 checkpoint at step 4 goes on at ep = 4 and on one rank (no
