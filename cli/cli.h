@@ -29,25 +29,4 @@ int cli_launch(int argc, char **argv);
 int cli_report(int argc, char **argv);
 int cli_pipeline(int argc, char **argv);
 
-/* Options of a fault-experiment report (docs/REPORTS.md). */
-typedef struct {
-    double loss_tol;  /* relative final-loss difference still "within" (0.01 = 1%) */
-    bool strict_loss; /* a final loss outside loss_tol fails the verdict */
-} cli_report_opts;
-
-void cli_report_opts_default(cli_report_opts *o);
-
-/* Writes report.md and report.html into out_dir (NULL: fault_dir, created
- * when missing) for the fault run in fault_dir against the fault-free run in
- * baseline_dir, prints their paths and the verdict line on stdout, and sets
- * *verdict_ok (may be NULL) to 1 for PASS, 0 for FAIL. Malformed lines are
- * warned about (file:line) and skipped. Returns 0, or a negative LOCO_E*
- * code with the message recorded (a missing run directory, events.jsonl or
- * metrics.jsonl names the path); *verdict_ok is then untouched. opts NULL =
- * defaults; cli_write_report is the same with the defaults. */
-int cli_write_report_opts(const char *fault_dir, const char *baseline_dir, const char *out_dir,
-                          const cli_report_opts *opts, int *verdict_ok);
-int cli_write_report(const char *fault_dir, const char *baseline_dir, const char *out_dir,
-                     int *verdict_ok);
-
 #endif /* LOCO_CLI_H */

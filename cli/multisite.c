@@ -595,7 +595,7 @@ int cli_launch(int argc, char **argv) {
     bool bad = failed || worst || stop_requested;
     if (with_report && !stop_requested) {
         int ok = 0;
-        rc = cli_write_report(cfg.run.dir, base_dir, cfg.run.dir, &ok);
+        rc = loco_report_write(cfg.run.dir, base_dir, cfg.run.dir, &ok);
         if (rc < 0)
             return cli_fail(rc);
         bad = bad || !ok;

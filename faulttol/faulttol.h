@@ -240,4 +240,28 @@ void loco_faults_event(const loco_faults *f, const char *fault, const char *peer
                        const char *detail);
 void loco_faults_refused_event(const loco_faults *f, const char *reason);
 
+/* ------------------------------------------- fault-experiment reports
+ * The analysis of a fault run beside a fault-free baseline
+ * (faulttol/report*.c; `loco report`, docs/REPORTS.md). */
+/* Options of a fault-experiment report (docs/REPORTS.md). */
+typedef struct {
+    double loss_tol;  /* relative final-loss difference still "within" (0.01 = 1%) */
+    bool strict_loss; /* a final loss outside loss_tol fails the verdict */
+} loco_report_opts;
+
+void loco_report_opts_default(loco_report_opts *o);
+
+/* Writes report.md and report.html into out_dir (NULL: fault_dir, created
+ * when missing) for the fault run in fault_dir against the fault-free run in
+ * baseline_dir, prints their paths and the verdict line on stdout, and sets
+ * *verdict_ok (may be NULL) to 1 for PASS, 0 for FAIL. Malformed lines are
+ * warned about (file:line) and skipped. Returns 0, or a negative LOCO_E*
+ * code with the message recorded (a missing run directory, events.jsonl or
+ * metrics.jsonl names the path); *verdict_ok is then untouched. opts NULL =
+ * defaults; loco_report_write is the same with the defaults. */
+int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, const char *out_dir,
+                          const loco_report_opts *opts, int *verdict_ok);
+int loco_report_write(const char *fault_dir, const char *baseline_dir, const char *out_dir,
+                     int *verdict_ok);
+
 #endif /* LOCO_FAULTTOL_H */

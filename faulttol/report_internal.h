@@ -1,0 +1,107 @@
+/* The fault-experiment report's pieces shared by faulttol/report.c (the
+ * analysis and the document), report_runs.c (growing buffers, the run
+ * directories read) and report_svg.c (the charts). Not for use outside
+ * them; the public entry points are in faulttol/faulttol.h. */
+#ifndef LOCO_REPORT_INTERNAL_H
+#define LOCO_REPORT_INTERNAL_H
+
+#include "faulttol/faulttol.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define REPORT_SITE_MAX 64     /* bytes of a site name, with the NUL */
+#define REPORT_MAX_SITES 256   /* islands of one run */
+#define REPORT_LIST_MAX 12     /* outer steps named in a lost-update reason */
+#define REPORT_FINAL_WINDOW 10 /* training steps averaged for the final loss */
+#define REPORT_MAX_POINTS 1500 /* points per polyline before decimation */
+
+typedef struct {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+typedef struct {
+    int64_t step;
+    double loss, val; /* NAN where the line had none */
+    int seq;          /* line order, so the last value of a step wins */
+} mpoint;
+
+typedef struct {
+    int64_t outer_step;
+    double bytes_sent;
+    char hash[40];
+} opoint;
+
+typedef struct {
+    char name[REPORT_SITE_MAX];
+    mpoint *m; /* after load: one point per step, ascending */
+    int nm, capm;
+    opoint *o; /* in file order */
+    int no, capo;
+    bool has_outer;
+} site_data;
+
+/* A series over steps: the mean over the islands present at each step. */
+typedef struct {
+    int64_t *step;
+    double *loss, *val;
+    int n, cap;
+} series;
+
+typedef struct {
+    const char *dir;
+    const char *label; /* "fault run" / "baseline" */
+    cJSON **ev;        /* events, sorted by t */
+    int nev, capev;
+    site_data *sites;
+    int nsites;
+    const cJSON *start, *end; /* owned by ev[] */
+    double t0, t1;            /* first and last time of the run */
+    series mean;
+    double bytes_sent, transfer_bytes;
+    int64_t *commits; /* committed outer steps, ascending, unique */
+    int ncommits, capcommits;
+    bool commits_from_events;
+    int malformed;
+} run_data;
+
+/* Warnings shown in the report and logged as they are found. */
+typedef struct {
+    sbuf text; /* one per line */
+    int n;
+} warnings;
+
+/* report_runs.c: text buffers (appended to, escaped for HTML or a
+ * Markdown table cell, read back as one string, freed) ... */
+void report_sb_puts(sbuf *b, const char *s);
+__attribute__((format(printf, 2, 3))) void report_sb_printf(sbuf *b, const char *fmt, ...);
+void report_sb_html(sbuf *b, const char *s);
+void report_sb_md(sbuf *b, const char *s);
+const char *report_sb_str(const sbuf *b);
+void report_sb_fini(sbuf *b);
+/* ... JSON fields of a timeline event or record (NAN / NULL when absent)
+ * and NULL-safe string equality ... */
+const char *report_jstr(const cJSON *o, const char *key);
+double report_jnum(const cJSON *o, const char *key);
+bool report_jkind(const cJSON *e, const char *kind);
+double report_jt(const cJSON *e);
+bool report_jmembers_has(const cJSON *e, const char *site);
+bool report_streq(const char *a, const char *b);
+/* ... a run directory read (warnings for what was skipped), whether it has
+ * validation losses, freed; a warning shown in the report and logged. */
+int report_load_run(run_data *r, const char *dir, const char *label, warnings *w);
+bool report_has_val(const run_data *r);
+void report_run_fini(run_data *r);
+__attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *fmt, ...);
+/* qsort / bsearch order of int64_t. */
+int report_cmp_i64(const void *a, const void *b);
+
+/* report_svg.c: the loss chart (fault run beside the baseline) and the
+ * membership chart, appended to b as inline SVG. */
+void report_chart_loss(sbuf *b, const run_data *f, const run_data *base);
+void report_chart_membership(sbuf *b, const run_data *r);
+
+#endif /* LOCO_REPORT_INTERNAL_H */
