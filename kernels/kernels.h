@@ -267,7 +267,7 @@ void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, siz
 bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block);
 
 /* ------------------------------------------------------------ CUDA twins
- * kernels/cuda/*.cu: the same kernels on an NVIDIA GPU. They exist in a
+ * kernels/cuda/ (.cu files): the same kernels on an NVIDIA GPU. They exist in a
  * build where the CUDA toolkit was found (the Makefile then defines
  * LOCO_HAVE_CUDA for every C file and links cudart and cuBLASLt).
  *
