@@ -62,7 +62,7 @@ int loco_bench_rejoin(int argc, char **argv) {
         rc = loco_outer_create(&joiner, &op, &cp, n, theta);
     }
     if (rc == 0)
-        rc = loco_peers_create(&svc, &pa, "127.0.0.1", donor, 600000);
+        rc = loco_peers_create(&svc, &pa, "127.0.0.1", &(loco_outer_set){&donor, 1}, 600000);
     if (rc == 0) {
         loco_peers_publish(svc, 7, 700);
         char sites[1][LOCO_NET_NAME_MAX] = {"siteA"};
@@ -71,7 +71,8 @@ int loco_bench_rejoin(int argc, char **argv) {
         int64_t step = -1, inner = 0;
         loco_state_stats st = {0};
         rc = loco_state_fetch(&pb, 1, (const char (*)[LOCO_NET_NAME_MAX])sites,
-                              (const char (*)[LOCO_ADDR_MAX])addrs, &step, joiner, &inner, &st,
+                              (const char (*)[LOCO_ADDR_MAX])addrs, &step,
+                              &(loco_outer_set){&joiner, 1}, &inner, &st,
                               600000);
         if (rc == 0 && loco_outer_hash(joiner) != loco_outer_hash(donor))
             rc = LOCO_ERR(LOCO_EPROTO, "bench rejoin: the fetched state differs");

@@ -671,6 +671,12 @@ void loco_trainer_set_step(loco_trainer *t, int64_t step);
 /* The range [*lo, *hi) of the flat parameter buffer this rank owns and its
  * values (the outer loop works on it; valid between steps). */
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi);
+/* The table whose offsets index the flat buffer that owned_params' [lo, hi)
+ * is a range of: the model's own table, under every mesh this rank's part
+ * of the model (its tp slice, pp stage with the tied head's wte copy after
+ * ln_f, ep rank's experts under their global names; cp and dp replicate).
+ * Valid while t lives. */
+const loco_ttable *loco_trainer_param_table(loco_trainer *t);
 /* After the owned parameters were rewritten: make every rank of the island
  * see them (collective over the island). */
 int loco_trainer_sync_params(loco_trainer *t);

@@ -289,6 +289,12 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
     return loco_zero_owned_params(t->zero);
 }
 
+/* ZeRO shards m->params (n_params = tt.numel elements) whatever the mesh,
+ * so the model's table describes it: built by loco_gpt_build_stage_table
+ * under pp, loco_gpt_build_table otherwise, both with tp's slice shapes
+ * and ep's experts; at stage 3 the owned shard is [lo, hi) of it too. */
+const loco_ttable *loco_trainer_param_table(loco_trainer *t) { return &t->model.tt; }
+
 int loco_trainer_sync_params(loco_trainer *t) {
     /* A lossy outer step may round a replicated tensor differently on each
      * tp rank (its codec blocks hold other neighbours): tp rank 0's copy

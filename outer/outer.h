@@ -97,14 +97,36 @@ uint64_t loco_outer_hash(const loco_outer *o);
 /* The codec (its error-feedback state belongs to the rank). */
 loco_codec *loco_outer_codec(loco_outer *o);
 
-/* The outer state of this rank in a safetensors file: θ_global,
- * momentum and error feedback, with the committed outer step, epoch, inner
- * step and θ hash as metadata (fsynced; the caller publishes atomically).
- * Loading checks sizes and the hash (LOCO_EPROTO) before touching o. */
-int loco_outer_save_file(loco_outer *o, const char *path, int64_t committed, uint64_t epoch,
-                         int64_t inner_step);
-int loco_outer_load_file(loco_outer *o, const char *path, int64_t *committed, uint64_t *epoch,
-                         int64_t *inner_step);
+/* The outer state of a rank: one loco_outer per streaming fragment (one
+ * without streaming), in fragment order. State transfer and checkpoints
+ * see the fragments' θ_global and momentum back to back. */
+typedef struct {
+    loco_outer **o; /* (n) */
+    int n;
+} loco_outer_set;
+size_t loco_outer_set_size(const loco_outer_set *s);
+/* One fragment: loco_outer_hash; more: the hash of the fragments' hashes. */
+uint64_t loco_outer_set_hash(const loco_outer_set *s);
+void loco_outer_set_read(const loco_outer_set *s, float *theta, float *mom);
+void loco_outer_set_write(const loco_outer_set *s, const float *theta, const float *mom);
+
+/* What an outer-state file records besides the tensors. */
+typedef struct {
+    int64_t committed;  /* outer step of θ_global */
+    uint64_t epoch;
+    int64_t inner_step; /* of the inner checkpoint it goes with */
+    /* An overlapped exchange that committed but whose merge into θ_local
+     * is still due at inner step merge_step (-1: none). */
+    int merge_fragment;
+    int64_t merge_step;
+} loco_outer_meta;
+
+/* The outer state of this rank in a safetensors file: θ_global, momentum
+ * and error feedback, with the meta as metadata (fsynced; the caller
+ * publishes atomically). Loading checks sizes, the fragment count and the
+ * hash (LOCO_EPROTO / LOCO_EINVAL) before touching s. */
+int loco_outer_save_file(const loco_outer_set *s, const char *path, const loco_outer_meta *m);
+int loco_outer_load_file(const loco_outer_set *s, const char *path, loco_outer_meta *m);
 
 /* --------------------------------------------------------- the exchange */
 
@@ -192,7 +214,7 @@ int loco_exchange_probe(const loco_exchange *x, size_t probe_bytes, double *rtt_
 typedef struct loco_peers loco_peers;
 
 int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *host,
-                      loco_outer *o, int timeout_ms);
+                      const loco_outer_set *o, int timeout_ms);
 void loco_peers_destroy(loco_peers *p); /* accepts NULL */
 int loco_peers_port(const loco_peers *p);
 /* Encoded state bytes this rank has served to rejoining islands. */
@@ -237,7 +259,103 @@ int loco_state_codec_create(loco_codec **out, size_t n);
  * island's hash against the coordinator's before contributing. */
 int loco_state_fetch(const loco_net_params *np, int n_donors,
                      const char (*sites)[LOCO_NET_NAME_MAX], const char (*addrs)[LOCO_ADDR_MAX],
-                     int64_t *outer_step, loco_outer *o, int64_t *inner_step,
+                     int64_t *outer_step, const loco_outer_set *o, int64_t *inner_step,
                      loco_state_stats *st, int timeout_ms);
+
+/* ------------------------------------------------ the island's outer loop */
+
+struct loco_comm;
+
+/* What the outer loop sees of the island's training (inner/ behind it):
+ * the flat parameter buffer this rank owns, the table that describes it,
+ * and the step counter. */
+typedef struct {
+    void *ctx;
+    /* [*lo, *hi) of the flat buffer and its values (NULL on error). */
+    float *(*owned)(void *ctx, size_t *lo, size_t *hi);
+    const loco_ttable *(*table)(void *ctx);
+    /* After the owned range was rewritten: every rank of the island sees
+     * it (a collective over the island). */
+    int (*sync)(void *ctx);
+    void (*set_step)(void *ctx, int64_t step);
+    int64_t (*steps_done)(void *ctx);
+} loco_inner_view;
+
+/* One island's side of a multi-site run, on one rank: joining through the
+ * coordinator, DiLoCo's outer steps or Streaming DiLoCo's fragment syncs
+ * (outer.fragments, outer.overlap, outer.merge_alpha; docs/STREAMING.md),
+ * attempts and redos in new quorum epochs, rejoin by state transfer,
+ * the exchange algorithm's choice, outer-state checkpoints and the fault
+ * lab's injections ([faults]). Every rank of the island calls it alike. */
+typedef struct loco_island loco_island;
+
+/* Registers with the coordinator and joins the run (or rejoins it when it
+ * is under way); `resumed`: the trainer continued from a checkpoint, whose
+ * outer state is loaded from run.dir when whole. */
+int loco_island_create(loco_island **out, const loco_config *cfg, const char *site,
+                       struct loco_comm *world, const loco_inner_view *inner, bool resumed);
+/* After inner step `step` (which took step_s): injected faults, the
+ * coordinator's news, and the outer step, fragment sync or merge due. */
+int loco_island_after_step(loco_island *is, int64_t step, double step_s);
+/* The run ended while this island was in an outer step. */
+bool loco_island_finished(const loco_island *is);
+/* The outer state next to the inner checkpoint of `step`. */
+int loco_island_save(loco_island *is, int64_t step);
+/* Tells the coordinator this island is done and waits for its word that
+ * every island's θ_global agreed. */
+int loco_island_leave(loco_island *is);
+void loco_island_destroy(loco_island *is); /* accepts NULL */
+
+/* ---------------------------------------------------- streaming fragments */
+
+/* Streaming DiLoCo (Douillard et al. 2025) exchanges one fragment of the
+ * parameters per outer step, so the traffic spreads over the inner steps.
+ * Fragments are transformer blocks strided through depth (block l in
+ * fragment l % F): each fragment spans the whole depth (the paper found
+ * strided better than sequential), and a pipeline stage of at least F
+ * blocks holds some of every fragment. wte and wpe (also the tied head's
+ * copy of wte) are fragment 0; ln_f and any other tensor after the last
+ * block go with the last block, (n_layer - 1) % F; any other tensor
+ * without a block index is fragment 0. */
+#define LOCO_MAX_FRAGMENTS 64
+
+typedef struct {
+    size_t lo, len; /* elements, in owned-range coordinates (0 = the first owned element) */
+    size_t packed;  /* where they start in their fragment's packed vector */
+    int frag;
+} loco_frag_interval;
+
+typedef struct {
+    int F;
+    size_t n;                       /* owned elements (hi - lo) */
+    size_t n_f[LOCO_MAX_FRAGMENTS]; /* owned elements of each fragment (may be 0, e.g. a
+                                     * pipeline stage without that fragment's blocks) */
+    int n_iv;
+    loco_frag_interval *iv;         /* (n_iv) ascending lo, adjacent intervals of one
+                                     * fragment coalesced */
+} loco_fragments;
+
+/* F fragments of the owned range [lo, hi) of the buffer tt describes, for a
+ * model of n_layer blocks (F = 1: one interval [0, n), whatever the names).
+ * LOCO_EINVAL when F < 1, F > LOCO_MAX_FRAGMENTS or F > n_layer, when
+ * [lo, hi) is not inside tt, or a block index is not below n_layer. The
+ * caller frees with loco_fragments_fini; fr is zeroed on failure. */
+int loco_fragments_plan(loco_fragments *fr, int F, int n_layer, const loco_ttable *tt, size_t lo,
+                        size_t hi);
+void loco_fragments_fini(loco_fragments *fr); /* accepts zeroed */
+/* The fragment of a tensor by name (as loco_fragments_plan assigns it, an
+ * unknown name after the last block aside), or LOCO_EINVAL as plan. */
+int loco_fragment_of(const char *tensor_name, int F, int n_layer);
+/* packed (n_f[f]) <- the elements of fragment f of own (the owned range):
+ * what one outer step of fragment f sends. */
+void loco_fragments_gather(const loco_fragments *fr, int f, const float *own, float *packed);
+/* own <- alpha own + (1 - alpha) packed on fragment f (the paper's mixing of
+ * the received global fragment into the local one); alpha == 0 copies
+ * exactly (bit for bit, -0.0 included). */
+void loco_fragments_merge(const loco_fragments *fr, int f, const float *packed, float *own,
+                          float alpha);
+/* True when fragment f is one interval (*lo = its start) or empty (*lo =
+ * 0): the caller may then work in place on own + *lo, without packing. */
+bool loco_fragments_contiguous(const loco_fragments *fr, int f, size_t *lo);
 
 #endif /* LOCO_OUTER_H */

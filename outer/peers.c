@@ -27,7 +27,7 @@ typedef struct {
 struct loco_peers {
     loco_net_params np;
     loco_net_listener *listener;
-    loco_outer *o;
+    loco_outer_set o; /* the fragments' states, back to back */
     int timeout_ms;
     pthread_t thread;
     bool running;
@@ -114,7 +114,7 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
         loco_warn("refused a state request from %s: %s", loco_link_peer_name(l), loco_errmsg());
         return;
     }
-    const size_t n = loco_outer_size(p->o);
+    const size_t n = loco_outer_set_size(&p->o);
     atomic_store(&p->serving, 1);
     pthread_mutex_lock(&p->state_mu);
     char text[256];
@@ -129,15 +129,14 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
             loco_link_flush(l, 2000);
         goto out;
     }
-    memcpy(p->staging, loco_outer_theta(p->o), n * sizeof(float));
-    memcpy(p->staging + n, loco_outer_momentum(p->o), n * sizeof(float));
+    loco_outer_set_read(&p->o, p->staging, p->staging + n);
     loco_encode_plan plan;
     rc = loco_codec_plan(p->codec, &plan, p->staging, 2 * n, 0, (uint64_t)want);
     char meta[256];
     snprintf(meta, sizeof meta,
              "{\"outer_step\":%lld,\"inner_step\":%lld,\"n\":%zu,\"chunks\":%zu,\"hash\":\"%016llx\"}",
              (long long)p->committed, (long long)p->inner_step, n, plan.n_chunks,
-             (unsigned long long)loco_outer_hash(p->o));
+             (unsigned long long)loco_outer_set_hash(&p->o));
     loco_frame_hdr mh = {.type = LOCO_FRAME_STATE, .step = (uint64_t)want};
     if (rc == 0)
         rc = loco_link_send(l, &mh, meta, strlen(meta));
@@ -223,18 +222,18 @@ static void *service(void *arg) {
 }
 
 int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *host,
-                      loco_outer *o, int timeout_ms) {
+                      const loco_outer_set *o, int timeout_ms) {
     *out = NULL;
     loco_peers *p = loco_alloc(sizeof *p);
     if (!p)
         return LOCO_ERR(LOCO_ENOMEM, "peer service");
     p->np = *np;
-    p->o = o;
+    p->o = *o;
     p->timeout_ms = timeout_ms;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     pthread_mutex_init(&p->state_mu, NULL);
-    const size_t n = loco_outer_size(o);
+    const size_t n = loco_outer_set_size(o);
     int rc = loco_state_codec_create(&p->codec, n);
     if (rc == 0) {
         p->staging = loco_alloc((2 * n + 1) * sizeof(float));
@@ -413,9 +412,9 @@ static int fetch_from(const loco_net_params *np0, const char *site, const char *
 }
 
 int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites)[LOCO_NET_NAME_MAX],
-                     const char (*addrs)[LOCO_ADDR_MAX], int64_t *outer_step, loco_outer *o,
-                     int64_t *inner_step, loco_state_stats *st, int timeout_ms) {
-    const size_t n = loco_outer_size(o);
+                     const char (*addrs)[LOCO_ADDR_MAX], int64_t *outer_step,
+                     const loco_outer_set *o, int64_t *inner_step, loco_state_stats *st, int timeout_ms) {
+    const size_t n = loco_outer_set_size(o);
     if (st)
         memset(st, 0, sizeof *st);
     loco_codec *codec = NULL;
@@ -462,11 +461,11 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
         sleep_ms(10);
     }
     if (rc == 0) {
-        loco_outer_set_state(o, dst, dst + n);
-        if (loco_outer_hash(o) != hash)
+        loco_outer_set_write(o, dst, dst + n);
+        if (loco_outer_set_hash(o) != hash)
             rc = LOCO_ERR(LOCO_EPROTO, "state of outer step %lld: hash %016llx after the "
                                        "transfer, the donor's is %016llx",
-                          (long long)step, (unsigned long long)loco_outer_hash(o),
+                          (long long)step, (unsigned long long)loco_outer_set_hash(o),
                           (unsigned long long)hash);
         *outer_step = step;
     }

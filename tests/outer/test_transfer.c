@@ -65,8 +65,9 @@ static int fetch(const donors *d, loco_outer *into, int64_t *step, loco_state_st
     loco_net_params p = plain(0);
     int64_t inner = 0;
     *step = -1;
+    const loco_outer_set set = {&into, 1};
     return loco_state_fetch(&p, d->n, (const char (*)[LOCO_NET_NAME_MAX])d->sites,
-                            (const char (*)[LOCO_ADDR_MAX])d->addrs, step, into, &inner, st,
+                            (const char (*)[LOCO_ADDR_MAX])d->addrs, step, &set, &inner, st,
                             10000);
 }
 
@@ -75,7 +76,7 @@ Test(transfer, fetched_state_is_the_donors_bits) {
     loco_outer *src = donor_state(), *dst = empty_state();
     loco_net_params p = plain(0);
     loco_peers *svc;
-    cr_assert_eq(loco_peers_create(&svc, &p, "127.0.0.1", src, 10000), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_peers_create(&svc, &p, "127.0.0.1", &(loco_outer_set){&src, 1}, 10000), 0, "%s", loco_errmsg());
     loco_peers_publish(svc, 4, 40);
     donors d = {.n = 1, .sites = {"a"}};
     snprintf(d.addrs[0], LOCO_ADDR_MAX, "127.0.0.1:%d", loco_peers_port(svc));
@@ -105,7 +106,7 @@ Test(transfer, a_donor_killed_midway_is_replaced_and_the_transfer_resumes) {
         loco_net_params p = plain(0.1); /* 12.5 MB/s: the transfer takes ~2 s */
         p.queue_frames = 1;             /* what is served is about what was sent */
         loco_peers *svc;
-        if (loco_peers_create(&svc, &p, "127.0.0.1", o, 10000) != 0)
+        if (loco_peers_create(&svc, &p, "127.0.0.1", &(loco_outer_set){&o, 1}, 10000) != 0)
             _exit(1);
         loco_peers_publish(svc, 9, 90);
         int port = loco_peers_port(svc);
@@ -125,7 +126,7 @@ Test(transfer, a_donor_killed_midway_is_replaced_and_the_transfer_resumes) {
     loco_outer *src = donor_state(), *dst = empty_state();
     loco_net_params p = plain(0);
     loco_peers *svc;
-    cr_assert_eq(loco_peers_create(&svc, &p, "127.0.0.1", src, 10000), 0);
+    cr_assert_eq(loco_peers_create(&svc, &p, "127.0.0.1", &(loco_outer_set){&src, 1}, 10000), 0);
     loco_peers_publish(svc, 9, 90);
     donors d = {.n = 2, .sites = {"a", "b"}};
     snprintf(d.addrs[0], LOCO_ADDR_MAX, "127.0.0.1:%d", port_a);
@@ -154,7 +155,7 @@ Test(transfer, a_donor_at_another_step_refuses) {
     loco_outer *src = donor_state(), *dst = empty_state();
     loco_net_params p = plain(0);
     loco_peers *svc;
-    cr_assert_eq(loco_peers_create(&svc, &p, "127.0.0.1", src, 10000), 0);
+    cr_assert_eq(loco_peers_create(&svc, &p, "127.0.0.1", &(loco_outer_set){&src, 1}, 10000), 0);
     loco_peers_publish(svc, 3, 30);
     char host[64];
     snprintf(host, sizeof host, "127.0.0.1");

@@ -1,0 +1,369 @@
+/* An island's outer loop on one rank: set-up, the schedule of outer steps
+ * (DiLoCo: every outer.H inner steps; Streaming DiLoCo: fragment
+ * (s - 1) mod F after inner step s · H / F, its exchange overlapping
+ * outer.overlap inner steps), the merge of a fragment's new θ_global into
+ * θ_local, outer-state checkpoints and the records of outer.jsonl.
+ * docs/STREAMING.md states the rules. */
+#include "outer/island_internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------ θ_local updates */
+
+int loco__island_merge(island *is, int f, float alpha) {
+    size_t lo, hi;
+    float *own = is->in.owned(is->in.ctx, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
+    loco_fragments_merge(&is->fr, f, loco_outer_theta(is->outer[f]), own, alpha);
+    if (f == is->merge_frag)
+        is->merge_frag = -1;
+    return is->in.sync(is->in.ctx);
+}
+
+int loco__island_adopt_global(island *is) {
+    size_t lo, hi;
+    float *own = is->in.owned(is->in.ctx, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
+    for (int f = 0; f < is->fr.F; f++)
+        loco_fragments_merge(&is->fr, f, loco_outer_theta(is->outer[f]), own, 0.0f);
+    is->merge_frag = -1;
+    return is->in.sync(is->in.ctx);
+}
+
+/* ---------------------------------------------------------- outer.jsonl */
+
+void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
+                         const loco_exchange_stats *st, const double *sums, uint64_t h,
+                         int n_members) {
+    char hh[17];
+    loco_hash_hex(h, hh);
+    /* Utilisation: the share of wall time since the last record that the
+     * inner loop was not held by the outer loop. */
+    const double now = loco_now();
+    const double wait = is->wait_acc + (now - is->call_t0), wall = now - is->last_record_t;
+    is->wait_acc = 0;
+    is->call_t0 = is->last_record_t = now;
+    loco_info("outer step %lld (inner %lld, epoch %llu, %d islands%s) | sent %.2f MB for %.2f "
+              "MB raw (x%.1f) | exchange %.3f s | waited %.3f of %.3f s | θ %s",
+              (long long)outer, (long long)inner, (unsigned long long)is->q.epoch, n_members,
+              is->fr.F > 1 ? ", a fragment" : "", sums[1] / 1e6, sums[0] / 1e6,
+              sums[1] > 0 ? sums[0] / sums[1] : 0.0, sums[3], wait, wall, hh);
+    loco_metrics_begin(is->metrics);
+    loco_metrics_int(is->metrics, "outer_step", outer);
+    loco_metrics_int(is->metrics, "step", inner);
+    loco_metrics_int(is->metrics, "epoch", (int64_t)is->q.epoch);
+    loco_metrics_int(is->metrics, "members", n_members);
+    loco_metrics_int(is->metrics, "fragment", frag);
+    loco_metrics_int(is->metrics, "overlap", is->sync.overlapped ? is->overlap : 0);
+    loco_metrics_num(is->metrics, "bytes_raw", sums[0]);
+    loco_metrics_num(is->metrics, "bytes_sent", sums[1]);
+    loco_metrics_num(is->metrics, "bytes_received", sums[2]);
+    loco_metrics_num(is->metrics, "compression_ratio", sums[1] > 0 ? sums[0] / sums[1] : 0);
+    loco_metrics_num(is->metrics, "exchange_s", sums[3]);
+    loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st->encode_s + st->apply_s);
+    loco_metrics_num(is->metrics, "wait_s", wait);
+    loco_metrics_num(is->metrics, "wall_s", wall);
+    loco_metrics_num(is->metrics, "utilisation", wall > 0 ? 1 - wait / wall : 1);
+    loco_metrics_str(is->metrics, "theta_hash", hh);
+    loco_metrics_str(is->metrics, "algorithm",
+                     is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
+    loco_metrics_int(is->metrics, "zstd", st->zstd);
+    loco_metrics_num(is->metrics, "sender_encode_s", st->sender_encode_s);
+    loco_metrics_end(is->metrics);
+}
+
+/* ------------------------------------------------------- outer-state files */
+
+/* The outer state next to the inner checkpoint of the same step
+ * (run.dir/outer_STEP/rank_R.safetensors, published atomically): what an
+ * island needs besides its weights and AdamW state to resume. An exchange
+ * in flight is carried to its commit first; its merge stays due at its
+ * step, and the file says so. */
+int loco_island_save(loco_island *is, int64_t step) {
+    if (is->sync.active)
+        LOCO_CHECK(loco__island_sync_finish(is));
+    char fin[PATH_MAX], tmp[PATH_MAX + 8], file[PATH_MAX + 64];
+    snprintf(fin, sizeof fin, "%s/outer_%08lld", is->cfg.run.dir, (long long)step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
+    int rc = 0;
+    if (is->rank == 0) {
+        loco_rmtree(tmp);
+        rc = loco_mkdirs(tmp);
+    }
+    int bad = rc < 0;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (!bad) {
+        snprintf(file, sizeof file, "%s/rank_%05d.safetensors", tmp, is->rank);
+        loco_outer_meta m = {.committed = is->committed, .epoch = is->q.epoch,
+                             .inner_step = step, .merge_fragment = is->merge_frag,
+                             .merge_step = is->merge_step};
+        rc = loco_outer_save_file(&is->set, file, &m);
+        bad = rc < 0;
+        LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    }
+    if (!bad && is->rank == 0)
+        rc = loco_dir_commit(tmp, fin);
+    LOCO_CHECK(rc);
+    return bad ? LOCO_ERR(LOCO_EIO, "outer state of step %lld not written", (long long)step) : 0;
+}
+
+/* After --resume: the outer state saved with that checkpoint, when it is
+ * there and whole; else the island fetches it from the others. */
+static int load_outer(island *is) {
+    const int64_t step = is->in.steps_done(is->in.ctx);
+    char file[PATH_MAX + 64];
+    snprintf(file, sizeof file, "%s/outer_%08lld/rank_%05d.safetensors", is->cfg.run.dir,
+             (long long)step, is->rank);
+    loco_outer_meta m = {0};
+    int rc = loco_outer_load_file(&is->set, file, &m);
+    int bad = rc < 0 || m.inner_step != step;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (bad) {
+        if (is->rank == 0)
+            loco_warn("resume: no usable outer state for step %lld (%s); this island fetches "
+                      "θ_global from the others",
+                      (long long)step, rc < 0 ? loco_errmsg() : "another step");
+        is->committed = 0;
+        return 0;
+    }
+    is->committed = m.committed;
+    if (m.merge_fragment >= 0 && m.merge_fragment < is->fr.F && m.merge_step > step) {
+        is->merge_frag = m.merge_fragment;
+        is->merge_step = m.merge_step;
+    }
+    LOCO_CHECK(loco__island_hash(is, &is->committed_hash));
+    if (is->rank == 0)
+        loco_info("resume: outer state of outer step %lld (inner step %lld) loaded",
+                  (long long)m.committed, (long long)step);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+/* outer.fragments, outer.overlap and outer.merge_alpha against outer.H. */
+static int check_streaming(const loco_config *c) {
+    const int64_t F = c->outer.fragments, H = c->outer.H;
+    if (H % F)
+        return LOCO_ERR(LOCO_EINVAL, "outer.fragments = %lld: outer.H = %lld must be a multiple "
+                                     "of it (fragment f syncs every H steps, offset by H/fragments)",
+                        (long long)F, (long long)H);
+    if (c->outer.overlap >= H / F)
+        return LOCO_ERR(LOCO_EINVAL, "outer.overlap = %lld: expected fewer than outer.H / "
+                                     "outer.fragments = %lld inner steps (one exchange in flight)",
+                        (long long)c->outer.overlap, (long long)(H / F));
+    return 0;
+}
+
+static int setup(island *is, const loco_config *cfg, const char *site, struct loco_comm *world,
+                 const loco_inner_view *inner, bool resumed) {
+    is->cfg = *cfg;
+    const loco_config *c = &is->cfg;
+    snprintf(is->site, sizeof is->site, "%s", site);
+    is->in = *inner;
+    is->world = world;
+    is->merge_frag = -1;
+    is->rank = loco_comm_rank(world);
+    is->ranks = loco_comm_size(world);
+    LOCO_CHECK(check_streaming(c));
+    is->period = c->outer.H / c->outer.fragments;
+    is->overlap = (int)c->outer.overlap;
+    is->alpha = (float)c->outer.merge_alpha;
+    LOCO_CHECK(loco_site_id(c, site, &is->id, &is->K));
+    LOCO_CHECK(loco_faults_parse(&is->f, c, site, is->id, is->rank == 0));
+    LOCO_CHECK(loco_net_params_from_config(&is->np, c));
+    snprintf(is->np.name, sizeof is->np.name, "%s", site);
+    if (is->ranks > LOCO_MAX_ISLAND_RANKS)
+        return LOCO_ERR(LOCO_EINVAL, "%d ranks, at most %d", is->ranks, LOCO_MAX_ISLAND_RANKS);
+    loco_outer_params op;
+    loco_codec_params cp;
+    LOCO_CHECK(loco_outer_params_from_config(&op, c));
+    LOCO_CHECK(loco_codec_params_from_config(&cp, c));
+    if (cp.link_gbps <= 0)
+        cp.link_gbps = c->net.link_gbps; /* the link as the config describes it, if at all */
+    size_t lo, hi;
+    float *own = is->in.owned(is->in.ctx, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
+    LOCO_CHECK(loco_fragments_plan(&is->fr, (int)c->outer.fragments, (int)c->model.n_layer,
+                                   is->in.table(is->in.ctx), lo, hi));
+    size_t biggest = 0;
+    for (int f = 0; f < is->fr.F; f++)
+        biggest = is->fr.n_f[f] > biggest ? is->fr.n_f[f] : biggest;
+    /* Plain DiLoCo updates θ_local in place: no copy of the range. */
+    if (is->fr.F > 1 || is->overlap > 0 || is->alpha > 0) {
+        is->packed = loco_alloc((biggest ? biggest : 1) * sizeof(float));
+        if (!is->packed)
+            return LOCO_ERR(LOCO_ENOMEM, "fragment buffer of %zu elements", biggest);
+    }
+    for (int f = 0; f < is->fr.F; f++) {
+        const float *theta0 = own; /* F = 1: the range itself */
+        if (is->fr.F > 1) {
+            loco_fragments_gather(&is->fr, f, own, is->packed);
+            theta0 = is->packed;
+        }
+        LOCO_CHECK(loco_outer_create(&is->outer[f], &op, &cp, is->fr.n_f[f], theta0));
+    }
+    is->set = (loco_outer_set){.o = is->outer, .n = is->fr.F};
+    LOCO_CHECK(loco__island_hash(is, &is->committed_hash));
+    if (resumed)
+        LOCO_CHECK(load_outer(is));
+    LOCO_CHECK(loco_peers_create(&is->svc, &is->np, c->faulttol.listen_host, &is->set,
+                                 (int)c->faulttol.timeout_ms));
+    loco_peers_publish(is->svc, is->committed, is->in.steps_done(is->in.ctx));
+    LOCO_CHECK(loco__island_join(is));
+    if (!loco_quorum_has(is->q.members, is->id) || is->q.join) {
+        loco_info("island %d (%s): the run is under way; rejoining", is->id, site);
+        LOCO_CHECK(loco__island_rejoin(is));
+    } else {
+        LOCO_CHECK(loco__island_choose_algorithm(is));
+    }
+    if (is->fr.F > 1 || is->overlap > 0)
+        loco_info("island %d (%s) of %d: streaming, %d fragments, one synced every %lld steps, "
+                  "exchange overlapping %d steps, merge alpha %g (%s)",
+                  is->id, site, is->K, is->fr.F, (long long)is->period, is->overlap,
+                  (double)is->alpha, c->outer.optimizer);
+    else
+        loco_info("island %d (%s) of %d: outer step every %lld steps (%s)", is->id, site, is->K,
+                  (long long)c->outer.H, c->outer.optimizer);
+    if (!getenv("LOCO_RESTARTED")) {
+        char d[160];
+        const loco_faults *f = &is->f;
+        const char *kinds[4] = {"corrupt", "drop", "duplicate", "reorder"};
+        const double probs[4] = {f->frames.corrupt, f->frames.drop, f->frames.duplicate,
+                                 f->frames.delay};
+        for (int k = 0; k < 4; k++)
+            if (probs[k] > 0 && is->id == 0) {
+                snprintf(d, sizeof d, "probability %g per island-to-island frame", probs[k]);
+                loco_faults_event(&is->f, kinds[k], NULL, d);
+            }
+        if (f->slow > 1) {
+            snprintf(d, sizeof d, "every inner step takes %.2fx as long", f->slow);
+            loco_faults_event(&is->f, "slow", NULL, d);
+        }
+    }
+    if (is->rank == 0) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/outer.jsonl", c->run.dir);
+        LOCO_CHECK(loco_mkdirs(c->run.dir));
+        LOCO_CHECK(loco_metrics_open(&is->metrics, path, true));
+    }
+    is->last_record_t = loco_now();
+    return 0;
+}
+
+int loco_island_create(loco_island **out, const loco_config *cfg, const char *site,
+                       struct loco_comm *world, const loco_inner_view *inner, bool resumed) {
+    *out = NULL;
+    island *is = loco_alloc(sizeof *is);
+    if (!is)
+        return LOCO_ERR(LOCO_ENOMEM, "island");
+    memset(is, 0, sizeof *is);
+    int rc = setup(is, cfg, site, world, inner, resumed);
+    if (rc < 0) {
+        loco_island_destroy(is);
+        return rc;
+    }
+    *out = is;
+    return 0;
+}
+
+void loco_island_destroy(loco_island *is) {
+    if (!is)
+        return;
+    if (is->sync.threaded)
+        pthread_join(is->sync.thread, NULL); /* nothing may run on freed state */
+    loco__island_drop_links(is);
+    loco_peers_destroy(is->svc);
+    for (int f = 0; f < LOCO_MAX_FRAGMENTS; f++)
+        loco_outer_destroy(is->outer[f]);
+    loco_fragments_fini(&is->fr);
+    loco_free(is->packed);
+    loco_session_destroy(is->session);
+    loco_quorum_fini(&is->q);
+    loco_metrics_close(is->metrics);
+    loco_free(is);
+}
+
+bool loco_island_finished(const loco_island *is) { return is->finished; }
+
+/* -------------------------------------------------------------- the schedule */
+
+/* The last inner step: the exchange in flight completes, and every
+ * fragment not synchronised at this step is, one after the other; θ_local
+ * becomes θ_global everywhere, so every island ends with one model. */
+static int finish_run(island *is, int64_t s) {
+    const int F = is->fr.F;
+    int64_t j = s / is->period;
+    int left = F;
+    if (s % is->period == 0) {
+        LOCO_CHECK(loco__island_sync(is, j, s, (int)((j - 1) % F), false));
+        left = F - 1;
+    }
+    for (int k = 0; k < left && !is->finished; k++) {
+        if (is->merge_frag >= 0)
+            LOCO_CHECK(loco__island_merge(is, is->merge_frag, 0.0f));
+        j++;
+        LOCO_CHECK(loco__island_sync(is, j, s, (int)((j - 1) % F), false));
+    }
+    if (is->merge_frag >= 0 && !is->finished)
+        LOCO_CHECK(loco__island_merge(is, is->merge_frag, 0.0f));
+    return 0;
+}
+
+static int after_step(island *is, int64_t s) {
+    const int64_t P = is->period;
+    const bool last = s == is->cfg.train.steps;
+    bool busy = false;
+    LOCO_CHECK(loco__island_check_coordinator(is));
+    /* The exchange in flight, τ steps after it began. */
+    if (is->sync.active && (s >= is->sync.inner + is->overlap || last)) {
+        LOCO_CHECK(loco__island_sync_finish(is));
+        busy = true;
+    }
+    if (is->finished || is->in.steps_done(is->in.ctx) != s)
+        return 0; /* the run ended, or this island rejoined at another step */
+    /* Its merge; the last step takes θ_global whole. */
+    if (is->merge_frag >= 0 && (s >= is->merge_step || last))
+        LOCO_CHECK(loco__island_merge(is, is->merge_frag, last ? 0.0f : is->alpha));
+    if (last)
+        return finish_run(is, s);
+    if (s % P == 0) {
+        const int64_t j = s / P;
+        LOCO_CHECK(loco__island_sync(is, j, s, (int)((j - 1) % is->fr.F), is->overlap > 0));
+        busy = true;
+        /* Blocking: the merge is due now. */
+        if (!is->finished && !is->sync.active && is->merge_frag >= 0 && is->merge_step <= s &&
+            is->in.steps_done(is->in.ctx) == s)
+            LOCO_CHECK(loco__island_merge(is, is->merge_frag, is->alpha));
+    }
+    if (!busy && is->rank == 0)
+        loco_session_heartbeat(is->session, s);
+    return 0;
+}
+
+int loco_island_after_step(loco_island *is, int64_t step, double step_s) {
+    loco_faults_inject(&is->f, step, step_s, is->links, &is->q);
+    is->call_t0 = loco_now();
+    int rc = after_step(is, step);
+    is->wait_acc += loco_now() - is->call_t0;
+    return rc;
+}
+
+int loco_island_leave(loco_island *is) {
+    const loco_config *c = &is->cfg;
+    /* The coordinator's final word: every member's last θ_global agreed. */
+    int rc = is->rank == 0 ? loco_session_leave(is->session, (int)c->faulttol.timeout_ms) : 0;
+    int bad = rc < 0;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (bad)
+        return rc < 0 ? rc : LOCO_ERR(LOCO_EPEER, "the coordinator did not confirm the run");
+    if (is->rank == 0)
+        loco_info("island %s: done; the coordinator confirmed that every island agrees", is->site);
+    return 0;
+}

@@ -1,0 +1,98 @@
+/* The island's outer loop, shared by outer/island.c (set-up, the fragment
+ * schedule, merges, outer-state files) and outer/island_sync.c (the
+ * coordinator's protocol around one outer step, rejoin, the algorithm
+ * choice). Not a public header. */
+#ifndef LOCO_OUTER_ISLAND_INTERNAL_H
+#define LOCO_OUTER_ISLAND_INTERNAL_H
+
+#include "inner/comm/comm.h"
+#include "outer/outer.h"
+
+#include <pthread.h>
+
+/* One fragment sync (an outer step of the coordinator's numbering) from
+ * its go to its commit; with outer.overlap its exchange runs on a thread
+ * while the inner steps go on. */
+typedef struct {
+    bool active;       /* started, not yet committed */
+    bool overlapped;   /* started with outer.overlap: finished τ steps later */
+    bool threaded;     /* the exchange runs on `thread` */
+    pthread_t thread;
+    int64_t outer;     /* outer step number */
+    int64_t inner;     /* inner step it started after */
+    int frag;
+    bool planned;      /* the pseudo-gradient was encoded (a redo resends it) */
+    bool observer;
+    float *theta;      /* θ_local of the fragment at the start (packed, or in place) */
+    loco_exchange x;
+    loco_link *contrib[LOCO_MAX_PEERS], *obs[LOCO_MAX_PEERS];
+    int ids[LOCO_MAX_PEERS];
+    loco_exchange_stats st;
+    int rc;            /* of the exchange */
+    char msg[256];     /* its error message (errors are thread-local) */
+} loco_sync;
+
+struct loco_island {
+    loco_config cfg;
+    char site[LOCO_NET_NAME_MAX];
+    int id, K;
+    loco_inner_view in;
+    struct loco_comm *world;
+    int rank, ranks;
+    loco_net_params np;
+    loco_peers *svc;            /* peer listener, link stash, state server */
+    loco_session *session;      /* rank 0 only */
+    loco_quorum q;              /* the latest quorum */
+    loco_link *links[LOCO_MAX_ISLANDS]; /* by island id, for links_epoch */
+    uint64_t links_epoch;
+    /* Outer state: one loco_outer per fragment of the owned range. */
+    loco_fragments fr;
+    loco_outer *outer[LOCO_MAX_FRAGMENTS];
+    loco_outer_set set;
+    float *packed;              /* (largest fragment) θ_local of a fragment in flight */
+    int64_t period;             /* inner steps between fragment syncs: H / fragments */
+    int overlap;                /* τ */
+    float alpha;                /* outer.merge_alpha */
+    int64_t committed;          /* outer step of θ_global */
+    uint64_t committed_hash;
+    loco_sync sync;             /* the outer step under way */
+    int merge_frag;             /* committed, merge into θ_local due at merge_step (-1: none) */
+    int64_t merge_step;
+    bool finished;              /* the run ended during an outer step */
+    loco_exchange_algo algo;
+    bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
+    double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
+    double elems_max;           /* largest fragment of the island's ranks */
+    loco_metrics *metrics;      /* rank 0: outer-step records */
+    loco_faults f;              /* [faults] of this island (faulttol/) */
+    /* Compute utilisation: seconds the inner loop waited for the outer
+     * loop since the last record, and when that record was written. */
+    double wait_acc, call_t0, last_record_t;
+};
+
+typedef struct loco_island island;
+
+/* island_sync.c */
+void loco__island_drop_links(island *is);
+int loco__island_join(island *is);
+int loco__island_hash(island *is, uint64_t *h);
+int loco__island_choose_algorithm(island *is);
+int loco__island_check_coordinator(island *is);
+/* Outer step `outer` (fragment `frag`) after inner step `inner`: ready, go,
+ * exchange (on a thread when `overlap`), done, redone in each new epoch
+ * until committed; or this island rejoins. */
+int loco__island_sync(island *is, int64_t outer, int64_t inner, int frag, bool overlap);
+/* Waits for the exchange in flight and carries the step to its commit. */
+int loco__island_sync_finish(island *is);
+int loco__island_rejoin(island *is);
+
+/* island.c */
+/* θ_local ← α θ_local + (1 − α) θ_global on fragment f (α = 0: a copy). */
+int loco__island_merge(island *is, int f, float alpha);
+/* θ_local ← θ_global on every fragment. */
+int loco__island_adopt_global(island *is);
+void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
+                         const loco_exchange_stats *st, const double *sums, uint64_t h,
+                         int n_members);
+
+#endif
