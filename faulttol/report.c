@@ -3,7 +3,7 @@
  * that `loco launch` leaves (events.jsonl, <site>/metrics.jsonl,
  * <site>/outer.jsonl; docs/REPORTS.md is the contract), and writes
  * report.md and report.html with inline SVG charts, the fault table, bytes
- * on the wire and a PASS/FAIL verdict. */
+ * on the wire, compute utilisation and a PASS/FAIL verdict. */
 #include "faulttol/report_internal.h"
 
 #include <dirent.h>
@@ -504,6 +504,68 @@ static void fault_table(doc *d, const run_data *r) {
     doc_table(d, false);
 }
 
+static void fmt_util(char *buf, size_t cap, double u) {
+    if (isnan(u))
+        snprintf(buf, cap, "not recorded");
+    else
+        snprintf(buf, cap, "%.1f%%", 100 * u);
+}
+
+/* A run's mean utilisation over islands, saying how many islands it covers
+ * when some recorded none. */
+static void fmt_util_mean(char *buf, size_t cap, const run_data *r) {
+    fmt_util(buf, cap, r->util_mean);
+    size_t n = strlen(buf);
+    if (r->util_sites && r->util_sites < r->nsites)
+        snprintf(buf + n, cap - n, " (%d of %d islands)", r->util_sites, r->nsites);
+}
+
+/* Per island of both runs: seconds the inner loop waited on the outer loop,
+ * wall seconds and their utilisation over its outer.jsonl records. */
+static void utilisation_section(doc *d, const run_data *f, const run_data *b) {
+    static const char *const head[] = {"run",      "island",   "records",    "waited (s)",
+                                       "wall (s)", "utilisation", "lowest record"};
+    doc_h(d, 2, "Compute utilisation");
+    if (!f->util_sites && !b->util_sites) {
+        doc_p(d, "Not recorded: no outer.jsonl record of either run carries \"wait_s\" and "
+                 "\"wall_s\".");
+        return;
+    }
+    doc_p(d, "Utilisation is 1 - waited / wall: the share of wall time the inner training loop "
+             "was not blocked by the outer loop, summed over an island's outer.jsonl records "
+             "that carry \"wait_s\" and \"wall_s\"; the lowest record is the worst single "
+             "outer step. The run's figure is the mean over its islands.");
+    sbuf svg = {0};
+    report_chart_utilisation(&svg, f, b);
+    doc_svg(d, &svg);
+    report_sb_fini(&svg);
+    doc_table(d, true);
+    doc_row(d, 7, head, true);
+    const run_data *runs[2] = {f, b};
+    for (int k = 0; k < 2; k++) {
+        const run_data *r = runs[k];
+        for (int i = 0; i < r->nsites; i++) {
+            const utilisation *u = &r->sites[i].util;
+            char n[16], wait[32], wall[32], all[64], low[64];
+            snprintf(n, sizeof n, "%d", u->n);
+            fmt_secs(wait, sizeof wait, u->n ? u->wait_s : NAN);
+            fmt_secs(wall, sizeof wall, u->n ? u->wall_s : NAN);
+            fmt_util(all, sizeof all, u->overall);
+            if (u->n)
+                fmt_util(low, sizeof low, u->min);
+            else
+                snprintf(low, sizeof low, "—");
+            const char *cells[7] = {r->label, r->sites[i].name, n, wait, wall, all, low};
+            doc_row(d, 7, cells, false);
+        }
+        char mean[96];
+        fmt_util_mean(mean, sizeof mean, r);
+        const char *cells[7] = {r->label, "mean over islands", "", "", "", mean, ""};
+        doc_row(d, 7, cells, false);
+    }
+    doc_table(d, false);
+}
+
 static int count_kind(const run_data *r, const char *kind) {
     int n = 0;
     for (int i = 0; i < r->nev; i++)
@@ -556,6 +618,10 @@ static void results(doc *d, const run_data *f, const run_data *b, const loco_rep
            f->commits_from_events && b->commits_from_events
                ? ""
                : " (a run without commit events counts the outer steps of outer.jsonl)");
+    char uf[96], ub[96];
+    fmt_util_mean(uf, sizeof uf, f);
+    fmt_util_mean(ub, sizeof ub, b);
+    doc_li(d, "Compute utilisation (mean over islands)", "fault run %s; baseline %s", uf, ub);
     doc_li(d, "Events of the fault run", "suspect %d, join %d, refused %d, divergence %d",
            count_kind(f, "suspect"), count_kind(f, "join"), count_kind(f, "refused"),
            count_kind(f, "divergence"));
@@ -655,6 +721,7 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
     report_sb_puts(&d.html, report_sb_str(&body.html));
     report_sb_fini(&body.md);
     report_sb_fini(&body.html);
+    utilisation_section(&d, &f, &b);
     if (w.n) {
         doc_h(&d, 2, "Warnings");
         doc_ul(&d, true);

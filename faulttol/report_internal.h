@@ -16,6 +16,7 @@
 #define REPORT_LIST_MAX 12     /* outer steps named in a lost-update reason */
 #define REPORT_FINAL_WINDOW 10 /* training steps averaged for the final loss */
 #define REPORT_MAX_POINTS 1500 /* points per polyline before decimation */
+#define REPORT_MAX_MARKS 200   /* per-outer-step markers (with tooltips) per run */
 
 typedef struct {
     char *s;
@@ -32,8 +33,19 @@ typedef struct {
 typedef struct {
     int64_t outer_step;
     double bytes_sent;
+    double wait_s, wall_s; /* NAN where absent or not usable (docs/REPORTS.md) */
+    double util;           /* 1 - wait_s / wall_s; NAN with them */
     char hash[40];
 } opoint;
+
+/* Compute utilisation of an island or a run: 1 - waiting / wall time over
+ * the outer.jsonl records that carry both; NAN when none does. */
+typedef struct {
+    double wait_s, wall_s; /* sums over the records counted */
+    double overall;        /* 1 - wait_s / wall_s */
+    double min;            /* lowest of one record */
+    int n;                 /* records counted */
+} utilisation;
 
 typedef struct {
     char name[REPORT_SITE_MAX];
@@ -42,6 +54,7 @@ typedef struct {
     opoint *o; /* in file order */
     int no, capo;
     bool has_outer;
+    utilisation util;
 } site_data;
 
 /* A series over steps: the mean over the islands present at each step. */
@@ -66,6 +79,11 @@ typedef struct {
     int ncommits, capcommits;
     bool commits_from_events;
     int malformed;
+    double util_mean;   /* mean over the islands with a utilisation; NAN: none */
+    int util_sites;     /* islands with a utilisation */
+    int64_t *util_step; /* (nutil) outer steps with a utilisation, ascending */
+    double *util;       /* (nutil) mean over their records of 1 - wait_s / wall_s */
+    int nutil;
 } run_data;
 
 /* Warnings shown in the report and logged as they are found. */
@@ -99,9 +117,12 @@ __attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *
 /* qsort / bsearch order of int64_t. */
 int report_cmp_i64(const void *a, const void *b);
 
-/* report_svg.c: the loss chart (fault run beside the baseline) and the
- * membership chart, appended to b as inline SVG. */
+/* report_svg.c: the loss chart (fault run beside the baseline), the
+ * membership chart and the utilisation chart, appended to b as inline SVG. */
 void report_chart_loss(sbuf *b, const run_data *f, const run_data *base);
 void report_chart_membership(sbuf *b, const run_data *r);
+/* The utilisation chart (per outer step, both runs); call only when one of
+ * them has a utilisation (nutil > 0). */
+void report_chart_utilisation(sbuf *b, const run_data *f, const run_data *base);
 
 #endif /* LOCO_REPORT_INTERNAL_H */

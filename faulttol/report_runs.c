@@ -132,12 +132,6 @@ void report_sb_md(sbuf *b, const char *s) {
 
 /* ---------------------------------------------------------- run content */
 
-
-
-
-
-
-
 __attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
@@ -163,6 +157,8 @@ void report_run_fini(run_data *r) {
     loco_free(r->mean.loss);
     loco_free(r->mean.val);
     loco_free(r->commits);
+    loco_free(r->util_step);
+    loco_free(r->util);
     memset(r, 0, sizeof *r);
 }
 
@@ -290,7 +286,18 @@ static int outer_line(void *ctx, const char *path, int lineno, cJSON *obj) {
         (*c->malformed)++;
         return 0;
     }
-    opoint p = {(int64_t)os, report_jnum(obj, "bytes_sent"), ""};
+    opoint p = {(int64_t)os, report_jnum(obj, "bytes_sent"), report_jnum(obj, "wait_s"),
+                report_jnum(obj, "wall_s"), NAN, ""};
+    bool any = !isnan(p.wait_s) || !isnan(p.wall_s);
+    if (any && !(p.wall_s > 0 && p.wait_s >= 0 && p.wait_s <= p.wall_s && isfinite(p.wall_s))) {
+        report_warn(c->w,
+                    "%s:%d: \"wait_s\" and \"wall_s\" not usable (need 0 <= wait_s <= wall_s, "
+                    "wall_s > 0); left out of the utilisation",
+                    path, lineno);
+        p.wait_s = p.wall_s = NAN;
+    } else if (any) {
+        p.util = 1 - p.wait_s / p.wall_s;
+    }
     const char *h = report_jstr(obj, "theta_hash");
     snprintf(p.hash, sizeof p.hash, "%s", h ? h : "");
     LOCO_CHECK(grow((void **)&c->s->o, &c->s->capo, c->s->no + 1, sizeof(opoint)));
@@ -496,6 +503,76 @@ static int collect_commits(run_data *r) {
     return 0;
 }
 
+/* An island's utilisation over its records that carry wait_s and wall_s
+ * (a restarted island's repeated outer steps included, as for bytes). */
+static void site_utilisation(site_data *s) {
+    utilisation *u = &s->util;
+    *u = (utilisation){0, 0, NAN, NAN, 0};
+    for (int j = 0; j < s->no; j++) {
+        const opoint *p = &s->o[j];
+        if (isnan(p->util))
+            continue;
+        u->wait_s += p->wait_s;
+        u->wall_s += p->wall_s;
+        u->min = u->n++ ? fmin(u->min, p->util) : p->util;
+    }
+    if (u->n)
+        u->overall = 1 - u->wait_s / u->wall_s;
+}
+
+typedef struct {
+    int64_t outer_step;
+    double u;
+} upoint;
+
+static int cmp_upoint(const void *a, const void *b) {
+    return report_cmp_i64(&((const upoint *)a)->outer_step, &((const upoint *)b)->outer_step);
+}
+
+/* The run's utilisation: the mean over its islands of theirs, and per
+ * outer step the mean over every record of that step. */
+static int run_utilisation(run_data *r) {
+    double sum = 0;
+    int total = 0;
+    for (int i = 0; i < r->nsites; i++) {
+        site_utilisation(&r->sites[i]);
+        if (r->sites[i].util.n) {
+            sum += r->sites[i].util.overall;
+            r->util_sites++;
+            total += r->sites[i].util.n;
+        }
+    }
+    r->util_mean = r->util_sites ? sum / r->util_sites : NAN;
+    if (!total)
+        return 0;
+    upoint *all = loco_alloc((size_t)total * sizeof(upoint));
+    r->util_step = loco_alloc((size_t)total * sizeof(int64_t));
+    r->util = loco_alloc((size_t)total * sizeof(double));
+    if (!all || !r->util_step || !r->util) {
+        loco_free(all);
+        return LOCO_ERR(LOCO_ENOMEM, "report: %d utilisation points", total);
+    }
+    int n = 0;
+    for (int i = 0; i < r->nsites; i++)
+        for (int j = 0; j < r->sites[i].no; j++) {
+            const opoint *p = &r->sites[i].o[j];
+            if (!isnan(p->util))
+                all[n++] = (upoint){p->outer_step, p->util};
+        }
+    qsort(all, (size_t)n, sizeof(upoint), cmp_upoint);
+    for (int i = 0; i < n;) {
+        double s = 0;
+        int j = i;
+        for (; j < n && all[j].outer_step == all[i].outer_step; j++)
+            s += all[j].u;
+        r->util_step[r->nutil] = all[i].outer_step;
+        r->util[r->nutil++] = s / (j - i);
+        i = j;
+    }
+    loco_free(all);
+    return 0;
+}
+
 int report_load_run(run_data *r, const char *dir, const char *label, warnings *w) {
     struct stat st;
     r->dir = dir;
@@ -543,6 +620,7 @@ int report_load_run(run_data *r, const char *dir, const char *label, warnings *w
     }
     LOCO_CHECK(build_mean(r));
     LOCO_CHECK(collect_commits(r));
+    LOCO_CHECK(run_utilisation(r));
     return 0;
 }
 

@@ -1,5 +1,5 @@
-/* The fault-experiment report's charts: inline SVG of the loss curves and
- * of the islands' membership over time. */
+/* The fault-experiment report's charts: inline SVG of the loss curves, of
+ * the islands' membership over time and of compute utilisation. */
 #include "faulttol/report_internal.h"
 
 #include <dirent.h>
@@ -395,5 +395,59 @@ void report_chart_membership(sbuf *b, const run_data *r) {
     legend_item(&l, "circle", C_SUSPECT, "suspected");
     legend_item(&l, "diamond", C_JOIN, "joined");
     legend_item(&l, "tick", "#333333", "commit");
+    report_sb_puts(b, "</svg>\n");
+}
+
+/* Chart 3: compute utilisation against outer step, both runs. */
+void report_chart_utilisation(sbuf *b, const run_data *f, const run_data *base) {
+    const int W = 760, H = 300;
+    const run_data *runs[2] = {base, f};
+    frame fr = {INFINITY, -INFINITY, 0, 100, 64, 30, W - 64 - 20, H - 30 - 80};
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < runs[r]->nutil; i++) {
+            fr.x0 = fmin(fr.x0, (double)runs[r]->util_step[i]);
+            fr.x1 = fmax(fr.x1, (double)runs[r]->util_step[i]);
+        }
+    svg_begin(b, W, H, "Compute utilisation against outer step");
+    if (!isfinite(fr.x0)) {
+        svg_text(b, W / 2.0, H / 2.0, "middle", NULL, "utilisation not recorded in either run");
+        report_sb_puts(b, "</svg>\n");
+        return;
+    }
+    if (fr.x1 <= fr.x0)
+        fr.x0 -= 1, fr.x1 += 1;
+    svg_axes(b, &fr, "outer step", "utilisation (%)", true);
+    /* percent: the series are fractions, so draw them on a 0..1 frame */
+    frame unit = fr;
+    unit.y1 = 1;
+    if (f->nsites > 1)
+        for (int s = 0; s < f->nsites; s++) {
+            const site_data *sd = &f->sites[s];
+            if (sd->util.n)
+                svg_series(b, &unit, &sd->o[0].outer_step, &sd->o[0].util, sizeof(opoint),
+                           sizeof(opoint), sd->no, C_FAULT, 0.8, 0.35);
+        }
+    for (int r = 0; r < 2; r++) {
+        const run_data *rd = runs[r];
+        const char *color = r ? C_FAULT : C_BASE;
+        svg_series(b, &unit, rd->util_step, rd->util, sizeof(int64_t), sizeof(double), rd->nutil,
+                   color, 2, 1);
+        for (int i = 0; rd->nutil <= REPORT_MAX_MARKS && i < rd->nutil; i++) {
+            char tip[128];
+            snprintf(tip, sizeof tip, "%s: %.1f%% at outer step %lld", rd->label, 100 * rd->util[i],
+                     (long long)rd->util_step[i]);
+            svg_marker(b, r ? "square" : "circle", px(&unit, (double)rd->util_step[i]),
+                       py(&unit, rd->util[i]), color, tip);
+        }
+    }
+    legend l = {b, fr.left, fr.top + fr.h + 52, fr.left, W - 10};
+    if (base->nutil)
+        legend_item(&l, base->nutil <= REPORT_MAX_MARKS ? "circle" : "line", C_BASE,
+                    "baseline (mean over records)");
+    if (f->nutil)
+        legend_item(&l, f->nutil <= REPORT_MAX_MARKS ? "square" : "line", C_FAULT,
+                    "fault run (mean over records)");
+    if (f->nsites > 1 && f->nutil)
+        legend_item(&l, "thin", C_FAULT, "fault run, each island");
     report_sb_puts(b, "</svg>\n");
 }

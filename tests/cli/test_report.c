@@ -28,6 +28,7 @@ TestSuite(report, .init = setup, .fini = teardown, .timeout = 30);
 /* What to change in the fault run. */
 typedef struct {
     bool divergence, end_failed, no_end, drop_commit3, malformed, bad_hash, no_metrics_c;
+    bool utilisation; /* the fault run's siteA and siteB write wait_s and wall_s */
     const char *detail; /* of the kill */
     double loss_scale;  /* fault run's losses against the baseline's */
 } variant;
@@ -70,15 +71,25 @@ static void write_metrics(const char *run, int s, double scale, bool restart) {
     fclose(f);
 }
 
-static void write_outer(const char *run, int s, const int *steps, int n, bool bad_last) {
+/* wait (NULL: an older island without the utilisation fields) holds
+ * wait_s per record; wall_s is 10 s each. */
+static void write_outer(const char *run, int s, const int *steps, int n, bool bad_last,
+                        const double *wait) {
     FILE *f = open_file(run, SITES[s], "outer.jsonl");
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         fprintf(f,
                 "{\"outer_step\":%d,\"step\":%d,\"bytes_raw\":4000,\"bytes_sent\":1000,"
                 "\"bytes_received\":2000,\"compression_ratio\":4,\"exchange_s\":0.1,"
                 "\"inner_wait_s\":0.1,\"theta_hash\":\"%s%015d\",\"algorithm\":\"allgather\","
-                "\"epoch\":1,\"members\":3}\n",
+                "\"epoch\":1,\"members\":3",
                 steps[i], steps[i] * 10, bad_last && i == n - 1 ? "f" : "0", steps[i]);
+        if (wait)
+            fprintf(f,
+                    ",\"wait_s\":%.2f,\"wall_s\":10.0,\"utilisation\":%.4f,\"fragment\":%d,"
+                    "\"overlap\":2",
+                    wait[i], 1 - wait[i] / 10, steps[i] % 2);
+        fprintf(f, "}\n");
+    }
     fclose(f);
 }
 
@@ -104,7 +115,7 @@ static void write_baseline(void) {
     const int steps[6] = {1, 2, 3, 4, 5, 6};
     for (int s = 0; s < 3; s++) {
         write_metrics("base", s, 1.0, false);
-        write_outer("base", s, steps, 6, false);
+        write_outer("base", s, steps, 6, false, NULL);
     }
 }
 
@@ -163,9 +174,12 @@ static void write_fault(const variant *v) {
     for (int s = 0; s < 3; s++)
         if (s != 2 || !v->no_metrics_c)
             write_metrics("fault", s, scale, s == 1);
-    write_outer("fault", 0, a, 6, false);
-    write_outer("fault", 1, b, 5, v->bad_hash);
-    write_outer("fault", 2, c, 5, false);
+    /* siteA: waits 1 s and 3 s of every 10 s in turn, 80%, lowest 70%;
+     * siteB: 0.5 s of 10 s, 95%; siteC: older, no fields */
+    const double wa[6] = {1, 3, 1, 3, 1, 3}, wb[5] = {0.5, 0.5, 0.5, 0.5, 0.5};
+    write_outer("fault", 0, a, 6, false, v->utilisation ? wa : NULL);
+    write_outer("fault", 1, b, 5, v->bad_hash, v->utilisation ? wb : NULL);
+    write_outer("fault", 2, c, 5, false, NULL);
 }
 
 /* Runs loco report on the two runs; out receives its output. */
@@ -226,6 +240,76 @@ Test(report, pass_with_charts_fault_table_and_bytes) {
     cr_expect(strstr(md, "within the tolerance of 1.00%") != NULL, "%s", md);
     loco_free(md);
     loco_free(html);
+}
+
+Test(report, utilisation_per_island_and_mean) {
+    static char out[1 << 16];
+    variant v = {.utilisation = true};
+    cr_assert_eq(report(out, sizeof out, &v, NULL), 0, "%s", out);
+    cr_expect(strstr(out, "verdict: PASS") != NULL, "%s", out);
+    cr_expect(strstr(out, "not usable") == NULL, "%s", out);
+    char *md = slurp("report.md"), *html = slurp("report.html");
+    /* 1 - (1+3+1+3+1+3) / 60 = 80%; 1 - 2.5 / 50 = 95%; mean 87.5% */
+    cr_expect(strstr(md, "| fault run | siteA | 6 | 12.00 | 60.00 | 80.0% | 70.0% |") != NULL,
+              "%s", md);
+    cr_expect(strstr(md, "| fault run | siteB | 5 | 2.50 | 50.00 | 95.0% | 95.0% |") != NULL,
+              "%s", md);
+    cr_expect(strstr(md, "| fault run | siteC | 0 | — | — | not recorded | — |") != NULL, "%s",
+              md);
+    cr_expect(strstr(md, "| fault run | mean over islands |  |  |  | 87.5% (2 of 3 islands) |  |") !=
+                  NULL,
+              "%s", md);
+    cr_expect(strstr(md, "| baseline | siteA | 0 | — | — | not recorded | — |") != NULL, "%s",
+              md);
+    for (int k = 0; k < 2; k++) {
+        const char *doc = k ? html : md;
+        cr_expect(strstr(doc, "Compute utilisation (mean over islands)") &&
+                      strstr(doc, "fault run 87.5% (2 of 3 islands); baseline not recorded"),
+                  "%s", doc);
+        cr_expect(strstr(doc, "Compute utilisation against outer step") != NULL, "chart");
+    }
+    cr_expect(strstr(html, "<td>siteA</td><td>6</td><td>12.00</td><td>60.00</td><td>80.0%</td>"
+                           "<td>70.0%</td>") != NULL,
+              "%s", html);
+    /* per outer step, the mean over records: step 2 is (70% + 95%) / 2 */
+    cr_expect(strstr(html, "fault run: 82.5% at outer step 2") != NULL, "%s", html);
+    cr_expect(strstr(html, "fault run: 90.0% at outer step 3") != NULL, "%s", html);
+    loco_free(md);
+    loco_free(html);
+}
+
+Test(report, utilisation_not_recorded_without_the_fields) {
+    static char out[1 << 16];
+    variant v = {0};
+    cr_assert_eq(report(out, sizeof out, &v, NULL), 0, "%s", out);
+    char *md = slurp("report.md");
+    cr_expect(strstr(md, "## Compute utilisation\n\nNot recorded: no outer.jsonl record of "
+                         "either run carries") != NULL,
+              "%s", md);
+    cr_expect(strstr(md, "fault run not recorded; baseline not recorded") != NULL, "%s", md);
+    cr_expect(strstr(md, "Compute utilisation against outer step") == NULL, "no chart");
+    loco_free(md);
+}
+
+Test(report, unusable_utilisation_fields_are_warned_and_skipped) {
+    static char out[1 << 16];
+    variant v = {.utilisation = true};
+    write_baseline();
+    write_fault(&v);
+    char path[700];
+    snprintf(path, sizeof path, "%s/fault/siteC/outer.jsonl", dir);
+    FILE *f = fopen(path, "a");
+    cr_assert(f);
+    fprintf(f, "{\"outer_step\":7,\"wait_s\":12,\"wall_s\":10}\n"); /* line 6 */
+    fclose(f);
+    cr_expect_eq(test_run(out, sizeof out, LOCO " report %s/fault %s/base", dir, dir), 0, "%s",
+                 out);
+    cr_expect(strstr(out, "siteC/outer.jsonl:6: \"wait_s\" and \"wall_s\" not usable") != NULL,
+              "%s", out);
+    char *md = slurp("report.md");
+    cr_expect(strstr(md, "| fault run | siteC | 0 | — | — | not recorded | — |") != NULL, "%s",
+              md);
+    loco_free(md);
 }
 
 Test(report, out_dir_and_escaping) {
