@@ -373,3 +373,66 @@ Test(faults, killed_two_rank_island_rejoins_shard_by_shard) {
     done(s);
     free(s);
 }
+
+/* Streaming DiLoCo (2 fragments, one synced every 5 steps, exchanges
+ * overlapping 3 steps, a 300 ms one-way delay on every link so that an
+ * exchange outlasts them): siteC is killed at step 47, while the exchange
+ * of outer step 9 (fragment 0, begun after step 45) is in flight. The
+ * survivors redo that step without it and agree; siteC rejoins by state
+ * transfer, fragment schedule included, and ends with the others. */
+Test(faults, island_killed_during_an_overlapped_exchange_is_redone_without_and_rejoins) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill",
+        "--set faults.kill=siteC@47 --set faults.restart_ms=200 --set outer.fragments=2"
+        " --set outer.overlap=3 --set net.wan_delay_ms=300 --set train.steps=70");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    double kill = event_at(s, "fault", "siteC", "kill", 0);
+    cr_assert(kill > 0, "%s", s->out);
+    cr_expect(strstr(s->out, "outer step 9: redone in epoch") != NULL,
+              "the survivors redid the step in flight: %s", s->out);
+    cr_expect(event_at(s, "join", "siteC", NULL, kill) > 0, "siteC came back: %s", s->out);
+    cr_expect(strstr(s->out, "hash checked") != NULL, "the rejoined island checked its state");
+    all_agree(s, 70 / 5 + 1); /* 14 fragment syncs, and the other fragment at the end */
+    done(s);
+    free(s);
+}
+
+/* Every island stopped at step 25 and started again from its checkpoint,
+ * which was taken with the exchange of outer step 5 (fragment 0) in
+ * flight: fragment 0 synced, fragment 1 not, and the merge of fragment 0
+ * still due at step 27. The run ends as the one that never stopped. */
+Test(faults, streaming_run_resumed_mid_cycle_is_bit_identical) {
+    static const char *const sites[] = {"siteA", "siteB", "siteC"};
+    scenario *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=25"
+                       " --set outer.fragments=2 --set outer.overlap=2 --set outer.merge_alpha=0.5";
+    run(a, "kill", args);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    snprintf(b->dir, sizeof b->dir, "/tmp/loco-faults-XXXXXX");
+    cr_assert(mkdtemp(b->dir));
+    b->rc = test_run(b->out, sizeof b->out, "cp -r %s/. %s/ && cd %s && rm -rf */ckpt_00000050 "
+                     "*/outer_00000050 */ckpt_00000060 */outer_00000060", a->dir, b->dir, b->dir);
+    cr_assert_eq(b->rc, 0, "%s", b->out);
+    b->rc = test_run(b->out, sizeof b->out,
+                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
+                          SMALL " %s",
+                     b->dir, args);
+    cr_assert_eq(b->rc, 0, "%s", b->out);
+    cr_expect(strstr(b->out, "outer state of outer step 5 (inner step 25) loaded") != NULL, "%s",
+              b->out);
+    for (int k = 0; k < 3; k++) {
+        char ha[17], hb[17];
+        cr_expect_eq(last_outer(a, sites[k], ha), 13);
+        cr_expect_eq(last_outer(b, sites[k], hb), 13);
+        cr_expect_str_eq(ha, hb, "%s", sites[k]);
+        int same = test_run(b->out, sizeof b->out,
+                            "cmp %s/%s/ckpt_00000060/model.safetensors "
+                            "%s/%s/ckpt_00000060/model.safetensors",
+                            a->dir, sites[k], b->dir, sites[k]);
+        cr_expect_eq(same, 0, "%s: the final weights differ: %s", sites[k], b->out);
+    }
+    done(a);
+    done(b);
+    free(a);
+    free(b);
+}
