@@ -47,8 +47,8 @@ int loco_fragments_plan(loco_fragments *fr, int F, int n_layer, const loco_ttabl
     memset(fr, 0, sizeof *fr);
     LOCO_CHECK(check_count(F, n_layer));
     if (lo > hi || hi > tt->numel)
-        return LOCO_ERR(LOCO_EINVAL, "owned range [%zu, %zu) outside a buffer of %zu elements",
-                        lo, hi, tt->numel);
+        return LOCO_ERR(LOCO_EINVAL, "owned range [%zu, %zu) outside a buffer of %zu elements", lo,
+                        hi, tt->numel);
     /* At most one interval per tensor. */
     loco_frag_interval *iv = loco_alloc((size_t)(tt->n > 0 ? tt->n : 1) * sizeof *iv);
     if (!iv)

@@ -14,9 +14,15 @@
 enum { L = 4 };
 
 static loco_gpt_config small_model(int n_experts) {
-    return (loco_gpt_config){.n_layer = L, .n_head = 2, .n_embd = 8, .seq_len = 8,
-                             .vocab_size = 16, .n_experts = n_experts, .top_k = 1,
-                             .moe_every = 2, .capacity_factor = 1.25f};
+    return (loco_gpt_config){.n_layer = L,
+                             .n_head = 2,
+                             .n_embd = 8,
+                             .seq_len = 8,
+                             .vocab_size = 16,
+                             .n_experts = n_experts,
+                             .top_k = 1,
+                             .moe_every = 2,
+                             .capacity_factor = 1.25f};
 }
 
 /* The expected fragment of tensor t, written out from the rule. */
@@ -64,8 +70,8 @@ static void check_plan(const loco_ttable *tt, int F, size_t lo, size_t hi) {
         next_packed[v->frag] += v->len;
         for (size_t e = v->lo; e < v->lo + v->len; e++) {
             seen[e]++;
-            cr_assert_eq(v->frag, want[e], "element %zu: fragment %d, expected %d", lo + e,
-                         v->frag, want[e]);
+            cr_assert_eq(v->frag, want[e], "element %zu: fragment %d, expected %d", lo + e, v->frag,
+                         want[e]);
         }
     }
     for (size_t e = 0; e < hi - lo; e++)
@@ -103,8 +109,7 @@ Test(fragments, whole_tables_partition_as_the_rule_says) {
         loco_gpt_config mc = small_model(moe ? 4 : 0);
         loco_ttable tt;
         cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0, "%s", loco_errmsg());
-        cr_assert_eq(loco_ttable_find(&tt, "transformer.h.3.mlp.experts.2.c_fc.weight") >= 0,
-                     moe);
+        cr_assert_eq(loco_ttable_find(&tt, "transformer.h.3.mlp.experts.2.c_fc.weight") >= 0, moe);
         for (int F = 1; F <= L; F *= 2)
             check_plan(&tt, F, 0, tt.numel);
         check_plan(&tt, 3, 0, tt.numel);
@@ -238,15 +243,13 @@ Test(fragments, gather_merge_round_trip) {
             loco_fragments_merge(&fr, f, packed, own, 0.5f);
             for (size_t i = 0, j = 0; i < n; i++) {
                 const float x = want[i] == f ? 0.5f * copy[i] + 0.5f * packed[j++] : copy[i];
-                cr_assert_eq(memcmp(&own[i], &x, sizeof x), 0, "F=%d f=%d element %zu", F, f,
-                             i);
+                cr_assert_eq(memcmp(&own[i], &x, sizeof x), 0, "F=%d f=%d element %zu", F, f, i);
             }
             memcpy(own, copy, n * sizeof *own);
             loco_fragments_merge(&fr, f, packed, own, 0.0f);
             for (size_t i = 0, j = 0; i < n; i++) {
                 const float *x = want[i] == f ? &packed[j++] : &copy[i];
-                cr_assert_eq(memcmp(&own[i], x, sizeof *x), 0, "F=%d f=%d element %zu", F, f,
-                             i);
+                cr_assert_eq(memcmp(&own[i], x, sizeof *x), 0, "F=%d f=%d element %zu", F, f, i);
             }
             loco_fragments_gather(&fr, f, own, ref);
             cr_assert_arr_eq(ref, packed, k * sizeof(float));
