@@ -119,6 +119,13 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
  * Waits for COMMIT, AGAIN or JOIN (q filled for JOIN). */
 int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, uint64_t hash,
                       uint64_t suspects, loco_quorum *q, loco_verdict *v, int timeout_ms);
+/* READY and DONE sent ahead of the wait for their answer (never blocks;
+ * nothing when the link is down): the coordinator's round trip then
+ * overlaps the island's work, and the next loco_session_ready or
+ * loco_session_done of the same step (and epoch) only waits. */
+void loco_session_ready_ahead(loco_session *s, int64_t step, int64_t have);
+void loco_session_done_ahead(loco_session *s, int64_t step, uint64_t epoch, bool ok,
+                             uint64_t hash, uint64_t suspects);
 /* Records the committed state (for re-registration). */
 void loco_session_progress(loco_session *s, const loco_island_progress *p);
 /* Records progress; a thread of the session sends a heartbeat every

@@ -46,6 +46,10 @@ struct loco_session {
     atomic_llong inner_step;
     int beat_ms;
     pthread_cond_t cv;
+    /* READY or DONE already sent ahead of the wait for its answer (the
+     * wait then does not send it again): step, and epoch for DONE. */
+    int64_t ready_sent, done_sent;
+    uint64_t done_sent_epoch;
 };
 
 static void sleep_ms(int ms) {
@@ -411,9 +415,11 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
     loco_debug("session: ready for outer step %lld (holding %lld; %d queued, link %s)",
                (long long)step, (long long)have, s->q_len, s->broken ? "broken" : "up");
     double deadline = loco_now() + timeout_ms / 1000.0;
-    int rc = send_outer(s, "ready", step, have, 0, 0, 0);
-    (void)rc; /* a broken link is mended below, and READY sent again */
-    bool sent = rc == 0;
+    bool sent = s->ready_sent == step && !s->broken;
+    s->ready_sent = 0;
+    int rc = sent ? 0 : send_outer(s, "ready", step, have, 0, 0, 0);
+    /* a broken link is mended below, and READY sent again */
+    sent = rc == 0;
     for (;;) {
         /* Waiting on a live coordinator is not bounded (it watches the
          * islands); timeout_ms bounds the time without one. */
@@ -467,7 +473,10 @@ int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, ui
                       uint64_t suspects, loco_quorum *q, loco_verdict *v, int timeout_ms) {
     double deadline = loco_now() + timeout_ms / 1000.0;
     const char *phase = ok ? "done" : "failed";
-    bool sent = send_outer(s, phase, step, 0, epoch, hash, suspects) == 0;
+    bool sent = s->done_sent == step && s->done_sent_epoch == epoch && !s->broken;
+    s->done_sent = 0;
+    if (!sent)
+        sent = send_outer(s, phase, step, 0, epoch, hash, suspects) == 0;
     for (;;) {
         if (s->finished && s->q_len == 0) {
             *v = LOCO_VERDICT_FINISHED;
@@ -520,6 +529,20 @@ int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, ui
             *v = LOCO_VERDICT_AGAIN;
             return 0;
         }
+    }
+}
+
+void loco_session_ready_ahead(loco_session *s, int64_t step, int64_t have) {
+    if (!s->broken && send_outer(s, "ready", step, have, 0, 0, 0) == 0)
+        s->ready_sent = step;
+}
+
+void loco_session_done_ahead(loco_session *s, int64_t step, uint64_t epoch, bool ok,
+                             uint64_t hash, uint64_t suspects) {
+    if (!s->broken &&
+        send_outer(s, ok ? "done" : "failed", step, 0, epoch, hash, suspects) == 0) {
+        s->done_sent = step;
+        s->done_sent_epoch = epoch;
     }
 }
 

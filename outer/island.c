@@ -68,6 +68,9 @@ void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
     loco_metrics_num(is->metrics, "exchange_s", sums[3]);
     loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st->encode_s + st->apply_s);
     loco_metrics_num(is->metrics, "wait_s", wait);
+    loco_metrics_num(is->metrics, "ready_wait_s", is->sync.ready_s);
+    loco_metrics_num(is->metrics, "exchange_wait_s", is->sync.join_s);
+    loco_metrics_num(is->metrics, "commit_wait_s", is->sync.done_s);
     loco_metrics_num(is->metrics, "wall_s", wall);
     loco_metrics_num(is->metrics, "utilisation", wall > 0 ? 1 - wait / wall : 1);
     loco_metrics_str(is->metrics, "theta_hash", hh);
@@ -342,6 +345,13 @@ static int after_step(island *is, int64_t s) {
             is->in.steps_done(is->in.ctx) == s)
             LOCO_CHECK(loco__island_merge(is, is->merge_frag, is->alpha));
     }
+    /* The coordinator's round trips overlap training too: the outcome of
+     * an exchange that is through goes out at once, and READY for the
+     * step due next one step ahead. */
+    if (is->sync.active)
+        LOCO_CHECK(loco__island_sync_poll(is));
+    else if (is->overlap > 0 && (s + 1) % P == 0 && !is->finished)
+        loco__island_ready_ahead(is, (s + 1) / P);
     if (!busy && is->rank == 0)
         loco_session_heartbeat(is->session, s);
     return 0;

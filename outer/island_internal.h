@@ -9,6 +9,7 @@
 #include "outer/outer.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* One fragment sync (an outer step of the coordinator's numbering) from
  * its go to its commit; with outer.overlap its exchange runs on a thread
@@ -29,6 +30,14 @@ typedef struct {
     int ids[LOCO_MAX_PEERS];
     loco_exchange_stats st;
     int rc;            /* of the exchange */
+    atomic_int exchanged; /* the thread is through */
+    /* Concluded ahead of its commit step (outcome agreed, DONE sent). */
+    bool concluded, ok;
+    uint64_t suspects, hash;
+    /* Where the inner loop waited: for the go, for the exchange to end,
+     * for the commit (seconds, this step's attempts together). */
+    double ready_s, join_s, done_s;
+    double sums[4];    /* island totals: raw, sent, received bytes; exchange seconds */
     char msg[256];     /* its error message (errors are thread-local) */
 } loco_sync;
 
@@ -84,6 +93,12 @@ int loco__island_check_coordinator(island *is);
 int loco__island_sync(island *is, int64_t outer, int64_t inner, int frag, bool overlap);
 /* Waits for the exchange in flight and carries the step to its commit. */
 int loco__island_sync_finish(island *is);
+/* While the exchange is in flight: once every rank's is through, its
+ * outcome is agreed and DONE goes to the coordinator, so the commit is
+ * waiting by the step it is due. */
+int loco__island_sync_poll(island *is);
+/* READY for the outer step due after the next inner step, sent now. */
+void loco__island_ready_ahead(island *is, int64_t outer);
 int loco__island_rejoin(island *is);
 
 /* island.c */

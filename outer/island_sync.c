@@ -235,7 +235,9 @@ static void exchange(island *is) {
 }
 
 static void *exchange_thread(void *arg) {
-    exchange(arg);
+    island *is = arg;
+    exchange(is);
+    atomic_store(&is->sync.exchanged, 1);
     return NULL;
 }
 
@@ -320,23 +322,27 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
             loco_codec_set_link_gbps(loco_outer_codec(is->outer[f]),
                                      y->st.agreed_bytes_per_s * 8 / 1e9);
     LOCO_CHECK(loco__island_hash(is, hash));
-    double sums[4] = {(double)y->st.raw_bytes * (nc - 1), (double)y->st.bytes_sent,
-                      (double)y->st.bytes_received, y->st.exchange_s};
+    double *sums = y->sums;
+    sums[0] = (double)y->st.raw_bytes * (nc - 1);
+    sums[1] = (double)y->st.bytes_sent;
+    sums[2] = (double)y->st.bytes_received;
+    sums[3] = y->st.exchange_s;
     LOCO_CHECK(loco_comm_allreduce(is->world, sums, 3, LOCO_DT_F64, LOCO_OP_SUM));
     LOCO_CHECK(loco_comm_allreduce(is->world, sums + 3, 1, LOCO_DT_F64, LOCO_OP_MAX));
-    if (is->rank == 0)
-        loco__island_record(is, y->outer, y->inner, y->frag, &y->st, sums, *hash, nc);
     return 0;
 }
 
 /* Says ready and waits for the go; v receives the verdict. */
-static int ready(island *is, int64_t outer, loco_verdict *v) {
+static int ready(island *is, int64_t outer, loco_verdict *v, double *waited) {
     int rc = 0;
     *v = 0;
+    const double t0 = loco_now();
     if (is->rank == 0)
         rc = loco_session_ready(is->session, outer, is->committed, &is->q, v,
                                 (int)is->cfg.faulttol.timeout_ms);
-    return share(is, rc, v);
+    rc = share(is, rc, v);
+    *waited += loco_now() - t0;
+    return rc;
 }
 
 /* The coordinator's verdict on the attempt whose exchange ended (*v):
@@ -344,14 +350,16 @@ static int ready(island *is, int64_t outer, loco_verdict *v) {
  * epoch from the kept pseudo-gradient; otherwise θ_global went back. */
 static int finish_attempt(island *is, loco_verdict *v) {
     loco_sync *y = &is->sync;
-    bool ok;
-    uint64_t sus = 0, h = 0;
+    bool ok = y->ok;
+    uint64_t sus = y->suspects, h = y->hash;
     *v = 0;
-    int rc = conclude(is, &ok, &sus, &h);
+    int rc = y->concluded ? 0 : conclude(is, &ok, &sus, &h);
+    y->concluded = false; /* a redo concludes again */
     if (rc < 0) {
         loco_peers_unlock_state(is->svc);
         return rc;
     }
+    const double t0 = loco_now();
     if (is->rank == 0) {
         loco_island_progress pr = progress(is, ok ? y->outer : 0, ok ? h : 0);
         loco_session_progress(is->session, &pr);
@@ -359,10 +367,14 @@ static int finish_attempt(island *is, loco_verdict *v) {
                                (int)is->cfg.faulttol.timeout_ms);
     }
     rc = share(is, rc, v);
+    y->done_s += loco_now() - t0;
     if (rc == 0 && *v == LOCO_VERDICT_COMMIT) {
         is->committed = y->outer;
         is->committed_hash = h;
         loco_peers_publish(is->svc, y->outer, y->inner);
+        if (is->rank == 0)
+            loco__island_record(is, y->outer, y->inner, y->frag, &y->st, y->sums, h,
+                                y->x.n_islands);
     } else if (rc == 0 && *v != LOCO_VERDICT_AGAIN) {
         loco_outer_restore(is->outer[y->frag]);
     }
@@ -393,12 +405,40 @@ static int finish_attempt(island *is, loco_verdict *v) {
     return is->in.sync(is->in.ctx);
 }
 
+int loco__island_sync_poll(island *is) {
+    loco_sync *y = &is->sync;
+    if (!y->active || y->concluded || !y->threaded)
+        return 0;
+    int pending = !atomic_load(&y->exchanged);
+    LOCO_CHECK(loco_comm_allreduce(is->world, &pending, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (pending)
+        return 0;
+    pthread_join(y->thread, NULL);
+    y->threaded = false;
+    LOCO_CHECK(conclude(is, &y->ok, &y->suspects, &y->hash));
+    y->concluded = true;
+    if (is->rank == 0) {
+        loco_island_progress pr = progress(is, y->ok ? y->outer : 0, y->ok ? y->hash : 0);
+        loco_session_progress(is->session, &pr);
+        loco_session_done_ahead(is->session, y->outer, is->q.epoch, y->ok, y->hash,
+                                y->suspects);
+    }
+    return 0;
+}
+
+void loco__island_ready_ahead(island *is, int64_t outer) {
+    if (is->rank == 0)
+        loco_session_ready_ahead(is->session, outer, is->committed);
+}
+
 int loco__island_sync_finish(island *is) {
     loco_sync *y = &is->sync;
+    const double t0 = loco_now();
     if (y->threaded) {
         pthread_join(y->thread, NULL);
         y->threaded = false;
     }
+    y->join_s += loco_now() - t0;
     for (;;) {
         loco_verdict v;
         LOCO_CHECK(finish_attempt(is, &v));
@@ -407,7 +447,7 @@ int loco__island_sync_finish(island *is) {
         if (v != LOCO_VERDICT_AGAIN)
             return 0;
         /* A redo runs here, blocking: it is the rare path. */
-        LOCO_CHECK(ready(is, y->outer, &v));
+        LOCO_CHECK(ready(is, y->outer, &v, &y->ready_s));
         if (v == LOCO_VERDICT_FINISHED) {
             y->active = false;
             is->finished = true;
@@ -428,14 +468,16 @@ int loco__island_sync_finish(island *is) {
 int loco__island_sync(island *is, int64_t outer, int64_t inner, int frag, bool overlap) {
     loco_sync *y = &is->sync;
     loco_verdict v;
-    LOCO_CHECK(ready(is, outer, &v));
+    double ready_s = 0;
+    LOCO_CHECK(ready(is, outer, &v, &ready_s));
     if (v == LOCO_VERDICT_FINISHED) {
         is->finished = true;
         return 0;
     }
     if (v == LOCO_VERDICT_JOIN || !loco_quorum_has(is->q.members, is->id))
         return loco__island_rejoin(is);
-    *y = (loco_sync){.active = true, .outer = outer, .inner = inner, .frag = frag};
+    *y = (loco_sync){.active = true, .outer = outer, .inner = inner, .frag = frag,
+                     .ready_s = ready_s};
     /* Held until the commit: a state request waits rather than read a
      * θ_global in the middle of its update. */
     loco_peers_lock_state(is->svc);
