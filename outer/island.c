@@ -152,6 +152,10 @@ static int load_outer(island *is) {
 /* outer.fragments, outer.overlap and outer.merge_alpha against outer.H. */
 static int check_streaming(const loco_config *c) {
     const int64_t F = c->outer.fragments, H = c->outer.H;
+    if (F > c->model.n_layer)
+        return LOCO_ERR(LOCO_EINVAL, "outer.fragments = %lld: at most model.n_layer = %lld (a "
+                                     "fragment is a group of blocks)",
+                        (long long)F, (long long)c->model.n_layer);
     if (H % F)
         return LOCO_ERR(LOCO_EINVAL, "outer.fragments = %lld: outer.H = %lld must be a multiple "
                                      "of it (fragment f syncs every H steps, offset by H/fragments)",

@@ -285,3 +285,27 @@ Test(streaming, four_islands_four_fragments_int4_agree_with_the_reference) {
                          .codec = "int4"};
     check_islands(&sc);
 }
+
+/* Settings the schedule cannot follow are refused with the keys named. */
+Test(streaming, impossible_schedules_are_refused_clearly) {
+    static const struct {
+        const char *set, *says;
+    } bad[] = {
+        {"--set outer.H=10 --set outer.fragments=3", "outer.H = 10 must be a multiple"},
+        {"--set outer.H=10 --set outer.fragments=2 --set outer.overlap=5",
+         "outer.overlap = 5: expected fewer than outer.H / outer.fragments = 5"},
+        {"--set outer.H=10 --set outer.fragments=5", "outer.fragments = 5: at most model.n_layer = 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char dir[] = "/tmp/loco-streaming-bad-XXXXXX";
+        cr_assert(mkdtemp(dir));
+        static char out[1 << 16];
+        int rc = test_run(out, sizeof out,
+                          LOCO " launch configs/multisite-2.ini" ARGS
+                               " --set train.steps=10 --set run.dir=%s %s",
+                          dir, bad[i].set);
+        cr_expect_neq(rc, 0, "%s was accepted", bad[i].set);
+        cr_expect(strstr(out, bad[i].says) != NULL, "%s: %s", bad[i].set, out);
+        loco_rmtree(dir);
+    }
+}
