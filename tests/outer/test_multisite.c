@@ -196,7 +196,7 @@ Test(multisite, four_islands_rsag_int8_agree) {
  * ZeRO-1, of pp = 2 and of cp = 2: each rank exchanges its owned range of
  * its tp slice or pipeline stage (under cp, of the dp x cp group's split) with the same rank of the other island, and the
  * coordinator finds every rank's θ hash equal after every outer step. */
-static void check_mesh_islands(const char *extra) {
+static void check_mesh_islands_through(const char *extra, int outer_steps) {
     char dir[] = "/tmp/loco-multisite-tp-XXXXXX";
     cr_assert(mkdtemp(dir));
     static char out[1 << 18];
@@ -205,9 +205,13 @@ static void check_mesh_islands(const char *extra) {
                            " --set compress.codec=int8 --set run.dir=%s %s",
                       dir, extra);
     cr_assert_eq(rc, 0, "%s", out);
-    cr_expect(strstr(out, "θ_global agreed through outer step 3") != NULL, "%s", out);
+    char agreed[64];
+    snprintf(agreed, sizeof agreed, "θ_global agreed through outer step %d", outer_steps);
+    cr_expect(strstr(out, agreed) != NULL, "%s", out);
     loco_rmtree(dir);
 }
+
+static void check_mesh_islands(const char *extra) { check_mesh_islands_through(extra, 3); }
 
 Test(multisite, tp2_islands_agree) { check_mesh_islands("--set parallel.tp=2"); }
 Test(multisite, tp2_dp2_sp_islands_agree) {
@@ -219,4 +223,21 @@ Test(multisite, pp2_islands_agree) {
 }
 Test(multisite, cp2_islands_agree) {
     check_mesh_islands("--set parallel.cp=2");
+}
+
+/* Streaming DiLoCo over meshes: 2 fragments of the 2 blocks, an outer step
+ * every 5 inner steps (6, and the other fragment at the end), exchanges
+ * overlapping 2 steps. Under ZeRO-1 over dp = 2 each rank's share of a
+ * fragment is pieces of its shard; under pp = 2 each stage owns one
+ * fragment's block and none of the other's. */
+Test(multisite, dp2_zero1_streaming_islands_agree) {
+    check_mesh_islands_through("--set parallel.dp=2 --set parallel.zero_stage=1"
+                               " --set outer.fragments=2 --set outer.overlap=2"
+                               " --set outer.merge_alpha=0.5",
+                               7);
+}
+Test(multisite, pp2_streaming_islands_agree) {
+    check_mesh_islands_through("--set parallel.pp=2 --set train.grad_accum=2"
+                               " --set outer.fragments=2 --set outer.overlap=2",
+                               7);
 }
