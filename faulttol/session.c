@@ -37,7 +37,9 @@ struct loco_session {
     bool finished; /* the coordinator's final BYE was seen */
     queued q[QUEUE];
     int q_head, q_len;
-    double last_try;
+    /* Without a coordinator: attempts spaced by a back-off that doubles up
+     * to BACKOFF_MAX_S, for grace_s (faulttol.coordinator_grace_s). */
+    double grace_s, backoff_s, next_try;
     /* Heartbeats go out from their own thread, so a long step or exchange
      * never looks like silence to the coordinator. */
     pthread_t beat_thread;
@@ -211,23 +213,37 @@ static int drain(loco_session *s, bool refuse, bool *refused) {
     }
 }
 
-/* After the link broke: attempts until deadline (one when deadline <= now). */
-static int reconnect(loco_session *s, double deadline) {
+#define BACKOFF_MIN_S 0.1
+#define BACKOFF_MAX_S 5.0
+
+/* After the link broke: one attempt to register again, unless the back-off
+ * says it is too early (LOCO_ETIMEDOUT then). */
+static int reconnect(loco_session *s) {
     drain(s, false, NULL);
     if (s->finished)
         return LOCO_ERR(LOCO_EPEER, "the coordinator ended the run");
-    int rc;
-    do {
-        rc = connect_register(s, 2000);
-        if (rc == 0) {
-            loco_info("session: registered again with the coordinator (committed outer step %lld)",
-                      (long long)s->progress.committed);
-            return 0;
-        }
-        if (loco_now() < deadline)
-            sleep_ms(100);
-    } while (loco_now() < deadline);
+    const double now = loco_now();
+    if (now < s->next_try)
+        return LOCO_ETIMEDOUT;
+    int rc = connect_register(s, 2000);
+    if (rc == 0) {
+        s->backoff_s = BACKOFF_MIN_S;
+        s->next_try = 0;
+        loco_info("session: registered again with the coordinator (committed outer step %lld)",
+                  (long long)s->progress.committed);
+        return 0;
+    }
+    s->backoff_s = s->backoff_s < BACKOFF_MIN_S ? BACKOFF_MIN_S
+                   : s->backoff_s * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S
+                                                      : s->backoff_s * 2;
+    s->next_try = loco_now() + s->backoff_s;
     return rc;
+}
+
+/* How long a wait may go on without a coordinator. */
+static double patience_s(const loco_session *s, int timeout_ms) {
+    const double t = timeout_ms / 1000.0;
+    return s->grace_s > t ? s->grace_s : t;
 }
 
 /* Next frame from the coordinator that is not a heartbeat-level concern:
@@ -266,9 +282,11 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
             if (s->q_len > 0)
                 return next_frame(s, h, payload, timeout_ms, deadline);
             if (loco_now() >= deadline)
-                return LOCO_ERR(LOCO_EPEER, "lost the coordinator and could not register again");
-            if (reconnect(s, loco_now()) < 0) {
-                sleep_ms(100);
+                return LOCO_ERR(LOCO_EPEER, "lost the coordinator and could not register again "
+                                            "within %.0f s (faulttol.coordinator_grace_s)",
+                                s->grace_s);
+            if (reconnect(s) < 0) {
+                sleep_ms(50);
                 continue;
             }
         }
@@ -317,6 +335,8 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->beat_ms = (int)cfg->faulttol.heartbeat_ms;
+    s->grace_s = cfg->faulttol.coordinator_grace_s;
+    s->backoff_s = BACKOFF_MIN_S;
     s->np = *np;
     snprintf(s->site, sizeof s->site, "%s", me->site);
     snprintf(s->mesh, sizeof s->mesh, "%s", me->mesh);
@@ -335,8 +355,10 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
         goto out_fail;
     }
     memcpy(s->addrs, me->addrs, (size_t)me->n_ranks * sizeof *s->addrs);
-    /* The coordinator may start a moment after the islands. */
-    double deadline = loco_now() + timeout_ms / 1000.0;
+    /* The coordinator, and the other sites, may start a while after this
+     * island; it may also go down and come back meanwhile. */
+    const double patience = patience_s(s, timeout_ms);
+    double deadline = loco_now() + patience;
     /* Anything but a refusal (another CA, a bad configuration) is worth
      * another try until the deadline: nobody listening yet, a coordinator
      * that went down during the handshake. */
@@ -354,9 +376,9 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
         void *payload = NULL;
         rc = left > 0 ? next_frame(s, &h, &payload, left, deadline) : LOCO_ETIMEDOUT;
         if (rc == LOCO_ETIMEDOUT) {
-            rc = LOCO_ERR(LOCO_ETIMEDOUT, "no quorum from the coordinator within %d ms (are all "
+            rc = LOCO_ERR(LOCO_ETIMEDOUT, "no quorum from the coordinator within %.0f s (are all "
                                           "sites of outer.sites started?)",
-                          timeout_ms);
+                          patience);
             goto out_fail;
         }
         if (rc < 0)
@@ -414,7 +436,8 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
                        loco_verdict *v, int timeout_ms) {
     loco_debug("session: ready for outer step %lld (holding %lld; %d queued, link %s)",
                (long long)step, (long long)have, s->q_len, s->broken ? "broken" : "up");
-    double deadline = loco_now() + timeout_ms / 1000.0;
+    const double patience = patience_s(s, timeout_ms);
+    double deadline = loco_now() + patience;
     bool sent = s->ready_sent == step && !s->broken;
     s->ready_sent = 0;
     int rc = sent ? 0 : send_outer(s, "ready", step, have, 0, 0, 0);
@@ -422,16 +445,16 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
     sent = rc == 0;
     for (;;) {
         /* Waiting on a live coordinator is not bounded (it watches the
-         * islands); timeout_ms bounds the time without one. */
+         * islands); the grace bounds the time without one. */
         if (s->finished && s->q_len == 0) {
             *v = LOCO_VERDICT_FINISHED; /* the run ended; nothing else will come */
             return 0;
         }
         if (!s->broken && s->link)
-            deadline = loco_now() + timeout_ms / 1000.0;
+            deadline = loco_now() + patience;
         if (loco_now() > deadline)
-            return LOCO_ERR(LOCO_ETIMEDOUT, "no go for outer step %lld: no coordinator for %d ms",
-                            (long long)step, timeout_ms);
+            return LOCO_ERR(LOCO_ETIMEDOUT, "no go for outer step %lld: no coordinator for %.0f s",
+                            (long long)step, patience);
         loco_frame_hdr h;
         void *payload = NULL;
         rc = next_frame(s, &h, &payload, 100, deadline);
@@ -471,7 +494,8 @@ int loco_session_ready(loco_session *s, int64_t step, int64_t have, loco_quorum 
 
 int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, uint64_t hash,
                       uint64_t suspects, loco_quorum *q, loco_verdict *v, int timeout_ms) {
-    double deadline = loco_now() + timeout_ms / 1000.0;
+    const double patience = patience_s(s, timeout_ms);
+    double deadline = loco_now() + patience;
     const char *phase = ok ? "done" : "failed";
     bool sent = s->done_sent == step && s->done_sent_epoch == epoch && !s->broken;
     s->done_sent = 0;
@@ -483,11 +507,11 @@ int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, ui
             return 0;
         }
         if (!s->broken && s->link)
-            deadline = loco_now() + timeout_ms / 1000.0;
+            deadline = loco_now() + patience;
         if (loco_now() > deadline)
             return LOCO_ERR(LOCO_ETIMEDOUT,
-                            "no verdict on outer step %lld: no coordinator for %d ms",
-                            (long long)step, timeout_ms);
+                            "no verdict on outer step %lld: no coordinator for %.0f s",
+                            (long long)step, patience);
         loco_frame_hdr h;
         void *payload = NULL;
         int rc = next_frame(s, &h, &payload, 100, deadline);
@@ -560,11 +584,8 @@ int loco_session_heartbeat(loco_session *s, int64_t inner_step) {
 
 int loco_session_poll(loco_session *s) {
     if (s->broken) {
-        /* One attempt per 200 ms: the run goes on meanwhile. */
-        if (loco_now() - s->last_try < 0.2)
-            return 0;
-        s->last_try = loco_now();
-        if (reconnect(s, 0) < 0)
+        /* One attempt when the back-off allows: training goes on meanwhile. */
+        if (reconnect(s) < 0)
             return 0;
     }
     bool refused;
@@ -584,12 +605,13 @@ int loco_session_leave(loco_session *s, int timeout_ms) {
     stop_beats(s);
     if (s->finished)
         return 0; /* the run ended while this island was outside the quorum */
-    double deadline = loco_now() + timeout_ms / 1000.0;
+    const double patience = patience_s(s, timeout_ms);
+    double deadline = loco_now() + patience;
     bool sent = send_locked(s, LOCO_FRAME_BYE, NULL) == 0;
     for (;;) {
         if (loco_now() > deadline)
-            return LOCO_ERR(LOCO_ETIMEDOUT, "no final word from the coordinator within %d ms",
-                            timeout_ms);
+            return LOCO_ERR(LOCO_ETIMEDOUT, "no final word from the coordinator within %.0f s",
+                            patience);
         loco_frame_hdr h;
         void *payload = NULL;
         int rc = next_frame(s, &h, &payload, 100, deadline);

@@ -256,6 +256,19 @@ Test(faults, restarted_coordinator_loses_nothing) {
     free(s);
 }
 
+/* The coordinator is down for longer than faulttol.timeout_ms (5 s here):
+ * the islands keep trying it (capped exponential back-off) within
+ * faulttol.coordinator_grace_s and carry on with the restarted one. */
+Test(faults, islands_wait_out_a_coordinator_down_longer_than_the_timeout) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "coordinator", "--set faults.coordinator_restart_ms=7000");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "registered again with the coordinator") != NULL, "%s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
 Test(faults, degraded_link_slows_but_does_not_break) {
     scenario *s = calloc(1, sizeof *s);
     run(s, "link", "");
