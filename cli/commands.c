@@ -46,8 +46,12 @@ int cli_train(int argc, char **argv) {
     int rc = cli_load_config(&cfg, config, nsets, sets);
     if (rc < 0)
         return cli_fail(rc);
+    /* The newest checkpoint that verifies, at or before the one named. */
+    char ck[PATH_MAX];
+    if (resume && (rc = loco_ckpt_pick_resume(resume, ck, sizeof ck)) < 0)
+        return cli_fail(rc);
     loco_trainer *t;
-    rc = loco_trainer_create(&t, &cfg, resume);
+    rc = loco_trainer_create(&t, &cfg, resume ? ck : NULL);
     if (rc < 0)
         return cli_fail(rc);
     rc = loco_trainer_run(t);

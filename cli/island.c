@@ -9,6 +9,7 @@
 #include "inner/inner.h"
 #include "outer/outer.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,10 +24,28 @@ static int sync_params(void *t) { return loco_trainer_sync_params(t); }
 static void set_step(void *t, int64_t step) { loco_trainer_set_step(t, step); }
 static int64_t steps_done(void *t) { return loco_trainer_steps_done(t); }
 
+/* --resume: the newest checkpoint that verifies. With none, the island
+ * starts afresh (*resume NULL) and joins as a new island would: its outer
+ * loop finds its committed step behind and fetches θ_global. */
+static int pick_resume(const char **resume, char *ck, size_t cap) {
+    if (!*resume)
+        return 0;
+    const int rc = loco_ckpt_pick_resume(*resume, ck, cap);
+    if (rc < 0 && rc != LOCO_EPROTO)
+        return rc;
+    if (rc < 0)
+        loco_warn("resume: %s; this island starts afresh and joins the run by state transfer",
+                  loco_errmsg());
+    *resume = rc < 0 ? NULL : ck;
+    return 0;
+}
+
 static int run_island(const loco_config *c, const char *site, const char *resume,
                       loco_trainer **t, loco_island **is) {
     int id, K;
+    char ck[PATH_MAX];
     LOCO_CHECK(loco_site_id(c, site, &id, &K));
+    LOCO_CHECK(pick_resume(&resume, ck, sizeof ck));
     LOCO_CHECK(loco_trainer_create_island(t, c, resume, id, K));
     const loco_inner_view view = {.ctx = *t, .owned = owned, .table = table,
                                   .sync = sync_params, .set_step = set_step,

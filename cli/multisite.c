@@ -196,27 +196,21 @@ static bool faults_active(const loco_config *c) {
            c->faults.reorder > 0 || c->faults.slow[0] || c->faults.coordinator_kill_s > 0;
 }
 
-/* The newest checkpoint directory of an island (run.dir/SITE/ckpt_N), or
- * "" when it has none. */
-static void newest_ckpt(const char *dir, char *out, size_t cap) {
-    out[0] = '\0';
+/* Whether DIR holds a checkpoint (ckpt_N) to resume from. Which one, the
+ * island chooses: the newest that verifies (loco_ckpt_pick_resume), done
+ * there so that reading a large checkpoint never stalls this loop. */
+static bool has_ckpt(const char *dir) {
     DIR *d = opendir(dir);
     if (!d)
-        return;
-    long long best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
+        return false;
+    bool any = false;
+    for (struct dirent *e; !any && (e = readdir(d));) {
         long long step;
         char tail;
-        char path[LOCO_PATH_MAX * 2 + 300];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        size_t len = strlen(path);
-        if (sscanf(e->d_name, "ckpt_%lld%c", &step, &tail) == 1 && step > best && len < cap) {
-            best = step;
-            memcpy(out, path, len + 1);
-        }
+        any = sscanf(e->d_name, "ckpt_%lld%c", &step, &tail) == 1;
     }
     closedir(d);
+    return any;
 }
 
 /* True when DIR holds a run that finished (its events say so). */
@@ -283,28 +277,23 @@ static int run_baseline(const char *self, const char *config, char **sets, int n
     return 0;
 }
 
-/* A restarted island resumes from its own newest checkpoint (weights,
- * AdamW, data position, outer state); the others' state then tells it what
- * it missed. */
+/* A restarted island resumes from its own newest valid checkpoint
+ * (weights, AdamW, data position, outer state); the others' state then
+ * tells it what it missed. */
 static void with_resume(child *c, const char *run_dir) {
     static char paths[LOCO_MAX_ISLANDS + 1][LOCO_PATH_MAX + 96];
     static int used;
-    char dir[LOCO_PATH_MAX + 80], ck[LOCO_PATH_MAX + 96];
+    char dir[LOCO_PATH_MAX + 80];
     snprintf(dir, sizeof dir, "%s/%s", run_dir, c->name);
-    newest_ckpt(dir, ck, sizeof ck);
-    if (!ck[0] || used > LOCO_MAX_ISLANDS)
+    if (!has_ckpt(dir) || used > LOCO_MAX_ISLANDS)
         return;
     int n = 0;
     while (c->argv[n])
         n++;
-    /* Replace an earlier --resume, else append one. */
-    for (int i = 0; i + 1 < n; i++)
-        if (!strcmp(c->argv[i], "--resume")) {
-            snprintf(paths[used], sizeof paths[used], "%s", ck);
-            c->argv[i + 1] = paths[used++];
-            return;
-        }
-    snprintf(paths[used], sizeof paths[used], "%s", ck);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(c->argv[i], "--resume"))
+            return; /* already the island's directory */
+    snprintf(paths[used], sizeof paths[used], "%s", dir);
     c->argv[n] = "--resume";
     c->argv[n + 1] = paths[used++];
     c->argv[n + 2] = NULL;
@@ -465,11 +454,9 @@ int cli_launch(int argc, char **argv) {
             snprintf(s[3], sizeof s[3], "run.dir=%s/%s", cfg.run.dir, who);
             av[n++] = "--set";
             av[n++] = s[3];
-            /* --resume: every island from its newest checkpoint. */
-            char island_dir[LOCO_PATH_MAX + 80];
-            snprintf(island_dir, sizeof island_dir, "%s/%s", cfg.run.dir, who);
-            newest_ckpt(island_dir, s[4], sizeof s[4]);
-            if (resume_all && s[4][0]) {
+            /* --resume: every island from its newest valid checkpoint. */
+            snprintf(s[4], sizeof s[4], "%s/%s", cfg.run.dir, who);
+            if (resume_all && has_ckpt(s[4])) {
                 av[n++] = "--resume";
                 av[n++] = s[4];
             }

@@ -20,7 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_PENDING 64
+/* Frames read from one island per round of the loop. */
+#define POLL_FRAMES 16
 
 typedef enum { ABSENT = 0, MEMBER, OUT } island_status;
 
@@ -41,6 +42,13 @@ typedef struct {
     bool hold_spent;   /* the members already waited once for its transfer */
 } island;
 
+/* A connection that has not registered (yet). */
+typedef struct {
+    loco_link *link;
+    double since; /* accepted, or refused (closing) */
+    bool closing; /* refused and told why: waits for the peer to hang up */
+} pending_link;
+
 struct loco_coord {
     loco_config cfg;
     loco_net_params np;
@@ -48,7 +56,7 @@ struct loco_coord {
     int n; /* islands expected (outer.sites) */
     char sites[LOCO_MAX_ISLANDS][LOCO_NET_NAME_MAX];
     island isl[LOCO_MAX_ISLANDS]; /* by id */
-    loco_link *pending[MAX_PENDING];
+    pending_link pending[LOCO_NET_MAX_PENDING]; /* np.max_pending used */
     /* The mesh and model every island must match: the first registration's. */
     bool have_ref;
     char ref_mesh[160];
@@ -218,6 +226,13 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
     int rc;
     c->cfg = *cfg;
     c->np = *np;
+    /* Islands send small JSON: a peer claiming more is refused at the
+     * header, and what a link may hold follows from that. */
+    c->np.recv_max_bytes =
+        LOCO_COORD_MAX_FRAME < np->max_frame_bytes ? LOCO_COORD_MAX_FRAME : np->max_frame_bytes;
+    c->np.link_buffer_bytes = 0;
+    c->np.max_streams = LOCO_COORD_MAX_STREAMS;
+    c->np.streams = 1; /* it never connects; a listener takes as many as it would open */
     LOCO_CHECK_GOTO(loco_site_id(cfg, NULL, NULL, &c->n), out_fail);
     const char *p = cfg->outer.sites;
     for (int i = 0; i < c->n; i++) {
@@ -249,7 +264,7 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
         LOCO_CHECK_GOTO(loco_parse_hostport(cfg->faulttol.coordinator, h, sizeof h, &prt),
                         out_fail);
     }
-    LOCO_CHECK_GOTO(loco_net_listen(&c->listener, np, h, prt), out_fail);
+    LOCO_CHECK_GOTO(loco_net_listen(&c->listener, &c->np, h, prt), out_fail);
     loco_info("coordinator: listening on %s:%d for %d islands (%s)", h,
               loco_net_listener_port(c->listener), c->n, cfg->outer.sites);
     *out = c;
@@ -277,8 +292,8 @@ static void drop_island(island *is) {
 void loco_coord_destroy(loco_coord *c) {
     if (!c)
         return;
-    for (int i = 0; i < MAX_PENDING; i++)
-        loco_link_destroy(c->pending[i]);
+    for (int i = 0; i < LOCO_NET_MAX_PENDING; i++)
+        loco_link_destroy(c->pending[i].link);
     for (int i = 0; i < LOCO_MAX_ISLANDS; i++)
         drop_island(&c->isl[i]);
     loco_net_listener_destroy(c->listener);
@@ -289,19 +304,42 @@ void loco_coord_destroy(loco_coord *c) {
 
 static int try_commit(loco_coord *c);
 
+/* Every member is gone: which state the run is in is for the islands to
+ * say again. Start over as a restarted coordinator would: drop every link
+ * (the islands register again with what they hold) and resume at the
+ * newest committed step they report. */
+static void restart_run(loco_coord *c) {
+    loco_warn("coordinator: every island of the quorum is gone; waiting for the islands to "
+              "register again");
+    for (int i = 0; i < c->n; i++) {
+        loco_link_abort(c->isl[i].link);
+        drop_island(&c->isl[i]);
+    }
+    c->started = false;
+    c->exchanging = false;
+    c->first_reg = 0;
+    c->failures = 0;
+    c->gather_t0 = 0;
+    c->go_members = c->go_observers = 0;
+}
+
 /* Island i is gone (link closed, silent, or replaced by a restarted
  * process). A member leaving starts a new epoch, unless every remaining
- * member already finished the step (then it commits without it). */
+ * member already finished the step (then it commits without it). < 0 only
+ * when the run must stop (a commit that found differing hashes). */
 static int island_lost(loco_coord *c, int i, const char *reason) {
     island *is = &c->isl[i];
     bool was_member = is->status == MEMBER;
     loco_warn("coordinator: island %d (%s) is out: %s", i, c->sites[i], reason);
     event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"%s\"", c->sites[i], reason);
+    loco_link_abort(is->link); /* a peer not worth waiting for */
     drop_island(is);
     if (!was_member || !c->started)
         return 0;
-    if (!members(c))
-        return fail_run(c, "every island of the quorum is gone");
+    if (!members(c)) {
+        restart_run(c);
+        return 0;
+    }
     if (c->exchanging) {
         /* Everyone else may have finished with its contribution already. */
         c->go_members &= ~(1ull << i);
@@ -529,7 +567,7 @@ static int handle_outer(loco_coord *c, int i, const char *json, size_t len) {
             }
     }
     if (!members(c)) {
-        rc = fail_run(c, "every island of the quorum is gone");
+        restart_run(c);
         goto out;
     }
     rc = new_epoch(c, why);
@@ -542,9 +580,11 @@ out:
 
 static int start_run(loco_coord *c);
 
-/* A REGISTER from a pending link: 1 when it became island `id`, 0 when it
- * was refused (the link is then closed), < 0 on failure. */
-static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len) {
+/* A REGISTER from a pending link: 1 when it became an island (which owns l
+ * now), 0 when it is refused (why_out says why), < 0 when the run must
+ * stop. */
+static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len,
+                           char *why_out, size_t why_cap) {
     cJSON *j = cJSON_ParseWithLength(json, len);
     const cJSON *site = cJSON_GetObjectItemCaseSensitive(j, "site");
     const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
@@ -606,6 +646,7 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
                                 .pending_hash = strtoull(jph->valuestring, NULL, 16)};
     if (is->link && is->inc == their_inc) {
         /* The same process lost its link and came back: keep its place. */
+        loco_link_abort(is->link);
         loco_link_destroy(is->link);
         is->link = l;
         is->reg = reg;
@@ -621,29 +662,31 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
         }
         return 1;
     }
+    char (*addrs)[LOCO_ADDR_MAX] = loco_alloc((size_t)nr * sizeof *addrs);
+    loco_phi_detector phi = {0};
+    const double beat = (double)c->cfg.faulttol.heartbeat_ms;
+    if (!addrs ||
+        loco_phi_init(&phi, 1000, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat) < 0) {
+        loco_free(addrs);
+        snprintf(why, sizeof why, "the coordinator is out of memory");
+        goto refuse;
+    }
+    for (int r = 0; r < nr; r++) {
+        const cJSON *a = cJSON_GetArrayItem(ranks, r);
+        snprintf(addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
+    }
     if (is->link) {
         /* A new process for a site we still hold: the old one is dead. */
         int rc = island_lost(c, id, "restarted (a new process registered)");
         if (rc < 0) {
+            loco_free(addrs);
+            loco_phi_fini(&phi);
             cJSON_Delete(j);
             return rc;
         }
     }
-    is->addrs = loco_alloc((size_t)nr * sizeof *is->addrs);
-    if (!is->addrs) {
-        cJSON_Delete(j);
-        return LOCO_ERR(LOCO_ENOMEM, "island addresses");
-    }
-    for (int r = 0; r < nr; r++) {
-        const cJSON *a = cJSON_GetArrayItem(ranks, r);
-        snprintf(is->addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
-    }
-    const double beat = (double)c->cfg.faulttol.heartbeat_ms;
-    int prc = loco_phi_init(&is->phi, 1000, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat);
-    if (prc < 0) {
-        cJSON_Delete(j);
-        return prc;
-    }
+    is->addrs = addrs;
+    is->phi = phi;
     loco_phi_start(&is->phi, loco_now());
     is->link = l;
     is->inc = their_inc;
@@ -666,14 +709,14 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
               id, c->sites[id], c->ref_mesh, nr, (long long)reg.committed);
     event(c, "\"kind\":\"register\",\"site\":\"%s\",\"committed\":%lld", c->sites[id],
           (long long)reg.committed);
-    int rc = send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
-    if (rc == 0 && c->started)
-        rc = send_join(c, id); /* the run goes on: it rejoins through a state transfer */
-    return rc < 0 ? rc : 1;
+    /* A link that fails from here on is noticed when it is next read. */
+    send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
+    if (c->started && send_join(c, id) < 0) /* the run goes on: it rejoins */
+        loco_warn("coordinator: %s", loco_errmsg());
+    return 1;
 refuse:
     cJSON_Delete(j);
-    loco_warn("coordinator: refused an island from %s: %s", loco_link_peer_name(l), why);
-    send_error(l, why);
+    snprintf(why_out, why_cap, "%s", why);
     return 0;
 }
 
@@ -736,10 +779,11 @@ static int start_run(loco_coord *c) {
 
 /* ------------------------------------------------------------- serving */
 
-/* Reads everything island i sent. */
+/* Reads what island i sent, at most a few frames a round so that a chatty
+ * island cannot starve the others. */
 static int poll_island(loco_coord *c, int i, bool *busy) {
     island *is = &c->isl[i];
-    while (is->link) {
+    for (int k = 0; k < POLL_FRAMES && is->link; k++) {
         loco_frame_hdr h;
         void *payload = NULL;
         int rc = loco_link_recv(is->link, &h, &payload, 0);
@@ -772,47 +816,86 @@ static int poll_island(loco_coord *c, int i, bool *busy) {
     return 0;
 }
 
+/* Takes links from the listener while there is room for them; the others
+ * wait there (and past net.max_pending the listener refuses new ones). */
 static void accept_pending(loco_coord *c, bool *busy) {
-    loco_link *l;
-    if (loco_net_accept(c->listener, &l, 0) == 0) {
+    for (int i = 0; i < c->np.max_pending; i++) {
+        if (c->pending[i].link)
+            continue;
+        loco_link *l;
+        if (loco_net_accept(c->listener, &l, 0) < 0)
+            return;
         *busy = true;
-        int slot = -1;
-        for (int i = 0; i < MAX_PENDING && slot < 0; i++)
-            if (!c->pending[i])
-                slot = i;
-        if (slot < 0) {
-            send_error(l, "coordinator: too many unregistered connections");
-            loco_link_destroy(l);
-        } else {
-            c->pending[slot] = l;
-        }
+        c->pending[i] = (pending_link){.link = l, .since = loco_now()};
     }
 }
 
+/* Tells a pending link why it is refused; it is dropped once the peer
+ * hangs up, or after net.linger_ms: the loop never waits for it. */
+static void refuse_pending(loco_coord *c, pending_link *p, const char *why) {
+    loco_warn("coordinator: refused a connection from %s: %s", loco_link_peer_name(p->link),
+              why);
+    loco_frame_hdr h = {.type = LOCO_FRAME_ERROR};
+    loco_link_send(p->link, &h, why, strlen(why));
+    p->closing = true;
+    p->since = loco_now();
+}
+
+static void drop_pending(pending_link *p) {
+    loco_link_abort(p->link);
+    loco_link_destroy(p->link);
+    *p = (pending_link){0};
+}
+
+/* One frame from each pending link: a REGISTER, or the link goes. Nothing
+ * a pending link does stops the run, except a registration that replaced
+ * an island whose loss found differing hashes (< 0). */
 static int read_pending(loco_coord *c, bool *busy) {
-    for (int i = 0; i < MAX_PENDING; i++) {
-        if (!c->pending[i])
+    const double now = loco_now();
+    for (int i = 0; i < c->np.max_pending; i++) {
+        pending_link *p = &c->pending[i];
+        if (!p->link)
             continue;
         loco_frame_hdr h;
         void *payload = NULL;
-        int rc = loco_link_recv(c->pending[i], &h, &payload, 0);
-        if (rc == LOCO_ETIMEDOUT)
+        int rc = loco_link_recv(p->link, &h, &payload, 0);
+        if (p->closing) {
+            loco_free(payload); /* whatever it still says */
+            if ((rc < 0 && rc != LOCO_ETIMEDOUT) || now - p->since > c->np.linger_ms / 1e3)
+                drop_pending(p);
             continue;
+        }
+        if (rc == LOCO_ETIMEDOUT) {
+            /* Registering is part of connecting: as long as a handshake. */
+            if (now - p->since > c->np.handshake_timeout_ms / 1e3) {
+                char why[128];
+                snprintf(why, sizeof why, "no REGISTER within %d ms",
+                         c->np.handshake_timeout_ms);
+                refuse_pending(c, p, why);
+            }
+            continue;
+        }
         *busy = true;
-        if (rc == 0 && h.type == LOCO_FRAME_REGISTER) {
-            rc = handle_register(c, c->pending[i], payload, h.payload_len);
-            if (rc == 1)
-                c->pending[i] = NULL; /* now owned by its island */
-        } else if (rc == 0) {
-            send_error(c->pending[i], "expected REGISTER");
+        if (rc < 0) {
+            loco_info("coordinator: a connection from %s went before registering: %s",
+                      loco_link_peer_name(p->link), loco_errmsg());
+            drop_pending(p);
+            continue;
+        }
+        char why[1024];
+        if (h.type == LOCO_FRAME_REGISTER) {
+            rc = handle_register(c, p->link, payload, h.payload_len, why, sizeof why);
+        } else {
+            snprintf(why, sizeof why, "expected REGISTER, got %s", loco_frame_type_name(h.type));
+            rc = 0;
         }
         loco_free(payload);
-        if (rc < 0)
+        if (rc == 1)
+            *p = (pending_link){0}; /* now owned by its island */
+        else if (rc == 0)
+            refuse_pending(c, p, why);
+        else
             return rc;
-        if (c->pending[i]) {
-            loco_link_destroy(c->pending[i]);
-            c->pending[i] = NULL;
-        }
     }
     return 0;
 }

@@ -53,6 +53,12 @@ static inline bool loco_quorum_has(uint64_t mask, int id) {
 
 typedef struct loco_coord loco_coord;
 
+/* The largest frame payload the coordinator takes (its links tell islands
+ * so in HELLO): a REGISTER listing LOCO_MAX_ISLAND_RANKS addresses. */
+#define LOCO_COORD_MAX_FRAME (4096 + LOCO_MAX_ISLAND_RANKS * (LOCO_ADDR_MAX + 4))
+/* Streams per link it accepts (islands use one). */
+#define LOCO_COORD_MAX_STREAMS 4
+
 /* Listens on faulttol.coordinator (or host:port when given: port 0 picks
  * one) for the islands of outer.sites. Events (quorums, suspicions,
  * commits, joins) are appended to events_path when not NULL. */
@@ -63,9 +69,12 @@ int loco_coord_port(const loco_coord *c);
  * lost or suspected leave the quorum (new epoch; the survivors redo the
  * step without them); a restarted island or a dropped straggler rejoins
  * through a state transfer; a coordinator restarted mid-run rebuilds the
- * quorum from what the islands report when they re-register. θ_global
- * hashes that differ at an outer step stop the run (ERROR to everyone,
- * LOCO_EPEER here), as does an island with another mesh or model (refused). */
+ * quorum from what the islands report when they re-register, and so does
+ * this one when every member is gone. θ_global hashes that differ at an
+ * outer step stop the run (ERROR to everyone, LOCO_EPEER here). Nothing a
+ * connection does ends it otherwise: a refused REGISTER (unknown site,
+ * another site's certificate, another mesh or model), a frame out of place
+ * or a link that fails is logged, that connection dropped, and it goes on. */
 int loco_coord_serve(loco_coord *c);
 void loco_coord_destroy(loco_coord *c);
 

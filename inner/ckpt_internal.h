@@ -1,7 +1,8 @@
-/* Checkpoint internals shared by inner/ckpt.c (writing, loading at the
- * same layout), inner/ckpt_manifest.c (the sharded layout's shard list and
- * pipeline stages) and inner/ckpt_reshard.c (loading across tp and pp).
- * Not for use outside them. */
+/* Checkpoint internals shared by inner/ckpt.c (writing), ckpt_load.c
+ * (loading at the same layout), ckpt_manifest.c (the sharded layout's
+ * shard list and pipeline stages), ckpt_reshard.c (loading across tp and
+ * pp) and ckpt_verify.c (checking a whole checkpoint, choosing the one to
+ * resume from). Not for use outside them. */
 #ifndef LOCO_CKPT_INTERNAL_H
 #define LOCO_CKPT_INTERNAL_H
 
@@ -59,7 +60,7 @@ typedef struct {
     int *first;              /* (pp * tp + 1) group g is order[first[g] .. first[g + 1]) */
 } loco__ckpt_manifest;
 
-/* ------------------------------------------------------------- ckpt.c */
+/* ------------------------------------------------- ckpt.c, ckpt_load.c */
 
 /* The view's tensor-parallel degree: 1 for the whole model. */
 int loco__ckpt_view_tp(const loco_ckpt_view *v);
@@ -72,6 +73,18 @@ int loco__ckpt_get_int(const cJSON *obj, const char *key, int64_t *out);
 /* dir/name's XXH3 against want: LOCO_EPROTO when missing, unreadable or
  * different; `what` names the file in messages (NULL: name). */
 int loco__ckpt_verify_hash(const char *dir, const char *name, const char *what, uint64_t want);
+/* Reads dir's state.json and checks what every layout shares (format,
+ * version, step, adam_t, data position, rng, model hash, a checksum table
+ * or shard list) into *st and *adam_t; *j (cJSON_Delete) is the parsed
+ * file for the rest. LOCO_EPROTO naming dir when it is missing or
+ * malformed, *j NULL. */
+int loco__ckpt_read_state(const char *dir, cJSON **j, loco_ckpt_state *st, int64_t *adam_t);
+/* j's layout against the model mc: *tp and *ep (absent: 1), *pp and
+ * *stages as loco__ckpt_parse_stages. LOCO_EPROTO naming dir when one is
+ * malformed, tp does not divide mc's heads, ep its experts, or a
+ * single-file checkpoint claims tp, ep or pp > 1; *stages NULL then. */
+int loco__ckpt_parse_layout(const char *dir, const cJSON *j, const loco_gpt_config *mc, int *tp,
+                            int *ep, int *pp, loco_gpt_stage **stages);
 /* Verifies, then opens the single layout (moments too if asked) for the
  * whole-model table tt; on error s holds nothing, else close it. */
 int loco__ckpt_open_single(loco__ckpt_single_src *s, const char *dir, const cJSON *sums,

@@ -246,37 +246,34 @@ int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view 
     return load_view(dir, cfg, v, st);
 }
 
-static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
-                     loco_ckpt_state *st) {
-    char path[PATH_MAX + 64];
-    void *text = NULL;
-    size_t len;
-    int rc = 0, pp = 1;
-    cJSON *j = NULL;
-    loco_gpt_stage *stages = NULL;
+/* ------------------------------------------------- state.json and layout */
 
+int loco__ckpt_read_state(const char *dir, cJSON **out, loco_ckpt_state *st, int64_t *adam_t) {
+    char path[PATH_MAX + 64];
+    void *text;
+    size_t len;
+    int rc = 0;
+    *out = NULL;
     snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
-    rc = loco_file_read(path, &text, &len);
-    if (rc < 0) {
-        rc = LOCO_ERR(LOCO_EPROTO, "%s is not a complete checkpoint (no readable %s)", dir,
-                      STATE_FILE);
-        goto out;
-    }
-    j = cJSON_ParseWithLength(text, len);
+    if (loco_file_read(path, &text, &len) < 0)
+        return LOCO_ERR(LOCO_EPROTO, "%s is not a complete checkpoint (no readable %s)", dir,
+                        STATE_FILE);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    loco_free(text);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format");
     if (!cJSON_IsObject(j) || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT)) {
         rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s is not a loco checkpoint state", dir,
                       STATE_FILE);
         goto out;
     }
-    int64_t version, step, adam_t, shard, pos, epoch;
+    int64_t version, step, adam, shard, pos, epoch;
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "data");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rng");
     const cJSON *sums = cJSON_GetObjectItemCaseSensitive(j, "xxh3");
     const cJSON *shards = cJSON_GetObjectItemCaseSensitive(j, "shards");
     uint64_t model_hash, rng[4];
     if (loco__ckpt_get_int(j, "version", &version) || loco__ckpt_get_int(j, "step", &step) ||
-        loco__ckpt_get_int(j, "adam_t", &adam_t) || loco__ckpt_get_int(d, "shard", &shard) ||
+        loco__ckpt_get_int(j, "adam_t", &adam) || loco__ckpt_get_int(d, "shard", &shard) ||
         loco__ckpt_get_int(d, "pos", &pos) || loco__ckpt_get_int(d, "epoch", &epoch) ||
         !cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4 ||
         loco__ckpt_parse_hex(cJSON_GetObjectItemCaseSensitive(j, "model_hash"), &model_hash) ||
@@ -294,57 +291,76 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                       (long long)version, CKPT_VERSION);
         goto out;
     }
-    if (model_hash != loco_config_hash(cfg, loco__ckpt_model_sections)) {
+    *st = (loco_ckpt_state){.step = step,
+                            .data = {.shard = shard, .pos = pos, .epoch = epoch},
+                            .model_hash = model_hash};
+    memcpy(st->rng.s, rng, sizeof rng);
+    *adam_t = adam;
+out:
+    if (rc < 0)
+        cJSON_Delete(j);
+    else
+        *out = j;
+    return rc;
+}
+
+int loco__ckpt_parse_layout(const char *dir, const cJSON *j, const loco_gpt_config *mc, int *tp,
+                            int *ep, int *pp, loco_gpt_stage **stages) {
+    const bool sharded = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "shards"));
+    int64_t t = 1, e = 1;
+    *stages = NULL;
+    if (cJSON_HasObjectItem(j, "tp") &&
+        (loco__ckpt_get_int(j, "tp", &t) || t < 1 || t > 1 << 20))
+        return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s has a bad tp", dir, STATE_FILE);
+    if (!sharded && t != 1)
+        return LOCO_ERR(LOCO_EPROTO,
+                        "checkpoint %s: a single-file checkpoint holds the whole model, not a tp "
+                        "= %lld slice",
+                        dir, (long long)t);
+    if (mc->n_head % t || 4 * (int64_t)mc->n_embd % t)
+        return LOCO_ERR(LOCO_EPROTO,
+                        "checkpoint %s: its tp = %lld does not divide the model's n_head (%d) or "
+                        "4 x n_embd (%lld)",
+                        dir, (long long)t, mc->n_head, 4 * (long long)mc->n_embd);
+    if (cJSON_HasObjectItem(j, "ep") &&
+        (loco__ckpt_get_int(j, "ep", &e) || e < 1 || e > 1 << 20 || !sharded ||
+         mc->n_experts <= 0 || mc->n_experts % e))
+        return LOCO_ERR(LOCO_EPROTO,
+                        "checkpoint %s: %s has an ep that does not split the model's %d experts "
+                        "(or a single-file layout)",
+                        dir, STATE_FILE, mc->n_experts);
+    LOCO_CHECK(loco__ckpt_parse_stages(dir, j, mc->n_layer, pp, stages));
+    if (*pp > 1 && !sharded) {
+        loco_free(*stages);
+        *stages = NULL;
+        return LOCO_ERR(LOCO_EPROTO,
+                        "checkpoint %s: a single-file checkpoint holds the whole model, not pp = "
+                        "%d stages",
+                        dir, *pp);
+    }
+    *tp = (int)t, *ep = (int)e;
+    return 0;
+}
+
+static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
+                     loco_ckpt_state *st) {
+    int rc = 0, tp, ep, pp;
+    int64_t adam_t;
+    cJSON *j;
+    loco_ckpt_state s;
+    loco_gpt_stage *stages = NULL;
+    LOCO_CHECK(loco__ckpt_read_state(dir, &j, &s, &adam_t));
+    if (s.model_hash != loco_config_hash(cfg, loco__ckpt_model_sections)) {
         rc = LOCO_ERR(LOCO_EINVAL,
                       "checkpoint %s was written for another [model] section than the config's "
                       "(see %s/config.ini)",
                       dir, dir);
         goto out;
     }
-    /* The checkpoint's tensor-parallel degree (absent: 1) against the view's. */
-    int64_t tp = 1;
+    LOCO_CHECK_GOTO(loco__ckpt_parse_layout(dir, j, &v->model, &tp, &ep, &pp, &stages), out);
     const int tv = loco__ckpt_view_tp(v);
-    if (cJSON_HasObjectItem(j, "tp") &&
-        (loco__ckpt_get_int(j, "tp", &tp) || tp < 1 || tp > 1 << 20)) {
-        rc = LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s has a bad tp", dir, STATE_FILE);
-        goto out;
-    }
-    if (!cJSON_IsArray(shards) && tp != 1) {
-        rc = LOCO_ERR(LOCO_EPROTO,
-                      "checkpoint %s: a single-file checkpoint holds the whole model, not a tp = "
-                      "%lld slice",
-                      dir, (long long)tp);
-        goto out;
-    }
-    if (v->model.n_head % tp || 4 * (int64_t)v->model.n_embd % tp) {
-        rc = LOCO_ERR(LOCO_EPROTO,
-                      "checkpoint %s: its tp = %lld does not divide the model's n_head (%d) or "
-                      "4 x n_embd (%lld)",
-                      dir, (long long)tp, v->model.n_head, 4 * (long long)v->model.n_embd);
-        goto out;
-    }
     if (v->tp_rank < 0 || v->tp_rank >= tv) {
         rc = LOCO_ERR(LOCO_EINVAL, "tp rank %d of a view of tp = %d", v->tp_rank, tv);
-        goto out;
-    }
-    /* The checkpoint's pipeline stages (absent: the whole model). */
-    LOCO_CHECK_GOTO(loco__ckpt_parse_stages(dir, j, v->model.n_layer, &pp, &stages), out);
-    if (pp > 1 && !cJSON_IsArray(shards)) {
-        rc = LOCO_ERR(LOCO_EPROTO,
-                      "checkpoint %s: a single-file checkpoint holds the whole model, not pp = %d "
-                      "stages",
-                      dir, pp);
-        goto out;
-    }
-    /* The checkpoint's expert parallelism (absent: 1). */
-    int64_t ep = 1;
-    if (cJSON_HasObjectItem(j, "ep") &&
-        (loco__ckpt_get_int(j, "ep", &ep) || ep < 1 || ep > 1 << 20 || !cJSON_IsArray(shards) ||
-         v->model.n_experts <= 0 || v->model.n_experts % ep)) {
-        rc = LOCO_ERR(LOCO_EPROTO,
-                      "checkpoint %s: %s has an ep that does not split the model's %d experts "
-                      "(or a single-file layout)",
-                      dir, STATE_FILE, v->model.n_experts);
         goto out;
     }
     /* Same layout: the view's own shards; any other: by tensor name. */
@@ -353,22 +369,17 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                                        loco__ckpt_same_stage(v->stage, &stages[v->pp_rank]);
     const bool same_ep = ep == (v->model.ep > 1 ? v->model.ep : 1);
     if (tp != tv || !same_pp || !same_ep)
-        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, (int)tp, pp, (int)ep, stages, v), out);
-    else if (cJSON_IsArray(shards))
-        LOCO_CHECK_GOTO(load_sharded(dir, j, (int)tp, pp, stages, v), out);
+        LOCO_CHECK_GOTO(loco__ckpt_load_resharded(dir, j, tp, pp, ep, stages, v), out);
+    else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "shards")))
+        LOCO_CHECK_GOTO(load_sharded(dir, j, tp, pp, stages, v), out);
     else
-        LOCO_CHECK_GOTO(load_single(dir, sums, v), out);
+        LOCO_CHECK_GOTO(load_single(dir, cJSON_GetObjectItemCaseSensitive(j, "xxh3"), v), out);
     v->adam_t = adam_t;
-    if (st) {
-        st->step = step;
-        st->data = (loco_data_pos){.shard = shard, .pos = pos, .epoch = epoch};
-        memcpy(st->rng.s, rng, sizeof rng);
-        st->model_hash = model_hash;
-    }
+    if (st)
+        *st = s;
 out:
     loco_free(stages);
     cJSON_Delete(j);
-    loco_free(text);
     return rc;
 }
 

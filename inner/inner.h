@@ -602,6 +602,28 @@ int loco_ckpt_load_view(const char *dir, const loco_config *cfg, loco_ckpt_view 
  * checkpoint of either layout and any tp and pp, using the checkpoint's
  * own config.ini (the whole model, whatever its [parallel] says). */
 int loco_ckpt_export(const char *dir, const char *out);
+/* Checks a checkpoint directory of either layout, any tp, pp and ep,
+ * completely, without a model: state.json, config.ini (its [model] must
+ * be the one state.json's hash names), and every file state.json lists
+ * (all shards of every (pp rank, tp rank), tiling their slices), each
+ * present with its recorded XXH3, a sound safetensors header and the
+ * shapes the model of config.ini gives. Reads every byte. 0 when a load
+ * would find nothing wrong with the files; else LOCO_EPROTO (LOCO_ENOMEM
+ * when memory ran out) with the reason, one line naming dir and the
+ * file, also into why[cap] (may be NULL). It does not compare the
+ * checkpoint with a run's config: loading another [model] still fails. */
+int loco_ckpt_verify(const char *dir, char *why, size_t cap);
+/* The checkpoint to resume from, into out[cap]. `from` names a checkpoint
+ * (RUN/ckpt_N, or any directory with a state.json), a run directory
+ * holding ckpt_N checkpoints, or a URL (put in out as is: loading one
+ * falls back along its pointer, loco_ckpt_fetch). The newest candidate
+ * that loco_ckpt_verify accepts is chosen: `from` itself, then the ckpt_N
+ * of its run directory older than it (a run directory: all of them,
+ * newest first); each one skipped is logged (warn) with why, and a
+ * fallback says which one it took. None: LOCO_EPROTO naming each one
+ * tried and why (or that there was none), out empty; LOCO_ENOMEM and
+ * LOCO_EINVAL (a path too long) are not about the checkpoints. */
+int loco_ckpt_pick_resume(const char *from, char *out, size_t cap);
 
 /* Checkpoints at a URL. A location that is a URL (loco_store_is_url:
  * file://, http://, https://) names a *series* of checkpoints rather than

@@ -107,7 +107,7 @@ int loco_net_connect(loco_link **out, const loco_net_params *p, const char *host
     loco__hello hello = {
         .link_id = random_link_id(),
         .n_streams = (uint32_t)n,
-        .max_frame = p->max_frame_bytes,
+        .max_frame = loco__recv_max(p),
         .run_id = p->run_id,
     };
     snprintf(hello.name, sizeof hello.name, "%s", p->name);

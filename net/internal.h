@@ -23,8 +23,12 @@ enum {
 #define LOCO__SLICE_BYTES (64 << 10)
 /* Header plus the payload start share one TLS record (16 KiB of plaintext). */
 #define LOCO__STAGE_BYTES (16 << 10)
-/* Listener: connections in handshake, and links waiting for accept. */
-#define LOCO__MAX_PENDING 256
+/* Listener: connections in handshake (links: net.max_pending). */
+#define LOCO__MAX_PENDING LOCO_NET_MAX_PENDING
+/* A frame's payload buffer starts at this size and grows by RX_GROWTH as
+ * bytes arrive, so that a claimed length costs nothing until it is sent. */
+#define LOCO__RX_FIRST_BYTES (64 << 10)
+#define LOCO__RX_GROWTH 4
 /* TLS 1.3 suites, fastest first on AES-NI machines (docs/FIGURES). */
 #define LOCO__TLS_SUITES                                                                           \
     "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
@@ -146,6 +150,15 @@ void loco__hello_encode(uint8_t out[LOCO__HELLO_FRAME], const loco__hello *h);
 int loco__hello_parse(loco__hello *h, const uint8_t in[LOCO__HELLO_FRAME]);
 /* Printable ASCII without the NUL, 1..LOCO_NET_NAME_MAX-1 long. */
 bool loco__name_ok(const char *s);
+
+/* The payload limit of frames this side receives (and tells its peers). */
+static inline uint64_t loco__recv_max(const loco_net_params *p) {
+    return p->recv_max_bytes ? p->recv_max_bytes : p->max_frame_bytes;
+}
+/* Received payload bytes one link may hold. */
+static inline uint64_t loco__link_budget(const loco_net_params *p) {
+    return p->link_buffer_bytes ? p->link_buffer_bytes : 4 * loco__recv_max(p);
+}
 
 /* link.c: a link over established streams (conns[i] = stream i). Takes the
  * conns in every case (destroys them on failure). */

@@ -61,6 +61,9 @@ struct loco_link {
     uint64_t send_seq, recv_seq;
     uint64_t inflight; /* queued, not yet written */
     uint64_t send_max; /* the smaller of both sides' frame limits */
+    uint64_t recv_max; /* payload limit of frames received */
+    uint64_t budget;   /* received payload bytes held at most (>= recv_max) */
+    uint64_t rx_held;  /* reserved for frames being read or not yet handed out */
     bool closing;      /* close started: no new sends, senders drain */
     bool draining;     /* readers discard what still arrives */
     bool stopped;      /* threads are told to exit, sockets shut down */
@@ -296,6 +299,64 @@ static void refuse(loco_link *l, stream *s, const char *reason) {
     link_fail(l, LOCO_EPROTO, "refused a frame on stream %d: %s", s->index, reason);
 }
 
+/* Whether a frame's payload may be reserved now (lock held). The frame next
+ * to hand out always may: frames further ahead leave room for one frame of
+ * the limit, so the link never waits on memory that only its caller can
+ * free, and never holds more than its budget. */
+static bool rx_fits(const loco_link *l, const loco_frame_hdr *h) {
+    if (h->seq == l->recv_seq || h->payload_len == 0)
+        return true;
+    return l->rx_held + h->payload_len + l->recv_max <= l->budget;
+}
+
+static void rx_reserve(loco_link *l, uint64_t n) {
+    l->rx_held += n;
+    if (l->rx_held > l->st.rx_held_peak)
+        l->st.rx_held_peak = l->rx_held;
+}
+
+static void rx_release(loco_link *l, uint64_t n) {
+    pthread_mutex_lock(&l->mu);
+    l->rx_held -= n;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Reads a payload of h->payload_len bytes into a buffer that grows as they
+ * arrive: a peer claiming a length it never sends costs a small buffer, not
+ * the length. *got: bytes read. 0, LOCO_ENOMEM, or what loco__conn_io says. */
+static int read_payload(loco_link *l, stream *s, const loco_frame_hdr *h, uint8_t **out,
+                        size_t *got) {
+    const size_t len = (size_t)h->payload_len;
+    const double idle = io_idle(l);
+    size_t cap = len < LOCO__RX_FIRST_BYTES ? len : LOCO__RX_FIRST_BYTES, have = 0;
+    uint8_t *buf = len ? loco_alloc(cap) : NULL;
+    *out = buf;
+    *got = 0;
+    if (len && !buf)
+        return LOCO_ENOMEM;
+    while (have < len) {
+        if (have == cap) {
+            const size_t grown = cap > len / LOCO__RX_GROWTH ? len : cap * LOCO__RX_GROWTH;
+            uint8_t *bigger = loco_alloc(grown);
+            if (!bigger)
+                return LOCO_ENOMEM;
+            memcpy(bigger, buf, have);
+            loco_free(buf);
+            *out = buf = bigger;
+            cap = grown;
+        }
+        size_t n = 0;
+        const int rc = loco__conn_io(s->conn, buf + have, cap - have, false, loco_now() + idle,
+                                     idle, l->stop_fd, &n);
+        have += n;
+        *got = have;
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 static void *reader_main(void *arg) {
     stream *s = arg;
     loco_link *l = s->l;
@@ -314,7 +375,7 @@ static void *reader_main(void *arg) {
             break;
         }
         loco_frame_hdr h;
-        if (loco_frame_parse_header(&h, hb, sizeof hb, l->p.max_frame_bytes) != 0) {
+        if (loco_frame_parse_header(&h, hb, sizeof hb, l->recv_max) != 0) {
             refuse(l, s, loco__errmsg_line(why, sizeof why));
             break;
         }
@@ -336,39 +397,45 @@ static void *reader_main(void *arg) {
             break;
         }
         s->expect_seq += (uint64_t)l->n;
-        /* Room first, memory second: a full queue holds the stream back. */
+        /* Room and budget first, memory as the bytes arrive. */
         pthread_mutex_lock(&l->mu);
-        while (s->rq.n >= l->p.queue_frames && !l->draining && !l->stopped)
+        while (!l->draining && !l->stopped && (s->rq.n >= l->p.queue_frames || !rx_fits(l, &h)))
             wait_until(l, 0);
-        const bool stopped = l->stopped;
+        const bool stopped = l->stopped, reserved = !l->draining;
+        if (reserved && !stopped)
+            rx_reserve(l, h.payload_len);
         pthread_mutex_unlock(&l->mu);
         if (stopped)
             break;
         frame *f = loco_alloc(sizeof *f);
-        uint8_t *payload = h.payload_len ? loco_alloc((size_t)h.payload_len) : NULL;
-        if (!f || (h.payload_len && !payload)) {
-            loco_free(f);
-            loco_free(payload);
-            link_fail(l, LOCO_ENOMEM, "stream %d: no memory for a frame of %llu bytes", s->index,
-                      (unsigned long long)h.payload_len);
+        if (!f) {
+            rx_release(l, reserved ? h.payload_len : 0);
+            link_fail(l, LOCO_ENOMEM, "stream %d: no memory for a frame", s->index);
             break;
         }
         f->hdr = h;
-        f->payload = payload;
-        rc = loco__conn_io(s->conn, payload, (size_t)h.payload_len, false, loco_now() + idle, idle,
-                           l->stop_fd, &got);
+        rc = read_payload(l, s, &h, &f->payload, &got);
         if (rc != 0) {
             frame_free(f);
-            reader_fail(l, s, rc, LOCO_FRAME_HEADER_BYTES + got, true);
+            rx_release(l, reserved ? h.payload_len : 0);
+            if (rc == LOCO_ENOMEM)
+                link_fail(l, rc, "stream %d: no memory for a frame of %llu bytes", s->index,
+                          (unsigned long long)h.payload_len);
+            else
+                reader_fail(l, s, rc, LOCO_FRAME_HEADER_BYTES + got, true);
             break;
         }
+        uint8_t *payload = f->payload;
         if (loco_frame_verify_payload(&h, payload, (size_t)h.payload_len) != 0) {
             frame_free(f);
+            rx_release(l, reserved ? h.payload_len : 0);
             refuse(l, s, loco__errmsg_line(why, sizeof why));
             break;
         }
         pthread_mutex_lock(&l->mu);
         if (l->draining) {
+            if (reserved)
+                l->rx_held -= h.payload_len;
             frame_free(f);
         } else {
             fq_push(&s->rq, f);
@@ -443,6 +510,8 @@ int loco__link_start(loco_link **out, const loco_net_params *p, loco__conn **con
     l->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     snprintf(l->peer, sizeof l->peer, "%s", peer_name);
     l->send_max = p->max_frame_bytes < peer_max_frame ? p->max_frame_bytes : peer_max_frame;
+    l->recv_max = loco__recv_max(p);
+    l->budget = loco__link_budget(p);
     l->wan = p->wan;
     loco_rng_seed(&l->wan_rng, p->wan.seed);
     l->faults = p->faults;
@@ -675,7 +744,8 @@ int loco_link_recv(loco_link *l, loco_frame_hdr *h, void **payload, int timeout_
         frame *f = fq_pop(&s->rq);
         if (f) {
             l->recv_seq++;
-            pthread_cond_broadcast(&l->cv); /* room for the reader */
+            l->rx_held -= f->hdr.payload_len; /* the caller's memory now */
+            pthread_cond_broadcast(&l->cv);   /* room and budget for the readers */
             *h = f->hdr;
             *payload = f->payload;
             loco_free(f);
@@ -750,6 +820,11 @@ int loco__link_write_raw(loco_link *l, int stream_index, const void *buf, size_t
                          io_idle(l), l->stop_fd, NULL);
 }
 
+void loco_link_abort(loco_link *l) {
+    if (l)
+        link_stop(l);
+}
+
 static bool readers_done(loco_link *l) {
     for (int i = 0; i < l->n; i++)
         if (l->s[i].reader_started && !l->s[i].reader_done)
@@ -822,6 +897,7 @@ void loco_link_close(loco_link *l) {
         }
     }
     l->inflight = 0;
+    l->rx_held = 0;
     l->closed = true;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);

@@ -102,7 +102,7 @@ static group *hello_decide(loco_net_listener *L, loco__hs *h, loco__hello *reply
     reply->link_id = in->link_id;
     reply->stream = in->stream;
     reply->n_streams = in->n_streams;
-    reply->max_frame = L->p.max_frame_bytes;
+    reply->max_frame = loco__recv_max(&L->p);
     reply->run_id = L->p.run_id;
     snprintf(reply->name, sizeof reply->name, "%s", L->p.name);
     /* Identity: the certificate's name, or (plain) the HELLO's. */
@@ -112,6 +112,15 @@ static group *hello_decide(loco_net_listener *L, loco__hs *h, loco__hello *reply
         snprintf(reply->reason, sizeof reply->reason,
                  "run id %016llx, this listener serves %016llx", (unsigned long long)in->run_id,
                  (unsigned long long)L->p.run_id);
+        return NULL;
+    }
+    /* A listener takes as many streams as it would open itself. */
+    const int max_streams = L->p.max_streams > L->p.streams ? L->p.max_streams : L->p.streams;
+    if ((int)in->n_streams > max_streams) {
+        reply->status = LOCO_EPEER;
+        snprintf(reply->reason, sizeof reply->reason,
+                 "a link of %u streams; this listener takes at most %d (net.max_streams)",
+                 in->n_streams, max_streams);
         return NULL;
     }
     group *g = NULL;
@@ -133,9 +142,16 @@ static group *hello_decide(loco_net_listener *L, loco__hs *h, loco__hello *reply
             return NULL;
         }
     } else {
-        if (L->n_groups >= LOCO__MAX_PENDING) {
+        /* Refused now, before it costs threads and buffers: a link that
+         * would find no room once complete. */
+        pthread_mutex_lock(&L->mu);
+        const int waiting = L->n_ready;
+        pthread_mutex_unlock(&L->mu);
+        if (L->n_groups >= L->p.max_pending || waiting >= L->p.max_pending) {
             reply->status = LOCO_EPEER;
-            snprintf(reply->reason, sizeof reply->reason, "too many links in handshake");
+            snprintf(reply->reason, sizeof reply->reason,
+                     "too many links in handshake or waiting (net.max_pending = %d)",
+                     L->p.max_pending);
             return NULL;
         }
         g = loco_alloc(sizeof *g);
@@ -184,7 +200,7 @@ static void group_complete(loco_net_listener *L, group *g) {
         return;
     }
     pthread_mutex_lock(&L->mu);
-    if (L->n_ready < LOCO__MAX_PENDING) {
+    if (L->n_ready < L->p.max_pending) {
         L->ready[L->n_ready++] = link;
         L->info.links++;
         link = NULL;
@@ -193,6 +209,7 @@ static void group_complete(loco_net_listener *L, group *g) {
     pthread_mutex_unlock(&L->mu);
     if (link) {
         refused(L, addr, "too many links waiting for accept");
+        loco_link_abort(link); /* this thread serves every handshake: no lingering */
         loco_link_destroy(link);
     }
 }

@@ -104,6 +104,7 @@ const char *loco_frame_type_name(int type);
 
 #define LOCO_NET_NAME_MAX 64 /* site names and certificate CNs, with the NUL */
 #define LOCO_NET_MAX_STREAMS 64
+#define LOCO_NET_MAX_PENDING 256 /* ceiling of net.max_pending */
 
 typedef enum {
     LOCO_NET_TLS = 0,   /* TLS 1.3, both sides present and verify certificates */
@@ -149,25 +150,35 @@ typedef struct {
     char ca[LOCO_PATH_MAX];              /* the run's CA: peers must chain to it */
     char name[LOCO_NET_NAME_MAX];        /* our name in HELLO (plain peers know us by it) */
     char expect_peer[LOCO_NET_NAME_MAX]; /* connect: refuse any other peer name ("" = any) */
-    uint64_t run_id;          /* 0 = not checked; else HELLO and every frame must match */
-    uint64_t max_frame_bytes; /* payload limit per frame, both directions */
-    int streams;              /* TCP connections per link (connect decides) */
-    int queue_frames;         /* frames queued per stream, each way */
-    double link_gbps;         /* expected path bandwidth, for socket buffers */
-    double rtt_ms;            /* expected path round trip, for socket buffers */
-    int sndbuf, rcvbuf;       /* bytes per stream; 0 = BDP / streams, or kernel
-                                 autotuning when link_gbps or rtt_ms is 0 */
-    int connect_timeout_ms;   /* TCP + TLS + HELLO on every stream */
-    int handshake_timeout_ms; /* listener: a connection or link must complete by then */
-    int io_timeout_ms;        /* a write or a started frame making no progress */
-    int linger_ms;            /* close: wait this long for the peer's end */
+    uint64_t run_id;            /* 0 = not checked; else HELLO and every frame must match */
+    uint64_t max_frame_bytes;   /* payload limit per frame, both directions */
+    uint64_t recv_max_bytes;    /* tighter limit on frames received (0 = max_frame_bytes);
+                                   HELLO tells the peer, which sends nothing larger */
+    uint64_t link_buffer_bytes; /* received payload a link holds at once, frames being
+                                   read included (0 = 4 x the receive limit; at least
+                                   the receive limit) */
+    int streams;                /* TCP connections per link (connect decides) */
+    int max_streams;            /* listener: links of more streams (and more than
+                                   `streams`) are refused */
+    int max_pending;            /* listener: links in handshake, and links waiting for
+                                   accept, each at most this many (1..LOCO_NET_MAX_PENDING) */
+    int queue_frames;           /* frames queued per stream, each way */
+    double link_gbps;           /* expected path bandwidth, for socket buffers */
+    double rtt_ms;              /* expected path round trip, for socket buffers */
+    int sndbuf, rcvbuf;         /* bytes per stream; 0 = BDP / streams, or kernel
+                                   autotuning when link_gbps or rtt_ms is 0 */
+    int connect_timeout_ms;     /* TCP + TLS + HELLO on every stream */
+    int handshake_timeout_ms;   /* listener: a connection or link must complete by then */
+    int io_timeout_ms;          /* a write or a started frame making no progress */
+    int linger_ms;              /* close: wait this long for the peer's end */
     loco_wan wan;
     loco_link_faults faults;
 } loco_net_params;
 
-/* Defaults: TLS, no files, 64 MiB frames, 4 streams, 8 frames queued,
- * kernel-tuned buffers, 10 s connect and handshake, 30 s I/O, 1 s linger, no
- * emulation, no faults. */
+/* Defaults: TLS, no files, 64 MiB frames, 4 times that buffered per link,
+ * 4 streams (16 accepted), 64 links pending, 8 frames queued, kernel-tuned
+ * buffers, 10 s connect and handshake, 30 s I/O, 1 s linger, no emulation,
+ * no faults. */
 void loco_net_params_default(loco_net_params *p);
 /* Fills p from the [net] section (seeds from train.seed). Per-pair WAN
  * settings are not keys yet: set them per link with loco_link_set_wan once
@@ -259,6 +270,8 @@ typedef struct {
     uint64_t bytes_sent, bytes_recv;           /* frame bytes, headers included */
     uint64_t wire_bytes_sent, wire_bytes_recv; /* socket bytes, TLS records included */
     uint64_t faults_dropped, faults_corrupted, faults_duplicated, faults_delayed;
+    uint64_t rx_held_peak; /* most received payload bytes held at once, reserved for
+                              frames being read included (<= link_buffer_bytes) */
     int streams;
     int sndbuf, rcvbuf; /* per stream, as the kernel reports them */
     char transport[64]; /* "TLSv1.3 TLS_AES_128_GCM_SHA256" or "plain" */
@@ -275,6 +288,11 @@ void loco_link_set_faults(loco_link *l, const loco_link_faults *f);
  * end, stops the threads and closes the sockets. May be called from another
  * thread to wake a blocked send or recv (they return LOCO_EINVAL). Idempotent. */
 void loco_link_close(loco_link *l);
+/* Ends the link now, for a peer not worth waiting for: nothing queued is
+ * written any more and nobody waits for the peer's end (it may see a reset);
+ * every blocked call returns. Close or destroy it afterwards (neither waits
+ * then). Accepts NULL. */
+void loco_link_abort(loco_link *l);
 /* Closes if needed and frees. No other call on l may run. Accepts NULL. */
 void loco_link_destroy(loco_link *l);
 

@@ -15,6 +15,8 @@ void loco_net_params_default(loco_net_params *p) {
     p->backend = LOCO_NET_TLS;
     p->max_frame_bytes = (uint64_t)64 << 20;
     p->streams = 4;
+    p->max_streams = 16;
+    p->max_pending = 64;
     p->queue_frames = 8;
     p->connect_timeout_ms = 10000;
     p->handshake_timeout_ms = 10000;
@@ -30,6 +32,9 @@ int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
     snprintf(p->ca, sizeof p->ca, "%s", cfg->net.ca);
     p->streams = (int)cfg->net.streams;
     p->max_frame_bytes = (uint64_t)cfg->net.max_frame_mb << 20;
+    p->link_buffer_bytes = (uint64_t)cfg->net.link_buffer_mb << 20;
+    p->max_streams = (int)cfg->net.max_streams;
+    p->max_pending = (int)cfg->net.max_pending;
     p->queue_frames = (int)cfg->net.queue_frames;
     p->link_gbps = cfg->net.link_gbps;
     p->rtt_ms = cfg->net.rtt_ms;
@@ -71,6 +76,22 @@ int loco_net_params_check(const loco_net_params *p, bool server) {
         return LOCO_ERR(LOCO_EINVAL, "net: max_frame_bytes = %llu, expected 1..%llu",
                         (unsigned long long)p->max_frame_bytes,
                         (unsigned long long)LOCO_FRAME_PAYLOAD_CEILING);
+    if (p->max_streams < 1 || p->max_streams > LOCO_NET_MAX_STREAMS)
+        return LOCO_ERR(LOCO_EINVAL, "net.max_streams = %d, expected 1..%d", p->max_streams,
+                        LOCO_NET_MAX_STREAMS);
+    if (p->max_pending < 1 || p->max_pending > LOCO_NET_MAX_PENDING)
+        return LOCO_ERR(LOCO_EINVAL, "net.max_pending = %d, expected 1..%d", p->max_pending,
+                        LOCO_NET_MAX_PENDING);
+    if (p->recv_max_bytes > p->max_frame_bytes)
+        return LOCO_ERR(LOCO_EINVAL, "net: recv_max_bytes = %llu exceeds max_frame_bytes = %llu",
+                        (unsigned long long)p->recv_max_bytes,
+                        (unsigned long long)p->max_frame_bytes);
+    if (loco__link_budget(p) < loco__recv_max(p))
+        return LOCO_ERR(LOCO_EINVAL,
+                        "net.link_buffer_mb: %llu bytes, below the frame limit of %llu bytes "
+                        "(a link could not hold one frame)",
+                        (unsigned long long)loco__link_budget(p),
+                        (unsigned long long)loco__recv_max(p));
     if (p->queue_frames < 1)
         return LOCO_ERR(LOCO_EINVAL, "net.queue_frames = %d, expected >= 1", p->queue_frames);
     if (!nonneg(p->link_gbps) || !nonneg(p->rtt_ms) || p->sndbuf < 0 || p->rcvbuf < 0)

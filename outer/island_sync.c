@@ -355,10 +355,7 @@ static int finish_attempt(island *is, loco_verdict *v) {
     *v = 0;
     int rc = y->concluded ? 0 : conclude(is, &ok, &sus, &h);
     y->concluded = false; /* a redo concludes again */
-    if (rc < 0) {
-        loco_peers_unlock_state(is->svc);
-        return rc;
-    }
+    LOCO_CHECK(rc);
     const double t0 = loco_now();
     if (is->rank == 0) {
         loco_island_progress pr = progress(is, ok ? y->outer : 0, ok ? h : 0);
@@ -378,7 +375,6 @@ static int finish_attempt(island *is, loco_verdict *v) {
     } else if (rc == 0 && *v != LOCO_VERDICT_AGAIN) {
         loco_outer_restore(is->outer[y->frag]);
     }
-    loco_peers_unlock_state(is->svc);
     LOCO_CHECK(rc);
     if (is->rank == 0) {
         loco_island_progress pr = progress(is, 0, 0);
@@ -458,7 +454,6 @@ int loco__island_sync_finish(island *is) {
             y->active = false;
             return loco__island_rejoin(is);
         }
-        loco_peers_lock_state(is->svc);
         LOCO_CHECK(prepare(is, false));
         if (y->rc == 0)
             exchange(is);
@@ -478,9 +473,6 @@ int loco__island_sync(island *is, int64_t outer, int64_t inner, int frag, bool o
         return loco__island_rejoin(is);
     *y = (loco_sync){.active = true, .outer = outer, .inner = inner, .frag = frag,
                      .ready_s = ready_s};
-    /* Held until the commit: a state request waits rather than read a
-     * θ_global in the middle of its update. */
-    loco_peers_lock_state(is->svc);
     loco_outer_save(is->outer[frag]);
     LOCO_CHECK(prepare(is, overlap));
     if (overlap) {
@@ -591,7 +583,6 @@ int loco__island_rejoin(island *is) {
         loco_sync *y = &is->sync;
         *y = (loco_sync){.active = true, .outer = s, .inner = s * P,
                          .frag = (int)((s - 1) % is->fr.F)};
-        loco_peers_lock_state(is->svc);
         loco_outer_save(is->outer[y->frag]);
         LOCO_CHECK(prepare(is, false));
         if (y->rc == 0)

@@ -223,10 +223,9 @@ uint64_t loco_peers_served_bytes(loco_peers *p);
  * `epoch`: connects when me < id, else waits up to timeout_ms for id's. */
 int loco_peers_link(loco_peers *p, int me, int id, const char *site, const char *addr,
                     uint64_t epoch, loco_link **out, int timeout_ms);
-/* The main thread holds the state lock while an outer step changes
- * θ_global; publish says which outer step (and inner step) it now holds. */
-void loco_peers_lock_state(loco_peers *p);
-void loco_peers_unlock_state(loco_peers *p);
+/* A commit: the state requests get from now on is a snapshot of the
+ * current θ_global and momentum, of outer step `committed` (inner step
+ * `inner_step`). Transfers are served from it, never from the live state. */
 void loco_peers_publish(loco_peers *p, int64_t committed, int64_t inner_step);
 
 typedef struct {

@@ -35,12 +35,16 @@ struct loco_peers {
     pthread_mutex_t mu; /* stash */
     pthread_cond_t cv;
     stashed stash[STASH];
-    /* The committed state requests get: guarded by state_mu, which the main
-     * thread holds while an outer step changes θ_global. */
-    pthread_mutex_t state_mu;
+    /* The committed state requests get: a snapshot the main thread takes
+     * when it publishes a commit (snap_mu held only for the copies), so a
+     * transfer never waits on an outer step, nor an outer step on a slow
+     * joiner. */
+    pthread_mutex_t snap_mu;
     int64_t committed, inner_step;
+    uint64_t hash;
+    float *snap;       /* (2n) θ_global then momentum, as committed */
     loco_codec *codec; /* lossless: fp32 + zstd, no error feedback */
-    float *staging;    /* (2n) θ_global then momentum */
+    float *staging;    /* (2n) the service thread's copy of snap for one transfer */
     atomic_ullong served_bytes;
     atomic_int serving;
 };
@@ -106,7 +110,8 @@ static void sleep_ms(int ms) {
 }
 
 /* Sends the committed state from chunk `from` on. Runs on the service
- * thread; holds state_mu so θ_global cannot change under it. */
+ * thread, from its own copy of the snapshot: no lock is held while it
+ * sends. */
 static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len) {
     int64_t want;
     size_t from;
@@ -116,27 +121,30 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
     }
     const size_t n = loco_outer_set_size(&p->o);
     atomic_store(&p->serving, 1);
-    pthread_mutex_lock(&p->state_mu);
     char text[256];
     int rc = 0;
+    pthread_mutex_lock(&p->snap_mu);
+    const int64_t have = p->committed, inner = p->inner_step;
+    const uint64_t hash = p->hash;
     if (want < 0)
-        want = p->committed; /* the newest committed state */
-    if (want != p->committed) {
+        want = have; /* the newest committed state */
+    if (want == have)
+        memcpy(p->staging, p->snap, 2 * n * sizeof(float));
+    pthread_mutex_unlock(&p->snap_mu);
+    if (want != have) {
         snprintf(text, sizeof text, "state of outer step %lld asked, this island holds %lld",
-                 (long long)want, (long long)p->committed);
+                 (long long)want, (long long)have);
         loco_frame_hdr h = {.type = LOCO_FRAME_ERROR};
         if (loco_link_send(l, &h, text, strlen(text)) == 0)
             loco_link_flush(l, 2000);
         goto out;
     }
-    loco_outer_set_read(&p->o, p->staging, p->staging + n);
     loco_encode_plan plan;
     rc = loco_codec_plan(p->codec, &plan, p->staging, 2 * n, 0, (uint64_t)want);
     char meta[256];
     snprintf(meta, sizeof meta,
              "{\"outer_step\":%lld,\"inner_step\":%lld,\"n\":%zu,\"chunks\":%zu,\"hash\":\"%016llx\"}",
-             (long long)p->committed, (long long)p->inner_step, n, plan.n_chunks,
-             (unsigned long long)loco_outer_set_hash(&p->o));
+             (long long)have, (long long)inner, n, plan.n_chunks, (unsigned long long)hash);
     loco_frame_hdr mh = {.type = LOCO_FRAME_STATE, .step = (uint64_t)want};
     if (rc == 0)
         rc = loco_link_send(l, &mh, meta, strlen(meta));
@@ -161,7 +169,6 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
         loco_info("served the state of outer step %lld to %s (chunks %zu..%zu)", (long long)want,
                   loco_link_peer_name(l), from, plan.n_chunks);
 out:
-    pthread_mutex_unlock(&p->state_mu);
     atomic_store(&p->serving, 0);
 }
 
@@ -232,14 +239,17 @@ int loco_peers_create(loco_peers **out, const loco_net_params *np, const char *h
     p->timeout_ms = timeout_ms;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    pthread_mutex_init(&p->state_mu, NULL);
+    pthread_mutex_init(&p->snap_mu, NULL);
     const size_t n = loco_outer_set_size(o);
     int rc = loco_state_codec_create(&p->codec, n);
     if (rc == 0) {
         p->staging = loco_alloc((2 * n + 1) * sizeof(float));
-        if (!p->staging)
-            rc = LOCO_ERR(LOCO_ENOMEM, "state staging");
+        p->snap = loco_alloc((2 * n + 1) * sizeof(float));
+        if (!p->staging || !p->snap)
+            rc = LOCO_ERR(LOCO_ENOMEM, "state snapshot");
     }
+    if (rc == 0)
+        loco_peers_publish(p, 0, 0);
     if (rc == 0)
         rc = loco_net_listen(&p->listener, np, host, 0);
     if (rc == 0 && pthread_create(&p->thread, NULL, service, p) != 0)
@@ -269,18 +279,22 @@ void loco_peers_destroy(loco_peers *p) {
     loco_net_listener_destroy(p->listener);
     loco_codec_destroy(p->codec);
     loco_free(p->staging);
+    loco_free(p->snap);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
-    pthread_mutex_destroy(&p->state_mu);
+    pthread_mutex_destroy(&p->snap_mu);
     loco_free(p);
 }
 
-void loco_peers_lock_state(loco_peers *p) { pthread_mutex_lock(&p->state_mu); }
-void loco_peers_unlock_state(loco_peers *p) { pthread_mutex_unlock(&p->state_mu); }
-
 void loco_peers_publish(loco_peers *p, int64_t committed, int64_t inner_step) {
+    const size_t n = loco_outer_set_size(&p->o);
+    const uint64_t hash = loco_outer_set_hash(&p->o);
+    pthread_mutex_lock(&p->snap_mu);
+    loco_outer_set_read(&p->o, p->snap, p->snap + n);
     p->committed = committed;
     p->inner_step = inner_step;
+    p->hash = hash;
+    pthread_mutex_unlock(&p->snap_mu);
 }
 
 int loco_peers_link(loco_peers *p, int me, int id, const char *site, const char *addr,

@@ -449,3 +449,33 @@ Test(faults, streaming_run_resumed_mid_cycle_is_bit_identical) {
     free(a);
     free(b);
 }
+
+/* A torn newest checkpoint (siteB's model.safetensors cut in half) does
+ * not stop a restart: siteB skips it, saying why, resumes from the one
+ * before (step 20, outer step 2), is behind the others (outer step 4) and
+ * rejoins by state transfer; the run finishes with the islands agreeing. */
+Test(faults, torn_newest_checkpoint_falls_back_to_the_previous) {
+    scenario *a = calloc(1, sizeof *a);
+    const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=20";
+    run(a, "kill", args);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    a->rc = test_run(a->out, sizeof a->out,
+                     "cd %s && rm -rf */ckpt_00000060 */outer_00000060 && f="
+                     "siteB/ckpt_00000040/model.safetensors && truncate -s $(($(stat -c %%s $f) / "
+                     "2)) $f",
+                     a->dir);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    a->rc = test_run(a->out, sizeof a->out,
+                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
+                          SMALL " %s",
+                     a->dir, args);
+    cr_assert_eq(a->rc, 0, "%s", a->out);
+    cr_expect(strstr(a->out, "resume: skipping") && strstr(a->out, "siteB/ckpt_00000040") &&
+                  strstr(a->out, "model.safetensors is corrupt or truncated"),
+              "the torn checkpoint was named: %s", a->out);
+    cr_expect(strstr(a->out, "siteB/ckpt_00000020, the newest earlier checkpoint") != NULL,
+              "siteB fell back to step 20: %s", a->out);
+    all_agree(a, 6);
+    done(a);
+    free(a);
+}
