@@ -152,6 +152,7 @@ static inline uint64_t loco_get_le64(const uint8_t *p) {
 
 double loco_now(void); /* monotonic seconds */
 double loco_wall_time(void); /* seconds since the epoch */
+void loco_sleep_ms(int ms);
 
 /* ----------------------------------------------------------------- files */
 

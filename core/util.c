@@ -23,6 +23,11 @@ double loco_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void loco_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 double loco_wall_time(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -106,11 +106,6 @@ static uint64_t members(const loco_coord *c) {
 
 /* ------------------------------------------------------------- sending */
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static int send_json(loco_link *l, int type, uint64_t epoch, const char *json) {
     loco_frame_hdr h = {.type = (uint16_t)type, .epoch = epoch};
     return loco_link_send(l, &h, json, json ? strlen(json) : 0);
@@ -963,6 +958,6 @@ int loco_coord_serve(loco_coord *c) {
             return 0;
         }
         if (!busy)
-            sleep_ms(2);
+            loco_sleep_ms(2);
     }
 }

@@ -54,11 +54,6 @@ struct loco_session {
     uint64_t done_sent_epoch;
 };
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static int send_locked(loco_session *s, int type, const char *json) {
     pthread_mutex_lock(&s->mu);
     int rc = LOCO_ERR(LOCO_EPEER, "no link to the coordinator");
@@ -286,7 +281,7 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
                                             "within %.0f s (faulttol.coordinator_grace_s)",
                                 s->grace_s);
             if (reconnect(s) < 0) {
-                sleep_ms(50);
+                loco_sleep_ms(50);
                 continue;
             }
         }
@@ -366,7 +361,7 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
         rc = connect_register(s, -1);
         if (rc == 0 || rc == LOCO_EAUTH || rc == LOCO_EINVAL || loco_now() > deadline)
             break;
-        sleep_ms(100);
+        loco_sleep_ms(100);
     }
     if (rc < 0)
         goto out_fail;

@@ -104,11 +104,6 @@ int loco_state_codec_create(loco_codec **out, size_t n) {
     return loco_codec_create(out, &cp);
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Sends the committed state from chunk `from` on. Runs on the service
  * thread, from its own copy of the snapshot: no lock is held while it
  * sends. */
@@ -472,7 +467,7 @@ int loco_state_fetch(const loco_net_params *np, int n_donors, const char (*sites
         loco_warn("state transfer from %s stopped after %zu of %zu chunks: %s; asking the next "
                   "island",
                   sites[k], have, n_chunks, loco_errmsg());
-        sleep_ms(10);
+        loco_sleep_ms(10);
     }
     if (rc == 0) {
         loco_outer_set_write(o, dst, dst + n);
