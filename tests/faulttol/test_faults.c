@@ -138,6 +138,29 @@ static void all_agree(const scenario *s, int outer_steps) {
     cr_expect(strstr(s->out, "run finished; θ_global agreed through outer step") != NULL);
 }
 
+/* Runs `prep` (shell, in s->dir) on a finished run, then resumes it with
+ * `loco launch --resume` and the run's arguments. */
+static void resume_after(scenario *s, const char *prep, const char *args) {
+    s->rc = test_run(s->out, sizeof s->out, "cd %s && %s", s->dir, prep);
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    s->rc = test_run(s->out, sizeof s->out,
+                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
+                          SMALL " %s",
+                     s->dir, args);
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+}
+
+/* b: a copy of the finished run a without its checkpoints of steps 50 and
+ * 60, resumed (from step 25). */
+static void resume_copy(const scenario *a, scenario *b, const char *args) {
+    snprintf(b->dir, sizeof b->dir, "/tmp/loco-faults-XXXXXX");
+    cr_assert(mkdtemp(b->dir));
+    b->rc = test_run(b->out, sizeof b->out, "cp -r %s/. %s/", a->dir, b->dir);
+    cr_assert_eq(b->rc, 0, "%s", b->out);
+    resume_after(b, "rm -rf */ckpt_00000050 */outer_00000050 */ckpt_00000060 */outer_00000060",
+                 args);
+}
+
 TestSuite(faults, .timeout = 240);
 
 Test(faults, killed_island_is_detected_rejoins_and_matches) {
@@ -329,16 +352,7 @@ Test(faults, whole_run_resumes_from_checkpoints_bit_identical) {
     const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=25";
     run(a, "kill", args);
     cr_assert_eq(a->rc, 0, "%s", a->out);
-    snprintf(b->dir, sizeof b->dir, "/tmp/loco-faults-XXXXXX");
-    cr_assert(mkdtemp(b->dir));
-    b->rc = test_run(b->out, sizeof b->out, "cp -r %s/. %s/ && cd %s && rm -rf */ckpt_00000050 "
-                     "*/outer_00000050 */ckpt_00000060 */outer_00000060", a->dir, b->dir, b->dir);
-    cr_assert_eq(b->rc, 0, "%s", b->out);
-    b->rc = test_run(b->out, sizeof b->out,
-                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
-                          SMALL " %s",
-                     b->dir, args);
-    cr_assert_eq(b->rc, 0, "%s", b->out);
+    resume_copy(a, b, args);
     cr_expect(strstr(b->out, "outer state of outer step 2 (inner step 25) loaded") != NULL, "%s",
               b->out);
     for (int k = 0; k < 3; k++) {
@@ -360,16 +374,10 @@ Test(faults, torn_outer_state_is_refused_and_fetched_instead) {
     const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=30";
     run(a, "kill", args);
     cr_assert_eq(a->rc, 0, "%s", a->out);
-    a->rc = test_run(a->out, sizeof a->out,
-                     "cd %s && rm -rf */ckpt_00000060 */outer_00000060 && "
-                     "truncate -s 100 siteB/outer_00000030/rank_00000.safetensors",
-                     a->dir);
-    cr_assert_eq(a->rc, 0, "%s", a->out);
-    a->rc = test_run(a->out, sizeof a->out,
-                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
-                          SMALL " %s",
-                     a->dir, args);
-    cr_assert_eq(a->rc, 0, "%s", a->out);
+    resume_after(a,
+                 "rm -rf */ckpt_00000060 */outer_00000060 && "
+                 "truncate -s 100 siteB/outer_00000030/rank_00000.safetensors",
+                 args);
     cr_expect(strstr(a->out, "no usable outer state for step 30") != NULL, "%s", a->out);
     cr_expect(strstr(a->out, "hash checked") != NULL, "siteB fetched the state: %s", a->out);
     all_agree(a, 6);
@@ -428,16 +436,7 @@ Test(faults, streaming_run_resumed_mid_cycle_is_bit_identical) {
                        " --set outer.fragments=2 --set outer.overlap=2 --set outer.merge_alpha=0.5";
     run(a, "kill", args);
     cr_assert_eq(a->rc, 0, "%s", a->out);
-    snprintf(b->dir, sizeof b->dir, "/tmp/loco-faults-XXXXXX");
-    cr_assert(mkdtemp(b->dir));
-    b->rc = test_run(b->out, sizeof b->out, "cp -r %s/. %s/ && cd %s && rm -rf */ckpt_00000050 "
-                     "*/outer_00000050 */ckpt_00000060 */outer_00000060", a->dir, b->dir, b->dir);
-    cr_assert_eq(b->rc, 0, "%s", b->out);
-    b->rc = test_run(b->out, sizeof b->out,
-                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
-                          SMALL " %s",
-                     b->dir, args);
-    cr_assert_eq(b->rc, 0, "%s", b->out);
+    resume_copy(a, b, args);
     cr_expect(strstr(b->out, "outer state of outer step 5 (inner step 25) loaded") != NULL, "%s",
               b->out);
     for (int k = 0; k < 3; k++) {
@@ -466,17 +465,11 @@ Test(faults, torn_newest_checkpoint_falls_back_to_the_previous) {
     const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=20";
     run(a, "kill", args);
     cr_assert_eq(a->rc, 0, "%s", a->out);
-    a->rc = test_run(a->out, sizeof a->out,
-                     "cd %s && rm -rf */ckpt_00000060 */outer_00000060 && f="
-                     "siteB/ckpt_00000040/model.safetensors && truncate -s $(($(stat -c %%s $f) / "
-                     "2)) $f",
-                     a->dir);
-    cr_assert_eq(a->rc, 0, "%s", a->out);
-    a->rc = test_run(a->out, sizeof a->out,
-                     LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
-                          SMALL " %s",
-                     a->dir, args);
-    cr_assert_eq(a->rc, 0, "%s", a->out);
+    resume_after(a,
+                 "rm -rf */ckpt_00000060 */outer_00000060 && f="
+                 "siteB/ckpt_00000040/model.safetensors && truncate -s $(($(stat -c %s $f) / "
+                 "2)) $f",
+                 args);
     cr_expect(strstr(a->out, "resume: skipping") && strstr(a->out, "siteB/ckpt_00000040") &&
                   strstr(a->out, "model.safetensors is corrupt or truncated"),
               "the torn checkpoint was named: %s", a->out);

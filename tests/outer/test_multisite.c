@@ -2,6 +2,7 @@
  * ends with bit-identical θ_global equal to a plain single-process
  * reference of the algorithm given the same data order, and the bytes on
  * the wire are exactly the encoded shards. */
+#include "tests/outer/diloco_reference.h"
 #include "tests/support.h"
 #include "inner/inner.h"
 #include "outer/outer.h"
@@ -38,61 +39,10 @@ static void small(loco_config *cfg, const char *codec) {
     cfg->compress.chunk_mb = chunk_mb;
 }
 
-/* The algorithm in one process: K trainers, the same outer step code, the
- * bytes handed over in memory. Returns θ (every parameter: one rank per
- * island owns it all) and the encoded bytes each island sent per step. */
 static float *reference(int K, const char *codec, size_t *n_params, size_t sent[][8]) {
-    char dir[] = "/tmp/loco-ref-XXXXXX";
-    cr_assert(mkdtemp(dir));
     loco_config cfg;
     small(&cfg, codec);
-    snprintf(cfg.run.dir, sizeof cfg.run.dir, "%s", dir);
-    loco_log_set_level(LOCO_LOG_WARN);
-    loco_outer_params p;
-    loco_codec_params cp;
-    cr_assert_eq(loco_outer_params_from_config(&p, &cfg), 0);
-    cr_assert_eq(loco_codec_params_from_config(&cp, &cfg), 0);
-    loco_trainer *t[8];
-    loco_outer *o[8];
-    size_t lo, hi;
-    for (int k = 0; k < K; k++) {
-        cr_assert_eq(loco_trainer_create_island(&t[k], &cfg, NULL, k, K), 0, "%s", loco_errmsg());
-        float *own = loco_trainer_owned_params(t[k], &lo, &hi);
-        cr_assert_eq(loco_outer_create(&o[k], &p, &cp, hi - lo, own), 0);
-    }
-    unsigned char *msg[8] = {0};
-    size_t len[8];
-    for (int outer = 1; outer <= STEPS / OUTER_H; outer++) {
-        for (int k = 0; k < K; k++) {
-            for (int s = 0; s < OUTER_H; s++)
-                cr_assert_eq(loco_trainer_step(t[k], NULL), 0, "%s", loco_errmsg());
-            const void *b;
-            float *own = loco_trainer_owned_params(t[k], &lo, &hi);
-            cr_assert_eq(loco_outer_encode(o[k], own, outer, &b, &len[k], NULL), 0);
-            msg[k] = realloc(msg[k], len[k]);
-            memcpy(msg[k], b, len[k]);
-            sent[k][outer] = len[k] * (size_t)(K - 1);
-        }
-        for (int k = 0; k < K; k++) {
-            loco_outer_begin_average(o[k], K);
-            for (int j = 0; j < K; j++)
-                cr_assert_eq(loco_outer_add(o[k], msg[j], len[j]), 0);
-            cr_assert_eq(loco_outer_apply(o[k], loco_trainer_owned_params(t[k], &lo, &hi)), 0);
-        }
-    }
-    for (int k = 0; k < K; k++)
-        free(msg[k]);
-    *n_params = hi - lo;
-    float *theta = malloc(*n_params * sizeof(float));
-    memcpy(theta, loco_outer_theta(o[0]), *n_params * sizeof(float));
-    const uint64_t h0 = loco_outer_hash(o[0]);
-    for (int k = 0; k < K; k++) {
-        cr_expect_eq(loco_outer_hash(o[k]), h0);
-        loco_outer_destroy(o[k]);
-        loco_trainer_destroy(t[k]);
-    }
-    loco_rmtree(dir);
-    return theta;
+    return diloco_reference(&cfg, K, n_params, sent);
 }
 
 static void check_islands_with(int K, const char *codec, const char *extra, bool check_bytes);

@@ -7,6 +7,7 @@
  * during an overlapped exchange is redone without and rejoins; a run
  * resumed between fragment syncs, with a merge still due, ends as the run
  * that never stopped. */
+#include "tests/outer/diloco_reference.h"
 #include "tests/support.h"
 #include "inner/inner.h"
 #include "outer/outer.h"
@@ -167,54 +168,11 @@ static float *reference(const schedule *sc, size_t *n_params) {
     return theta;
 }
 
-/* Plain DiLoCo in one process, as tests/outer/test_multisite.c has it. */
+/* Plain DiLoCo in one process (tests/outer/diloco_reference.h). */
 static float *diloco(const schedule *sc, size_t *n_params) {
-    char dir[] = "/tmp/loco-dref-XXXXXX";
-    cr_assert(mkdtemp(dir));
     loco_config cfg;
     small(&cfg, sc);
-    snprintf(cfg.run.dir, sizeof cfg.run.dir, "%s", dir);
-    loco_outer_params p;
-    loco_codec_params cp;
-    cr_assert_eq(loco_outer_params_from_config(&p, &cfg), 0);
-    cr_assert_eq(loco_codec_params_from_config(&cp, &cfg), 0);
-    loco_trainer *t[MAXK];
-    loco_outer *o[MAXK];
-    unsigned char *msg[MAXK] = {0};
-    size_t len[MAXK], lo, hi;
-    for (int k = 0; k < sc->K; k++) {
-        cr_assert_eq(loco_trainer_create_island(&t[k], &cfg, NULL, k, sc->K), 0);
-        float *own = loco_trainer_owned_params(t[k], &lo, &hi);
-        cr_assert_eq(loco_outer_create(&o[k], &p, &cp, hi - lo, own), 0);
-    }
-    for (int outer = 1; outer <= sc->steps / sc->H; outer++) {
-        for (int k = 0; k < sc->K; k++) {
-            for (int s = 0; s < sc->H; s++)
-                cr_assert_eq(loco_trainer_step(t[k], NULL), 0);
-            const void *b;
-            cr_assert_eq(loco_outer_encode(o[k], loco_trainer_owned_params(t[k], &lo, &hi),
-                                           outer, &b, &len[k], NULL),
-                         0);
-            msg[k] = realloc(msg[k], len[k]);
-            memcpy(msg[k], b, len[k]);
-        }
-        for (int k = 0; k < sc->K; k++) {
-            loco_outer_begin_average(o[k], sc->K);
-            for (int i = 0; i < sc->K; i++)
-                cr_assert_eq(loco_outer_add(o[k], msg[i], len[i]), 0);
-            cr_assert_eq(loco_outer_apply(o[k], loco_trainer_owned_params(t[k], &lo, &hi)), 0);
-        }
-    }
-    *n_params = hi - lo;
-    float *theta = malloc(*n_params * sizeof(float));
-    memcpy(theta, loco_trainer_owned_params(t[0], &lo, &hi), *n_params * sizeof(float));
-    for (int k = 0; k < sc->K; k++) {
-        free(msg[k]);
-        loco_outer_destroy(o[k]);
-        loco_trainer_destroy(t[k]);
-    }
-    loco_rmtree(dir);
-    return theta;
+    return diloco_reference(&cfg, sc->K, n_params, NULL);
 }
 
 /* Runs the islands and compares each one's last checkpoint with the
