@@ -70,8 +70,98 @@ int cli_coordinator(int argc, char **argv) {
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 
+/* Splits a comma-separated list of names into list (in buf); returns n. */
+static int split_names(const char *names, char *buf, size_t cap, const char **list, int max) {
+    snprintf(buf, cap, "%s", names);
+    int n = 0;
+    for (char *tok = strtok(buf, ","); tok && n < max; tok = strtok(NULL, ","))
+        list[n++] = tok;
+    return n;
+}
+
+/* `loco certs revoke --out DIR --names siteB,...`: DIR/crl.pem lists them. */
+static int certs_revoke(int argc, char **argv) {
+    const char *dir = NULL, *names = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            dir = argv[++i];
+        else if (!strcmp(argv[i], "--names") && i + 1 < argc)
+            names = argv[++i];
+        else {
+            fprintf(stderr, "loco certs revoke: unexpected argument: %s\n", argv[i]);
+            return CLI_USAGE;
+        }
+    }
+    if (!dir || !names) {
+        fprintf(stderr, "loco certs revoke: expected --out DIR --names siteB,...\n");
+        return CLI_USAGE;
+    }
+    char buf[4096];
+    const char *list[LOCO_MAX_ISLANDS + 1];
+    const int n = split_names(names, buf, sizeof buf, list, LOCO_MAX_ISLANDS + 1);
+    int listed = 0;
+    const int rc = loco_net_revoke_certs(dir, list, n, &listed);
+    if (rc < 0)
+        return cli_fail(rc);
+    printf("revoked %s: %s/crl.pem lists %d certificate%s; set net.crl = %s/crl.pem on every "
+           "site (read when a listener starts or a connection is made)\n",
+           names, dir, listed, listed == 1 ? "" : "s", dir);
+    return CLI_OK;
+}
+
+/* The run id of `loco certs`: --run-id, else net.run_id of --config/--set,
+ * else the one DIR/run_id holds (the run the CA in DIR serves), else a new
+ * random one. *from says which. */
+static int certs_run_id(char id[LOCO_NET_RUN_ID_MAX], const char **from, const char *opt,
+                        const char *config, int nsets, char **sets, const char *dir) {
+    id[0] = '\0';
+    if (opt) {
+        LOCO_CHECK(loco_net_run_id_check(opt));
+        snprintf(id, LOCO_NET_RUN_ID_MAX, "%.63s", opt);
+        *from = "from --run-id";
+        return 0;
+    }
+    if (config || nsets) {
+        loco_config cfg;
+        LOCO_CHECK(cli_load_config(&cfg, config, nsets, sets));
+        if (cfg.net.run_id[0]) {
+            LOCO_CHECK(loco_net_run_id_check(cfg.net.run_id));
+            snprintf(id, LOCO_NET_RUN_ID_MAX, "%.63s", cfg.net.run_id);
+            *from = "from net.run_id";
+            return 0;
+        }
+    }
+    char path[LOCO_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/run_id", dir);
+    void *text = NULL;
+    size_t len = 0;
+    if (access(path, F_OK) == 0) {
+        LOCO_CHECK(loco_file_read(path, &text, &len));
+        char *t = text;
+        while (len > 0 && (t[len - 1] == '\n' || t[len - 1] == '\r' || t[len - 1] == ' '))
+            len--;
+        const bool fits = len < LOCO_NET_RUN_ID_MAX;
+        if (fits) {
+            memcpy(id, t, len);
+            id[len] = '\0';
+        }
+        loco_free(text);
+        if (!fits || loco_net_run_id_check(id) < 0)
+            return LOCO_ERR(LOCO_EINVAL, "certs: %s does not hold a run id; fix or remove it",
+                            path);
+        *from = "kept from DIR/run_id";
+        return 0;
+    }
+    *from = "new, random";
+    return loco_net_new_run_id(id);
+}
+
 int cli_certs(int argc, char **argv) {
-    const char *out = NULL, *names = NULL;
+    if (argc > 0 && !strcmp(argv[0], "revoke"))
+        return certs_revoke(argc - 1, argv + 1);
+    const char *out = NULL, *names = NULL, *run_id = NULL, *config = NULL;
+    char *sets[MAX_SETS];
+    int nsets = 0;
     int days = 365;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc)
@@ -80,6 +170,12 @@ int cli_certs(int argc, char **argv) {
             names = argv[++i];
         else if (!strcmp(argv[i], "--days") && i + 1 < argc)
             days = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--run-id") && i + 1 < argc)
+            run_id = argv[++i];
+        else if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            config = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < MAX_SETS)
+            sets[nsets++] = argv[++i];
         else {
             fprintf(stderr, "loco certs: unexpected argument: %s\n", argv[i]);
             return CLI_USAGE;
@@ -90,15 +186,19 @@ int cli_certs(int argc, char **argv) {
         return CLI_USAGE;
     }
     char buf[4096];
-    snprintf(buf, sizeof buf, "%s", names);
     const char *list[LOCO_MAX_ISLANDS + 1];
-    int n = 0;
-    for (char *tok = strtok(buf, ","); tok && n < LOCO_MAX_ISLANDS + 1; tok = strtok(NULL, ","))
-        list[n++] = tok;
-    int rc = loco_net_make_certs(out, list, n, days);
+    const int n = split_names(names, buf, sizeof buf, list, LOCO_MAX_ISLANDS + 1);
+    char id[LOCO_NET_RUN_ID_MAX];
+    const char *from = "";
+    int rc = certs_run_id(id, &from, run_id, config, nsets, sets, out);
+    if (rc == 0)
+        rc = loco_net_make_certs_run(out, list, n, days, id);
     if (rc < 0)
         return cli_fail(rc);
     printf("wrote %s/ca.pem, ca.key and a certificate + key for each of: %s\n", out, names);
+    printf("run id %s (%s), in each certificate and in %s/run_id: set net.run_id = %s on every "
+           "site\n",
+           id, from, out, id);
     return CLI_OK;
 }
 
@@ -350,7 +450,8 @@ int cli_launch(int argc, char **argv) {
         const char *names[LOCO_MAX_ISLANDS + 1] = {"coordinator"};
         for (int k = 0; k < K; k++)
             names[k + 1] = sites[k];
-        if (!cfg.net.cert[0] && (rc = loco_net_make_certs(certs, names, K + 1, 30)) < 0)
+        if (!cfg.net.cert[0] &&
+            (rc = loco_net_make_certs_run(certs, names, K + 1, 30, cfg.net.run_id)) < 0)
             return cli_fail(rc);
     }
     char host[LOCO_ADDR_MAX];

@@ -1,5 +1,6 @@
 /* A run's PKI through OpenSSL's API (what `loco certs` writes): one CA and
- * one certificate per site, ECDSA P-256 keys, SHA-256 signatures. */
+ * one certificate per site, ECDSA P-256 keys, SHA-256 signatures, the run id
+ * as a subjectAltName URI, and the CA's revocation list. */
 #include "net/internal.h"
 
 #include <errno.h>
@@ -8,6 +9,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/x509v3.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,9 +21,12 @@
 #define MAX_DAYS 36500
 #define SERIAL_BITS 127 /* positive, below the 20-byte limit of RFC 5280 */
 
-static bool cert_name_ok(const char *s) {
-    const size_t n = strlen(s);
-    if (n < 1 || n >= LOCO_NET_NAME_MAX || !strcmp(s, "ca") || s[0] == '.')
+#define RUN_ID_BYTES 8 /* random run ids: 64 bits, 16 hex digits */
+
+/* 1..max-1 characters of [A-Za-z0-9._-]: safe in file names, URIs and logs. */
+static bool token_ok(const char *s, size_t max) {
+    const size_t n = strnlen(s, max);
+    if (n < 1 || n >= max)
         return false;
     for (size_t i = 0; i < n; i++) {
         const char c = s[i];
@@ -30,6 +35,64 @@ static bool cert_name_ok(const char *s) {
             return false;
     }
     return true;
+}
+
+static bool cert_name_ok(const char *s) {
+    return token_ok(s, LOCO_NET_NAME_MAX) && strcmp(s, "ca") != 0 && s[0] != '.';
+}
+
+int loco_net_run_id_check(const char *id) {
+    if (!id || !token_ok(id, LOCO_NET_RUN_ID_MAX))
+        return LOCO_ERR(LOCO_EINVAL,
+                        "net: run id '%.80s' must be 1-%d characters of [A-Za-z0-9._-]",
+                        id ? id : "(null)", LOCO_NET_RUN_ID_MAX - 1);
+    return 0;
+}
+
+int loco_net_new_run_id(char out[LOCO_NET_RUN_ID_MAX]) {
+    unsigned char b[RUN_ID_BYTES];
+    out[0] = '\0';
+    if (RAND_bytes(b, sizeof b) != 1) {
+        ERR_clear_error();
+        return LOCO_ERR(LOCO_EIO, "certs: no random bytes for a run id");
+    }
+    for (size_t i = 0; i < sizeof b; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+    return 0;
+}
+
+void loco__asn1_time_str(const ASN1_TIME *t, char *buf, size_t cap) {
+    struct tm tm;
+    if (!t || ASN1_TIME_to_tm(t, &tm) != 1 || !strftime(buf, cap, "%Y-%m-%d %H:%M:%S UTC", &tm))
+        snprintf(buf, cap, "?");
+}
+
+int loco__cert_run_id_match(const X509 *x, const char *want, char *first, size_t cap) {
+    const size_t pre = strlen(LOCO__RUN_URI);
+    if (cap)
+        first[0] = '\0';
+    int match = 0;
+    GENERAL_NAMES *sans = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+    for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans) && !match; i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type != GEN_URI)
+            continue;
+        const int len = ASN1_STRING_length(g->d.uniformResourceIdentifier);
+        const char *s = (const char *)ASN1_STRING_get0_data(g->d.uniformResourceIdentifier);
+        if (len <= (int)pre || len - (int)pre >= LOCO_NET_RUN_ID_MAX ||
+            strncmp(s, LOCO__RUN_URI, pre))
+            continue;
+        char id[LOCO_NET_RUN_ID_MAX];
+        memcpy(id, s + pre, (size_t)len - pre);
+        id[len - pre] = '\0';
+        if (!token_ok(id, sizeof id))
+            continue;
+        if (cap && !first[0])
+            snprintf(first, cap, "%s", id);
+        match = want && !strcmp(id, want);
+    }
+    GENERAL_NAMES_free(sans);
+    return match;
 }
 
 static int ossl_fail(int rc, const char *what) {
@@ -54,9 +117,10 @@ static int add_ext(X509 *cert, X509 *issuer, int nid, const char *value) {
 }
 
 /* A certificate for key with CN = cn, valid [now + nb, now + nb + valid],
- * signed by issuer/issuer_key (NULL: self-signed CA). */
+ * signed by issuer/issuer_key (NULL: self-signed CA); a site certificate
+ * carries run_id (NULL = none) as a SAN URI. */
 static int make_cert(X509 **out, EVP_PKEY *key, const char *cn, X509 *issuer, EVP_PKEY *issuer_key,
-                     long nb, long valid) {
+                     long nb, long valid, const char *run_id) {
     *out = NULL;
     const bool ca = issuer == NULL;
     int rc = 0;
@@ -83,8 +147,11 @@ static int make_cert(X509 **out, EVP_PKEY *key, const char *cn, X509 *issuer, EV
         goto out;
     }
     X509 *iss = ca ? x : issuer;
-    char san[LOCO_NET_NAME_MAX + 8];
-    snprintf(san, sizeof san, "DNS:%s", cn);
+    char san[LOCO_NET_NAME_MAX + LOCO_NET_RUN_ID_MAX + 32];
+    if (run_id && run_id[0])
+        snprintf(san, sizeof san, "DNS:%s,URI:%s%s", cn, LOCO__RUN_URI, run_id);
+    else
+        snprintf(san, sizeof san, "DNS:%s", cn);
     LOCO_CHECK_GOTO(add_ext(x, iss, NID_subject_key_identifier, "hash"), out);
     LOCO_CHECK_GOTO(add_ext(x, iss, NID_authority_key_identifier, "keyid:always"), out);
     if (ca) {
@@ -108,14 +175,21 @@ out:
     return rc;
 }
 
-/* Writes dir/name.ext through a temporary file: a key (mode 0600) or a
- * certificate (0644). */
-static int write_pem(const char *dir, const char *name, const char *ext, EVP_PKEY *key,
-                     X509 *cert) {
+/* What write_file writes: exactly one of them. */
+typedef struct {
+    EVP_PKEY *key;
+    X509 *cert;
+    X509_CRL *crl;
+    const char *text;
+} file_item;
+
+/* Writes dir/name.ext through a temporary file: a key (mode 0600), or a
+ * certificate, a CRL or a line of text (0644). */
+static int write_file(const char *dir, const char *name, const char *ext, const file_item *it) {
     char path[LOCO_PATH_MAX + 80], tmp[LOCO_PATH_MAX + 100];
-    snprintf(path, sizeof path, "%s/%s.%s", dir, name, ext);
+    snprintf(path, sizeof path, "%s/%s%s%s", dir, name, ext[0] ? "." : "", ext);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    const mode_t mode = key ? 0600 : 0644;
+    const mode_t mode = it->key ? 0600 : 0644;
     const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0)
         return LOCO_ERR(LOCO_EIO, "certs: cannot create %s: %s", tmp, strerror(errno));
@@ -131,8 +205,10 @@ static int write_pem(const char *dir, const char *name, const char *ext, EVP_PKE
         unlink(tmp);
         return LOCO_ERR(LOCO_EIO, "certs: fdopen %s", tmp);
     }
-    const int ok =
-        key ? PEM_write_PrivateKey(f, key, NULL, NULL, 0, NULL, NULL) : PEM_write_X509(f, cert);
+    const int ok = it->key    ? PEM_write_PrivateKey(f, it->key, NULL, NULL, 0, NULL, NULL)
+                   : it->cert ? PEM_write_X509(f, it->cert)
+                   : it->crl  ? PEM_write_X509_CRL(f, it->crl)
+                              : fprintf(f, "%s\n", it->text) > 0;
     const bool flushed = fflush(f) == 0 && fsync(fileno(f)) == 0;
     const bool closed = fclose(f) == 0;
     if (!ok || !flushed || !closed) {
@@ -194,10 +270,12 @@ static int load_ca(const char *dir, X509 **ca, EVP_PKEY **ca_key) {
     return rc;
 }
 
-int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n_names,
-                            long not_before_s, long valid_s) {
+static int make_certs(const char *out_dir, const char *const *names, int n_names, long not_before_s,
+                      long valid_s, const char *run_id) {
     if (!out_dir || !out_dir[0] || (n_names > 0 && !names) || n_names < 0 || valid_s <= 0)
         return LOCO_ERR(LOCO_EINVAL, "certs: bad arguments");
+    if (run_id && run_id[0])
+        LOCO_CHECK(loco_net_run_id_check(run_id));
     if (strlen(out_dir) >= LOCO_PATH_MAX)
         return LOCO_ERR(LOCO_EINVAL, "certs: directory name too long");
     for (int i = 0; i < n_names; i++) {
@@ -224,10 +302,10 @@ int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n
         /* The CA outlives its leaves; it starts when they do. */
         LOCO_CHECK_GOTO(
             make_cert(&ca, ca_key, "loco run CA", NULL, NULL, not_before_s < 0 ? not_before_s : 0,
-                      valid_s + (not_before_s < 0 ? -not_before_s : 0) + SECONDS_PER_DAY),
+                      valid_s + (not_before_s < 0 ? -not_before_s : 0) + SECONDS_PER_DAY, NULL),
             out);
-        LOCO_CHECK_GOTO(write_pem(out_dir, "ca", "key", ca_key, NULL), out);
-        LOCO_CHECK_GOTO(write_pem(out_dir, "ca", "pem", NULL, ca), out);
+        LOCO_CHECK_GOTO(write_file(out_dir, "ca", "key", &(file_item){.key = ca_key}), out);
+        LOCO_CHECK_GOTO(write_file(out_dir, "ca", "pem", &(file_item){.cert = ca}), out);
     }
     for (int i = 0; i < n_names; i++) {
         key = EVP_EC_gen(CERT_CURVE);
@@ -235,14 +313,17 @@ int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n
             rc = ossl_fail(LOCO_ENOMEM, "key generation");
             goto out;
         }
-        LOCO_CHECK_GOTO(make_cert(&cert, key, names[i], ca, ca_key, not_before_s, valid_s), out);
-        LOCO_CHECK_GOTO(write_pem(out_dir, names[i], "key", key, NULL), out);
-        LOCO_CHECK_GOTO(write_pem(out_dir, names[i], "pem", NULL, cert), out);
+        LOCO_CHECK_GOTO(make_cert(&cert, key, names[i], ca, ca_key, not_before_s, valid_s, run_id),
+                        out);
+        LOCO_CHECK_GOTO(write_file(out_dir, names[i], "key", &(file_item){.key = key}), out);
+        LOCO_CHECK_GOTO(write_file(out_dir, names[i], "pem", &(file_item){.cert = cert}), out);
         X509_free(cert);
         EVP_PKEY_free(key);
         cert = NULL;
         key = NULL;
     }
+    if (run_id && run_id[0])
+        LOCO_CHECK_GOTO(write_file(out_dir, "run_id", "", &(file_item){.text = run_id}), out);
 out:
     X509_free(cert);
     EVP_PKEY_free(key);
@@ -252,9 +333,208 @@ out:
     return rc;
 }
 
-int loco_net_make_certs(const char *out_dir, const char *const *names, int n_names, int days) {
+int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n_names,
+                            long not_before_s, long valid_s) {
+    return make_certs(out_dir, names, n_names, not_before_s, valid_s, NULL);
+}
+
+int loco_net_make_certs_run(const char *out_dir, const char *const *names, int n_names, int days,
+                            const char *run_id) {
     if (days < 1 || days > MAX_DAYS)
         return LOCO_ERR(LOCO_EINVAL, "certs: days = %d, expected 1..%d", days, MAX_DAYS);
     /* Start a minute early: clocks of the sites differ a little. */
-    return loco__net_make_certs_ex(out_dir, names, n_names, -60, days * SECONDS_PER_DAY + 60);
+    return make_certs(out_dir, names, n_names, -60, days * SECONDS_PER_DAY + 60, run_id);
+}
+
+int loco_net_make_certs(const char *out_dir, const char *const *names, int n_names, int days) {
+    return loco_net_make_certs_run(out_dir, names, n_names, days, NULL);
+}
+
+/* ------------------------------------------------------- our certificate */
+
+int loco__net_check_own_cert(const loco_net_params *p) {
+    if (p->backend != LOCO_NET_TLS || !p->cert[0])
+        return 0;
+    FILE *f = fopen(p->cert, "r");
+    X509 *x = f ? PEM_read_X509(f, NULL, NULL, NULL) : NULL;
+    if (f)
+        fclose(f);
+    ERR_clear_error();
+    if (!x)
+        return LOCO_ERR(LOCO_EINVAL, "net.cert: cannot read a certificate from '%s'", p->cert);
+    char cn[LOCO_NET_NAME_MAX] = "?", when[40], got[LOCO_NET_RUN_ID_MAX];
+    X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
+    int rc = 0;
+    if (X509_cmp_current_time(X509_get0_notBefore(x)) > 0) {
+        loco__asn1_time_str(X509_get0_notBefore(x), when, sizeof when);
+        rc = LOCO_ERR(LOCO_EINVAL,
+                      "net: our certificate '%s' (CN=%s) is not valid before %s (check the clock, "
+                      "or issue one with `loco certs`)",
+                      p->cert, cn, when);
+    } else if (X509_cmp_current_time(X509_get0_notAfter(x)) < 0) {
+        loco__asn1_time_str(X509_get0_notAfter(x), when, sizeof when);
+        rc = LOCO_ERR(LOCO_EINVAL,
+                      "net: our certificate '%s' (CN=%s) expired on %s; issue a new one (`loco "
+                      "certs`)",
+                      p->cert, cn, when);
+    } else if (p->cert_run_id[0] && !loco__cert_run_id_match(x, p->cert_run_id, got, sizeof got)) {
+        if (got[0])
+            rc = LOCO_ERR(LOCO_EINVAL,
+                          "net: our certificate '%s' (CN=%s) is for run '%s', but net.run_id is "
+                          "'%s'",
+                          p->cert, cn, got, p->cert_run_id);
+        else
+            rc = LOCO_ERR(LOCO_EINVAL,
+                          "net: our certificate '%s' (CN=%s) carries no run id, but net.run_id "
+                          "is '%s' (issue it with `loco certs --run-id %s`)",
+                          p->cert, cn, p->cert_run_id, p->cert_run_id);
+    }
+    X509_free(x);
+    return rc;
+}
+
+/* ------------------------------------------------------------ revocation */
+
+/* dir/crl.pem when it exists and ca signed it (*crl stays NULL when absent). */
+static int load_crl(const char *dir, X509 *ca, X509_CRL **crl) {
+    *crl = NULL;
+    char path[LOCO_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/crl.pem", dir);
+    if (!exists(path))
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        *crl = PEM_read_X509_CRL(f, NULL, NULL, NULL);
+        fclose(f);
+    }
+    ERR_clear_error();
+    if (!*crl)
+        return LOCO_ERR(LOCO_EINVAL, "certs: cannot read the CRL %s", path);
+    if (X509_NAME_cmp(X509_CRL_get_issuer(*crl), X509_get_subject_name(ca)) != 0 ||
+        X509_CRL_verify(*crl, X509_get0_pubkey(ca)) != 1) {
+        ERR_clear_error();
+        X509_CRL_free(*crl);
+        *crl = NULL;
+        return LOCO_ERR(LOCO_EINVAL, "certs: %s was not issued by %s/ca.pem", path, dir);
+    }
+    return 0;
+}
+
+/* Adds the serial of dir/name.pem (which ca must have signed) to crl, once. */
+static int revoke_one(X509_CRL *crl, const char *dir, const char *name, X509 *ca, ASN1_TIME *now) {
+    char path[LOCO_PATH_MAX + 80];
+    snprintf(path, sizeof path, "%s/%s.pem", dir, name);
+    FILE *f = fopen(path, "r");
+    X509 *x = NULL;
+    if (f) {
+        x = PEM_read_X509(f, NULL, NULL, NULL);
+        fclose(f);
+    }
+    ERR_clear_error();
+    if (!x)
+        return LOCO_ERR(LOCO_EINVAL, "certs: cannot read the certificate %s", path);
+    int rc = 0;
+    X509_REVOKED *r = NULL;
+    if (X509_check_issued(ca, x) != X509_V_OK || X509_verify(x, X509_get0_pubkey(ca)) != 1) {
+        rc = LOCO_ERR(LOCO_EINVAL, "certs: %s was not issued by %s/ca.pem", path, dir);
+        goto out;
+    }
+    if (X509_CRL_get0_by_serial(crl, &r, X509_get0_serialNumber(x)) > 0)
+        goto out; /* already listed */
+    r = X509_REVOKED_new();
+    if (!r || !X509_REVOKED_set_serialNumber(r, X509_get_serialNumber(x)) ||
+        !X509_REVOKED_set_revocationDate(r, now) || !X509_CRL_add0_revoked(crl, r)) {
+        X509_REVOKED_free(r);
+        rc = ossl_fail(LOCO_ENOMEM, "CRL entry");
+    }
+out:
+    ERR_clear_error();
+    X509_free(x);
+    return rc;
+}
+
+/* The CRL number after old's (1 when there is none). */
+static int crl_number(X509_CRL *crl, X509_CRL *old) {
+    ASN1_INTEGER *prev = old ? X509_CRL_get_ext_d2i(old, NID_crl_number, NULL, NULL) : NULL;
+    BIGNUM *bn = prev ? ASN1_INTEGER_to_BN(prev, NULL) : BN_new();
+    ASN1_INTEGER *num = NULL;
+    int rc = 0;
+    if (!bn || !BN_add_word(bn, 1) || !(num = BN_to_ASN1_INTEGER(bn, NULL)) ||
+        X509_CRL_add1_ext_i2d(crl, NID_crl_number, num, 0, 0) != 1)
+        rc = ossl_fail(LOCO_ENOMEM, "CRL number");
+    ASN1_INTEGER_free(prev);
+    ASN1_INTEGER_free(num);
+    BN_free(bn);
+    return rc;
+}
+
+int loco_net_revoke_certs(const char *dir, const char *const *names, int n_names, int *n_revoked) {
+    if (n_revoked)
+        *n_revoked = 0;
+    if (!dir || !dir[0] || !names || n_names < 1)
+        return LOCO_ERR(LOCO_EINVAL, "certs: revoke: bad arguments");
+    if (strlen(dir) >= LOCO_PATH_MAX)
+        return LOCO_ERR(LOCO_EINVAL, "certs: directory name too long");
+    for (int i = 0; i < n_names; i++)
+        if (!names[i] || !cert_name_ok(names[i]))
+            return LOCO_ERR(LOCO_EINVAL, "certs: revoke: bad name '%s'",
+                            names[i] ? names[i] : "(null)");
+    X509 *ca = NULL;
+    EVP_PKEY *ca_key = NULL;
+    X509_CRL *old = NULL, *crl = NULL;
+    ASN1_TIME *now = NULL;
+    X509_EXTENSION *akid = NULL;
+    LOCO_CHECK(load_ca(dir, &ca, &ca_key));
+    int rc = 0;
+    if (!ca) {
+        rc = LOCO_ERR(LOCO_EINVAL,
+                      "certs: no CA in %s (ca.pem + ca.key): only the holder of the CA key revokes",
+                      dir);
+        goto out;
+    }
+    LOCO_CHECK_GOTO(load_crl(dir, ca, &old), out);
+    crl = X509_CRL_new();
+    /* A minute early, as certificates: clocks of the sites differ a little.
+     * The list stays valid as long as the certificates it could name. */
+    now = X509_gmtime_adj(NULL, -60);
+    if (!crl || !now || !X509_CRL_set_version(crl, 1) ||
+        !X509_CRL_set_issuer_name(crl, X509_get_subject_name(ca)) ||
+        !X509_CRL_set1_lastUpdate(crl, now) ||
+        !X509_CRL_set1_nextUpdate(crl, X509_get0_notAfter(ca))) {
+        rc = ossl_fail(LOCO_ENOMEM, "CRL fields");
+        goto out;
+    }
+    const STACK_OF(X509_REVOKED) *prev = old ? X509_CRL_get_REVOKED(old) : NULL;
+    for (int i = 0; prev && i < sk_X509_REVOKED_num(prev); i++) {
+        X509_REVOKED *d = X509_REVOKED_dup(sk_X509_REVOKED_value(prev, i));
+        if (!d || !X509_CRL_add0_revoked(crl, d)) {
+            X509_REVOKED_free(d);
+            rc = ossl_fail(LOCO_ENOMEM, "CRL entry");
+            goto out;
+        }
+    }
+    for (int i = 0; i < n_names; i++)
+        LOCO_CHECK_GOTO(revoke_one(crl, dir, names[i], ca, now), out);
+    LOCO_CHECK_GOTO(crl_number(crl, old), out);
+    X509V3_CTX xc;
+    X509V3_set_ctx_nodb(&xc);
+    X509V3_set_ctx(&xc, ca, NULL, NULL, crl, 0);
+    akid = X509V3_EXT_conf_nid(NULL, &xc, NID_authority_key_identifier, "keyid:always");
+    if (!akid || !X509_CRL_add_ext(crl, akid, -1) || !X509_CRL_sort(crl) ||
+        !X509_CRL_sign(crl, ca_key, EVP_sha256())) {
+        rc = ossl_fail(LOCO_EINVAL, "signing the CRL");
+        goto out;
+    }
+    LOCO_CHECK_GOTO(write_file(dir, "crl", "pem", &(file_item){.crl = crl}), out);
+    if (n_revoked)
+        *n_revoked = sk_X509_REVOKED_num(X509_CRL_get_REVOKED(crl));
+out:
+    X509_EXTENSION_free(akid);
+    ASN1_TIME_free(now);
+    X509_CRL_free(crl);
+    X509_CRL_free(old);
+    X509_free(ca);
+    EVP_PKEY_free(ca_key);
+    ERR_clear_error();
+    return rc;
 }

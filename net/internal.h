@@ -3,6 +3,7 @@
 #ifndef LOCO_NET_INTERNAL_H
 #define LOCO_NET_INTERNAL_H
 
+#include <openssl/types.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -76,7 +77,7 @@ struct loco__conn {
     _Atomic uint64_t wire_in, wire_out;
     char peer_name[LOCO_NET_NAME_MAX];
     char addr[64];           /* "ip:port" of the peer */
-    char verify_reason[256]; /* why the peer's certificate was refused */
+    char verify_reason[384]; /* why the peer's certificate was refused */
 };
 
 /* conn.c: sockets and blocking-with-deadline I/O over non-blocking ones. */
@@ -169,6 +170,21 @@ int loco__link_start(loco_link **out, const loco_net_params *p, loco__conn **con
  * (not_before_s may be negative; tests make expired certificates). */
 int loco__net_make_certs_ex(const char *out_dir, const char *const *names, int n_names,
                             long not_before_s, long valid_s);
+
+/* The prefix of the subjectAltName URI that carries a certificate's run id. */
+#define LOCO__RUN_URI "loco-run:"
+
+/* Whether x carries the run id want in a "loco-run:" SAN URI (1) or not (0);
+ * first receives the first run id x carries ("" when none). */
+int loco__cert_run_id_match(const X509 *x, const char *want, char *first, size_t cap);
+/* Our own certificate (p->cert, TLS only): LOCO_EINVAL naming the file and
+ * the date when it is not valid yet or any more, or naming both ids when
+ * p->cert_run_id is set and it carries another run id or none. A process
+ * checks it when it starts (loco_net_params_from_config); links made with
+ * hand-built params go on, and the peer refuses such a certificate. */
+int loco__net_check_own_cert(const loco_net_params *p);
+/* "2026-11-30 12:00:00 UTC" ("?" when t is NULL or unreadable). */
+void loco__asn1_time_str(const ASN1_TIME *t, char *buf, size_t cap);
 
 /* Test hook: writes raw bytes on one stream of a link, bypassing the sender
  * thread and every check (tests forge frames with it). */

@@ -1,17 +1,13 @@
 /* A link: N established streams, a sender and a reader thread per stream,
  * bounded queues both ways, in-order delivery, WAN emulation and fault
- * injection in the sender path.
+ * injection in the sender path. This file starts a link, sends, and closes;
+ * the receive path (reader threads, the receive memory budget,
+ * loco_link_recv) is link_recv.c, the types and locking link_internal.h.
  *
  * Frame s of a link goes on stream s % N, so each stream carries every N-th
  * frame in order and the receiver, taking frames from stream (next % N),
- * hands them out in send order. A reader blocks when its stream's queue is
- * full (TCP flow control does the rest); that cannot deadlock, because the
- * next frame to hand out is always at the head of its own stream's queue.
- *
- * One mutex and one condition variable (CLOCK_MONOTONIC) guard the link's
- * queues and state; each connection has its own mutex that serialises the
- * transport calls (OpenSSL sessions are not safe for concurrent use). */
-#include "net/internal.h"
+ * hands them out in send order. */
+#include "net/link_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -22,92 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-typedef struct frame {
-    struct frame *next;
-    loco_frame_hdr hdr;
-    uint8_t *payload;     /* loco_alloc'd, hdr.payload_len bytes; NULL when empty */
-    double release;       /* monotonic seconds: not on the wire before */
-    bool corrupt;         /* fault: flip one byte after checksumming */
-    uint64_t corrupt_pos; /* taken modulo the frame's size */
-    uint8_t corrupt_xor;
-} frame;
-
-typedef struct {
-    frame *head, *tail;
-    int n;
-} fqueue;
-
-typedef struct {
-    struct loco_link *l;
-    int index;
-    loco__conn *conn;
-    pthread_t sender, reader;
-    bool sender_started, reader_started;
-    bool reader_done;
-    fqueue sq, rq;       /* to send / received, not yet handed out */
-    double last_release; /* of the last frame queued: jitter never reorders */
-    uint64_t expect_seq; /* of the next frame this stream reads */
-    bool eof;            /* the peer ended this stream cleanly */
-    uint8_t *stage;      /* header + payload start, one TLS record */
-} stream;
-
-struct loco_link {
-    loco_net_params p;
-    int n;
-    stream s[LOCO_NET_MAX_STREAMS];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop_fd; /* readable once the link stops: wakes every poll */
-    uint64_t send_seq, recv_seq;
-    uint64_t inflight; /* queued, not yet written */
-    uint64_t send_max; /* the smaller of both sides' frame limits */
-    uint64_t recv_max; /* payload limit of frames received */
-    uint64_t budget;   /* received payload bytes held at most (>= recv_max) */
-    uint64_t rx_held;  /* reserved for frames being read or not yet handed out */
-    bool closing;      /* close started: no new sends, senders drain */
-    bool draining;     /* readers discard what still arrives */
-    bool stopped;      /* threads are told to exit, sockets shut down */
-    bool closed;
-    int err; /* first failure (LOCO_E*), 0 while healthy */
-    char errmsg[512];
-    char peer[LOCO_NET_NAME_MAX];
-    loco_wan wan;
-    loco_rng wan_rng;
-    double bw_next; /* bandwidth cap: when the emulated wire is free */
-    loco_link_faults faults;
-    loco_rng fault_rng;
-    loco_link_stats st;
-};
-
 /* ---------------------------------------------------------------- helpers */
-
-static void fq_push(fqueue *q, frame *f) {
-    f->next = NULL;
-    if (q->tail)
-        q->tail->next = f;
-    else
-        q->head = f;
-    q->tail = f;
-    q->n++;
-}
-
-static frame *fq_pop(fqueue *q) {
-    frame *f = q->head;
-    if (!f)
-        return NULL;
-    q->head = f->next;
-    if (!q->head)
-        q->tail = NULL;
-    q->n--;
-    return f;
-}
-
-static void frame_free(frame *f) {
-    if (!f)
-        return;
-    loco_free(f->payload);
-    loco_free(f);
-}
 
 static void fq_clear(fqueue *q) {
     frame *f;
@@ -116,7 +27,7 @@ static void fq_clear(fqueue *q) {
 }
 
 /* Waits on the link's condition until t (monotonic seconds; 0 = no limit). */
-static void wait_until(loco_link *l, double t) {
+void loco__link_wait_until(loco_link *l, double t) {
     if (t <= 0) {
         pthread_cond_wait(&l->cv, &l->mu);
         return;
@@ -129,10 +40,6 @@ static void wait_until(loco_link *l, double t) {
         ts.tv_nsec -= 1000000000L;
     }
     pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-}
-
-static double io_idle(const loco_link *l) {
-    return l->p.io_timeout_ms * 1e-3;
 }
 
 /* Tells every thread to stop and shuts the sockets, so that the peer sees
@@ -153,8 +60,7 @@ static void link_stop(loco_link *l) {
 }
 
 /* Records the link's first failure, logs it (unless we are closing), stops. */
-__attribute__((format(printf, 3, 4))) static void link_fail(loco_link *l, int rc, const char *fmt,
-                                                            ...) {
+void loco__link_fail(loco_link *l, int rc, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -189,7 +95,7 @@ static int write_paced(loco_link *l, stream *s, const uint8_t *p, size_t len) {
             l->bw_next = start + (double)n * 8 / (gbps * 1e9);
             const double t = l->bw_next;
             while (!l->stopped && loco_now() < t)
-                wait_until(l, t);
+                loco__link_wait_until(l, t);
         }
         const bool stopped = l->stopped;
         pthread_mutex_unlock(&l->mu);
@@ -234,11 +140,11 @@ static void *sender_main(void *arg) {
         if (!f) {
             if (l->closing)
                 break;
-            wait_until(l, 0);
+            loco__link_wait_until(l, 0);
             continue;
         }
         if (f->release > loco_now()) {
-            wait_until(l, f->release);
+            loco__link_wait_until(l, f->release);
             continue;
         }
         pthread_mutex_unlock(&l->mu);
@@ -255,7 +161,7 @@ static void *sender_main(void *arg) {
         frame_free(f);
         if (rc < 0 && rc != LOCO__STOPPED) {
             char why[512];
-            link_fail(l, rc, "stream %d: %s", s->index, loco__errmsg_line(why, sizeof why));
+            loco__link_fail(l, rc, "stream %d: %s", s->index, loco__errmsg_line(why, sizeof why));
         }
         pthread_mutex_lock(&l->mu);
         if (rc < 0)
@@ -266,195 +172,10 @@ static void *sender_main(void *arg) {
     return NULL;
 }
 
-/* ------------------------------------------------------------ the reader */
-
-/* The peer ended stream s cleanly: record it and end our side too, so that
- * a peer waiting in its close (linger) is released. */
-static void reader_eof(loco_link *l, stream *s) {
-    pthread_mutex_lock(&l->mu);
-    s->eof = true;
-    const bool draining = l->draining;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    if (!draining)
-        shutdown(s->conn->fd, SHUT_WR);
-}
-
-/* A transport failure (rc) on stream s while reading; quiet when closing. */
-static void reader_fail(loco_link *l, stream *s, int rc, size_t got, bool mid_frame) {
-    if (rc == LOCO__STOPPED)
-        return;
-    char why[512];
-    if (rc == LOCO__EOF)
-        link_fail(l, LOCO_EPEER,
-                  "stream %d: the peer closed the connection in the middle of a "
-                  "frame (%zu bytes in)",
-                  s->index, got);
-    else
-        link_fail(l, rc, "stream %d: %s%s", s->index, loco__errmsg_line(why, sizeof why),
-                  mid_frame ? " (in the middle of a frame)" : "");
-}
-
-static void refuse(loco_link *l, stream *s, const char *reason) {
-    link_fail(l, LOCO_EPROTO, "refused a frame on stream %d: %s", s->index, reason);
-}
-
-/* Whether a frame's payload may be reserved now (lock held). The frame next
- * to hand out always may: frames further ahead leave room for one frame of
- * the limit, so the link never waits on memory that only its caller can
- * free, and never holds more than its budget. */
-static bool rx_fits(const loco_link *l, const loco_frame_hdr *h) {
-    if (h->seq == l->recv_seq || h->payload_len == 0)
-        return true;
-    return l->rx_held + h->payload_len + l->recv_max <= l->budget;
-}
-
-static void rx_reserve(loco_link *l, uint64_t n) {
-    l->rx_held += n;
-    if (l->rx_held > l->st.rx_held_peak)
-        l->st.rx_held_peak = l->rx_held;
-}
-
-static void rx_release(loco_link *l, uint64_t n) {
-    pthread_mutex_lock(&l->mu);
-    l->rx_held -= n;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-}
-
-/* Reads a payload of h->payload_len bytes into a buffer that grows as they
- * arrive: a peer claiming a length it never sends costs a small buffer, not
- * the length. *got: bytes read. 0, LOCO_ENOMEM, or what loco__conn_io says. */
-static int read_payload(loco_link *l, stream *s, const loco_frame_hdr *h, uint8_t **out,
-                        size_t *got) {
-    const size_t len = (size_t)h->payload_len;
-    const double idle = io_idle(l);
-    size_t cap = len < LOCO__RX_FIRST_BYTES ? len : LOCO__RX_FIRST_BYTES, have = 0;
-    uint8_t *buf = len ? loco_alloc(cap) : NULL;
-    *out = buf;
-    *got = 0;
-    if (len && !buf)
-        return LOCO_ENOMEM;
-    while (have < len) {
-        if (have == cap) {
-            const size_t grown = cap > len / LOCO__RX_GROWTH ? len : cap * LOCO__RX_GROWTH;
-            uint8_t *bigger = loco_alloc(grown);
-            if (!bigger)
-                return LOCO_ENOMEM;
-            memcpy(bigger, buf, have);
-            loco_free(buf);
-            *out = buf = bigger;
-            cap = grown;
-        }
-        size_t n = 0;
-        const int rc = loco__conn_io(s->conn, buf + have, cap - have, false, loco_now() + idle,
-                                     idle, l->stop_fd, &n);
-        have += n;
-        *got = have;
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
-static void *reader_main(void *arg) {
-    stream *s = arg;
-    loco_link *l = s->l;
-    const double idle = io_idle(l);
-    char why[512];
-    for (;;) {
-        uint8_t hb[LOCO_FRAME_HEADER_BYTES];
-        size_t got = 0;
-        int rc = loco__conn_io(s->conn, hb, sizeof hb, false, 0, idle, l->stop_fd, &got);
-        if (rc == LOCO__EOF && got == 0) {
-            reader_eof(l, s);
-            break;
-        }
-        if (rc != 0) {
-            reader_fail(l, s, rc, got, got > 0);
-            break;
-        }
-        loco_frame_hdr h;
-        if (loco_frame_parse_header(&h, hb, sizeof hb, l->recv_max) != 0) {
-            refuse(l, s, loco__errmsg_line(why, sizeof why));
-            break;
-        }
-        if (h.type == LOCO_FRAME_HELLO) {
-            refuse(l, s, "HELLO after the handshake");
-            break;
-        }
-        if (h.seq != s->expect_seq) {
-            snprintf(why, sizeof why, "frame number %llu, expected %llu on this stream",
-                     (unsigned long long)h.seq, (unsigned long long)s->expect_seq);
-            refuse(l, s, why);
-            break;
-        }
-        if (l->p.run_id && h.run_id != l->p.run_id) {
-            snprintf(why, sizeof why, "%s frame of run %016llx, this link is run %016llx",
-                     loco_frame_type_name(h.type), (unsigned long long)h.run_id,
-                     (unsigned long long)l->p.run_id);
-            refuse(l, s, why);
-            break;
-        }
-        s->expect_seq += (uint64_t)l->n;
-        /* Room and budget first, memory as the bytes arrive. */
-        pthread_mutex_lock(&l->mu);
-        while (!l->draining && !l->stopped && (s->rq.n >= l->p.queue_frames || !rx_fits(l, &h)))
-            wait_until(l, 0);
-        const bool stopped = l->stopped, reserved = !l->draining;
-        if (reserved && !stopped)
-            rx_reserve(l, h.payload_len);
-        pthread_mutex_unlock(&l->mu);
-        if (stopped)
-            break;
-        frame *f = loco_alloc(sizeof *f);
-        if (!f) {
-            rx_release(l, reserved ? h.payload_len : 0);
-            link_fail(l, LOCO_ENOMEM, "stream %d: no memory for a frame", s->index);
-            break;
-        }
-        f->hdr = h;
-        rc = read_payload(l, s, &h, &f->payload, &got);
-        if (rc != 0) {
-            frame_free(f);
-            rx_release(l, reserved ? h.payload_len : 0);
-            if (rc == LOCO_ENOMEM)
-                link_fail(l, rc, "stream %d: no memory for a frame of %llu bytes", s->index,
-                          (unsigned long long)h.payload_len);
-            else
-                reader_fail(l, s, rc, LOCO_FRAME_HEADER_BYTES + got, true);
-            break;
-        }
-        uint8_t *payload = f->payload;
-        if (loco_frame_verify_payload(&h, payload, (size_t)h.payload_len) != 0) {
-            frame_free(f);
-            rx_release(l, reserved ? h.payload_len : 0);
-            refuse(l, s, loco__errmsg_line(why, sizeof why));
-            break;
-        }
-        pthread_mutex_lock(&l->mu);
-        if (l->draining) {
-            if (reserved)
-                l->rx_held -= h.payload_len;
-            frame_free(f);
-        } else {
-            fq_push(&s->rq, f);
-            l->st.frames_recv++;
-            l->st.bytes_recv += LOCO_FRAME_HEADER_BYTES + h.payload_len;
-            pthread_cond_broadcast(&l->cv);
-        }
-        pthread_mutex_unlock(&l->mu);
-    }
-    pthread_mutex_lock(&l->mu);
-    s->reader_done = true;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    return NULL;
-}
-
 /* ----------------------------------------------------------------- start */
 
-static void fmt_bytes(char *buf, size_t cap, double b) {
+/* Socket buffer sizes for the log line: KiB below a MiB, MiB above. */
+static void fmt_kib_mib(char *buf, size_t cap, double b) {
     if (b >= (1 << 20))
         snprintf(buf, cap, "%.1f MiB", b / (1 << 20));
     else
@@ -474,14 +195,14 @@ static void log_link(loco_link *l, bool server) {
     const int ask_snd = loco__sockbuf_bytes(&l->p, true),
               ask_rcv = loco__sockbuf_bytes(&l->p, false);
     char a[32], b[32];
-    fmt_bytes(a, sizeof a, snd);
-    fmt_bytes(b, sizeof b, rcv);
+    fmt_kib_mib(a, sizeof a, snd);
+    fmt_kib_mib(b, sizeof b, rcv);
     loco_info("net: link %s %s (%s): %d stream%s, %s, sndbuf %s, rcvbuf %s per stream%s",
               server ? "from" : "to", l->peer, l->s[0].conn->addr, l->n, l->n > 1 ? "s" : "",
               l->st.transport, a, b, ask_snd || ask_rcv ? "" : " (kernel autotuning)");
     /* The kernel reports twice what it grants for data (bookkeeping). */
     if ((ask_snd && snd / 2 < ask_snd) || (ask_rcv && rcv / 2 < ask_rcv)) {
-        fmt_bytes(a, sizeof a, ask_snd > ask_rcv ? ask_snd : ask_rcv);
+        fmt_kib_mib(a, sizeof a, ask_snd > ask_rcv ? ask_snd : ask_rcv);
         loco_warn("net: link with %s: asked for %s socket buffers per stream (bandwidth-delay "
                   "product / streams), the kernel capped them; raise net.core.wmem_max and "
                   "net.core.rmem_max or use more streams",
@@ -540,7 +261,7 @@ int loco__link_start(loco_link **out, const loco_net_params *p, loco__conn **con
             rc = LOCO_ERR(LOCO_EIO, "net: cannot start a sender thread");
         else
             s->sender_started = true;
-        if (rc == 0 && pthread_create(&s->reader, NULL, reader_main, s) != 0)
+        if (rc == 0 && pthread_create(&s->reader, NULL, loco__link_reader_main, s) != 0)
             rc = LOCO_ERR(LOCO_EIO, "net: cannot start a reader thread");
         else if (rc == 0)
             s->reader_started = true;
@@ -575,7 +296,7 @@ static int enqueue(loco_link *l, frame *f, double extra_s) {
             return LOCO_ERR(LOCO_ETIMEDOUT,
                             "net: link with %s: send queue full for %d ms (is the peer reading?)",
                             l->peer, l->p.io_timeout_ms);
-        wait_until(l, deadline);
+        loco__link_wait_until(l, deadline);
     }
     f->hdr.seq = l->send_seq++;
     double hold = l->wan.delay_ms * 1e-3 + extra_s;
@@ -720,50 +441,7 @@ int loco_link_flush(loco_link *l, int timeout_ms) {
                           l->peer, (unsigned long long)l->inflight, timeout_ms);
             break;
         }
-        wait_until(l, deadline);
-    }
-    pthread_mutex_unlock(&l->mu);
-    return rc;
-}
-
-/* ------------------------------------------------------------------ recv */
-
-int loco_link_recv(loco_link *l, loco_frame_hdr *h, void **payload, int timeout_ms) {
-    if (!l || !h || !payload)
-        return LOCO_ERR(LOCO_EINVAL, "net: recv: missing link, header or payload pointer");
-    *payload = NULL;
-    const double deadline = timeout_ms < 0 ? 0 : loco_now() + timeout_ms * 1e-3;
-    int rc = 0;
-    pthread_mutex_lock(&l->mu);
-    for (;;) {
-        if (l->closing || l->closed) {
-            rc = LOCO_ERR(LOCO_EINVAL, "net: link with %s is closed", l->peer);
-            break;
-        }
-        stream *s = &l->s[l->recv_seq % (uint64_t)l->n];
-        frame *f = fq_pop(&s->rq);
-        if (f) {
-            l->recv_seq++;
-            l->rx_held -= f->hdr.payload_len; /* the caller's memory now */
-            pthread_cond_broadcast(&l->cv);   /* room and budget for the readers */
-            *h = f->hdr;
-            *payload = f->payload;
-            loco_free(f);
-            break;
-        }
-        if (l->err) {
-            rc = LOCO_ERR(l->err, "net: link with %s failed: %s", l->peer, l->errmsg);
-            break;
-        }
-        if (s->eof || l->stopped) {
-            rc = LOCO_ERR(LOCO_EPEER, "net: %s closed the link", l->peer);
-            break;
-        }
-        if (timeout_ms == 0 || (deadline > 0 && loco_now() >= deadline)) {
-            rc = LOCO_ERR(LOCO_ETIMEDOUT, "net: nothing from %s within %d ms", l->peer, timeout_ms);
-            break;
-        }
-        wait_until(l, deadline);
+        loco__link_wait_until(l, deadline);
     }
     pthread_mutex_unlock(&l->mu);
     return rc;
@@ -845,7 +523,7 @@ void loco_link_close(loco_link *l) {
     /* 1. Senders write what is queued, then exit. */
     const double deadline = loco_now() + io_idle(l);
     while (l->inflight > 0 && !l->err && !l->stopped && loco_now() < deadline)
-        wait_until(l, deadline);
+        loco__link_wait_until(l, deadline);
     const uint64_t unsent = l->err || l->stopped ? 0 : l->inflight;
     pthread_mutex_unlock(&l->mu);
     if (unsent) {
@@ -875,7 +553,7 @@ void loco_link_close(loco_link *l) {
         const double linger = loco_now() + l->p.linger_ms * 1e-3;
         pthread_mutex_lock(&l->mu);
         while (!readers_done(l) && loco_now() < linger)
-            wait_until(l, linger);
+            loco__link_wait_until(l, linger);
         pthread_mutex_unlock(&l->mu);
     }
     /* 3. Stop what is left, join, release. */

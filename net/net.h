@@ -103,6 +103,8 @@ const char *loco_frame_type_name(int type);
 /* ----------------------------------------------------------- parameters */
 
 #define LOCO_NET_NAME_MAX 64 /* site names and certificate CNs, with the NUL */
+/* Run ids in certificates: 1-63 characters of [A-Za-z0-9._-], and the NUL. */
+#define LOCO_NET_RUN_ID_MAX 64
 #define LOCO_NET_MAX_STREAMS 64
 #define LOCO_NET_MAX_PENDING 256 /* ceiling of net.max_pending */
 
@@ -150,7 +152,11 @@ typedef struct {
     char ca[LOCO_PATH_MAX];              /* the run's CA: peers must chain to it */
     char name[LOCO_NET_NAME_MAX];        /* our name in HELLO (plain peers know us by it) */
     char expect_peer[LOCO_NET_NAME_MAX]; /* connect: refuse any other peer name ("" = any) */
-    uint64_t run_id;            /* 0 = not checked; else HELLO and every frame must match */
+    /* TLS: the run id (net.run_id) peer certificates must carry ("" = not checked). */
+    char cert_run_id[LOCO_NET_RUN_ID_MAX];
+    char crl[LOCO_PATH_MAX];    /* TLS: CRLs of the CA (PEM); peers listed are refused */
+    uint64_t run_id;            /* frames: 0 = not checked; else HELLO and every frame must
+                                   match (a number; cert_run_id is the certificates' text) */
     uint64_t max_frame_bytes;   /* payload limit per frame, both directions */
     uint64_t recv_max_bytes;    /* tighter limit on frames received (0 = max_frame_bytes);
                                    HELLO tells the peer, which sends nothing larger */
@@ -182,11 +188,15 @@ typedef struct {
 void loco_net_params_default(loco_net_params *p);
 /* Fills p from the [net] section (seeds from train.seed). Per-pair WAN
  * settings are not keys yet: set them per link with loco_link_set_wan once
- * the peer's name is known. */
+ * the peer's name is known. LOCO_EINVAL, naming the file and the date or
+ * both run ids, when our own certificate (net.cert) is not valid yet, not
+ * valid any more, or does not carry net.run_id: a process refuses to start
+ * with it. */
 int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg);
-/* LOCO_EINVAL with the reason when a field is out of range or, for TLS, a
- * file is missing. A connecting side may leave cert and key empty (it then
- * presents no certificate, which a loco listener refuses). */
+/* LOCO_EINVAL with the reason when a field is out of range, cert_run_id is
+ * not a run id, or, for TLS, a file (ca, cert, key, crl) is missing. A
+ * connecting side may leave cert and key empty (it then presents no
+ * certificate, which a loco listener refuses). */
 int loco_net_params_check(const loco_net_params *p, bool server);
 
 /* ---------------------------------------------------------- certificates */
@@ -201,6 +211,26 @@ int loco_net_params_check(const loco_net_params *p, bool server);
  * LOCO_EINVAL for bad names or days, LOCO_EIO for files, LOCO_EAUTH when an
  * existing CA key does not match its certificate. */
 int loco_net_make_certs(const char *out_dir, const char *const *names, int n_names, int days);
+/* Same, and binds run_id into every site certificate it issues (a
+ * subjectAltName URI "loco-run:RUN_ID", signed with the rest) and writes it
+ * to out_dir/run_id. run_id NULL or "" = none (loco_net_make_certs). A
+ * listener or connecting side with cert_run_id set refuses peers whose
+ * certificate carries another run id or none. LOCO_EINVAL for a run id
+ * that is not 1-63 characters of [A-Za-z0-9._-]. */
+int loco_net_make_certs_run(const char *out_dir, const char *const *names, int n_names, int days,
+                            const char *run_id);
+/* A new random run id (16 hex digits, 64 bits from OpenSSL's CSPRNG) into
+ * out. LOCO_EIO when the generator fails. */
+int loco_net_new_run_id(char out[LOCO_NET_RUN_ID_MAX]);
+/* 0 when id is a valid run id, else LOCO_EINVAL with the reason. */
+int loco_net_run_id_check(const char *id);
+/* Revokes the current certificates dir/NAME.pem of names: adds their serial
+ * numbers to dir/crl.pem (created, or extended after checking it was signed
+ * by dir/ca.pem), signed by dir/ca.key, valid until the CA expires. Point
+ * net.crl at it. *n_revoked (may be NULL) = entries in the list after.
+ * LOCO_EINVAL when the CA, a certificate or an existing CRL is missing or
+ * not the CA's; LOCO_EIO for files. */
+int loco_net_revoke_certs(const char *dir, const char *const *names, int n_names, int *n_revoked);
 
 /* ---------------------------------------------------------------- links */
 
@@ -233,7 +263,8 @@ void loco_net_listener_destroy(loco_net_listener *l);
 /* Opens p->streams connections to host:port, runs TLS and HELLO on each
  * (concurrently) and returns the link. timeout_ms < 0 takes
  * p->connect_timeout_ms. LOCO_EAUTH when TLS fails either way (bad or
- * missing certificate, unknown CA, expired, or the peer's name is not
+ * missing certificate, unknown CA, expired or not yet valid, revoked by
+ * p->crl, not of run p->cert_run_id, or the peer's name is not
  * p->expect_peer), LOCO_EPEER when the listener refused the link (reason in
  * the message), LOCO_EIO when nobody listens, LOCO_ETIMEDOUT. */
 int loco_net_connect(loco_link **out, const loco_net_params *p, const char *host, int port,

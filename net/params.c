@@ -30,6 +30,10 @@ int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
     snprintf(p->cert, sizeof p->cert, "%s", cfg->net.cert);
     snprintf(p->key, sizeof p->key, "%s", cfg->net.key);
     snprintf(p->ca, sizeof p->ca, "%s", cfg->net.ca);
+    snprintf(p->crl, sizeof p->crl, "%s", cfg->net.crl);
+    if (strlen(cfg->net.run_id) >= sizeof p->cert_run_id)
+        return LOCO_ERR(LOCO_EINVAL, "net.run_id: at most %d characters", LOCO_NET_RUN_ID_MAX - 1);
+    snprintf(p->cert_run_id, sizeof p->cert_run_id, "%.63s", cfg->net.run_id);
     p->streams = (int)cfg->net.streams;
     p->max_frame_bytes = (uint64_t)cfg->net.max_frame_mb << 20;
     p->link_buffer_bytes = (uint64_t)cfg->net.link_buffer_mb << 20;
@@ -49,7 +53,9 @@ int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
     p->wan.gbps = cfg->net.wan_gbps;
     p->wan.seed = (uint64_t)cfg->train.seed ^ WAN_SEED_SALT;
     p->faults.seed = (uint64_t)cfg->train.seed ^ FAULT_SEED_SALT;
-    return loco_net_params_check(p, false);
+    LOCO_CHECK(loco_net_params_check(p, false));
+    /* A process with an unusable certificate refuses to start. */
+    return loco__net_check_own_cert(p);
 }
 
 static bool prob_ok(double x) {
@@ -107,8 +113,12 @@ int loco_net_params_check(const loco_net_params *p, bool server) {
         return LOCO_ERR(LOCO_EINVAL, "net: fault probabilities must be in [0, 1], delay >= 0");
     if (p->name[0] && !loco__name_ok(p->name))
         return LOCO_ERR(LOCO_EINVAL, "net: name '%.64s' is not printable ASCII", p->name);
+    if (p->cert_run_id[0])
+        LOCO_CHECK(loco_net_run_id_check(p->cert_run_id));
     if (p->backend == LOCO_NET_PLAIN)
         return 0;
+    if (p->crl[0])
+        LOCO_CHECK(file_ok("crl", p->crl));
     if (!p->ca[0])
         return LOCO_ERR(LOCO_EINVAL, "net.ca is empty: TLS needs the run's CA (`loco certs`)");
     LOCO_CHECK(file_ok("ca", p->ca));

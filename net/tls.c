@@ -1,5 +1,7 @@
 /* The TLS backend: TLS 1.3 only, both sides present a certificate and verify
- * the other's against the run's CA (OpenSSL 3). Sessions run over a small
+ * the other's against the run's CA (OpenSSL 3), its revocation list
+ * (net.crl) and the run id the certificate carries (net.run_id); a refusal
+ * says whose certificate, why and since when. Sessions run over a small
  * socket BIO of our own that sends with MSG_NOSIGNAL (a peer that vanished
  * is an error code, never a SIGPIPE) and counts the bytes on the wire. */
 #include "net/internal.h"
@@ -7,6 +9,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <string.h>
@@ -16,7 +19,8 @@
 /* ------------------------------------------------------------ the BIO */
 
 static BIO_METHOD *bio_method;
-static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
+static int run_id_idx = -1; /* SSL_CTX ex data: the run id peers must carry */
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 
 static int bio_sock_write(BIO *b, const char *buf, int len) {
     loco__conn *c = BIO_get_data(b);
@@ -75,7 +79,13 @@ static int bio_sock_create(BIO *b) {
     return 1;
 }
 
-static void bio_method_make(void) {
+static void run_id_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl,
+                        void *argp) {
+    OPENSSL_free(ptr);
+}
+
+static void tls_init_once(void) {
+    run_id_idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, run_id_free);
     bio_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "loco socket");
     if (!bio_method)
         return;
@@ -128,18 +138,42 @@ static bool cert_alert(unsigned long e) {
     }
 }
 
+/* For an alert by which the peer refused our certificate as expired or
+ * revoked: which certificate of ours, and its validity. */
+static void own_cert_note(loco__conn *c, unsigned long e, char *buf, size_t cap) {
+    buf[0] = '\0';
+    const int r = ERR_GET_REASON(e) - SSL_AD_REASON_OFFSET;
+    if (ERR_GET_LIB(e) != ERR_LIB_SSL ||
+        (r != SSL_AD_CERTIFICATE_EXPIRED && r != SSL_AD_CERTIFICATE_REVOKED))
+        return;
+    X509 *x = c->impl ? SSL_get_certificate(c->impl) : NULL;
+    if (!x)
+        return;
+    char cn[LOCO_NET_NAME_MAX] = "?", nb[40], na[40];
+    X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
+    loco__asn1_time_str(X509_get0_notBefore(x), nb, sizeof nb);
+    loco__asn1_time_str(X509_get0_notAfter(x), na, sizeof na);
+    if (r == SSL_AD_CERTIFICATE_REVOKED)
+        snprintf(buf, cap, " (the peer's net.crl lists our certificate CN=%s)", cn);
+    else
+        snprintf(buf, cap, " (our certificate CN=%s is valid from %s to %s: check both clocks)", cn,
+                 nb, na);
+}
+
 /* Records a failed SSL call on c: LOCO_EAUTH for certificate trouble,
  * LOCO_EPEER when the peer hung up, LOCO_EIO otherwise. */
 static int tls_fail(loco__conn *c, int ssl_err, const char *what) {
     c->failed = true;
     const unsigned long first = ERR_peek_error();
-    char why[512];
+    char why[512], note[256];
     ssl_errors(why, sizeof why);
     if (c->verify_reason[0])
         return LOCO_ERR(LOCO_EAUTH, "net: TLS %s %s: refused the peer's certificate: %s", what,
                         c->addr, c->verify_reason);
-    if (cert_alert(first))
-        return LOCO_ERR(LOCO_EAUTH, "net: TLS %s %s: %s", what, c->addr, why);
+    if (cert_alert(first)) {
+        own_cert_note(c, first, note, sizeof note);
+        return LOCO_ERR(LOCO_EAUTH, "net: TLS %s %s: %s%s", what, c->addr, why, note);
+    }
     if (ssl_err == SSL_ERROR_SYSCALL || !why[0]) {
         const int e = c->last_errno ? c->last_errno : errno;
         return LOCO_ERR(LOCO_EPEER, "net: TLS %s %s: %s", what, c->addr,
@@ -151,21 +185,99 @@ static int tls_fail(loco__conn *c, int ssl_err, const char *what) {
 
 /* ------------------------------------------------------------- context */
 
+static void cert_cn(X509 *x, char *buf, int cap) {
+    snprintf(buf, (size_t)cap, "?");
+    if (x && X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, buf, cap) < 0)
+        snprintf(buf, (size_t)cap, "?");
+}
+
+/* Why the chain of the peer's certificate failed, naming the certificate
+ * and, for times, since or until when. */
+static void refusal_reason(char *out, size_t cap, X509_STORE_CTX *sc) {
+    const int err = X509_STORE_CTX_get_error(sc);
+    const int depth = X509_STORE_CTX_get_error_depth(sc);
+    X509 *cert = X509_STORE_CTX_get_current_cert(sc);
+    X509 *leaf = X509_STORE_CTX_get0_cert(sc);
+    const char *what = X509_verify_cert_error_string(err);
+    char cn[LOCO_NET_NAME_MAX], peer[LOCO_NET_NAME_MAX], who[192], when[40];
+    cert_cn(cert, cn, sizeof cn);
+    cert_cn(leaf, peer, sizeof peer);
+    if (!cert || cert == leaf)
+        snprintf(who, sizeof who, "certificate of peer '%s'", peer);
+    else
+        snprintf(who, sizeof who, "certificate '%s' in the chain of peer '%s'", cn, peer);
+    switch (err) {
+    case X509_V_ERR_CERT_HAS_EXPIRED:
+        loco__asn1_time_str(X509_get0_notAfter(cert), when, sizeof when);
+        snprintf(out, cap, "%s expired on %s (%s, depth %d)", who, when, what, depth);
+        return;
+    case X509_V_ERR_CERT_NOT_YET_VALID:
+        loco__asn1_time_str(X509_get0_notBefore(cert), when, sizeof when);
+        snprintf(out, cap, "%s is not valid before %s (%s, depth %d)", who, when, what, depth);
+        return;
+    case X509_V_ERR_CERT_REVOKED: {
+        BIGNUM *bn = cert ? ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), NULL) : NULL;
+        char *hex = bn ? BN_bn2hex(bn) : NULL;
+        snprintf(out, cap, "%s (serial %s) is revoked by net.crl (%s, depth %d)", who,
+                 hex ? hex : "?", what, depth);
+        OPENSSL_free(hex);
+        BN_free(bn);
+        return;
+    }
+    case X509_V_ERR_CRL_HAS_EXPIRED:
+    case X509_V_ERR_CRL_NOT_YET_VALID: {
+        const X509_CRL *crl = X509_STORE_CTX_get0_current_crl(sc);
+        const bool expired = err == X509_V_ERR_CRL_HAS_EXPIRED;
+        loco__asn1_time_str(
+            crl ? (expired ? X509_CRL_get0_nextUpdate(crl) : X509_CRL_get0_lastUpdate(crl)) : NULL,
+            when, sizeof when);
+        snprintf(out, cap, "net.crl %s %s, so the %s cannot be checked (%s)",
+                 expired ? "expired on" : "is not valid before", when, who, what);
+        return;
+    }
+    default: snprintf(out, cap, "%s (certificate CN=%s, depth %d)", what, cn, depth);
+    }
+}
+
 static int verify_cb(int ok, X509_STORE_CTX *sc) {
     if (ok)
         return ok;
     SSL *ssl = X509_STORE_CTX_get_ex_data(sc, SSL_get_ex_data_X509_STORE_CTX_idx());
     loco__conn *c = ssl ? SSL_get_app_data(ssl) : NULL;
-    if (!c)
-        return ok;
-    const int err = X509_STORE_CTX_get_error(sc);
-    X509 *cert = X509_STORE_CTX_get_current_cert(sc);
-    char cn[LOCO_NET_NAME_MAX] = "?";
-    if (cert)
-        X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
-    snprintf(c->verify_reason, sizeof c->verify_reason, "%s (certificate CN=%s, depth %d)",
-             X509_verify_cert_error_string(err), cn, X509_STORE_CTX_get_error_depth(sc));
+    if (c)
+        refusal_reason(c->verify_reason, sizeof c->verify_reason, sc);
     return ok;
+}
+
+/* The whole verification: OpenSSL's (chain, times, key usage, CRL), then
+ * the run id of the peer's certificate when want (net.run_id) is set. */
+static int verify_chain(X509_STORE_CTX *sc, void *want_run_id) {
+    const int ok = X509_verify_cert(sc);
+    const char *want = want_run_id;
+    if (ok <= 0 || !want || !want[0])
+        return ok;
+    X509 *leaf = X509_STORE_CTX_get0_cert(sc);
+    char got[LOCO_NET_RUN_ID_MAX];
+    if (loco__cert_run_id_match(leaf, want, got, sizeof got))
+        return ok;
+    X509_STORE_CTX_set_error(sc, X509_V_ERR_APPLICATION_VERIFICATION);
+    SSL *ssl = X509_STORE_CTX_get_ex_data(sc, SSL_get_ex_data_X509_STORE_CTX_idx());
+    loco__conn *c = ssl ? SSL_get_app_data(ssl) : NULL;
+    if (c) {
+        char peer[LOCO_NET_NAME_MAX];
+        cert_cn(leaf, peer, sizeof peer);
+        if (got[0])
+            snprintf(c->verify_reason, sizeof c->verify_reason,
+                     "certificate of peer '%s' is for run '%s', this process is in run '%s' "
+                     "(net.run_id)",
+                     peer, got, want);
+        else
+            snprintf(c->verify_reason, sizeof c->verify_reason,
+                     "certificate of peer '%s' carries no run id (SAN URI " LOCO__RUN_URI
+                     "ID), this process is in run '%s' (net.run_id)",
+                     peer, want);
+    }
+    return 0;
 }
 
 static int ctx_fail(SSL_CTX *ctx, const char *what, const char *path) {
@@ -175,9 +287,81 @@ static int ctx_fail(SSL_CTX *ctx, const char *what, const char *path) {
     return LOCO_ERR(LOCO_EINVAL, "net: %s '%s': %s", what, path, why);
 }
 
+/* Checks one CRL of net.crl: signed by a certificate of net.ca, and inside
+ * its validity window. */
+static int check_crl(X509_CRL *crl, const loco_net_params *p) {
+    char when[40];
+    const ASN1_TIME *next = X509_CRL_get0_nextUpdate(crl);
+    if (X509_cmp_current_time(X509_CRL_get0_lastUpdate(crl)) > 0) {
+        loco__asn1_time_str(X509_CRL_get0_lastUpdate(crl), when, sizeof when);
+        return LOCO_ERR(LOCO_EINVAL, "net.crl '%s' is not valid before %s", p->crl, when);
+    }
+    if (next && X509_cmp_current_time(next) < 0) {
+        loco__asn1_time_str(next, when, sizeof when);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "net.crl '%s' expired on %s (its nextUpdate); issue a new one (`loco "
+                        "certs revoke`)",
+                        p->crl, when);
+    }
+    BIO *in = BIO_new_file(p->ca, "r");
+    bool signed_by_ca = false;
+    X509 *ca;
+    while (in && !signed_by_ca && (ca = PEM_read_bio_X509(in, NULL, NULL, NULL))) {
+        signed_by_ca = X509_NAME_cmp(X509_CRL_get_issuer(crl), X509_get_subject_name(ca)) == 0 &&
+                       X509_CRL_verify(crl, X509_get0_pubkey(ca)) == 1;
+        X509_free(ca);
+    }
+    BIO_free(in);
+    ERR_clear_error();
+    if (!signed_by_ca)
+        return LOCO_ERR(LOCO_EINVAL, "net.crl '%s' was not issued by the CA of net.ca '%s'", p->crl,
+                        p->ca);
+    return 0;
+}
+
+/* Loads every CRL of net.crl into the context's store and turns on the
+ * revocation check of the peer's certificate. */
+static int load_crl(SSL_CTX *ctx, const loco_net_params *p) {
+    BIO *in = BIO_new_file(p->crl, "r");
+    if (!in) {
+        ERR_clear_error();
+        return LOCO_ERR(LOCO_EINVAL, "net.crl '%s': cannot open it", p->crl);
+    }
+    X509_STORE *st = SSL_CTX_get_cert_store(ctx);
+    int rc = 0, n = 0;
+    X509_CRL *crl;
+    while (rc == 0 && (crl = PEM_read_bio_X509_CRL(in, NULL, NULL, NULL))) {
+        rc = check_crl(crl, p);
+        if (rc == 0 && X509_STORE_add_crl(st, crl) != 1)
+            rc = LOCO_ERR(LOCO_ENOMEM, "net.crl '%s': cannot add it", p->crl);
+        X509_CRL_free(crl); /* the store holds its own reference */
+        n++;
+    }
+    BIO_free(in);
+    ERR_clear_error(); /* the end of the file reads as an error */
+    if (rc == 0 && n == 0)
+        rc = LOCO_ERR(LOCO_EINVAL, "net.crl '%s' holds no PEM CRL", p->crl);
+    if (rc == 0 && X509_STORE_set_flags(st, X509_V_FLAG_CRL_CHECK) != 1)
+        rc = LOCO_ERR(LOCO_ENOMEM, "net.crl: cannot turn the check on");
+    return rc;
+}
+
+/* The run id peers must carry, owned by ctx (freed with it). */
+static int set_run_id(SSL_CTX *ctx, const char *run_id) {
+    if (!run_id[0])
+        return 0;
+    char *copy = OPENSSL_strdup(run_id);
+    if (!copy || run_id_idx < 0 || SSL_CTX_set_ex_data(ctx, run_id_idx, copy) != 1) {
+        OPENSSL_free(copy);
+        return LOCO_ERR(LOCO_ENOMEM, "net: run id");
+    }
+    SSL_CTX_set_cert_verify_callback(ctx, verify_chain, copy);
+    return 0;
+}
+
 static int tls_ctx_create(void **out, const loco_net_params *p, bool server) {
     *out = NULL;
-    pthread_once(&bio_once, bio_method_make);
+    pthread_once(&tls_once, tls_init_once);
     if (!bio_method)
         return LOCO_ERR(LOCO_ENOMEM, "net: TLS socket BIO");
     ERR_clear_error();
@@ -208,6 +392,11 @@ static int tls_ctx_create(void **out, const loco_net_params *p, bool server) {
     }
     if (SSL_CTX_load_verify_locations(ctx, p->ca, NULL) != 1)
         return ctx_fail(ctx, "cannot load CA", p->ca);
+    const int rc = p->crl[0] ? load_crl(ctx, p) : 0;
+    if (rc < 0 || set_run_id(ctx, p->cert_run_id) < 0) {
+        SSL_CTX_free(ctx);
+        return rc < 0 ? rc : LOCO_ENOMEM;
+    }
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, verify_cb);
     if (server) {
         STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(p->ca);
