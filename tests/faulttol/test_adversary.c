@@ -2,10 +2,11 @@
  * run and misbehaves: frame headers that claim megabytes and never send
  * them, then a hang-up mid-frame; connections that come and go before they
  * register, at random moments; garbage; a REGISTER under another site's
- * name; every member hanging up. The coordinator runs in this process, or
- * as `loco coordinator` where its memory is measured (TLS on loopback): its
- * memory stays small, it refuses what it must, and the islands that behave
- * still run to the end (it ends the run cleanly). */
+ * name, before and during the run; an island replaying its frames of an
+ * epoch already past; every member hanging up. The coordinator runs in
+ * this process, or as `loco coordinator` where its memory is measured (TLS
+ * on loopback): its memory stays small, it refuses what it must, and the
+ * islands that behave still run to the end (it ends the run cleanly). */
 #include "faulttol/faulttol.h"
 #include "net/internal.h"
 
@@ -14,6 +15,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,12 +71,15 @@ static void setup(void) {
     loco_log_set_level(LOCO_LOG_ERROR);   /* every refusal below is a warning */
 }
 
-/* A coordinator in this process, serving in a thread. */
+/* A coordinator in this process, serving in a thread, with its timeline
+ * in DIR/events.jsonl. */
 static void setup_in_process(void) {
     setup();
     loco_net_params np;
     params(&np, "coordinator");
-    cr_assert_eq(loco_coord_create(&coord, &cfg, &np, "127.0.0.1", 0, NULL), 0, "%s",
+    char events[4200];
+    snprintf(events, sizeof events, "%s/events.jsonl", dir);
+    cr_assert_eq(loco_coord_create(&coord, &cfg, &np, "127.0.0.1", 0, events), 0, "%s",
                  loco_errmsg());
     port = loco_coord_port(coord);
     snprintf(cfg.faulttol.coordinator, sizeof cfg.faulttol.coordinator, "127.0.0.1:%d", port);
@@ -159,6 +164,8 @@ static int finish(void) {
 typedef struct {
     const char *site;
     const char *cert; /* whose certificate it presents (NULL: its own) */
+    bool hold;        /* after outer step 1: held says so, it waits for go_on */
+    atomic_bool held, go_on;
     int rc_join, rc_run;
     int commits;
     char msg[1024];
@@ -193,8 +200,15 @@ static void *island_main(void *arg) {
                 loco_session_done(s, step, q.epoch, true, 11u * (unsigned)step, 0, &q, &v, 10000);
         if (f->rc_run == 0 && v == LOCO_VERDICT_COMMIT)
             f->commits++;
+        else if (f->rc_run == 0 && v == LOCO_VERDICT_AGAIN)
+            step--; /* a new epoch: the step is redone */
         else if (f->rc_run == 0)
             f->rc_run = LOCO_EPROTO;
+        if (f->hold && step == 1 && f->commits == 1) {
+            atomic_store(&f->held, true); /* its heartbeats go on meanwhile */
+            while (!atomic_load(&f->go_on))
+                sleep_ms(5);
+        }
     }
     if (f->rc_run == 0)
         f->rc_run = loco_session_leave(s, 10000);
@@ -423,4 +437,225 @@ Test(adversary, every_island_gone_is_waited_for, .init = setup_in_process) {
     }
     sleep_ms(200); /* the coordinator sees both links close */
     islands_finish_the_run();
+}
+
+/* ------------------------------------------------ frames out of place */
+
+/* Lines of DIR/events.jsonl holding both a and b. */
+static int count_events(const char *a, const char *b) {
+    char path[4200], line[2048];
+    snprintf(path, sizeof path, "%s/events.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, a) && strstr(line, b);
+    fclose(f);
+    return n;
+}
+
+/* A client presenting CERT's certificate (and NAME in its HELLO). */
+static loco_link *raw_connect(const char *cert, const char *name) {
+    loco_net_params p;
+    params(&p, cert);
+    snprintf(p.name, sizeof p.name, "%s", name);
+    loco_link *l = NULL;
+    cr_assert_eq(loco_net_connect(&l, &p, "127.0.0.1", port, 5000), 0, "%s", loco_errmsg());
+    return l;
+}
+
+static void raw_register(loco_link *l, const char *site) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"site\":\"%s\",\"mesh\":\"dp=1\",\"model_hash\":\"0000000000000005\","
+             "\"inc\":\"00000000000000a1\",\"ranks\":[\"127.0.0.1:1\"],\"committed\":0,"
+             "\"hash\":\"0\",\"epoch\":0,\"pending\":0,\"pending_hash\":\"0\"}",
+             site);
+    loco_frame_hdr h = {.type = LOCO_FRAME_REGISTER};
+    cr_assert_eq(loco_link_send(l, &h, json, strlen(json)), 0, "%s", loco_errmsg());
+}
+
+/* An OUTER frame whose header says it was sent in epoch sent_in. */
+static void raw_outer(loco_link *l, uint64_t sent_in, const char *phase, int64_t step, int64_t have,
+                      uint64_t epoch, uint64_t hash) {
+    char json[256];
+    snprintf(json, sizeof json,
+             "{\"phase\":\"%s\",\"outer_step\":%lld,\"have\":%lld,\"epoch\":%llu,"
+             "\"hash\":\"%016llx\",\"suspects\":\"0000000000000000\"}",
+             phase, (long long)step, (long long)have, (unsigned long long)epoch,
+             (unsigned long long)hash);
+    loco_frame_hdr h = {.type = LOCO_FRAME_OUTER, .epoch = sent_in};
+    cr_assert_eq(loco_link_send(l, &h, json, strlen(json)), 0, "%s", loco_errmsg());
+}
+
+/* The next frame on l (within 10 s), its payload as text in buf. */
+static int raw_next(loco_link *l, char *buf, size_t cap) {
+    for (int k = 0; k < 100; k++) {
+        loco_frame_hdr h;
+        void *payload = NULL;
+        const int rc = loco_link_recv(l, &h, &payload, 100);
+        if (rc == LOCO_ETIMEDOUT)
+            continue;
+        cr_assert_eq(rc, 0, "%s", loco_errmsg());
+        const size_t n = h.payload_len < cap - 1 ? h.payload_len : cap - 1;
+        memcpy(buf, payload ? payload : "", payload ? n : 0);
+        buf[payload ? n : 0] = '\0';
+        loco_free(payload);
+        return h.type;
+    }
+    cr_assert_fail("nothing from the coordinator within 10 s");
+    return -1;
+}
+
+/* Reads until a QUORUM for outer step `step` (0: a membership), into q.
+ * Being told to rejoin on the way fails the test; so does, with
+ * `same_epoch`, any announcement of another epoch. */
+static void raw_quorum(loco_link *l, int64_t step, loco_quorum *q, uint64_t same_epoch) {
+    char buf[8192];
+    for (;;) {
+        const int type = raw_next(l, buf, sizeof buf);
+        cr_assert_neq(type, LOCO_FRAME_ERROR, "%s", buf);
+        if (type != LOCO_FRAME_QUORUM)
+            continue;
+        cr_assert_eq(loco_quorum_from_json(q, buf, strlen(buf)), 0, "%s", loco_errmsg());
+        cr_assert(!q->join, "siteA was told to rejoin: %s", buf);
+        cr_assert(!same_epoch || q->epoch == same_epoch, "a new epoch: %s", buf);
+        if (q->outer_step == step)
+            return;
+        loco_quorum_fini(q);
+    }
+}
+
+/* Reads until the COMMIT; any announcement before it (a redo, a new
+ * epoch) fails the test. */
+static void raw_commit(loco_link *l, char *buf, size_t cap) {
+    for (;;) {
+        const int type = raw_next(l, buf, cap);
+        cr_assert(type != LOCO_FRAME_ERROR && type != LOCO_FRAME_QUORUM, "%s before the commit: %s",
+                  loco_frame_type_name(type), buf);
+        if (type == LOCO_FRAME_COMMIT)
+            return;
+    }
+}
+
+/* siteA is a client that plays its part, and replays its frames of an
+ * epoch already past: READY, DONE with another hash, FAILED, before the
+ * go, during the exchange and after the commit. None of them counts: the
+ * steps commit with the hashes of this epoch, nobody leaves, and siteB
+ * (an island that behaves) runs to the end. */
+Test(adversary, frames_replayed_from_a_past_epoch_change_nothing, .init = setup_in_process) {
+    island b = {.site = "siteB"};
+    pthread_t tb;
+    cr_assert_eq(pthread_create(&tb, NULL, island_main, &b), 0);
+    loco_link *a = raw_connect("siteA", "siteA");
+    raw_register(a, "siteA");
+    loco_quorum q = {0};
+    raw_quorum(a, 0, &q, 0);
+    const uint64_t e1 = q.epoch;
+    loco_quorum_fini(&q);
+    /* Step 1 in epoch e1, failed once by siteA: it is redone in e2. */
+    raw_outer(a, e1, "ready", 1, 0, 0, 0);
+    raw_quorum(a, 1, &q, 0);
+    cr_assert_eq(q.epoch, e1);
+    loco_quorum_fini(&q);
+    raw_outer(a, e1, "failed", 1, 0, e1, 0);
+    raw_quorum(a, 0, &q, 0);
+    const uint64_t e2 = q.epoch;
+    cr_assert_gt(e2, e1);
+    loco_quorum_fini(&q);
+    /* Before the go of e2: e1's READY, DONE and FAILED. */
+    raw_outer(a, e1, "ready", 1, 0, 0, 0);
+    raw_outer(a, e1, "done", 1, 0, e1, 0xbad);
+    raw_outer(a, e1, "failed", 1, 0, e1, 0);
+    raw_outer(a, e2, "ready", 1, 0, 0, 0);
+    raw_quorum(a, 1, &q, e2);
+    loco_quorum_fini(&q);
+    /* During the exchange: a DONE with another hash and a FAILED of e1. */
+    raw_outer(a, e1, "done", 1, 0, e1, 0xbad);
+    raw_outer(a, e1, "failed", 1, 0, e1, 0);
+    raw_outer(a, e2, "done", 1, 0, e2, 11);
+    char buf[512];
+    raw_commit(a, buf, sizeof buf);
+    cr_expect(strstr(buf, "\"outer_step\":1") && strstr(buf, "000000000000000b"), "%s", buf);
+    /* After the commit: step 1's frames of both epochs, READY of e1. */
+    raw_outer(a, e1, "ready", 1, 0, 0, 0);
+    raw_outer(a, e1, "failed", 2, 0, e1, 0);
+    raw_outer(a, e1, "done", 2, 0, e1, 0xbad);
+    raw_outer(a, e2, "done", 1, 0, e2, 0xbad);
+    raw_outer(a, e2, "failed", 1, 0, e2, 0);
+    raw_outer(a, e2, "ready", 2, 1, 0, 0);
+    raw_quorum(a, 2, &q, e2); /* still e2: no one left, nothing redone */
+    cr_expect_eq(q.members, 3u, "siteA and siteB");
+    loco_quorum_fini(&q);
+    raw_outer(a, e1, "done", 2, 0, e1, 0xbad);
+    raw_outer(a, e2, "done", 2, 0, e2, 22);
+    raw_commit(a, buf, sizeof buf);
+    cr_expect(strstr(buf, "\"outer_step\":2") && strstr(buf, "0000000000000016"), "%s", buf);
+    loco_frame_hdr bye = {.type = LOCO_FRAME_BYE, .epoch = e2};
+    cr_assert_eq(loco_link_send(a, &bye, NULL, 0), 0);
+    int type;
+    while ((type = raw_next(a, buf, sizeof buf)) != LOCO_FRAME_BYE)
+        cr_assert_neq(type, LOCO_FRAME_ERROR, "%s", buf);
+    pthread_join(tb, NULL);
+    cr_expect_eq(b.rc_run, 0, "siteB: %s", b.msg);
+    cr_expect_eq(b.commits, STEPS);
+    cr_expect_eq(finish(), 0, "the coordinator stopped: %s", serve_msg);
+    cr_expect_eq(count_events("\"kind\":\"suspect\"", ""), 0, "nobody left");
+    cr_expect_eq(count_events("\"kind\":\"divergence\"", ""), 0);
+    cr_expect_eq(count_events("\"kind\":\"exchange_failed\"", ""), 1, "siteA's one failure");
+    cr_expect_eq(count_events("\"kind\":\"commit\"", "\"hash\":\"000000000000000b\""), 1);
+    cr_expect_eq(count_events("\"kind\":\"commit\"", "\"hash\":\"0000000000000016\""), 1);
+    loco_link_destroy(a);
+}
+
+/* While siteB is registered and running, a client with siteA's
+ * certificate (saying siteB in its HELLO too) registers as siteB, or sends
+ * an island's frames without registering: refused every time, with the
+ * reason; siteB keeps its link (it registered once, was never out) and the
+ * run ends cleanly. */
+Test(adversary, a_forged_site_cannot_displace_a_registered_one, .init = setup_in_process) {
+    island f[2] = {{.site = "siteA", .hold = true}, {.site = "siteB"}};
+    pthread_t t[2];
+    cr_assert_eq(pthread_create(&t[1], NULL, island_main, &f[1]), 0);
+    sleep_ms(300); /* siteB registered, waiting for siteA */
+    int refused = 0;
+    for (int k = 0; k < 12; k++) {
+        if (k == 4) {
+            /* The rest while the run is under way: step 1 committed. */
+            cr_assert_eq(pthread_create(&t[0], NULL, island_main, &f[0]), 0);
+            for (int w = 0; w < 2000 && !atomic_load(&f[0].held); w++)
+                sleep_ms(5);
+            cr_assert(atomic_load(&f[0].held), "siteA: %s", f[0].msg);
+        }
+        loco_link *l = raw_connect("siteA", "siteB");
+        if (k % 2 == 0) {
+            raw_register(l, "siteB");
+        } else {
+            loco_frame_hdr h = {.type = LOCO_FRAME_OUTER, .epoch = 1};
+            const char *done = "{\"phase\":\"done\",\"outer_step\":2,\"have\":0,\"epoch\":1,"
+                               "\"hash\":\"0\",\"suspects\":\"0\"}";
+            cr_assert_eq(loco_link_send(l, &h, done, strlen(done)), 0);
+        }
+        char buf[1024];
+        const int type = raw_next(l, buf, sizeof buf);
+        cr_expect_eq(type, LOCO_FRAME_ERROR, "%s: %s", loco_frame_type_name(type), buf);
+        const char *want = k % 2 == 0 ? "site 'siteB' registered with the certificate of 'siteA'"
+                                      : "expected REGISTER, got OUTER";
+        cr_expect(strstr(buf, want) != NULL, "%s", buf);
+        refused += type == LOCO_FRAME_ERROR;
+        loco_link_destroy(l);
+    }
+    cr_expect_eq(refused, 12);
+    atomic_store(&f[0].go_on, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(f[i].rc_join, 0, "%s: %s", f[i].site, f[i].msg);
+        cr_expect_eq(f[i].rc_run, 0, "%s: %s", f[i].site, f[i].msg);
+        cr_expect_eq(f[i].commits, STEPS, "%s", f[i].site);
+    }
+    cr_expect_eq(finish(), 0, "the coordinator stopped: %s", serve_msg);
+    cr_expect_eq(count_events("\"kind\":\"register\"", "\"site\":\"siteB\""), 1,
+                 "siteB registered once: its link was never replaced");
+    cr_expect_eq(count_events("\"kind\":\"suspect\"", "\"site\":\"siteB\""), 0);
 }

@@ -1,0 +1,101 @@
+/* The coordinator's state, shared by faulttol/coord.c (quorum epochs, the
+ * go and the commit of every outer step, failure detection, the serve
+ * loop) and faulttol/coord_register.c (pending connections, REGISTER, the
+ * first quorum). Not a public header. */
+#ifndef LOCO_FAULTTOL_COORD_INTERNAL_H
+#define LOCO_FAULTTOL_COORD_INTERNAL_H
+
+#include "faulttol/faulttol.h"
+
+#include <cjson/cJSON.h>
+
+typedef enum { ABSENT = 0, MEMBER, OUT } island_status;
+
+typedef struct {
+    loco_link *link;
+    island_status status;
+    uint64_t inc;
+    bool bye;
+    int n_ranks;
+    char (*addrs)[LOCO_ADDR_MAX];
+    loco_phi_detector phi;    /* over its frame arrivals */
+    loco_island_progress reg; /* what it said when it registered */
+    int64_t ready_step, ready_have;
+    int64_t done_step;
+    uint64_t done_epoch, done_hash, suspects;
+    bool done_ok;
+    double join_sent; /* when it was last told to fetch the state (0: not) */
+    bool hold_spent;  /* the members already waited once for its transfer */
+} island;
+
+/* A connection that has not registered (yet). */
+typedef struct {
+    loco_link *link;
+    double since; /* accepted, or refused (closing) */
+    bool closing; /* refused and told why: waits for the peer to hang up */
+} pending_link;
+
+struct loco_coord {
+    loco_config cfg;
+    loco_net_params np;
+    loco_net_listener *listener;
+    int n; /* islands expected (outer.sites) */
+    char sites[LOCO_MAX_ISLANDS][LOCO_NET_NAME_MAX];
+    island isl[LOCO_MAX_ISLANDS];               /* by id */
+    pending_link pending[LOCO_NET_MAX_PENDING]; /* np.max_pending used */
+    /* The mesh and model every island must match: the first registration's. */
+    bool have_ref;
+    char ref_mesh[160];
+    int ref_ranks;
+    uint64_t ref_model;
+    bool started;
+    bool known;       /* the run started once: epoch and committed state are its own */
+    double first_reg; /* a restarted coordinator waits for the others from here */
+    uint64_t epoch;
+    int64_t committed;
+    uint64_t committed_hash;
+    bool exchanging; /* GO sent for committed + 1, verdicts pending */
+    uint64_t go_members, go_observers;
+    double gather_t0;           /* first member ready for the step (straggler clock) */
+    int failures;               /* failed attempts of the current step */
+    char events[LOCO_PATH_MAX]; /* the run's timeline, "" = none */
+};
+
+/* A JSON number in [lo, hi] (NaN and overflowing values refused). */
+static inline bool loco__coord_num_in(const cJSON *j, double lo, double hi) {
+    return cJSON_IsNumber(j) && j->valuedouble >= lo && j->valuedouble <= hi;
+}
+
+/* coord.c */
+/* Appends one event (the JSON body after "t") to the run's timeline. */
+void loco__coord_event(loco_coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Bit mask of the members of the quorum now. */
+uint64_t loco__coord_members(const loco_coord *c);
+/* A control frame; a failed send is noticed when the link is next read. */
+int loco__coord_send_json(loco_link *l, int type, uint64_t epoch, const char *json);
+/* The QUORUM payload (caller frees with free()); NULL when out of memory. */
+char *loco__coord_quorum_json(loco_coord *c, int64_t outer_step, bool join, uint64_t mem,
+                              uint64_t obs);
+/* Tells island i it is outside the quorum: fetch the committed state from
+ * a member, then say ready. */
+int loco__coord_send_join(loco_coord *c, int i);
+/* A membership change: a new epoch, announced to everyone in the run. */
+int loco__coord_new_epoch(loco_coord *c, const char *why);
+/* Island i is gone (its link is dropped); < 0 only when the run must stop. */
+int loco__coord_island_lost(loco_coord *c, int i, const char *reason);
+/* Island i leaves the quorum but keeps its link: it is told to fetch the
+ * committed state and rejoin (a new epoch when it was a member); < 0 only
+ * when the run must stop. */
+int loco__coord_island_out(loco_coord *c, int i, const char *reason);
+
+/* coord_register.c */
+/* Takes links from the listener while there is room for them. */
+void loco__coord_accept_pending(loco_coord *c, bool *busy);
+/* One frame from each pending link: a REGISTER, or the link goes; < 0 only
+ * when the run must stop. */
+int loco__coord_read_pending(loco_coord *c, bool *busy);
+/* The first quorum, once every site registered (or, after a restart, the
+ * grace period passed). */
+int loco__coord_start_run(loco_coord *c);
+
+#endif

@@ -1,0 +1,401 @@
+/* The coordinator's registration: connections waiting to register
+ * (at most net.max_pending, each for at most net.handshake_timeout_ms, a
+ * refused one told why and dropped once it hangs up or after
+ * net.linger_ms), the REGISTER that makes one an island, and the first
+ * quorum: of every site on a fresh start, or rebuilt from what the islands
+ * report after a restart (docs/PROTOCOL.md). */
+#include "faulttol/coord_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------- what islands hold */
+
+/* Islands that vouch for the state (step, hash): they hold it committed,
+ * or finished that step with that hash and never heard its commit; the
+ * coordinator counts as one when it committed that state itself. */
+static int vouchers(const loco_coord *c, int64_t step, uint64_t hash) {
+    int v = c->known && c->committed == step && c->committed_hash == hash;
+    for (int i = 0; i < c->n; i++) {
+        const loco_island_progress *r = &c->isl[i].reg;
+        if (c->isl[i].link &&
+            ((r->committed == step && r->hash == hash) ||
+             (r->committed == step - 1 && r->pending == step && r->pending_hash == hash)))
+            v++;
+    }
+    return v;
+}
+
+/* Whether what an island says it holds goes beyond the run as the
+ * coordinator knows it (committed step `step` with `hash`, epoch `epoch`):
+ * a step it never committed, another hash for that step, an epoch it never
+ * announced. */
+static bool claims_beyond(const loco_island_progress *r, int64_t step, uint64_t hash,
+                          uint64_t epoch) {
+    return r->committed > step || (r->committed == step && r->hash != hash) || r->epoch > epoch;
+}
+
+/* Why an island's numbers are not believed, for the log and the timeline. */
+static void beyond_reason(const loco_island_progress *r, char *out, size_t cap) {
+    char hh[17];
+    loco_hash_hex(r->hash, hh);
+    snprintf(out, cap,
+             "claims committed outer step %lld (hash %s, epoch %llu), beyond what the run confirms",
+             (long long)r->committed, hh, (unsigned long long)r->epoch);
+}
+
+/* An island outside the quorum whose numbers are not believed: it fetches
+ * the state like a fresh joiner, and the timeline says why. */
+static void not_believed(loco_coord *c, int i, int64_t step) {
+    char reason[256];
+    beyond_reason(&c->isl[i].reg, reason, sizeof reason);
+    loco_warn("coordinator: %s %s: not believed; it fetches the state of outer step %lld",
+              c->sites[i], reason, (long long)step);
+    loco__coord_event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"%s\"", c->sites[i],
+                      reason);
+}
+
+/* ----------------------------------------------------------- registering */
+
+/* A REGISTER from a pending link: 1 when it became an island (which owns l
+ * now), 0 when it is refused (why_out says why), < 0 when the run must
+ * stop. */
+static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len,
+                           char *why_out, size_t why_cap) {
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    const cJSON *site = cJSON_GetObjectItemCaseSensitive(j, "site");
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
+    const cJSON *mh = cJSON_GetObjectItemCaseSensitive(j, "model_hash");
+    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(j, "inc");
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(j, "ranks");
+    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "committed");
+    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+    const cJSON *je = cJSON_GetObjectItemCaseSensitive(j, "epoch");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(j, "pending");
+    const cJSON *jph = cJSON_GetObjectItemCaseSensitive(j, "pending_hash");
+    char why[1024] = "";
+    int id = -1;
+    int nr = cJSON_GetArraySize(ranks);
+    if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
+        !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
+        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !loco__coord_num_in(jc, 0, 1e15) ||
+        !cJSON_IsString(jh) || !loco__coord_num_in(je, 0, 1e15) ||
+        !loco__coord_num_in(jp, 0, 1e15) || !cJSON_IsString(jph)) {
+        snprintf(why, sizeof why, "malformed REGISTER");
+        goto refuse;
+    }
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->sites[i], site->valuestring))
+            id = i;
+    if (id < 0) {
+        snprintf(why, sizeof why, "site '%.64s' is not in this run's outer.sites (%.300s)",
+                 site->valuestring, c->cfg.outer.sites);
+        goto refuse;
+    }
+    if (strcmp(loco_link_peer_name(l), site->valuestring)) {
+        snprintf(why, sizeof why, "site '%.64s' registered with the certificate of '%.64s'",
+                 site->valuestring, loco_link_peer_name(l));
+        goto refuse;
+    }
+    uint64_t model_hash = strtoull(mh->valuestring, NULL, 16);
+    if (c->have_ref) {
+        if (strcmp(c->ref_mesh, mesh->valuestring) || c->ref_ranks != nr) {
+            snprintf(why, sizeof why,
+                     "mesh of '%.64s' (%.150s, %d ranks) differs from the run's (%.150s, %d "
+                     "ranks); islands of one run need the same mesh",
+                     site->valuestring, mesh->valuestring, nr, c->ref_mesh, c->ref_ranks);
+            goto refuse;
+        }
+        if (c->ref_model != model_hash) {
+            snprintf(why, sizeof why,
+                     "'%.64s' has another [model]/[outer]/[compress] configuration than the "
+                     "islands before it",
+                     site->valuestring);
+            goto refuse;
+        }
+    }
+    island *is = &c->isl[id];
+    const uint64_t their_inc = strtoull(inc->valuestring, NULL, 16);
+    loco_island_progress reg = {.committed = (int64_t)jc->valuedouble,
+                                .hash = strtoull(jh->valuestring, NULL, 16),
+                                .epoch = (uint64_t)je->valuedouble,
+                                .pending = (int64_t)jp->valuedouble,
+                                .pending_hash = strtoull(jph->valuestring, NULL, 16)};
+    if (is->link && is->inc == their_inc) {
+        /* The same process lost its link and came back: keep its place. */
+        loco_link_abort(is->link);
+        loco_link_destroy(is->link);
+        is->link = l;
+        is->reg = reg;
+        cJSON_Delete(j);
+        char ack[64];
+        snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
+        loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
+        if (c->started && is->status == MEMBER &&
+            claims_beyond(&reg, c->committed, c->committed_hash, c->epoch)) {
+            /* The same process cannot hold what this coordinator never
+             * committed: it is not taken at its word, and fetches the state. */
+            char reason[256];
+            beyond_reason(&reg, reason, sizeof reason);
+            const int rc = loco__coord_island_out(c, id, reason);
+            return rc < 0 ? rc : 1;
+        }
+        if (c->started && is->status == MEMBER && reg.committed == c->committed - 1 &&
+            reg.pending == c->committed && reg.pending_hash == c->committed_hash) {
+            /* It finished the step the others committed; its COMMIT went
+             * to the link it lost. */
+            char json[160], hh[17];
+            loco_hash_hex(c->committed_hash, hh);
+            snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
+                     (long long)c->committed, (unsigned long long)c->epoch, hh);
+            loco__coord_send_json(l, LOCO_FRAME_COMMIT, c->epoch, json);
+        }
+        if (c->started) {
+            char *q =
+                loco__coord_quorum_json(c, 0, is->status != MEMBER, loco__coord_members(c), 0);
+            if (q)
+                loco__coord_send_json(l, LOCO_FRAME_QUORUM, c->epoch, q);
+            free(q);
+        }
+        return 1;
+    }
+    char (*addrs)[LOCO_ADDR_MAX] = loco_alloc((size_t)nr * sizeof *addrs);
+    loco_phi_detector phi = {0};
+    const double beat = (double)c->cfg.faulttol.heartbeat_ms;
+    if (!addrs ||
+        loco_phi_init(&phi, 1000, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat) < 0) {
+        loco_free(addrs);
+        snprintf(why, sizeof why, "the coordinator is out of memory");
+        goto refuse;
+    }
+    for (int r = 0; r < nr; r++) {
+        const cJSON *a = cJSON_GetArrayItem(ranks, r);
+        snprintf(addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
+    }
+    if (is->link) {
+        /* A new process for a site we still hold: the old one is dead. */
+        int rc = loco__coord_island_lost(c, id, "restarted (a new process registered)");
+        if (rc < 0) {
+            loco_free(addrs);
+            loco_phi_fini(&phi);
+            cJSON_Delete(j);
+            return rc;
+        }
+    }
+    is->addrs = addrs;
+    is->phi = phi;
+    loco_phi_start(&is->phi, loco_now());
+    is->link = l;
+    is->inc = their_inc;
+    is->n_ranks = nr;
+    is->reg = reg;
+    is->status = OUT;
+    is->bye = false;
+    if (!c->have_ref) {
+        c->have_ref = true;
+        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", mesh->valuestring);
+        c->ref_ranks = nr;
+        c->ref_model = model_hash;
+    }
+    if (!c->first_reg)
+        c->first_reg = loco_now();
+    cJSON_Delete(j);
+    char ack[64];
+    snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
+    loco_info("coordinator: island %d = %s registered (%s, %d ranks, committed outer step %lld)",
+              id, c->sites[id], c->ref_mesh, nr, (long long)reg.committed);
+    loco__coord_event(c, "\"kind\":\"register\",\"site\":\"%s\",\"committed\":%lld", c->sites[id],
+                      (long long)reg.committed);
+    /* A link that fails from here on is noticed when it is next read. */
+    loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
+    /* Like any new process it rejoins; what it claims moves nothing. */
+    if (c->started && claims_beyond(&reg, c->committed, c->committed_hash, c->epoch))
+        not_believed(c, id, c->committed);
+    if (c->started && loco__coord_send_join(c, id) < 0) /* the run goes on: it rejoins */
+        loco_warn("coordinator: %s", loco_errmsg());
+    return 1;
+refuse:
+    cJSON_Delete(j);
+    snprintf(why_out, why_cap, "%s", why);
+    return 0;
+}
+
+/* Where a run resumes after a restart (this coordinator's or, when every
+ * member was gone, its own start over): the newest committed state that
+ * two of those who can tell vouch for, so that no island's word alone
+ * moves the others forward; without one, the oldest state an island
+ * claims that does not go beyond what this coordinator committed (a lone
+ * island's own, when it is the only one). Nothing at all: what this
+ * coordinator committed. */
+static void resume_point(const loco_coord *c, int64_t *step, uint64_t *hash) {
+    const int64_t top = c->known ? c->committed : INT64_MAX;
+    bool confirmed = false, any = false;
+    *step = c->known ? c->committed : 0;
+    *hash = c->known ? c->committed_hash : 0;
+    for (int i = 0; i < c->n; i++) {
+        const loco_island_progress *r = &c->isl[i].reg;
+        if (!c->isl[i].link || r->committed > top ||
+            (c->known && r->committed == top && r->hash != c->committed_hash))
+            continue;
+        if (vouchers(c, r->committed, r->hash) >= 2) {
+            if (!confirmed || r->committed > *step) {
+                *step = r->committed;
+                *hash = r->hash;
+            }
+            confirmed = true;
+        } else if (!confirmed && (!any || r->committed < *step)) {
+            *step = r->committed;
+            *hash = r->hash;
+            any = true;
+        }
+    }
+}
+
+/* The first quorum: of every site on a fresh start; after a coordinator
+ * restart (islands report committed steps), of those that registered
+ * within the grace period, at the newest committed step they confirm
+ * (resume_point). The epoch goes on above every epoch reported by an
+ * island that is believed. */
+int loco__coord_start_run(loco_coord *c) {
+    int registered = 0;
+    bool resumed = false;
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link) {
+            registered++;
+            resumed |= c->isl[i].reg.committed > 0 || c->isl[i].reg.epoch > 0;
+        }
+    if (registered < c->n &&
+        (!registered || !resumed || loco_now() - c->first_reg < c->cfg.faulttol.timeout_ms / 1e3))
+        return 0;
+    int64_t step;
+    uint64_t hash;
+    resume_point(c, &step, &hash);
+    /* Epochs this coordinator never announced are not believed either. */
+    const uint64_t top_epoch = c->known ? c->epoch : UINT64_MAX;
+    uint64_t epoch = c->known ? c->epoch : 0;
+    for (int i = 0; i < c->n; i++) {
+        const loco_island_progress *r = &c->isl[i].reg;
+        if (c->isl[i].link && !claims_beyond(r, step, hash, top_epoch) && r->epoch > epoch)
+            epoch = r->epoch;
+    }
+    c->committed = step;
+    c->committed_hash = hash;
+    c->epoch = epoch;
+    char hh[17];
+    loco_hash_hex(c->committed_hash, hh);
+    char json[160];
+    snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
+             (long long)step, (unsigned long long)c->epoch, hh);
+    for (int i = 0; i < c->n; i++) {
+        island *is = &c->isl[i];
+        if (!is->link)
+            continue;
+        if (is->reg.committed == step && is->reg.hash == hash) {
+            is->status = MEMBER;
+        } else if (is->reg.committed == step - 1 && is->reg.pending == step &&
+                   is->reg.pending_hash == hash) {
+            /* It finished the step the others committed: commit it there too. */
+            is->status = MEMBER;
+            loco__coord_send_json(is->link, LOCO_FRAME_COMMIT, c->epoch, json);
+        } else {
+            is->status = OUT;
+            if (claims_beyond(&is->reg, step, hash, top_epoch))
+                not_believed(c, i, step);
+        }
+    }
+    c->started = true;
+    c->known = true;
+    if (resumed)
+        loco_info("coordinator: resuming the run at committed outer step %lld", (long long)step);
+    LOCO_CHECK(loco__coord_new_epoch(c, resumed ? "resumed" : "every island registered"));
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link && c->isl[i].status == OUT)
+            LOCO_CHECK(loco__coord_send_join(c, i));
+    return 0;
+}
+
+/* ------------------------------------------------------ pending links */
+
+/* Takes links from the listener while there is room for them; the others
+ * wait there (and past net.max_pending the listener refuses new ones). */
+void loco__coord_accept_pending(loco_coord *c, bool *busy) {
+    for (int i = 0; i < c->np.max_pending; i++) {
+        if (c->pending[i].link)
+            continue;
+        loco_link *l;
+        if (loco_net_accept(c->listener, &l, 0) < 0)
+            return;
+        *busy = true;
+        c->pending[i] = (pending_link){.link = l, .since = loco_now()};
+    }
+}
+
+/* Tells a pending link why it is refused; it is dropped once the peer
+ * hangs up, or after net.linger_ms: the loop never waits for it. */
+static void refuse_pending(loco_coord *c, pending_link *p, const char *why) {
+    loco_warn("coordinator: refused a connection from %s: %s", loco_link_peer_name(p->link),
+              why);
+    loco_frame_hdr h = {.type = LOCO_FRAME_ERROR};
+    loco_link_send(p->link, &h, why, strlen(why));
+    p->closing = true;
+    p->since = loco_now();
+}
+
+static void drop_pending(pending_link *p) {
+    loco_link_abort(p->link);
+    loco_link_destroy(p->link);
+    *p = (pending_link){0};
+}
+
+/* One frame from each pending link: a REGISTER, or the link goes. Nothing
+ * a pending link does stops the run, except a registration that replaced
+ * an island whose loss found differing hashes (< 0). */
+int loco__coord_read_pending(loco_coord *c, bool *busy) {
+    const double now = loco_now();
+    for (int i = 0; i < c->np.max_pending; i++) {
+        pending_link *p = &c->pending[i];
+        if (!p->link)
+            continue;
+        loco_frame_hdr h;
+        void *payload = NULL;
+        int rc = loco_link_recv(p->link, &h, &payload, 0);
+        if (p->closing) {
+            loco_free(payload); /* whatever it still says */
+            if ((rc < 0 && rc != LOCO_ETIMEDOUT) || now - p->since > c->np.linger_ms / 1e3)
+                drop_pending(p);
+            continue;
+        }
+        if (rc == LOCO_ETIMEDOUT) {
+            /* Registering is part of connecting: as long as a handshake. */
+            if (now - p->since > c->np.handshake_timeout_ms / 1e3) {
+                char why[128];
+                snprintf(why, sizeof why, "no REGISTER within %d ms",
+                         c->np.handshake_timeout_ms);
+                refuse_pending(c, p, why);
+            }
+            continue;
+        }
+        *busy = true;
+        if (rc < 0) {
+            loco_info("coordinator: a connection from %s went before registering: %s",
+                      loco_link_peer_name(p->link), loco_errmsg());
+            drop_pending(p);
+            continue;
+        }
+        char why[1024];
+        if (h.type == LOCO_FRAME_REGISTER) {
+            rc = handle_register(c, p->link, payload, h.payload_len, why, sizeof why);
+        } else {
+            snprintf(why, sizeof why, "expected REGISTER, got %s", loco_frame_type_name(h.type));
+            rc = 0;
+        }
+        loco_free(payload);
+        if (rc == 1)
+            *p = (pending_link){0}; /* now owned by its island */
+        else if (rc == 0)
+            refuse_pending(c, p, why);
+        else
+            return rc;
+    }
+    return 0;
+}
