@@ -505,7 +505,7 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
         CHECKSUMS_ENFORCED)
         return LOCO_ERR(LOCO_EPROTO, "chunk %u: payload checksum mismatch", info->chunk_index);
     if (!info->zstd && !loco_quant_payload_ok(info->codec, payload, info->count, info->block))
-        return LOCO_ERR(LOCO_EPROTO, "chunk %u: non-finite scale or invalid code",
+        return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                         info->chunk_index);
     return 0;
 }
@@ -534,7 +534,7 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
                             ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
         payload = w->raw;
         if (!loco_quant_payload_ok(info->codec, payload, info->count, info->block))
-            return LOCO_ERR(LOCO_EPROTO, "chunk %u: non-finite scale or invalid code",
+            return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                             info->chunk_index);
     }
     loco_dequant_acc(info->codec, dst + info->first, payload, info->count, info->block,

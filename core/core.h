@@ -27,6 +27,7 @@ enum {
     LOCO_ENCCL = -9,
     LOCO_EMPI = -10,
     LOCO_ENOTSUP = -11, /* asked for something this build does not do */
+    LOCO_EREFUSED = -12, /* a peer's well-formed data failed a check (NaN, outlier) */
 };
 
 /* Name of an error code ("LOCO_EINVAL: invalid argument"). Never NULL. */

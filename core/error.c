@@ -21,6 +21,7 @@ const char *loco_strerror(int rc) {
     case LOCO_ENCCL: return "LOCO_ENCCL: NCCL error";
     case LOCO_EMPI: return "LOCO_EMPI: MPI error";
     case LOCO_ENOTSUP: return "LOCO_ENOTSUP: not supported";
+    case LOCO_EREFUSED: return "LOCO_EREFUSED: refused a peer's data";
     default: return "unknown loco error code";
     }
 }

@@ -70,8 +70,11 @@ int loco_coord_port(const loco_coord *c);
  * step without them); a restarted island or a dropped straggler rejoins
  * through a state transfer; a coordinator restarted mid-run rebuilds the
  * quorum from what the islands report when they re-register, and so does
- * this one when every member is gone. θ_global hashes that differ at an
- * outer step stop the run (ERROR to everyone, LOCO_EPEER here). Nothing a
+ * this one when every member is gone. An island whose θ_global hash
+ * differs from the one a strict majority of the members reported, or whose
+ * contribution a strict majority refused, leaves the quorum and fetches
+ * the state; hashes that differ with no strict majority stop the run
+ * (ERROR to everyone, LOCO_EPEER here). Nothing a
  * connection does ends it otherwise: a refused REGISTER (unknown site,
  * another site's certificate, another mesh or model), a frame out of place
  * or a link that fails is logged, that connection dropped, and it goes on. */
@@ -234,6 +237,8 @@ typedef struct {
     loco_wan link_wan;
     bool link_done;
     loco_link_faults frames; /* on every island-to-island link */
+    int64_t poison_step;     /* the first outer step at or after it sends Δ × poison_factor */
+    float poison_factor;     /* NaN or Inf possible */
 } loco_faults;
 
 /* The faults of island `id` (site) in c's [faults]; LOCO_EINVAL naming the
@@ -255,6 +260,10 @@ void loco_faults_inject(loco_faults *f, int64_t step, double step_s, loco_link *
 void loco_faults_event(const loco_faults *f, const char *fault, const char *peer,
                        const char *detail);
 void loco_faults_refused_event(const loco_faults *f, const char *reason);
+/* faults.poison: the factor for the pseudo-gradient of the outer step that
+ * inner step `step` ends (1 when none; then it is spent, recorded as an
+ * event). */
+float loco_faults_poison(loco_faults *f, int64_t step);
 
 /* ------------------------------------------- fault-experiment reports
  * The analysis of a fault run beside a fault-free baseline

@@ -4,6 +4,7 @@
 #include "faulttol/faulttol.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,24 @@ int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, in
             f->freeze_ms = atoll(plus + 1);
         }
     }
+    /* poison = SITE@STEP*FACTOR: first incarnation only, like kill. */
+    f->poison_factor = 1;
+    if (c->faults.poison[0]) {
+        snprintf(buf, sizeof buf, "%s", c->faults.poison);
+        char *at = strchr(buf, '@'), *star = at ? strchr(at, '*') : NULL, *end = NULL;
+        double factor = star ? strtod(star + 1, &end) : 0;
+        if (!at || !star || end == star + 1 || *end || atoll(at + 1) < 1 || !isfinite(factor))
+            return LOCO_ERR(LOCO_EINVAL,
+                            "faults.poison: '%s': expected SITE@STEP*FACTOR (a finite number: the "
+                            "encoder refuses NaN and Inf; tests/outer sends those as a hostile "
+                            "peer would)",
+                            c->faults.poison);
+        *at = '\0';
+        if (!strcmp(buf, f->site) && !getenv("LOCO_RESTARTED")) {
+            f->poison_step = atoll(at + 1);
+            f->poison_factor = (float)factor;
+        }
+    }
     if (c->faults.slow[0]) {
         snprintf(buf, sizeof buf, "%s", c->faults.slow);
         char *star = strchr(buf, '*');
@@ -122,6 +141,18 @@ int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, in
                                    .types = 1u << LOCO_FRAME_PSEUDOGRAD,
                                    .seed = (uint64_t)c->faults.seed * 1000003u + (uint64_t)f->id};
     return 0;
+}
+
+float loco_faults_poison(loco_faults *f, int64_t step) {
+    if (!f->poison_step || step < f->poison_step)
+        return 1;
+    f->poison_step = 0;
+    char d[160];
+    snprintf(d, sizeof d, "pseudo-gradient sent times %g at the outer step of inner step %lld",
+             (double)f->poison_factor, (long long)step);
+    loco_warn("faults: %s poisons its contribution: %s", f->site, d);
+    loco_faults_event(f, "poison", NULL, d);
+    return f->poison_factor;
 }
 
 bool loco_faults_partitioned(const loco_faults *f, int peer) {

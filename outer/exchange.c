@@ -154,6 +154,15 @@ static int recv_chunk(const pipeline *p, int k, size_t chunk, void **payload, si
     return 0;
 }
 
+/* Island k's share of a chunk; a refused one (outer.h) fails the step
+ * with island k as the peer to drop. */
+static int add_share(pipeline *p, int k, const void *bytes, size_t len) {
+    int rc = loco_outer_add_chunk(p->o, 1, k, bytes, len);
+    if (rc == LOCO_EREFUSED)
+        p->bad_peer = loco_outer_refused(p->o);
+    return rc;
+}
+
 static int start(pipeline *p, pthread_t *th, int stage, encode_fn fn) {
     p->stage = stage;
     p->encode = fn;
@@ -182,7 +191,7 @@ static int reduce_stage(pipeline *p, loco_exchange_stats *s) {
             if (k == x->me) {
                 rc = wait_encoded(p, c);
                 if (rc == 0)
-                    rc = loco_outer_add_chunk(p->o, 1, k, p->bytes[c], p->lens[c]);
+                    rc = add_share(p, k, p->bytes[c], p->lens[c]);
                 continue;
             }
             void *payload = NULL;
@@ -190,7 +199,7 @@ static int reduce_stage(pipeline *p, loco_exchange_stats *s) {
             rc = recv_chunk(p, k, c, &payload, &len);
             if (rc == 0) {
                 s->bytes_received += len;
-                rc = loco_outer_add_chunk(p->o, 1, k, payload, len);
+                rc = add_share(p, k, payload, len);
             }
             loco_free(payload);
         }
@@ -222,6 +231,8 @@ static int gather_stage(pipeline *p, loco_exchange_stats *s) {
         if (rc == 0) {
             s->bytes_received += len;
             rc = loco_outer_rs_add(p->o, 1, c, payload, len);
+            if (rc == LOCO_EREFUSED)
+                p->bad_peer = k; /* its reducer */
         }
         loco_free(payload);
         if (rc == 0)
@@ -253,7 +264,7 @@ static int observe(loco_outer *o, const loco_exchange *x, float *theta_local, in
             rc = recv_chunk(&p, k, c, &payload, &len);
             if (rc == 0) {
                 s.bytes_received += len;
-                rc = loco_outer_add_chunk(o, 1, k, payload, len);
+                rc = add_share(&p, k, payload, len);
             }
             loco_free(payload);
         }
@@ -267,6 +278,7 @@ static int observe(loco_outer *o, const loco_exchange *x, float *theta_local, in
     s.exchange_s = t1 - t0;
     s.apply_s = loco_now() - t1;
     s.failed_peer = p.bad_peer;
+    s.delta_ratio = loco_outer_delta_ratio(o);
     if (st)
         *st = s;
     return rc;
@@ -365,6 +377,7 @@ out:;
     s.raw_bytes = p.raw;
     s.bytes_sent = p.sent;
     s.failed_peer = p.bad_peer;
+    s.delta_ratio = loco_outer_delta_ratio(o);
     s.exchange_s = t1 - t0;
     s.apply_s = loco_now() - t1;
     /* zstd=auto times its choice (a redo only resent bytes). */

@@ -66,6 +66,7 @@ void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
     loco_metrics_num(is->metrics, "bytes_received", sums[2]);
     loco_metrics_num(is->metrics, "compression_ratio", sums[1] > 0 ? sums[0] / sums[1] : 0);
     loco_metrics_num(is->metrics, "exchange_s", sums[3]);
+    loco_metrics_num(is->metrics, "delta_ratio", sums[4]);
     loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st->encode_s + st->apply_s);
     loco_metrics_num(is->metrics, "wait_s", wait);
     loco_metrics_num(is->metrics, "ready_wait_s", is->sync.ready_s);

@@ -37,7 +37,8 @@ typedef struct {
     /* Where the inner loop waited: for the go, for the exchange to end,
      * for the commit (seconds, this step's attempts together). */
     double ready_s, join_s, done_s;
-    double sums[4];    /* island totals: raw, sent, received bytes; exchange seconds */
+    double sums[5];    /* island totals: raw, sent, received bytes; exchange seconds,
+                          largest contribution-norm ratio (maxima) */
     char msg[256];     /* its error message (errors are thread-local) */
 } loco_sync;
 

@@ -269,6 +269,11 @@ static int prepare(island *is, bool overlap) {
         return 0;
     }
     if (!y->planned) {
+        if (!y->observer) {
+            const float poison = loco_faults_poison(&is->f, y->inner);
+            if (poison != 1)
+                loco_outer_poison_next(is->outer[y->frag], poison);
+        }
         if (!overlap && is->alpha == 0 && loco_fragments_contiguous(&is->fr, y->frag, &at)) {
             y->theta = own + at;
         } else {
@@ -293,10 +298,17 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
     loco_sync *y = &is->sync;
     const int nc = y->x.n_islands;
     if (y->rc < 0) {
+        char why[sizeof y->msg + 96];
+        const int fp = y->st.failed_peer;
+        if (y->rc == LOCO_EREFUSED && fp >= 0 && fp < nc)
+            snprintf(why, sizeof why, "contribution of %s refused: %s", is->q.m[y->ids[fp]].site,
+                     y->msg);
+        else
+            snprintf(why, sizeof why, "%s", y->msg);
         loco_warn("outer step %lld (epoch %llu): %s", (long long)y->outer,
-                  (unsigned long long)is->q.epoch, y->msg);
-        if (y->rc == LOCO_EPROTO)
-            loco_faults_refused_event(&is->f, y->msg);
+                  (unsigned long long)is->q.epoch, why);
+        if (y->rc == LOCO_EPROTO || y->rc == LOCO_EREFUSED)
+            loco_faults_refused_event(&is->f, why);
     }
     int bad = y->rc < 0;
     LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
@@ -306,9 +318,14 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
         sus = 1ull << y->ids[y->st.failed_peer];
     else if (bad)
         sus = is->q.members & ~(1ull << is->id);
+    /* A refused contribution is said as such: the coordinator drops its
+     * island when most of the others refused it too (faulttol/coord.c). */
+    uint64_t refused = y->rc == LOCO_EREFUSED && y->st.failed_peer >= 0 ? sus : 0;
     LOCO_CHECK(loco_comm_allreduce(is->world, &sus, 1, LOCO_DT_I64, LOCO_OP_MAX));
+    LOCO_CHECK(loco_comm_allreduce(is->world, &refused, 1, LOCO_DT_I64, LOCO_OP_MAX));
     *suspects = sus;
     if (!*ok) {
+        *hash = refused; /* a failed outcome carries the refused islands in place of a hash */
         loco__island_drop_links(is); /* a failed attempt leaves nothing on the wire */
         return 0;
     }
@@ -327,8 +344,9 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
     sums[1] = (double)y->st.bytes_sent;
     sums[2] = (double)y->st.bytes_received;
     sums[3] = y->st.exchange_s;
+    sums[4] = y->st.delta_ratio;
     LOCO_CHECK(loco_comm_allreduce(is->world, sums, 3, LOCO_DT_F64, LOCO_OP_SUM));
-    LOCO_CHECK(loco_comm_allreduce(is->world, sums + 3, 1, LOCO_DT_F64, LOCO_OP_MAX));
+    LOCO_CHECK(loco_comm_allreduce(is->world, sums + 3, 2, LOCO_DT_F64, LOCO_OP_MAX));
     return 0;
 }
 

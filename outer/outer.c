@@ -1,6 +1,7 @@
 /* DiLoCo's outer step over one owned range. */
 #include "outer/outer.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,15 @@ struct loco_outer {
     int workers;
     unsigned char *avg_zeroed, *avg2_zeroed; /* (refs_cap) */
     float *sample;            /* (SAMPLE_N) Δ at spread positions, for zstd=auto */
+    /* Contribution check: each island's share of the chunk being reduced
+     * (its decoded values are the change it made to avg, before them kept
+     * in chunk_prev), as a sum of squares and whether all were finite. */
+    float *chunk_prev;               /* (chunk elements) */
+    double sumsq[LOCO_MAX_PEERS];
+    bool nonfinite[LOCO_MAX_PEERS];
+    int refused;                     /* island refused by the last check, -1 */
+    double worst_ratio;              /* largest norm / median of the others this step */
+    float poison, poison_next;       /* fault lab: Δ sent times this (1: none), this plan / next */
 };
 
 #define SAMPLE_PIECES 8
@@ -59,6 +69,7 @@ int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) 
     p->nesterov = strcmp(cfg->outer.optimizer, "nesterov") == 0;
     p->lr = (float)cfg->outer.lr;
     p->momentum = (float)cfg->outer.momentum;
+    p->max_delta_ratio = (float)cfg->outer.max_delta_ratio;
     return 0;
 }
 
@@ -85,6 +96,7 @@ void loco_outer_destroy(loco_outer *o) {
     loco_free(o->avg_zeroed);
     loco_free(o->avg2_zeroed);
     loco_free(o->sample);
+    loco_free(o->chunk_prev);
     loco_free(o);
 }
 
@@ -125,10 +137,13 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     o->avg_zeroed = loco_alloc(o->refs_cap);
     o->avg2_zeroed = loco_alloc(o->refs_cap);
     o->sample = loco_alloc(SAMPLE_N * sizeof(float));
+    o->chunk_prev = loco_alloc(loco_compress_chunk_elems(&c) * sizeof(float));
+    o->refused = -1;
+    o->poison = o->poison_next = 1.0f;
     if (!o->theta || !o->mom || !o->delta || !o->avg || !o->enc || !o->refs || !o->chunk_next ||
         !o->final_have || !o->applied || !o->avg2 || !o->enc2 || !o->enc_len || !o->theta_bak ||
         !o->mom_bak || !o->chunk_delta || !o->avg_zeroed || !o->avg2_zeroed ||
-        !o->sample) {
+        !o->sample || !o->chunk_prev) {
         rc = LOCO_ERR(LOCO_ENOMEM, "outer buffers for %zu elements", n);
         goto out_fail;
     }
@@ -196,6 +211,8 @@ int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_
     LOCO_CHECK(loco_codec_plan_sampled(o->codec, &o->plan, sample, m ? m : 1, o->n, 0,
                                        (uint64_t)step));
     memset(o->enc_len, 0, o->refs_cap * sizeof *o->enc_len);
+    o->poison = o->poison_next;
+    o->poison_next = 1.0f;
     if (o->plan.n_chunks + 1 > o->refs_cap)
         return LOCO_ERR(LOCO_EINVAL, "outer: %zu chunks exceed the planned %zu", o->plan.n_chunks,
                         o->refs_cap);
@@ -221,6 +238,15 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
     unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
     LOCO_CHECK(loco_codec_encode_chunk_from(o->codec, worker, &o->plan, slot, o->plan.slot_bytes,
                                             len, d, chunk));
+    if (o->poison != 1.0f) {
+        /* The fault lab's poisoned contribution goes on the wire in place
+         * of the true one, which the error feedback keeps: only the bytes
+         * sent are bad, as from a faulty or hostile peer. */
+        for (size_t i = 0; i < hi - lo; i++)
+            d[i] *= o->poison;
+        LOCO_CHECK(loco_codec_encode_chunk_from(o->codec2, worker, &o->plan, slot,
+                                                o->plan.slot_bytes, len, d, chunk));
+    }
     o->enc_len[chunk] = *len;
     *bytes = slot;
     return 0;
@@ -278,6 +304,8 @@ static void zero_chunk(loco_outer *o, float *buf, unsigned char *zeroed, size_t 
 }
 
 void loco_outer_begin_average(loco_outer *o, int n_islands) {
+    o->refused = -1;
+    o->worst_ratio = 0;
     memset(o->avg_zeroed, 0, o->refs_cap);
     memset(o->chunk_next, 0, o->refs_cap * sizeof *o->chunk_next);
     memset(o->applied, 0, o->refs_cap);
@@ -322,10 +350,99 @@ int loco_outer_rs_add(loco_outer *o, int worker, size_t chunk, const void *bytes
                         chunk, (unsigned long long)info.first);
     zero_chunk(o, o->avg2, o->avg2_zeroed, chunk);
     LOCO_CHECK(loco_codec_decode_chunk(o->codec2, worker, o->avg2, o->n, 1.0f, bytes, len));
+    /* A reducer's average has nothing beside it to compare a norm with:
+     * only NaN and Inf are refused here (the reducer checked the shares). */
+    const size_t lo = info.first, hi = lo + per < o->n ? lo + per : o->n;
+    for (size_t i = lo; i < hi; i++)
+        if (!isfinite(o->avg2[i])) {
+            return LOCO_ERR(LOCO_EREFUSED, "outer: refused reduced chunk %zu: NaN or Inf", chunk);
+        }
     o->final_have[chunk] = 1;
     o->final_done++;
     return 0;
 }
+
+/* What island's decoded values added to avg[first, first + n) (chunk_prev
+ * holds it before them): their sum of squares, and whether all of them,
+ * and the sum, stayed finite. One serial pass, so every island computes
+ * the same bits. */
+static void measure_share(loco_outer *o, int island, const float *now, size_t n) {
+    const double scale = o->expect;
+    const float *before = o->chunk_prev;
+    double ss = 0;
+    bool bad = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(now[i])) {
+            bad = true;
+            break;
+        }
+        double d = ((double)now[i] - before[i]) * scale;
+        ss += d * d;
+    }
+    o->sumsq[island] = ss;
+    o->nonfinite[island] = bad || !isfinite(ss);
+}
+
+/* Median of the norms of every island but `skip`. */
+static double median_of_others(const loco_outer *o, int skip) {
+    double v[LOCO_MAX_PEERS];
+    int m = 0;
+    for (int k = 0; k < o->expect; k++)
+        if (k != skip)
+            v[m++] = sqrt(o->sumsq[k]);
+    for (int i = 1; i < m; i++) /* insertion sort: at most 63 values */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return m == 0 ? 0 : m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+/* Chunk c has every contribution: refuse it before anything of it is
+ * applied if one island's share holds NaN or Inf (the first such island:
+ * a later one only inherited it), else if one island's norm is over
+ * max_delta_ratio times the median of the others' (the worst such). The
+ * median of the others, not of all: with two islands the honest one's
+ * norm alone is the yardstick. A median of 0 (the others sent nothing in
+ * this chunk) gives no yardstick, and nothing is refused on it. */
+static int check_chunk(loco_outer *o, size_t c) {
+    o->refused = -1;
+    for (int k = 0; k < o->expect; k++)
+        if (o->nonfinite[k]) {
+            o->refused = k;
+            return LOCO_ERR(LOCO_EREFUSED,
+                            "outer: refused the contribution of island %d: chunk %zu decodes to "
+                            "NaN or Inf", k, c);
+        }
+    const double r = o->p.max_delta_ratio;
+    if (o->expect < 2)
+        return 0;
+    double worst = 0, norm = 0, med = 0;
+    for (int k = 0; k < o->expect; k++) {
+        const double m = median_of_others(o, k), n = sqrt(o->sumsq[k]);
+        if (m > 0 && n / m > o->worst_ratio)
+            o->worst_ratio = n / m;
+        if (r > 0 && m > 0 && n > r * m && n / m > worst) {
+            worst = n / m;
+            o->refused = k;
+            norm = n;
+            med = m;
+        }
+    }
+    if (o->refused < 0)
+        return 0;
+    return LOCO_ERR(LOCO_EREFUSED,
+                    "outer: refused the contribution of island %d: chunk %zu has norm %.3g, %.3g "
+                    "times the median %.3g of the others' (outer.max_delta_ratio %g)",
+                    o->refused, c, norm, worst, med, r);
+}
+
+int loco_outer_refused(const loco_outer *o) { return o->refused; }
+
+double loco_outer_delta_ratio(const loco_outer *o) { return o->worst_ratio; }
+
+void loco_outer_poison_next(loco_outer *o, float factor) { o->poison_next = factor; }
 
 int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len) {
     loco_chunk_info info;
@@ -341,12 +458,21 @@ int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *byte
     if (o->chunk_next[c] != island)
         return LOCO_ERR(LOCO_EPROTO, "outer: chunk %zu from island %d out of order (expected %d)",
                         c, island, o->chunk_next[c]);
+    if (island < 0 || island >= LOCO_MAX_PEERS)
+        return LOCO_ERR(LOCO_EINVAL, "outer: island %d", island);
     zero_chunk(o, o->avg, o->avg_zeroed, c);
-    LOCO_CHECK(loco_codec_decode_chunk(o->codec, worker, o->avg, o->n, 1.0f / (float)o->expect,
-                                       bytes, len));
-    if (++o->chunk_next[c] == o->expect)
-        o->chunks_done++;
-    return 0;
+    float *now = o->avg + info.first;
+    memcpy(o->chunk_prev, now, want * sizeof(float));
+    int rc = loco_codec_decode_chunk(o->codec, worker, o->avg, o->n, 1.0f / (float)o->expect,
+                                     bytes, len);
+    if (rc == LOCO_EREFUSED) /* well-formed, but NaN or Inf where a scale or value is */
+        o->refused = island;
+    LOCO_CHECK(rc);
+    measure_share(o, island, now, want);
+    if (++o->chunk_next[c] < o->expect)
+        return 0;
+    o->chunks_done++;
+    return check_chunk(o, c);
 }
 
 int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {

@@ -21,6 +21,10 @@ typedef struct {
     int64_t H;
     bool nesterov; /* false: plain averaging (local SGD) */
     float lr, momentum;
+    /* Contribution check (docs/FAULTS.md): a chunk whose norm is over this
+     * many times the median of the other islands' norms of that chunk is
+     * refused; 0 checks only for NaN and Inf. */
+    float max_delta_ratio;
 } loco_outer_params;
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg);
@@ -71,6 +75,19 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len);
  * same on every island whatever order the chunks arrive in; the chunk is
  * checked before it touches anything (LOCO_EPROTO). */
 int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *bytes, size_t len);
+/* When the last contribution of a chunk is added, the chunk is checked
+ * before anything of it is applied: an island whose decoded values hold
+ * NaN or Inf, or whose norm is an outlier (max_delta_ratio), is refused —
+ * add_chunk (or rs_add, for a reducer's bytes) returns LOCO_EREFUSED and
+ * this names the island (-1 when none was). Every island decodes the same
+ * bytes, so every island refuses the same one. */
+int loco_outer_refused(const loco_outer *o);
+/* The largest ratio a check of this step found (0 before any). */
+double loco_outer_delta_ratio(const loco_outer *o);
+/* Fault lab (faults.poison): the pseudo-gradient sent at the next planned
+ * step is the true one times factor (finite: the encoder refuses NaN and
+ * Inf); the error feedback keeps the true one. */
+void loco_outer_poison_next(loco_outer *o, float factor);
 /* Applies the outer optimizer to one chunk's range as soon as it has all
  * its contributions (pipelining the update with the chunks still in
  * flight); loco_outer_apply then does the rest. */
@@ -168,6 +185,9 @@ typedef struct {
      * bandwidth among this rank's and the peers' (identical on every island
      * for this rank index). */
     double agreed_rtt_s, agreed_bytes_per_s;
+    /* The largest ratio of an island's chunk norm to the median of the
+     * others' that this rank saw (what outer.max_delta_ratio bounds). */
+    double delta_ratio;
     int failed_peer; /* on failure: the contributor index whose link failed, else -1 */
 } loco_exchange_stats;
 

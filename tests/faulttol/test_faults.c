@@ -242,6 +242,26 @@ Test(faults, corrupted_frames_are_refused_never_applied) {
     free(s);
 }
 
+/* An outlier contribution from the island with the lowest id: refused by
+ * every island before anything is applied, its sender (not the island
+ * with the higher id, as for a broken link) leaves and rejoins. */
+Test(faults, poisoned_contribution_is_refused_and_its_island_dropped) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "poison", "");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(event_at(s, "fault", "siteA", "poison", 0) > 0, "%s", s->out);
+    double refused = event_at(s, "refused", "siteB", NULL, 0);
+    cr_expect(refused > 0, "siteB refused the contribution: %s", s->out);
+    cr_expect(strstr(s->out, "contribution of siteA refused") != NULL, "%s", s->out);
+    cr_expect(event_at(s, "suspect", "siteA", NULL, 0) > 0, "siteA dropped: %s", s->out);
+    cr_expect(event_at(s, "suspect", "siteB", NULL, 0) < 0, "siteB kept: %s", s->out);
+    cr_expect(event_at(s, "suspect", "siteC", NULL, 0) < 0, "siteC kept: %s", s->out);
+    cr_expect(event_at(s, "join", "siteA", NULL, refused) > 0, "siteA rejoined: %s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
 Test(faults, dropped_duplicated_and_reordered_frames_leave_no_trace) {
     scenario *s = calloc(1, sizeof *s);
     run(s, "corrupt",

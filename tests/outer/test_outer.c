@@ -132,6 +132,119 @@ Test(outer, damaged_contributions_are_refused) {
     loco_outer_destroy(o);
 }
 
+/* A hostile peer's chunk: well-formed (both checksums right) but element
+ * 3 of its fp32 payload replaced by v. */
+static void forge_value(unsigned char *chunk, size_t len, float v) {
+    loco_chunk_info info;
+    cr_assert_eq(loco_chunk_parse(chunk, len, &info), 0, "%s", loco_errmsg());
+    cr_assert(!info.zstd && info.enc_len >= 16);
+    unsigned char *payload = chunk + LOCO_CHUNK_HEADER_BYTES;
+    memcpy(payload + 12, &v, sizeof v);
+    loco_put_le64(chunk + 48, loco_hash64(payload, info.enc_len));
+    loco_put_le64(chunk + 56, loco_hash64(chunk, 56));
+}
+
+/* K islands' pipelined exchange in one process, island `poisoned` sending
+ * its pseudo-gradient times `factor` (NaN, Inf: its chunk 0 forged to hold
+ * one): returns what island 0's
+ * loco_outer_add_chunk said (the first error, else 0), *refused the island
+ * it named, and whether θ_global of every island stayed as it was. */
+static int exchange_with_poison(const char *kind, int K, int poisoned, float factor, float ratio,
+                                int *refused, bool *untouched) {
+    enum { N = 6000, KMAX = 4 };
+    static float theta0[N], local[KMAX][N], out[N];
+    fill(theta0, N, 5, 1.0f);
+    loco_outer_params p = {.H = 1, .nesterov = true, .lr = 0.7f, .momentum = 0.9f,
+                           .max_delta_ratio = ratio};
+    loco_codec_params cp = codec(kind);
+    cp.chunk_bytes = 4096; /* several chunks */
+    cp.zstd = LOCO_ZSTD_OFF;
+    loco_outer *o[KMAX];
+    static unsigned char bytes[KMAX][64][8192];
+    size_t lens[KMAX][64], n_chunks = 0;
+    for (int k = 0; k < K; k++) {
+        cr_assert_eq(loco_outer_create(&o[k], &p, &cp, N, theta0), 0, "%s", loco_errmsg());
+        for (int i = 0; i < N; i++) /* similar pseudo-gradients, of similar size */
+            local[k][i] = theta0[i] - 0.01f * (float)((i * (k + 3)) % 17 - 8);
+        if (k == poisoned && isfinite(factor))
+            loco_outer_poison_next(o[k], factor);
+        cr_assert_eq(loco_outer_plan(o[k], local[k], 1, &n_chunks), 0, "%s", loco_errmsg());
+        cr_assert(n_chunks > 1 && n_chunks <= 64);
+        for (size_t c = 0; c < n_chunks; c++) {
+            const void *b;
+            cr_assert_eq(loco_outer_encode_chunk(o[k], 0, c, &b, &lens[k][c]), 0, "%s",
+                         loco_errmsg());
+            cr_assert(lens[k][c] <= sizeof bytes[k][c]);
+            memcpy(bytes[k][c], b, lens[k][c]);
+        }
+        if (k == poisoned && !isfinite(factor))
+            forge_value(bytes[k][0], lens[k][0], factor);
+    }
+    uint64_t before = loco_outer_hash(o[0]);
+    int first = 0;
+    *refused = -1;
+    *untouched = true;
+    for (int r = 0; r < K; r++) {
+        loco_outer_begin_average(o[r], K);
+        int rc = 0;
+        for (size_t c = 0; c < n_chunks && rc == 0; c++) {
+            for (int k = 0; k < K && rc == 0; k++)
+                rc = loco_outer_add_chunk(o[r], 0, k, bytes[k][c], lens[k][c]);
+            if (rc == 0)
+                rc = loco_outer_apply_chunk(o[r], c, out);
+        }
+        if (rc == 0)
+            rc = loco_outer_apply(o[r], out);
+        if (r == 0) {
+            first = rc;
+            *refused = loco_outer_refused(o[0]);
+        } else {
+            cr_expect_eq(rc, first, "island %d concluded otherwise than island 0", r);
+            cr_expect_eq(loco_outer_refused(o[r]), *refused, "island %d refused another", r);
+        }
+        if (rc != 0) {
+            loco_outer_restore(o[r]);
+            *untouched = *untouched && loco_outer_hash(o[r]) == before;
+        }
+    }
+    for (int k = 0; k < K; k++)
+        loco_outer_destroy(o[k]);
+    return first;
+}
+
+Test(outer, contributions_with_nan_inf_or_outlier_norms_are_refused_before_any_apply) {
+    int refused;
+    bool untouched;
+    /* honest islands pass, with the check at its default */
+    cr_expect_eq(exchange_with_poison("int8", 3, -1, 1, 10, &refused, &untouched), 0, "%s",
+                 loco_errmsg());
+    cr_expect_eq(refused, -1);
+    /* NaN and Inf (a lossless codec carries them through) */
+    cr_expect_eq(exchange_with_poison("none", 3, 1, NAN, 10, &refused, &untouched),
+                 LOCO_EREFUSED);
+    cr_expect_eq(refused, 1);
+    cr_expect(untouched, "θ_global must be as before the refused step");
+    cr_expect_eq(exchange_with_poison("none", 3, 2, INFINITY, 0, &refused, &untouched),
+                 LOCO_EREFUSED, "NaN/Inf are refused even with the norm check off");
+    cr_expect_eq(refused, 2);
+    /* an outlier: 1000 times the others, under int8 */
+    cr_expect_eq(exchange_with_poison("int8", 3, 0, 1000, 10, &refused, &untouched),
+                 LOCO_EREFUSED);
+    cr_expect_eq(refused, 0, "the outlier is island 0, not the honest ones");
+    cr_expect(untouched);
+    cr_expect(strstr(loco_errmsg(), "median") != NULL, "%s", loco_errmsg());
+    /* two islands: the honest one's norm is the yardstick */
+    cr_expect_eq(exchange_with_poison("int8", 2, 1, -50, 10, &refused, &untouched),
+                 LOCO_EREFUSED);
+    cr_expect_eq(refused, 1);
+    /* a contribution 3 times the others is within a ratio of 10, and the
+     * outlier rule is off at 0 */
+    cr_expect_eq(exchange_with_poison("int8", 4, 3, 3, 10, &refused, &untouched), 0, "%s",
+                 loco_errmsg());
+    cr_expect_eq(exchange_with_poison("int8", 3, 0, 1000, 0, &refused, &untouched), 0, "%s",
+                 loco_errmsg());
+}
+
 /* DiLoCo in one process: K trainers on disjoint data, an outer step every
  * H inner steps with int8 pseudo-gradients. */
 Test(outer, diloco_in_one_process_agrees_and_learns, .timeout = 120) {
