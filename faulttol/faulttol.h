@@ -138,6 +138,10 @@ int loco_session_done(loco_session *s, int64_t step, uint64_t epoch, bool ok, ui
 void loco_session_ready_ahead(loco_session *s, int64_t step, int64_t have);
 void loco_session_done_ahead(loco_session *s, int64_t step, uint64_t epoch, bool ok,
                              uint64_t hash, uint64_t suspects);
+/* Whether the link to the coordinator is down now (found by a heartbeat
+ * or a send; the next wait mends it): an exchange started by that
+ * coordinator's GO can no longer be committed by it. Any thread. */
+bool loco_session_broken(loco_session *s);
 /* Records the committed state (for re-registration). */
 void loco_session_progress(loco_session *s, const loco_island_progress *p);
 /* Records progress; a thread of the session sends a heartbeat every

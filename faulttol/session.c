@@ -67,6 +67,13 @@ static int send_locked(loco_session *s, int type, const char *json) {
     return rc;
 }
 
+bool loco_session_broken(loco_session *s) {
+    pthread_mutex_lock(&s->mu);
+    const bool b = s->broken || !s->link;
+    pthread_mutex_unlock(&s->mu);
+    return b;
+}
+
 static void *beat_main(void *arg) {
     loco_session *s = arg;
     pthread_mutex_lock(&s->mu);

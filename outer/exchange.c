@@ -117,6 +117,25 @@ static void *sender(void *arg) {
 }
 
 /* Waits until the sender published chunk c (or failed). */
+/* The next frame from peer k within x->timeout_ms, in slices so that a
+ * cancelled attempt (loco_exchange.cancelled) ends without waiting out a
+ * peer that will never send. */
+static int recv_frame(const loco_exchange *x, int k, loco_frame_hdr *h, void **payload) {
+    const double deadline = loco_now() + x->timeout_ms / 1e3;
+    for (;;) {
+        const double left_ms = (deadline - loco_now()) * 1e3;
+        const int slice = !x->cancelled ? x->timeout_ms
+                          : left_ms < LOCO_EXCHANGE_POLL_MS ? (int)fmax(left_ms, 0)
+                                                           : LOCO_EXCHANGE_POLL_MS;
+        const int rc = loco_link_recv(x->peers[k], h, payload, slice);
+        if (rc != LOCO_ETIMEDOUT || !x->cancelled || left_ms <= slice)
+            return rc;
+        if (x->cancelled(x->cancel_ctx))
+            return LOCO_ERR(LOCO_EPEER, "the coordinator that started this attempt is gone");
+        loco_err_clear();
+    }
+}
+
 static int wait_encoded(pipeline *p, size_t c) {
     pthread_mutex_lock(&p->mu);
     while (atomic_load(&p->encoded) <= c && !atomic_load(&p->abort))
@@ -131,7 +150,7 @@ static int recv_chunk(const pipeline *p, int k, size_t chunk, void **payload, si
     const loco_exchange *x = p->x;
     const size_t total = p->rsag ? 2 * p->n_chunks : p->n_chunks;
     loco_frame_hdr h;
-    int rc = loco_link_recv(x->peers[k], &h, payload, x->timeout_ms);
+    int rc = recv_frame(x, k, &h, payload);
     if (rc < 0) {
         ((pipeline *)p)->bad_peer = k;
         return LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)p->step, k,
@@ -337,7 +356,7 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
             continue;
         loco_frame_hdr h;
         void *in = NULL;
-        rc = loco_link_recv(x->peers[k], &h, &in, x->timeout_ms);
+        rc = recv_frame(x, k, &h, &in);
         if (rc < 0) {
             p.bad_peer = k;
             rc = LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)step, k,

@@ -241,6 +241,16 @@ static void *exchange_thread(void *arg) {
     return NULL;
 }
 
+/* The coordinator whose GO started the attempt is gone (rank 0 holds the
+ * session): peers that never got the GO will not send, so the exchange
+ * ends now instead of after faulttol.timeout_ms (the step is redone under
+ * the coordinator the island registers with next). Other ranks wait for
+ * their peers' links to fail or time out. */
+static bool coordinator_gone(void *ctx) {
+    island *is = ctx;
+    return is->session && loco_session_broken(is->session);
+}
+
 /* Sets up an attempt at the step in is->sync in the quorum is->q (a go):
  * as a member, or as an observer when it rejoins at this step; the
  * fragment's θ_local is taken now (packed, unless the step may work in
@@ -286,7 +296,8 @@ static int prepare(island *is, bool overlap) {
                            .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
                            .timeout_ms = (int)is->cfg.faulttol.timeout_ms,
                            .est_rtt_s = is->rtt_s, .est_bytes_per_s = is->bytes_per_s,
-                           .redo = y->planned, .observers = y->obs, .n_observers = no};
+                           .redo = y->planned, .observers = y->obs, .n_observers = no,
+                           .cancelled = is->rank == 0 ? coordinator_gone : NULL, .cancel_ctx = is};
     y->st = (loco_exchange_stats){.failed_peer = -1};
     y->planned = true; /* the pseudo-gradient is encoded from here on */
     return 0;

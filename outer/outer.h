@@ -148,6 +148,7 @@ int loco_outer_load_file(const loco_outer_set *s, const char *path, loco_outer_m
 /* --------------------------------------------------------- the exchange */
 
 #define LOCO_MAX_PEERS 64
+#define LOCO_EXCHANGE_POLL_MS 200 /* how often a wait on a peer checks `cancelled` */
 
 /* Where this rank's outer step exchanges: links to the same rank of every
  * other island of the quorum, indexed by island id. */
@@ -158,6 +159,11 @@ typedef struct {
     uint32_t shard;      /* this rank's index in its island */
     size_t max_frame;    /* payload bytes per PSEUDOGRAD frame */
     int timeout_ms;      /* a peer silent this long fails the step */
+    /* Optional: true once the attempt can no longer count (the coordinator
+     * that started it is gone): the waits on peers then end within
+     * LOCO_EXCHANGE_POLL_MS instead of timeout_ms. */
+    bool (*cancelled)(void *ctx);
+    void *cancel_ctx;
     /* This rank's current estimate of the links, sent to every peer ahead
      * of the chunks (0 = none): the algorithm choice of later steps. */
     double est_rtt_s, est_bytes_per_s;

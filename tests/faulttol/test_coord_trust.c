@@ -6,6 +6,7 @@
  * (re)registers (committed step, hash, epoch) move nothing that the others,
  * or the coordinator itself, do not confirm. */
 #include "faulttol/faulttol.h"
+#include "tests/faulttol/coord_harness.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -14,47 +15,12 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef struct {
-    loco_coord *c;
-    int rc;
-    char msg[1024];
-} server;
-
-static void *serve(void *arg) {
-    server *s = arg;
-    s->rc = loco_coord_serve(s->c);
-    snprintf(s->msg, sizeof s->msg, "%s", loco_errmsg());
-    return NULL;
-}
-
-static loco_config cfg;
-static loco_net_params np;
-static server srv;
-static pthread_t th;
 static char events[64];
 
 static void start(const char *sites) {
-    loco_config_defaults(&cfg);
-    snprintf(cfg.outer.sites, sizeof cfg.outer.sites, "%s", sites);
-    cfg.faulttol.timeout_ms = 20000;
-    loco_net_params_default(&np);
-    np.backend = LOCO_NET_PLAIN;
-    np.streams = 1;
-    snprintf(np.name, sizeof np.name, "coordinator");
-    loco_log_set_level(LOCO_LOG_ERROR);
     snprintf(events, sizeof events, "/tmp/loco-trust-%d.jsonl", (int)getpid());
     unlink(events);
-    cr_assert_eq(loco_coord_create(&srv.c, &cfg, &np, "127.0.0.1", 0, events), 0, "%s",
-                 loco_errmsg());
-    snprintf(cfg.faulttol.coordinator, sizeof cfg.faulttol.coordinator, "127.0.0.1:%d",
-             loco_coord_port(srv.c));
-    cr_assert_eq(pthread_create(&th, NULL, serve, &srv), 0);
-}
-
-static int finish(void) {
-    pthread_join(th, NULL);
-    loco_coord_destroy(srv.c);
-    return srv.rc;
+    coord_start(sites, events);
 }
 
 /* The event line of `kind` that holds every one of `with` (NULL-terminated

@@ -2,6 +2,7 @@
  * in one process over K trainers: islands stay bit-identical and learn. */
 #include "inner/inner.h"
 #include "outer/outer.h"
+#include "tests/net/net_test.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -243,6 +244,46 @@ Test(outer, contributions_with_nan_inf_or_outlier_norms_are_refused_before_any_a
                  loco_errmsg());
     cr_expect_eq(exchange_with_poison("int8", 3, 0, 1000, 0, &refused, &untouched), 0, "%s",
                  loco_errmsg());
+}
+
+static double cancel_at;
+static bool cancel_after(void *ctx) {
+    (void)ctx;
+    return loco_now() >= cancel_at;
+}
+
+/* An exchange whose peer never sends (it never got the go of a
+ * coordinator that died) ends as soon as the attempt is cancelled, not
+ * after faulttol.timeout_ms. */
+Test(outer, a_cancelled_exchange_ends_without_waiting_out_a_silent_peer, .timeout = 60) {
+    loco_net_params sp, cp;
+    t_params_plain(&sp, "siteA");
+    t_params_plain(&cp, "siteB");
+    t_pair pr;
+    t_pair_open(&pr, &sp, &cp);
+    enum { N = 3000 };
+    static float theta0[N], local[N];
+    fill(theta0, N, 7, 1.0f);
+    fill(local, N, 8, 1.0f);
+    loco_outer_params p = {.H = 1, .nesterov = true, .lr = 0.7f, .momentum = 0.9f,
+                           .max_delta_ratio = 10};
+    loco_codec_params c = codec("int8");
+    loco_outer *o;
+    cr_assert_eq(loco_outer_create(&o, &p, &c, N, theta0), 0, "%s", loco_errmsg());
+    loco_link *peers[2] = {NULL, pr.client};
+    loco_exchange x = {.n_islands = 2, .me = 0, .peers = peers, .epoch = 1, .timeout_ms = 30000,
+                       .max_frame = 64 << 20, .cancelled = cancel_after};
+    cancel_at = loco_now() + 0.5;
+    double t0 = loco_now();
+    loco_exchange_stats st;
+    int rc = loco_outer_step_allgather(o, &x, local, 1, &st);
+    double took = loco_now() - t0;
+    cr_expect_lt(rc, 0, "the silent peer cannot complete the step");
+    cr_expect(strstr(loco_errmsg(), "coordinator that started this attempt is gone") != NULL, "%s",
+              loco_errmsg());
+    cr_expect(took < 5, "ended %.2f s after the start; cancelled at 0.5 s, timeout 30 s", took);
+    loco_outer_destroy(o);
+    t_pair_close(&pr);
 }
 
 /* DiLoCo in one process: K trainers on disjoint data, an outer step every
