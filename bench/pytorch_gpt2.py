@@ -9,7 +9,18 @@ same learnable synthetic token stream.
 
 --mode eager or compile (torch.compile). Prints a line per step and a JSON
 summary last: {"impl": "pytorch-eager", "tok_per_s": ..., "mfu": ...}, with
-MFU from the same FLOP count as loco (6N + 12 L C T per token)."""
+MFU from the same FLOP count as loco (6N + 12 L C T per token, as llm.c).
+
+--mode sdpa: the reference of `loco-gpu-bench --bench attention`, causal
+scaled_dot_product_attention forward + backward in bf16 at --batch, --seq,
+--heads, --embd (q, k, v views of one (B, T, 3C) tensor, as in the model),
+timed with CUDA events, the median of 5 repeats of --iters calls:
+{"impl": "pytorch-sdpa", "bench": "attention", "ms": ..., "tflops": ...},
+FLOPs as FlashAttention's benchmarks count them (forward 4 B NH T^2 hs / 2,
+backward 2.5 times that).
+
+--mode versions: PyTorch's, its CUDA's, cuDNN's and NCCL's versions and the
+device, as one JSON line (no GPU needed)."""
 import argparse
 import json
 import math
@@ -69,9 +80,52 @@ def batch(step, B, T, V, device):
     return tok[:-1].view(B, T).to(device), tok[1:].view(B, T).to(device)
 
 
+def versions():
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if cudnn:  # 91300 is 9.13.0; before 9, 8902 was 8.9.2
+        cudnn = (f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}" if cudnn >= 90000
+                 else f"{cudnn // 1000}.{cudnn // 100 % 10}.{cudnn % 100}")
+    try:
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+    except (AttributeError, RuntimeError, TypeError):
+        nccl = None
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    print(json.dumps({"bench": "versions", "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                      "cudnn": cudnn, "nccl": nccl, "device": dev}), flush=True)
+
+
+def sdpa(a):
+    B, T, NH, C = a.batch, a.seq, a.heads, a.embd
+    hs = C // NH
+    g = torch.Generator(device="cuda").manual_seed(1)
+    qkv = (2 * torch.rand(B, T, 3 * C, device="cuda", generator=g) - 1).to(torch.bfloat16)
+    qkv.requires_grad_()
+    dy = (2 * torch.rand(B, NH, T, hs, device="cuda", generator=g) - 1).to(torch.bfloat16)
+
+    def once():
+        q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in qkv.split(C, dim=2))
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dy)
+
+    once()
+    times = []
+    for _ in range(5):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(a.iters):
+            once()
+        t1.record()
+        t1.synchronize()
+        times.append(t0.elapsed_time(t1) / a.iters / 1e3)
+    s = sorted(times)[len(times) // 2]
+    fwd = 4.0 * B * NH * T * T * hs / 2
+    print(json.dumps({"impl": "pytorch-sdpa", "bench": "attention", "dtype": "bf16", "B": B, "T": T,
+                      "NH": NH, "hs": hs, "causal": True, "ms": round(1e3 * s, 3),
+                      "tflops": round(3.5 * fwd / s / 1e12, 2)}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--mode", choices=["eager", "compile", "sdpa", "versions"], default="eager")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=12)
@@ -81,7 +135,12 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--iters", type=int, default=10, help="sdpa: timed calls per repeat")
     a = ap.parse_args()
+    if a.mode == "versions":
+        return versions()
+    if a.mode == "sdpa":
+        return sdpa(a)
     torch.manual_seed(1337)
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = "cuda"

@@ -1,23 +1,47 @@
-/* GPT-2 training steps on one GPU with the kernels/cuda twins, bf16: the
- * GPU half of scripts/gpu-check.sh's comparison with PyTorch
- * (bench/pytorch_gpt2.py). The model is the trainer's own device model
- * (inner/gpt_cuda.c, loco_gpt_cuda: the CPU model's layouts and order of
- * kernels); fp32 master weights, gradients and AdamW state; bf16 weight
- * copy, activations and activation gradients.
+/* The GPU benchmarks of scripts/gpu-check.sh, with loco's kernels/cuda
+ * twins; each prints a JSON summary line last (bench/pytorch_gpt2.py prints
+ * PyTorch's references in the same form).
  *
- * Data: a learnable synthetic token stream (the loss must fall, a cheap
- * sanity check of the whole backward), or an llm.c .bin shard (--data).
- * Prints one line per step, with --profile N the time per kind of kernel
- * over N more steps, and a JSON summary line last:
- *   {"impl": "loco", "tok_per_s": ..., "mfu": ..., ...}
- * MFU uses loco_gpt_flops_per_token (6N + attention) and the device's
- * dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM). */
+ * --bench gpt2 (the default): GPT-2 training steps on one GPU, bf16, beside
+ * PyTorch eager and torch.compile. The model is the trainer's own device
+ * model (inner/gpt_cuda.c, loco_gpt_cuda: the CPU model's layouts and
+ * order of kernels); fp32 master weights, gradients and AdamW state; bf16
+ * weight copy, activations and activation gradients. Data: a learnable
+ * synthetic token stream (the loss must fall, a cheap sanity check of the
+ * whole backward), or an llm.c .bin shard (--data). Prints one line per
+ * step, with --profile N the time per kind of kernel over N more steps,
+ * and last {"impl": "loco", "tok_per_s": ..., "mfu": ..., ...}. MFU uses
+ * loco_gpt_flops_per_token (6N + 12 L C T, as llm.c) and the device's
+ * dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM).
+ *
+ * --bench attention: the fused causal attention, bf16, forward + backward
+ * (loco_cuda_attention_{fwd,bwd}_bf16) at --batch, --seq, --heads, --embd
+ * (default B 16, T 1024, 12 heads of 64), beside PyTorch's
+ * scaled_dot_product_attention: {"bench": "attention", "ms": ..,
+ * "tflops": ..}, FLOPs counted as FlashAttention's benchmarks do (forward
+ * 4 B NH T^2 hs / 2 when causal, backward 2.5 times the forward).
+ *
+ * --bench codecs: the pseudo-gradient codecs (kernels/cuda/quant.cu)
+ * encoding with error feedback and decoding (dequant-acc) --elems floats
+ * (default 2^27) in blocks of 128, beside a device-to-device cudaMemcpy of
+ * the same floats: one line per codec and direction, {"bench": "codec",
+ * "gbps": ..}, GB/s counting every byte read and written once.
+ *
+ * --bench versions: the CUDA runtime, driver API, cuBLASLt and NCCL
+ * versions and the device, as one JSON line. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#ifdef LOCO_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+#include "compress/compress.h"
 #include "core/core.h"
 #include "inner/inner.h"
 #include "kernels/kernels.h"
@@ -26,7 +50,13 @@ typedef struct {
     int B, T, L, NH, C, V, steps, warmup, profile;
     double peak_tflops, lr;
     const char *data;
+    const char *bench; /* gpt2, attention, codecs, versions */
+    int iters;         /* attention and codecs: timed calls per repeat */
+    size_t elems;      /* codecs: floats encoded */
 } opts;
+
+/* Timed repeats of the attention and codec loops; the median is reported. */
+enum { REPEATS = 5 };
 
 typedef struct {
     opts o;
@@ -122,45 +152,265 @@ static uint16_t *read_shard(const char *path, size_t *n) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: loco-gpu-bench [--batch B] [--seq T] [--layers L] [--heads NH] "
-                    "[--embd C] [--vocab V] [--steps N] [--warmup N] [--lr X] "
-                    "[--peak-tflops X] [--data shard.bin] [--profile N]\n");
+    fprintf(stderr, "usage: loco-gpu-bench [--bench gpt2|attention|codecs|versions] [--batch B] "
+                    "[--seq T] [--layers L] [--heads NH] [--embd C] [--vocab V] [--steps N] "
+                    "[--warmup N] [--lr X] [--peak-tflops X] [--data shard.bin] [--profile N] "
+                    "[--iters N] [--elems N]\n");
 }
 
+/* ------------------------------------------------------------ attention */
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* n bf16 values uniform in [-1, 1) from a fixed seed, on the device. */
+static int upload_rand_bf16(loco_bf16 *d, size_t n, uint64_t seed) {
+    loco_bf16 *h = malloc(n * sizeof *h);
+    if (!h)
+        return LOCO_ERR(LOCO_ENOMEM, "host staging");
+    loco_rng rng;
+    loco_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++) {
+        const float f = 2.0f * loco_rng_uniform(&rng) - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h[i] = (loco_bf16)((u + 0x7fffU + ((u >> 16) & 1)) >> 16);
+    }
+    int rc = loco_cuda_copy(d, h, n * sizeof *h, NULL);
+    if (rc == 0)
+        rc = loco_cuda_sync(NULL);
+    free(h);
+    return rc;
+}
+
+/* Forward + backward of the fused causal attention, bf16, as the model
+ * calls it: qkv (B,T,3C) in, out (B,T,C), dqkv (B,T,3C) accumulated. */
+static int bench_attention(const opts *o) {
+    const size_t B = (size_t)o->B, T = (size_t)o->T, C = (size_t)o->C, NH = (size_t)o->NH;
+    const size_t n_qkv = B * T * 3 * C, n_out = B * T * C, n_lse = B * NH * T;
+    loco_cuda_slab *slab = NULL;
+    loco_bf16 *qkv, *dqkv, *out, *dout;
+    float *lse, *scratch;
+    double t[REPEATS];
+    LOCO_CHECK(loco_cuda_slab_create(&slab, 2 * (n_qkv + n_out) * 2 + 2 * n_lse * 4 + 8 * 256));
+    int rc = loco_cuda_slab_alloc(slab, (void **)&qkv, n_qkv * 2, "qkv");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&dqkv, n_qkv * 2, "dqkv");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&out, n_out * 2, "out");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&dout, n_out * 2, "dout");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&lse, n_lse * 4, "lse");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&scratch, n_lse * 4, "scratch");
+    if (rc == 0)
+        rc = upload_rand_bf16(qkv, n_qkv, 1);
+    if (rc == 0)
+        rc = upload_rand_bf16(dout, n_out, 2);
+    if (rc == 0)
+        rc = loco_cuda_zero(dqkv, n_qkv * 2, NULL);
+    /* one warm-up call, then REPEATS timed loops of iters calls */
+    for (int r = -1; rc == 0 && r < REPEATS; r++) {
+        const int n = r < 0 ? 1 : o->iters;
+        double t0 = now();
+        for (int i = 0; rc == 0 && i < n; i++) {
+            rc = loco_cuda_attention_fwd_bf16(out, lse, qkv, o->B, o->T, o->C, o->NH, NULL);
+            if (rc == 0)
+                rc = loco_cuda_attention_bwd_bf16(dqkv, scratch, dout, out, qkv, lse, o->B, o->T,
+                                                  o->C, o->NH, NULL);
+        }
+        if (rc == 0)
+            rc = loco_cuda_sync(NULL);
+        if (r >= 0)
+            t[r] = (now() - t0) / n;
+    }
+    loco_cuda_slab_destroy(slab);
+    LOCO_CHECK(rc);
+    const double hs = (double)C / (double)NH;
+    const double fwd = 4.0 * (double)B * (double)NH * (double)T * (double)T * hs / 2.0;
+    const double s = median(t, REPEATS);
+    printf("{\"impl\": \"loco\", \"bench\": \"attention\", \"dtype\": \"bf16\", \"B\": %d, "
+           "\"T\": %d, \"NH\": %d, \"hs\": %d, \"causal\": true, \"ms\": %.3f, "
+           "\"tflops\": %.2f}\n",
+           o->B, o->T, o->NH, o->C / o->NH, 1e3 * s, 3.5 * fwd / s / 1e12);
+    return 0;
+}
+
+/* --------------------------------------------------------------- codecs */
+
+/* Median seconds of one call of `which` (0 memcpy, 1 encode, 2 decode). */
+static int time_codec(int which, loco_codec_kind k, const opts *o, uint8_t *pay, float *x,
+                      float *ef, float *dst, double *secs) {
+    const loco_quant_args qa = {.block = 128};
+    const size_t n = o->elems;
+    double t[REPEATS];
+    int rc = 0;
+    for (int r = -1; rc == 0 && r < REPEATS; r++) {
+        const int iters = r < 0 ? 1 : o->iters;
+        const double t0 = now();
+        for (int i = 0; rc == 0 && i < iters; i++) {
+            if (which == 0)
+                rc = loco_cuda_copy(dst, x, n * 4, NULL);
+            else if (which == 1)
+                rc = loco_cuda_quant(k, pay, x, ef, n, &qa, NULL, NULL);
+            else
+                rc = loco_cuda_dequant_acc(k, dst, pay, n, 128, false, 1e-3f, NULL);
+        }
+        if (rc == 0)
+            rc = loco_cuda_sync(NULL);
+        if (r >= 0)
+            t[r] = (now() - t0) / iters;
+    }
+    *secs = median(t, REPEATS);
+    return rc;
+}
+
+static int bench_codecs(const opts *o) {
+    static const loco_codec_kind kinds[] = {LOCO_CODEC_BF16, LOCO_CODEC_INT8, LOCO_CODEC_INT4,
+                                            LOCO_CODEC_FP8, LOCO_CODEC_FP4};
+    const size_t n = o->elems, fb = n * 4, pb = loco_quant_payload_bytes(LOCO_CODEC_NONE, n, 128);
+    loco_cuda_slab *slab = NULL;
+    float *x, *ef, *dst;
+    uint8_t *pay;
+    LOCO_CHECK(loco_cuda_slab_create(&slab, 3 * fb + pb + 4 * 256));
+    int rc = loco_cuda_slab_alloc(slab, (void **)&x, fb, "x");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&ef, fb, "ef");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&dst, fb, "dst");
+    if (rc == 0)
+        rc = loco_cuda_slab_alloc(slab, (void **)&pay, pb, "payload");
+    /* random x (bf16 values widened), zero error feedback and accumulator */
+    if (rc == 0)
+        rc = upload_rand_bf16((loco_bf16 *)dst, n, 3);
+    if (rc == 0)
+        rc = loco_cuda_cast_f32(x, (const loco_bf16 *)dst, n, NULL);
+    if (rc == 0)
+        rc = loco_cuda_zero(ef, fb, NULL);
+    if (rc == 0)
+        rc = loco_cuda_zero(dst, fb, NULL);
+    double s = 0;
+    if (rc == 0)
+        rc = time_codec(0, LOCO_CODEC_NONE, o, pay, x, ef, dst, &s);
+    if (rc == 0)
+        printf("{\"impl\": \"cudaMemcpy\", \"bench\": \"memcpy_d2d\", \"elems\": %zu, "
+               "\"ms\": %.3f, \"gbps\": %.1f}\n",
+               n, 1e3 * s, 2.0 * (double)fb / s / 1e9);
+    for (size_t c = 0; rc == 0 && c < sizeof kinds / sizeof *kinds; c++) {
+        const size_t p = loco_quant_payload_bytes(kinds[c], n, 128);
+        /* encode reads x and ef, writes ef and the payload; decode reads
+         * the payload and dst, writes dst */
+        const double bytes[3] = {0, 3.0 * (double)fb + (double)p, 2.0 * (double)fb + (double)p};
+        for (int which = 1; rc == 0 && which <= 2; which++) {
+            rc = time_codec(which, kinds[c], o, pay, x, ef, dst, &s);
+            if (rc == 0)
+                printf("{\"impl\": \"loco\", \"bench\": \"codec\", \"codec\": \"%s\", "
+                       "\"op\": \"%s\", \"elems\": %zu, \"block\": 128, \"ms\": %.3f, "
+                       "\"gbps\": %.1f}\n",
+                       loco_codec_name(kinds[c]), which == 1 ? "encode" : "decode", n, 1e3 * s,
+                       bytes[which] / s / 1e9);
+        }
+    }
+    loco_cuda_slab_destroy(slab);
+    return rc;
+}
+
+/* ------------------------------------------------------------- versions */
+
+static void print_versions(void) {
+    int rt = 0, drv = 0, dev = 0;
+    struct cudaDeviceProp prop;
+    memset(&prop, 0, sizeof prop);
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+        snprintf(prop.name, sizeof prop.name, "none");
+    const size_t lt = cublasLtGetVersion();
+    char nccl[32] = "none (built without NCCL)";
+#ifdef LOCO_HAVE_NCCL
+    int nv = 0;
+    if (ncclGetVersion(&nv) == ncclSuccess)
+        snprintf(nccl, sizeof nccl, "%d.%d.%d", nv / 10000, nv / 100 % 100, nv % 100);
+#endif
+    printf("{\"bench\": \"versions\", \"cuda_runtime\": \"%d.%d\", \"cuda_driver_api\": "
+           "\"%d.%d\", \"cublaslt\": \"%zu.%zu.%zu\", \"nccl\": \"%s\", \"device\": \"%s\", "
+           "\"sm\": \"%d.%d\", \"multiprocessors\": %d}\n",
+           rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10, lt / 10000, lt / 100 % 100,
+           lt % 100, nccl, prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+}
+
+/* ----------------------------------------------------------------- gpt2 */
+
+static int run_gpt2(const opts *o);
+
 int main(int argc, char **argv) {
-    gpu_model g;
-    memset(&g, 0, sizeof g);
-    g.o = (opts){.B = 16, .T = 1024, .L = 12, .NH = 12, .C = 768, .V = 50304, .steps = 20,
-                 .warmup = 3, .peak_tflops = 989.0, .lr = 6e-4};
+    opts o = (opts){.B = 16, .T = 1024, .L = 12, .NH = 12, .C = 768, .V = 50304, .steps = 20,
+                 .warmup = 3, .peak_tflops = 989.0, .lr = 6e-4, .bench = "gpt2", .iters = 10,
+                 .elems = (size_t)1 << 27};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             usage();
             return 2;
         }
-        if (!strcmp(a, "--batch")) g.o.B = atoi(v);
-        else if (!strcmp(a, "--seq")) g.o.T = atoi(v);
-        else if (!strcmp(a, "--layers")) g.o.L = atoi(v);
-        else if (!strcmp(a, "--heads")) g.o.NH = atoi(v);
-        else if (!strcmp(a, "--embd")) g.o.C = atoi(v);
-        else if (!strcmp(a, "--vocab")) g.o.V = atoi(v);
-        else if (!strcmp(a, "--steps")) g.o.steps = atoi(v);
-        else if (!strcmp(a, "--warmup")) g.o.warmup = atoi(v);
-        else if (!strcmp(a, "--lr")) g.o.lr = atof(v);
-        else if (!strcmp(a, "--peak-tflops")) g.o.peak_tflops = atof(v);
-        else if (!strcmp(a, "--data")) g.o.data = v;
-        else if (!strcmp(a, "--profile")) g.o.profile = atoi(v);
+        if (!strcmp(a, "--batch")) o.B = atoi(v);
+        else if (!strcmp(a, "--seq")) o.T = atoi(v);
+        else if (!strcmp(a, "--layers")) o.L = atoi(v);
+        else if (!strcmp(a, "--heads")) o.NH = atoi(v);
+        else if (!strcmp(a, "--embd")) o.C = atoi(v);
+        else if (!strcmp(a, "--vocab")) o.V = atoi(v);
+        else if (!strcmp(a, "--steps")) o.steps = atoi(v);
+        else if (!strcmp(a, "--warmup")) o.warmup = atoi(v);
+        else if (!strcmp(a, "--lr")) o.lr = atof(v);
+        else if (!strcmp(a, "--peak-tflops")) o.peak_tflops = atof(v);
+        else if (!strcmp(a, "--data")) o.data = v;
+        else if (!strcmp(a, "--profile")) o.profile = atoi(v);
+        else if (!strcmp(a, "--bench")) o.bench = v;
+        else if (!strcmp(a, "--iters")) o.iters = atoi(v);
+        else if (!strcmp(a, "--elems")) o.elems = strtoull(v, NULL, 10);
         else {
             usage();
             return 2;
         }
         i++;
     }
+    const bool known = !strcmp(o.bench, "gpt2") || !strcmp(o.bench, "attention") ||
+                       !strcmp(o.bench, "codecs") || !strcmp(o.bench, "versions");
+    if (!known || o.B < 1 || o.T < 1 || o.NH < 1 || o.C % o.NH || o.iters < 1 || !o.elems) {
+        usage();
+        return 2;
+    }
+    if (!strcmp(o.bench, "versions")) {
+        print_versions();
+        return 0;
+    }
     int ndev = 0;
     if (loco_cuda_device_count(&ndev) < 0) {
         fprintf(stderr, "loco-gpu-bench: %s\n", loco_errmsg());
         return 1;
     }
+    if (!strcmp(o.bench, "gpt2"))
+        return run_gpt2(&o);
+    const int rc = !strcmp(o.bench, "attention") ? bench_attention(&o) : bench_codecs(&o);
+    if (rc < 0)
+        fprintf(stderr, "loco-gpu-bench: %s\n", loco_errmsg());
+    return rc < 0 ? 1 : 0;
+}
+
+/* Warm-up and timed steps, the profile, and the JSON line; 0, 1 on an
+ * error, 3 when the loss did not fall. */
+static int run_gpt2(const opts *o) {
+    gpu_model g;
+    memset(&g, 0, sizeof g);
+    g.o = *o;
     size_t shard_n = 0;
     uint16_t *shard = NULL;
     if (g.o.data && !(shard = read_shard(g.o.data, &shard_n))) {
