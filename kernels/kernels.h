@@ -291,6 +291,11 @@ typedef uint16_t loco_bf16;
 /* Number of usable devices; on failure LOCO_ECUDA with cudaGetDeviceCount's
  * reason recorded ("no CUDA device: cudaGetDeviceCount says ..."). */
 int loco_cuda_device_count(int *n);
+/* The stream the device model (inner/gpt_cuda.c) and the callers of the
+ * twins enqueue their work on: the legacy default stream (NULL). A stream
+ * of its own (the nccl comm backend's, non-blocking) is not ordered
+ * against it implicitly and orders itself with events on this one. */
+loco_stream loco_cuda_compute_stream(void);
 /* Waits for s; LOCO_ECUDA naming the first failed kernel's error. */
 int loco_cuda_sync(loco_stream s);
 /* Asynchronous copy in any direction (cudaMemcpyDefault). */
@@ -343,6 +348,13 @@ typedef struct loco_blas loco_blas;
 /* LOCO_ECUDA when cuBLASLt or the workspace allocation fails. */
 int loco_blas_create(loco_blas **out);
 void loco_blas_destroy(loco_blas *h); /* accepts NULL */
+/* The handle's plan cache: the matmuls keep cuBLASLt's descriptor,
+ * layouts and chosen algorithm per GEMM key (shape, ops, leading
+ * dimensions, types, epilogue, pointer alignments; not the pointers), 64
+ * of them, the least recently used evicted. hits: GEMMs that reused a
+ * plan; misses: GEMMs that built one (the only ones that run cuBLASLt's
+ * heuristic). Counted since loco_blas_create. */
+void loco_blas_plan_stats(const loco_blas *h, uint64_t *hits, uint64_t *misses);
 
 /* The matmuls take the handle first. fp32 computes in full fp32 (no TF32);
  * bf16 multiplies bf16 operands with fp32 accumulation. The bias is added
@@ -363,7 +375,10 @@ int loco_cuda_matmul_gelu_fwd(loco_blas *h, float *out, float *pre, const float 
 int loco_cuda_matmul_gelu_fwd_bf16(loco_blas *h, loco_bf16 *out, loco_bf16 *pre,
                                    const loco_bf16 *inp, const loco_bf16 *w,
                                    const loco_bf16 *bias, int N, int C, int OC, loco_stream s);
-/* As the CPU twin; the bf16 twin accumulates dw and dbias in fp32. */
+/* As the CPU twin; the bf16 twin accumulates dw and dbias in fp32. With
+ * dw, dbias comes from the dw GEMM's bias-gradient epilogue (cuBLASLt's
+ * fp32 sum over the N rows, where it offers one for the shape); else
+ * from a column-sum kernel (in double). */
 int loco_cuda_matmul_bwd(loco_blas *h, float *dinp, float *dw, float *dbias, const float *dout,
                          const float *inp, const float *w, int N, int C, int OC,
                          bool w_transposed, loco_stream s);

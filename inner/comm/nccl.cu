@@ -6,9 +6,18 @@
  * over that, every rank picks device local_rank % devices and joins with
  * ncclCommInitRank. The bootstrap communicator is kept for abort.
  *
- * Buffers must be ready when a call is made (synchronise the stream that
- * wrote them first). A blocking call returns with the result in place; a
- * started one records an event that wait/test look at. AVG is a sum and a
+ * Ordering with the compute stream (loco_cuda_compute_stream, where the
+ * model's kernels run) is by events, not host waits: every call first
+ * makes the communicator's stream wait for what was enqueued on the
+ * compute stream before it (the gradients a backward pass produced), so
+ * no host synchronisation is needed before a call; a buffer written on
+ * any other stream must still be synchronised first. A blocking call
+ * returns with the result in place (the host waits: see finish). A
+ * started one records an event that test looks at; wait makes the
+ * compute stream wait for it, without blocking the host: work enqueued
+ * on the compute stream afterwards sees the result (read it on the host
+ * through that stream: loco_cuda_copy, loco_cuda_sync), and an error NCCL
+ * reports later shows at the next blocking call. AVG is a sum and a
  * division on the device afterwards (x / size, as the front end defines
  * it; NCCL's ncclAvg pre-multiplies floats by 1/size, other bits).
  * reduce_scatter and allgather with uneven counts become grouped
@@ -27,6 +36,7 @@
 
 extern "C" {
 #include "inner/comm/internal.h"
+#include "kernels/kernels.h"
 }
 
 #define NCCL_CHECK(call)                                                                   \
@@ -46,9 +56,10 @@ extern "C" {
 typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
-    loco_comm *boot; /* the bootstrap communicator (abort goes through it) */
-    bool owns_boot;  /* world: destroys boot; splits borrow it */
-    int *scratch;    /* one device int: the barrier's all-reduce */
+    cudaEvent_t ready; /* recorded on the compute stream before each call */
+    loco_comm *boot;   /* the bootstrap communicator (abort goes through it) */
+    bool owns_boot;    /* world: destroys boot; splits borrow it */
+    int *scratch;      /* one device int: the barrier's all-reduce */
 } nccl_comm;
 
 static nccl_comm *st(loco_comm *c) { return (nccl_comm *)c->be; }
@@ -104,12 +115,28 @@ static int divide(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, loc
     return 0;
 }
 
+/* ------------------------------------------------------------ ordering */
+
+/* The communicator's stream waits (on the device) for the work enqueued on
+ * the compute stream so far: the buffers a call reads are written. */
+static int after_compute(loco_comm *c) {
+    nccl_comm *n = st(c);
+    CUDA_CHECK(cudaEventRecord(n->ready, loco_cuda_compute_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(n->stream, n->ready, 0));
+    return 0;
+}
+
 /* ------------------------------------------------------------ completion */
 
 /* Blocking: wait for the stream and NCCL's verdict. Started: an event. */
 static int finish(loco_comm *c, loco_comm_req *req) {
     nccl_comm *n = st(c);
     if (!req) {
+        /* A host wait, kept: the blocking form is the host-visible one. It
+         * returns with the collective complete (as every backend's does:
+         * the caller may read the buffer on any stream, and a barrier is a
+         * rendezvous of hosts) and with NCCL's verdict on it, which
+         * ncclCommGetAsyncError gives only once the work has run. */
         CUDA_CHECK(cudaStreamSynchronize(n->stream));
         ncclResult_t ar = ncclSuccess;
         NCCL_CHECK(ncclCommGetAsyncError(n->comm, &ar));
@@ -128,15 +155,18 @@ static int finish(loco_comm *c, loco_comm_req *req) {
     return 0;
 }
 
+/* The compute stream waits for the operation on the device; the host goes
+ * on (the event may be destroyed at once: the wait has captured it). The
+ * verdict is NCCL's so far. */
 static int nccl_wait(loco_comm_req *req) {
     cudaEvent_t ev = (cudaEvent_t)req->be;
     if (!ev)
         return 0;
-    const cudaError_t e = cudaEventSynchronize(ev);
+    const cudaError_t e = cudaStreamWaitEvent(loco_cuda_compute_stream(), ev, 0);
     cudaEventDestroy(ev);
     req->be = NULL;
     if (e != cudaSuccess)
-        return LOCO_ERR(LOCO_ECUDA, "cudaEventSynchronize: %s", cudaGetErrorString(e));
+        return LOCO_ERR(LOCO_ECUDA, "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
     ncclResult_t ar = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(st(req->comm)->comm, &ar));
     if (ar != ncclSuccess)
@@ -164,6 +194,7 @@ static int nccl_test(loco_comm_req *req, bool *done) {
 static int nccl_allreduce(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt,
                           loco_comm_op op, loco_comm_req *req) {
     nccl_comm *n = st(c);
+    LOCO_CHECK(after_compute(c));
     NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_dt(dt), nccl_op(op), n->comm, n->stream));
     LOCO_CHECK(divide(c, buf, count, dt, op));
     return finish(c, req);
@@ -187,6 +218,7 @@ static int nccl_reduce_scatter(loco_comm *c, const void *send, void *recv, const
     const uintptr_t s0 = (uintptr_t)send, s1 = s0 + total * es;
     const uintptr_t d0 = (uintptr_t)recv, d1 = d0 + mine * es;
     void *dst = recv;
+    LOCO_CHECK(after_compute(c));
     if (mine && d0 < s1 && s0 < d1)
         CUDA_CHECK(cudaMallocAsync(&dst, mine * es, n->stream));
     int rc = 0;
@@ -225,6 +257,7 @@ static int nccl_allgather(loco_comm *c, const void *send, void *recv, const size
                           loco_comm_dtype dt, loco_comm_req *req) {
     nccl_comm *n = st(c);
     const size_t es = loco_comm_dtype_size(dt);
+    LOCO_CHECK(after_compute(c));
     if (all_equal(counts, c->size)) {
         NCCL_CHECK(ncclAllGather(send, recv, counts[0], nccl_dt(dt), n->comm, n->stream));
         return finish(c, req);
@@ -247,6 +280,7 @@ static int nccl_allgather(loco_comm *c, const void *send, void *recv, const size
 static int nccl_broadcast(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, int root,
                           loco_comm_req *req) {
     nccl_comm *n = st(c);
+    LOCO_CHECK(after_compute(c));
     NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_dt(dt), root, n->comm, n->stream));
     return finish(c, req);
 }
@@ -254,6 +288,7 @@ static int nccl_broadcast(loco_comm *c, void *buf, size_t count, loco_comm_dtype
 static int nccl_send(loco_comm *c, const void *buf, size_t count, loco_comm_dtype dt, int peer,
                      int tag, loco_comm_req *req) {
     nccl_comm *n = st(c);
+    LOCO_CHECK(after_compute(c));
     NCCL_CHECK(ncclSend(buf, count, nccl_dt(dt), peer, n->comm, n->stream));
     return finish(c, req);
 }
@@ -261,6 +296,7 @@ static int nccl_send(loco_comm *c, const void *buf, size_t count, loco_comm_dtyp
 static int nccl_recv(loco_comm *c, void *buf, size_t count, loco_comm_dtype dt, int peer, int tag,
                      loco_comm_req *req) {
     nccl_comm *n = st(c);
+    LOCO_CHECK(after_compute(c));
     NCCL_CHECK(ncclRecv(buf, count, nccl_dt(dt), peer, n->comm, n->stream));
     return finish(c, req);
 }
@@ -270,6 +306,7 @@ static int nccl_alltoallv(loco_comm *c, const void *send, const size_t *sendcoun
     nccl_comm *n = st(c);
     const size_t es = loco_comm_dtype_size(dt);
     size_t so = 0, ro = 0;
+    LOCO_CHECK(after_compute(c));
     ncclResult_t r_ = ncclGroupStart();
     for (int j = 0; j < c->size && r_ == ncclSuccess; j++) {
         const char *sp = (const char *)send + so * es;
@@ -301,6 +338,7 @@ static int nccl_alltoallv(loco_comm *c, const void *send, const size_t *sendcoun
 
 static int nccl_barrier(loco_comm *c) {
     nccl_comm *n = st(c);
+    LOCO_CHECK(after_compute(c));
     NCCL_CHECK(ncclAllReduce(n->scratch, n->scratch, 1, ncclInt32, ncclSum, n->comm, n->stream));
     return finish(c, NULL);
 }
@@ -320,10 +358,17 @@ static void nccl_destroy(loco_comm *c) {
     nccl_comm *n = st(c);
     if (!n)
         return;
+    /* A host wait, kept: a waited request may still run on the device
+     * (wait does not block the host), and the communicator, its stream
+     * and the caller's buffers must outlive it. */
+    if (n->stream && n->comm)
+        cudaStreamSynchronize(n->stream);
     if (n->comm)
         ncclCommDestroy(n->comm);
     if (n->stream)
         cudaStreamDestroy(n->stream);
+    if (n->ready)
+        cudaEventDestroy(n->ready);
     cudaFree(n->scratch);
     if (n->owns_boot)
         loco_comm_destroy(n->boot);
@@ -362,6 +407,8 @@ static int wrap(ncclComm_t comm, loco_comm *boot, bool owns_boot, loco_comm **ou
     int rc = 0;
     cudaError_t e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess)
         e = cudaMalloc((void **)&n->scratch, sizeof *n->scratch);
     if (e != cudaSuccess) {
         rc = LOCO_ERR(LOCO_ECUDA, "nccl comm: %s", cudaGetErrorString(e));
@@ -377,6 +424,8 @@ static int wrap(ncclComm_t comm, loco_comm *boot, bool owns_boot, loco_comm **ou
 out_free:
     if (n->stream)
         cudaStreamDestroy(n->stream);
+    if (n->ready)
+        cudaEventDestroy(n->ready);
     cudaFree(n->scratch);
     loco_free(n);
     return rc;

@@ -24,6 +24,8 @@ extern "C" int loco_cuda_device_count(int *n) {
     return 0;
 }
 
+extern "C" loco_stream loco_cuda_compute_stream(void) { return NULL; }
+
 extern "C" int loco_cuda_sync(loco_stream s) {
     CUDA_CHECK(cudaStreamSynchronize(s));
     return 0;

@@ -5,18 +5,66 @@
  * out^T (OC,N) = W^T (OC,C) . inp^T (C,N), where W stored (C,OC) row-major
  * already is W^T column-major (op N), and w stored (OC,C) for the tied head
  * is W column-major (op T). Bias and GELU go in the GEMM's epilogue; the
- * bias gradient is a column sum of our own (the epilogue would overwrite
- * it, and gradients accumulate). */
+ * bias gradient comes from the weight-gradient GEMM's epilogue (BGRADA /
+ * BGRADB: a sum over the GEMM's k = N rows of dout) into a scratch that
+ * is then added (the epilogue overwrites, gradients accumulate); without
+ * a weight gradient, or where cuBLASLt offers no such epilogue, from a
+ * column sum of our own. The descriptors, layouts and the
+ * heuristic's algorithm are built once per GEMM key and cached in the
+ * handle (plan_get). */
 #include <cublasLt.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/common.cuh"
 
-enum { BLAS_WORKSPACE = 32 << 20, BIAS_COLS = 32, BIAS_ROW_LANES = 32 };
+/* The handle's device memory is BLAS_WORKSPACE bytes: cuBLASLt's workspace,
+ * then BGRAD_MAX floats where a bias-gradient epilogue writes (it
+ * overwrites; matmul_bwd adds them to dbias). */
+enum {
+    BLAS_WORKSPACE = 32 << 20,
+    BGRAD_MAX = 64 << 10,
+    GEMM_WORKSPACE = BLAS_WORKSPACE - BGRAD_MAX * 4,
+    BIAS_COLS = 32,
+    BIAS_ROW_LANES = 32,
+    BIAS_ADD_THREADS = 256,
+    PLAN_SLOTS = 64
+};
 
+/* What cuBLASLt's choice of algorithm depends on for one GEMM: shape,
+ * ops, leading dimensions, types, epilogue, and the alignment of every
+ * pointer it is told about (the heuristic reads A, B, D's from the
+ * preference, the bias and aux pointers' from the descriptor; 0 = no such
+ * pointer). Not the pointers themselves: the bias and aux pointers are
+ * set on the descriptor before each call, A, B and D are cublasLtMatmul's
+ * arguments. Built zeroed, so that memcmp compares it. */
+typedef struct {
+    int32_t m, n, k, lda, ldb, ldd, ldaux;
+    int32_t ab, dt, epi, ta, tb;
+    uint32_t al_a, al_b, al_d, al_bias, al_aux;
+} plan_key;
+
+/* One cached GEMM plan: the descriptor, the three layouts (C is D) and the
+ * heuristic's algorithm. found = false remembers that cuBLASLt offers
+ * nothing for the key (the fused GELU's fallback then asks only once). */
+typedef struct {
+    plan_key key;
+    bool used, found;
+    uint64_t last; /* h->tick at the last use: the least recent is evicted */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+} plan;
+
+/* The handle owns its plans (PLAN_SLOTS of them, a linear scan: far
+ * cheaper than one heuristic query) and mutates a cached descriptor's
+ * pointers before each call, so it is as thread-safe as it was: one
+ * thread and one stream at a time (kernels.h). */
 struct loco_blas {
     cublasLtHandle_t lt;
-    void *workspace; /* BLAS_WORKSPACE bytes of device memory */
+    void *workspace; /* BLAS_WORKSPACE bytes: GEMM_WORKSPACE, then BGRAD_MAX floats */
+    plan plans[PLAN_SLOTS];
+    uint64_t tick, hits, misses;
 };
 
 #define LT_CHECK(call)                                                                   \
@@ -27,6 +75,18 @@ struct loco_blas {
             goto out;                                                                    \
         }                                                                                \
     } while (0)
+
+static void plan_free(plan *p) {
+    if (p->ld)
+        cublasLtMatrixLayoutDestroy(p->ld);
+    if (p->lb)
+        cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la)
+        cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op)
+        cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
 
 extern "C" int loco_blas_create(loco_blas **out) {
     *out = NULL;
@@ -52,15 +112,24 @@ extern "C" int loco_blas_create(loco_blas **out) {
 extern "C" void loco_blas_destroy(loco_blas *h) {
     if (!h)
         return;
+    for (int i = 0; i < PLAN_SLOTS; i++)
+        plan_free(&h->plans[i]);
     cudaFree(h->workspace);
     cublasLtDestroy(h->lt);
     free(h);
 }
 
-/* Largest power of two (at most 256) dividing the address. */
+extern "C" void loco_blas_plan_stats(const loco_blas *h, uint64_t *hits, uint64_t *misses) {
+    *hits = h->hits;
+    *misses = h->misses;
+}
+
+/* Largest power of two (at most 256) dividing the address; 0 for NULL. */
 static uint32_t align_of(const void *p) {
     const uintptr_t a = (uintptr_t)p;
     uint32_t al = 256;
+    if (!p)
+        return 0;
     while (al > 1 && (a & (al - 1)))
         al >>= 1;
     return al;
@@ -83,72 +152,140 @@ typedef struct {
     int ldaux;
 } gemm_args;
 
-static int gemm(loco_blas *h, const gemm_args *g, loco_stream s) {
-    int rc = 0;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+static plan_key key_of(const gemm_args *g) {
+    plan_key k;
+    memset(&k, 0, sizeof k);
+    k.m = g->m;
+    k.n = g->n;
+    k.k = g->k;
+    k.lda = g->lda;
+    k.ldb = g->ldb;
+    k.ldd = g->ldd;
+    k.ldaux = g->aux ? g->ldaux : 0;
+    k.ab = (int32_t)g->ab;
+    k.dt = (int32_t)g->dt;
+    k.epi = (int32_t)g->epi;
+    k.ta = g->ta;
+    k.tb = g->tb;
+    k.al_a = align_of(g->A);
+    k.al_b = align_of(g->B);
+    k.al_d = align_of(g->D);
+    k.al_bias = align_of(g->bias);
+    k.al_aux = align_of(g->aux);
+    return k;
+}
+
+/* Fills p (free) for g: descriptor, layouts, and the heuristic's answer
+ * (p->found = false when it has none). On failure p is left free. */
+static int plan_build(loco_blas *h, plan *p, const plan_key *key, const gemm_args *g) {
+    int rc = 0, found = 0;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
+    cublasStatus_t hst;
     const cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const float alpha = 1.0f, beta = g->beta;
-    const uint64_t ws = BLAS_WORKSPACE;
-    const uint32_t al_a = align_of(g->A), al_b = align_of(g->B), al_d = align_of(g->D);
+    const uint64_t ws = GEMM_WORKSPACE;
+    const uint32_t al_c = key->al_d; /* C is D */
 
-    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    memset(&heur, 0, sizeof heur);
+    LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (g->epi != CUBLASLT_EPILOGUE_DEFAULT) {
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi,
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi,
                                                 sizeof g->epi));
     }
+    /* the heuristic reads the bias and aux pointers' alignment from here */
     if (g->bias) {
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
-                                                sizeof g->bias));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &g->bias, sizeof g->bias));
     }
     if (g->aux) {
         const int64_t ldaux = g->ldaux;
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &g->aux, sizeof g->aux));
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux,
-                                                sizeof ldaux));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                &ldaux, sizeof ldaux));
     }
-    LT_CHECK(cublasLtMatrixLayoutCreate(&la, g->ab, g->ta ? g->k : g->m, g->ta ? g->m : g->k,
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, g->ab, g->ta ? g->k : g->m, g->ta ? g->m : g->k,
                                         g->lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, g->ab, g->tb ? g->n : g->k, g->tb ? g->k : g->n,
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, g->ab, g->tb ? g->n : g->k, g->tb ? g->k : g->n,
                                         g->ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&ld, g->dt, g->m, g->n, g->ldd));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->ld, g->dt, g->m, g->n, g->ldd));
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof ws));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a, sizeof key->al_a));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b, sizeof key->al_b));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(h->lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
-    if (found == 0) {
-        rc = LOCO_ERR(LOCO_ENOTSUP, "cuBLASLt has no algorithm for %dx%dx%d (epilogue %d)",
-                      g->m, g->n, g->k, (int)g->epi);
-        goto out;
-    }
-    LT_CHECK(cublasLtMatmul(h->lt, op, &alpha, g->A, la, g->B, lb, &beta, g->D, ld, g->D, ld,
-                            &heur.algo, h->workspace, BLAS_WORKSPACE, s));
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_d, sizeof key->al_d));
+    h->misses++;
+    hst = cublasLtMatmulAlgoGetHeuristic(h->lt, p->op, p->la, p->lb, p->ld, p->ld, pref, 1, &heur,
+                                         &found);
+    /* A status other than success (NOT_SUPPORTED: no heuristic for this
+     * configuration) is, as found == 0, no algorithm: remembered, and
+     * reported as LOCO_ENOTSUP by gemm. */
+    p->key = *key;
+    p->used = true;
+    p->found = hst == CUBLAS_STATUS_SUCCESS && found > 0;
+    p->algo = heur.algo;
 out:
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
-    if (ld)
-        cublasLtMatrixLayoutDestroy(ld);
-    if (lb)
-        cublasLtMatrixLayoutDestroy(lb);
-    if (la)
-        cublasLtMatrixLayoutDestroy(la);
-    if (op)
-        cublasLtMatmulDescDestroy(op);
+    if (rc < 0)
+        plan_free(p);
+    return rc;
+}
+
+/* The plan for g: a cached one, or a new one in a free or the least
+ * recently used slot. */
+static int plan_get(loco_blas *h, const gemm_args *g, plan **out) {
+    const plan_key key = key_of(g);
+    plan *victim = &h->plans[0];
+    h->tick++;
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        plan *p = &h->plans[i];
+        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
+            p->last = h->tick;
+            h->hits++;
+            *out = p;
+            return 0;
+        }
+        if (victim->used && (!p->used || p->last < victim->last))
+            victim = p;
+    }
+    plan_free(victim);
+    LOCO_CHECK(plan_build(h, victim, &key, g));
+    victim->last = h->tick;
+    *out = victim;
+    return 0;
+}
+
+static int gemm(loco_blas *h, const gemm_args *g, loco_stream s) {
+    int rc = 0;
+    plan *p = NULL;
+    const float alpha = 1.0f, beta = g->beta;
+    LOCO_CHECK(plan_get(h, g, &p));
+    if (!p->found)
+        return LOCO_ERR(LOCO_ENOTSUP, "cuBLASLt has no algorithm for %dx%dx%d (epilogue %d)",
+                        g->m, g->n, g->k, (int)g->epi);
+    /* this call's pointers on the cached descriptor (its key fixed their
+     * presence and alignment) */
+    if (g->bias) {
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &g->bias, sizeof g->bias));
+    }
+    if (g->aux) {
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &g->aux, sizeof g->aux));
+    }
+    LT_CHECK(cublasLtMatmul(h->lt, p->op, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->ld,
+                            g->D, p->ld, &p->algo, h->workspace, GEMM_WORKSPACE, s));
+out:
     return rc;
 }
 
@@ -201,6 +338,34 @@ __global__ void bias_bwd_kernel(float *dbias, const T *dout, int N, int OC) {
     dbias[j] += (float)acc;
 }
 
+/* dbias (OC) += part (OC): the epilogue's bias gradient accumulated. */
+__global__ void bias_add_kernel(float *dbias, const float *part, int OC) {
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < OC; j += gridDim.x * blockDim.x)
+        dbias[j] += part[j];
+}
+
+/* The dw GEMM g with the bias gradient of dout (OC) in its epilogue, into
+ * the handle's scratch, then added to dbias. 1 (nothing done) where
+ * cuBLASLt has no such epilogue for g, or it failed: the caller runs g
+ * plainly. */
+static int gemm_bgrad(loco_blas *h, gemm_args *g, bool dout_is_a, float *dbias, int OC,
+                      loco_stream s) {
+    float *part = (float *)((char *)h->workspace + GEMM_WORKSPACE);
+    g->epi = dout_is_a ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
+    g->bias = part;
+    const int rc = gemm(h, g, s);
+    g->epi = CUBLASLT_EPILOGUE_DEFAULT;
+    g->bias = NULL;
+    if (rc < 0) { /* the plain GEMM reports a failure that is not the epilogue's */
+        loco_err_clear();
+        return 1;
+    }
+    bias_add_kernel<<<grid_for((size_t)OC, BIAS_ADD_THREADS), BIAS_ADD_THREADS, 0, s>>>(dbias,
+                                                                                       part, OC);
+    CUDA_LAUNCHED("matmul_bwd (dbias from the epilogue)");
+    return 0;
+}
+
 template <typename T, typename G>
 static int matmul_bwd(loco_blas *h, T *dinp, G *dw, float *dbias, const T *dout, const T *inp,
                       const T *w, int N, int C, int OC, bool w_transposed, loco_stream s) {
@@ -249,7 +414,14 @@ static int matmul_bwd(loco_blas *h, T *dinp, G *dw, float *dbias, const T *dout,
         g.dt = dtype_of<G>();
         g.beta = 1.0f;
         g.epi = CUBLASLT_EPILOGUE_DEFAULT;
-        LOCO_CHECK(gemm(h, &g, s));
+        int rc = 1;
+        if (dbias && N > 0 && OC <= BGRAD_MAX)
+            rc = gemm_bgrad(h, &g, !w_transposed, dbias, OC, s);
+        LOCO_CHECK(rc);
+        if (rc == 0)
+            dbias = NULL; /* done */
+        else
+            LOCO_CHECK(gemm(h, &g, s));
     }
     if (dbias && N > 0) {
         const dim3 th(BIAS_COLS, BIAS_ROW_LANES);

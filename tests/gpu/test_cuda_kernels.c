@@ -221,6 +221,31 @@ Test(gpu_kernels, matmul_f32_transposed) { check_matmul(false, 37, 53, 71, true,
 Test(gpu_kernels, matmul_bf16) { check_matmul(true, 64, 96, 136, false, true, 9); }
 Test(gpu_kernels, matmul_bf16_transposed) { check_matmul(true, 40, 64, 104, true, false, 10); }
 Test(gpu_kernels, matmul_bf16_awkward) { check_matmul(true, 37, 53, 71, false, true, 11); }
+/* the bias gradient from the dw GEMM's epilogue over B (transposed w) */
+Test(gpu_kernels, matmul_f32_transposed_bias) { check_matmul(false, 37, 53, 71, true, true, 31); }
+Test(gpu_kernels, matmul_bf16_transposed_bias) { check_matmul(true, 40, 64, 104, true, true, 32); }
+
+/* dbias alone (no dw GEMM to carry it): the column-sum kernel. */
+Test(gpu_kernels, matmul_dbias_only)
+{
+    enum { N = 45, C = 16, OC = 70 };
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    loco_blas *h = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = 33;
+    float *x = rand_f(&s, N * C, 1.0), *w = rand_f(&s, C * OC, 1.0);
+    float *dout = rand_f(&s, N * OC, 1.0), *dbias = rand_f(&s, OC, 0.5), *got = malloc(OC * 4);
+    void *d_x = dup_to_dev(&e, x, N * C * 4), *d_w = dup_to_dev(&e, w, C * OC * 4);
+    void *d_dout = dup_to_dev(&e, dout, N * OC * 4), *d_db = dup_to_dev(&e, dbias, OC * 4);
+    GPU_OK(loco_cuda_matmul_bwd(h, NULL, NULL, d_db, d_dout, d_x, d_w, N, C, OC, false, NULL));
+    to_host(got, d_db, OC * 4);
+    loco_matmul_bwd(NULL, NULL, dbias, dout, x, w, N, C, OC, false);
+    EXPECT_NEAR("dbias alone", got, dbias, OC, TOL_F32);
+    free(x), free(w), free(dout), free(dbias), free(got);
+    loco_blas_destroy(h);
+    gpu_env_fini(&e);
+}
 
 static void check_matmul_gelu(bool bf16, int N, int C, int OC, uint64_t seed)
 {
@@ -254,6 +279,157 @@ Test(gpu_kernels, matmul_gelu_f32) { check_matmul_gelu(false, 64, 96, 128, 12); 
 Test(gpu_kernels, matmul_gelu_f32_awkward) { check_matmul_gelu(false, 37, 53, 71, 13); }
 Test(gpu_kernels, matmul_gelu_bf16_epilogue) { check_matmul_gelu(true, 64, 96, 128, 14); }
 Test(gpu_kernels, matmul_gelu_bf16_awkward) { check_matmul_gelu(true, 37, 56, 71, 30); }
+
+/* The emulator's fake cuBLASLt counts its heuristic queries and live
+ * descriptor/layout/preference objects; a real build has no such
+ * functions (NULL here), and the plan cache's own counters stand alone. */
+extern long loco_emu_lt_heuristics(void) __attribute__((weak));
+extern long loco_emu_lt_live_objects(void) __attribute__((weak));
+
+static long emu_heuristics(void) { return loco_emu_lt_heuristics ? loco_emu_lt_heuristics() : -1; }
+static long emu_live(void) { return loco_emu_lt_live_objects ? loco_emu_lt_live_objects() : -1; }
+
+static void expect_plans(const loco_blas *h, uint64_t hits, uint64_t misses, long heur0)
+{
+    uint64_t ht = 0, ms = 0;
+    loco_blas_plan_stats(h, &ht, &ms);
+    cr_expect_eq(ht, hits, "plan cache hits %llu, expected %llu", (unsigned long long)ht,
+                 (unsigned long long)hits);
+    cr_expect_eq(ms, misses, "plan cache misses %llu, expected %llu", (unsigned long long)ms,
+                 (unsigned long long)misses);
+    if (heur0 >= 0)
+        cr_expect_eq(emu_heuristics() - heur0, (long)misses,
+                     "the heuristic ran %ld times for %llu plans", emu_heuristics() - heur0,
+                     (unsigned long long)misses);
+}
+
+/* N GEMMs of one key: one plan (one heuristic query), the first call's
+ * bits every time, and each call's own bias pointer on the cached
+ * descriptor; a fresh handle gives the same bits; another shape is
+ * another plan. */
+Test(gpu_kernels, matmul_plan_cache)
+{
+    enum { N = 37, C = 53, OC = 72, REPS = 5 };
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    const long live0 = emu_live(), heur0 = emu_heuristics();
+    loco_blas *h = NULL, *h2 = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = 41;
+    float *x = rand_f(&s, N * C, 1.0), *w = rand_f(&s, C * OC, 1.0);
+    float *b1 = rand_f(&s, OC, 1.0), *b2 = rand_f(&s, OC, 1.0), *ref = malloc(N * OC * 4);
+    float *d_x = dup_to_dev(&e, x, N * C * 4), *d_w = dup_to_dev(&e, w, C * OC * 4);
+    float *d_b1 = dup_to_dev(&e, b1, OC * 4), *d_b2 = dup_to_dev(&e, b2, OC * 4);
+    float *d_first = dalloc(&e, N * OC * 4), *d_out = dalloc(&e, N * OC * 4);
+    float *first = malloc(N * OC * 4), *got = malloc(N * OC * 4);
+    GPU_OK(loco_cuda_matmul_fwd(h, d_first, d_x, d_w, d_b1, N, C, OC, false, NULL));
+    to_host(first, d_first, N * OC * 4);
+    expect_plans(h, 0, 1, heur0);
+    for (int r = 0; r < REPS; r++) {
+        GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, d_b1, N, C, OC, false, NULL));
+        to_host(got, d_out, N * OC * 4);
+        cr_expect_eq(memcmp(got, first, N * OC * 4), 0, "call %d: not the first call's bits", r);
+    }
+    expect_plans(h, REPS, 1, heur0);
+    /* same key, another bias buffer: the cached descriptor takes it */
+    GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, d_b2, N, C, OC, false, NULL));
+    to_host(got, d_out, N * OC * 4);
+    loco_matmul_fwd(ref, x, w, b2, N, C, OC, false);
+    EXPECT_NEAR("cached plan, second bias", got, ref, N * OC, TOL_F32);
+    expect_plans(h, REPS + 1, 1, heur0);
+    /* a fresh handle (no plan yet) gives the cached path's bits */
+    GPU_OK(loco_blas_create(&h2));
+    GPU_OK(loco_cuda_matmul_fwd(h2, d_out, d_x, d_w, d_b1, N, C, OC, false, NULL));
+    to_host(got, d_out, N * OC * 4);
+    cr_expect_eq(memcmp(got, first, N * OC * 4), 0, "a fresh handle gives other bits");
+    loco_blas_destroy(h2);
+    /* another shape (fewer rows, no bias): another plan */
+    GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, NULL, N - 7, C, OC, false, NULL));
+    to_host(got, d_out, (N - 7) * OC * 4);
+    loco_matmul_fwd(ref, x, w, NULL, N - 7, C, OC, false);
+    EXPECT_NEAR("second plan", got, ref, (N - 7) * OC, TOL_F32);
+    expect_plans(h, REPS + 1, 2, heur0 >= 0 ? heur0 + 1 : -1); /* + h2's query */
+    loco_blas_destroy(h);
+    if (live0 >= 0)
+        cr_expect_eq(emu_live(), live0, "%ld cuBLASLt objects outlive their handles",
+                     emu_live() - live0);
+    free(x), free(w), free(b1), free(b2), free(ref), free(first), free(got);
+    gpu_env_fini(&e);
+}
+
+/* The fused GELU epilogue from a cached plan writes this call's aux (pre)
+ * buffer, not the one the plan was built with. */
+Test(gpu_kernels, matmul_plan_cache_gelu_aux)
+{
+    enum { N = 24, C = 40, OC = 64 };
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    loco_blas *h = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = 43;
+    float *x = rand_f(&s, N * C, 1.0), *w = rand_f(&s, C * OC, 0.3), *b = rand_f(&s, OC, 1.0);
+    void *d_x = up(&e, x, N * C, true), *d_w = up(&e, w, C * OC, true), *d_b = up(&e, b, OC, true);
+    void *out[2], *pre[2];
+    for (int i = 0; i < 2; i++) {
+        out[i] = dalloc(&e, N * OC * 2);
+        pre[i] = dalloc(&e, N * OC * 2);
+        GPU_OK(loco_cuda_zero(pre[i], N * OC * 2, NULL));
+        GPU_OK(loco_cuda_matmul_gelu_fwd_bf16(h, out[i], pre[i], d_x, d_w, d_b, N, C, OC, NULL));
+    }
+    float *o0 = down(out[0], N * OC, true), *o1 = down(out[1], N * OC, true);
+    float *p0 = down(pre[0], N * OC, true), *p1 = down(pre[1], N * OC, true);
+    float *ref = malloc(N * OC * 4);
+    loco_matmul_fwd(ref, x, w, b, N, C, OC, false);
+    EXPECT_NEAR("pre, first call", p0, ref, N * OC, TOL_BF16);
+    cr_expect_eq(memcmp(p0, p1, N * OC * 4), 0, "the second call's pre differs");
+    cr_expect_eq(memcmp(o0, o1, N * OC * 4), 0, "the second call's out differs");
+    uint64_t hits = 0, misses = 0;
+    loco_blas_plan_stats(h, &hits, &misses);
+    /* one plan (the fused epilogue), or two where cuBLASLt offers no fused
+     * GELU for this shape (the refusal and the bias GEMM): each reused once */
+    cr_expect(hits >= 1 && hits == misses, "%llu hits, %llu misses for two identical calls",
+              (unsigned long long)hits, (unsigned long long)misses);
+    free(x), free(w), free(b), free(o0), free(o1), free(p0), free(p1), free(ref);
+    loco_blas_destroy(h);
+    gpu_env_fini(&e);
+}
+
+/* More keys than slots: the least recently used plan goes (its cuBLASLt
+ * objects with it), a recent one stays. */
+Test(gpu_kernels, matmul_plan_cache_eviction)
+{
+    enum { KEYS = 70, C = 8, OC = 8, SLOTS = 64 };
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    const long live0 = emu_live();
+    loco_blas *h = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = 47;
+    float *x = rand_f(&s, KEYS * C, 1.0), *w = rand_f(&s, C * OC, 1.0);
+    float *ref = malloc(KEYS * OC * 4), *got = malloc(KEYS * OC * 4);
+    float *d_x = dup_to_dev(&e, x, KEYS * C * 4), *d_w = dup_to_dev(&e, w, C * OC * 4);
+    float *d_out = dalloc(&e, KEYS * OC * 4);
+    for (int n = 1; n <= KEYS; n++) /* n rows: KEYS keys */
+        GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, NULL, n, C, OC, false, NULL));
+    expect_plans(h, 0, KEYS, -1);
+    if (live0 >= 0) /* each plan: a descriptor and three layouts */
+        cr_expect_eq(emu_live() - live0, 4 * SLOTS, "%ld live cuBLASLt objects",
+                     emu_live() - live0);
+    GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, NULL, KEYS, C, OC, false, NULL));
+    expect_plans(h, 1, KEYS, -1);
+    GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, NULL, 1, C, OC, false, NULL));
+    expect_plans(h, 1, KEYS + 1, -1);
+    GPU_OK(loco_cuda_matmul_fwd(h, d_out, d_x, d_w, NULL, 5, C, OC, false, NULL));
+    to_host(got, d_out, 5 * OC * 4);
+    loco_matmul_fwd(ref, x, w, NULL, 5, C, OC, false);
+    EXPECT_NEAR("after eviction", got, ref, 5 * OC, TOL_F32);
+    loco_blas_destroy(h);
+    if (live0 >= 0)
+        cr_expect_eq(emu_live(), live0, "%ld cuBLASLt objects outlive the handle",
+                     emu_live() - live0);
+    free(x), free(w), free(ref), free(got);
+    gpu_env_fini(&e);
+}
 
 /* ----------------------------------------------------------- attention */
 

@@ -10,16 +10,20 @@
 # It checks indexing, reductions, barriers, layouts and the codecs' bytes;
 # not speed, not the real cuBLASLt (a reference of its documented
 # semantics), not what only hardware shows (races the barriers hide,
-# register spills, the fast-math of the real intrinsics). Needs build/libloco.a
-# (make) and g++ with C++20. Slow: every CUDA thread is a host thread.
+# register spills, the fast-math of the real intrinsics). Needs
+# $BUILD/libloco.a (make; BUILD=build by default) and g++ with C++20.
+# Slow: every CUDA thread is a host thread.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-out=build/emu
+# BUILD: the make build folder whose libloco.a to link (default build);
+# the emulator's files go to $BUILD/emu.
+build=${BUILD:-build}
+out=$build/emu
 mkdir -p "$out"
-[ -f build/libloco.a ] || make -j2 build/libloco.a
+[ -f "$build/libloco.a" ] || make -j2 BUILD="$build" "$build/libloco.a"
 CXXFLAGS="-std=c++20 -O2 -I. -w"
 CFLAGS="-std=c11 -D_GNU_SOURCE -DLOCO_HAVE_CUDA -I. -O2 -w"
-LIBS="build/libloco.a -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lssl -lcrypto $(mpicc -showme:link 2>/dev/null) -lm -fopenmp -pthread"
+LIBS="$build/libloco.a -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lssl -lcrypto $(mpicc -showme:link 2>/dev/null) -lm -fopenmp -pthread"
 # The trainer's communicator pulls in the nccl backend, which links the
 # real CUDA and NCCL libraries (the twins themselves stay emulated).
 CUDA_LIB=${CUDA_LIB:-/usr/local/cuda/lib64}
