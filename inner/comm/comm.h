@@ -2,8 +2,9 @@
  * ops table. `self` is one rank and touches nothing; `mpi` runs over MPI
  * (host buffers) and is how `mpirun` / `srun` launch an island; `nccl`
  * (device buffers, in a build with nvcc and nccl.h) fills the same table:
- * inner/comm/nccl.cu states where it differs (no tags, buffers ready
- * before a call).
+ * inner/comm/nccl.cu states where it differs (no tags; buffers written on
+ * the compute stream are ordered by events, others must be ready before a
+ * call).
  *
  * Conventions of every call below:
  * - Functions return 0 or a negative LOCO_E* code with a message
