@@ -151,7 +151,8 @@ int loco_session_heartbeat(loco_session *s, int64_t inner_step);
  * coordinator went away): an ERROR becomes LOCO_EPEER with its text. */
 int loco_session_poll(loco_session *s);
 /* Says BYE and waits for the coordinator's final word (its own BYE once
- * every member finished with agreeing hashes, or an ERROR). */
+ * every member finished with agreeing hashes, or an ERROR: LOCO_EPEER).
+ * LOCO_ETIMEDOUT when the coordinator stays silent or is gone. */
 int loco_session_leave(loco_session *s, int timeout_ms);
 void loco_session_destroy(loco_session *s);
 

@@ -35,6 +35,7 @@ struct loco_session {
     char (*addrs)[LOCO_ADDR_MAX];
     loco_island_progress progress;
     bool finished; /* the coordinator's final BYE was seen */
+    bool stopped;  /* the coordinator stopped the run (an ERROR) */
     queued q[QUEUE];
     int q_head, q_len;
     /* Without a coordinator: attempts spaced by a back-off that doubles up
@@ -271,6 +272,7 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
         *payload = e->payload;
         e->payload = NULL;
         if (h->type == LOCO_FRAME_ERROR) {
+            s->stopped = true;
             int rc = refusal(*payload, h->payload_len);
             loco_free(*payload);
             *payload = NULL;
@@ -313,6 +315,7 @@ static int next_frame(loco_session *s, loco_frame_hdr *h, void **payload, int ti
             continue;
         }
         if (h->type == LOCO_FRAME_ERROR) {
+            s->stopped = true;
             rc = refusal(*payload, h->payload_len);
             loco_free(*payload);
             *payload = NULL;
@@ -624,9 +627,12 @@ int loco_session_leave(loco_session *s, int timeout_ms) {
         }
         loco_free(payload);
         if (rc < 0) {
+            /* Gone (LOCO_ETIMEDOUT, as when it stays silent), unless it
+             * stopped the run. */
             char why[512];
             snprintf(why, sizeof why, "%s", loco_errmsg());
-            return LOCO_ERR(rc, "no final word from the coordinator: %s", why);
+            return LOCO_ERR(s->stopped ? rc : LOCO_ETIMEDOUT,
+                            "no final word from the coordinator: %s", why);
         }
         if (h.type == LOCO_FRAME_BYE)
             return 0;

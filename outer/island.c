@@ -374,6 +374,15 @@ int loco_island_leave(loco_island *is) {
     const loco_config *c = &is->cfg;
     /* The coordinator's final word: every member's last θ_global agreed. */
     int rc = is->rank == 0 ? loco_session_leave(is->session, (int)c->faulttol.timeout_ms) : 0;
+    /* A coordinator gone before its final word (the run ended while this
+     * island was late, or suspected at its last eval) loses nothing when
+     * this island holds the commit of the run's last outer step: every
+     * member agreed on that θ_global. */
+    if (rc == LOCO_ETIMEDOUT && is->final_committed) {
+        loco_warn("island %s: %s; it holds the commit of the run's last outer step (%lld), so "
+                  "it ends cleanly", is->site, loco_errmsg(), (long long)is->committed);
+        rc = 0;
+    }
     int bad = rc < 0;
     LOCO_CHECK(loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX));
     if (bad)

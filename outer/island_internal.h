@@ -65,6 +65,7 @@ struct loco_island {
     float alpha;                /* outer.merge_alpha */
     int64_t committed;          /* outer step of θ_global */
     uint64_t committed_hash;
+    bool final_committed;       /* the outer step at the run's last inner step committed */
     loco_sync sync;             /* the outer step under way */
     int merge_frag;             /* committed, merge into θ_local due at merge_step (-1: none) */
     int64_t merge_step;

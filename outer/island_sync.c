@@ -397,6 +397,7 @@ static int finish_attempt(island *is, loco_verdict *v) {
     if (rc == 0 && *v == LOCO_VERDICT_COMMIT) {
         is->committed = y->outer;
         is->committed_hash = h;
+        is->final_committed = y->inner >= is->cfg.train.steps;
         loco_peers_publish(is->svc, y->outer, y->inner);
         if (is->rank == 0)
             loco__island_record(is, y->outer, y->inner, y->frag, &y->st, y->sums, h,
