@@ -171,6 +171,17 @@ typedef struct {
     char msg[1024];
 } island;
 
+/* Both behaving islands joined, committed every step, and the coordinator
+ * ended the run cleanly. */
+static void expect_both_finished(const island f[2]) {
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(f[i].rc_join, 0, "%s: %s", f[i].site, f[i].msg);
+        cr_expect_eq(f[i].rc_run, 0, "%s: %s", f[i].site, f[i].msg);
+        cr_expect_eq(f[i].commits, STEPS, "%s", f[i].site);
+    }
+    cr_expect_eq(finish(), 0, "the coordinator stopped: %s", serve_msg);
+}
+
 static void *island_main(void *arg) {
     island *f = arg;
     loco_net_params p;
@@ -228,12 +239,7 @@ static void islands_finish_the_run(void) {
         cr_assert_eq(pthread_create(&t[i], NULL, island_main, &f[i]), 0);
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
-    for (int i = 0; i < 2; i++) {
-        cr_expect_eq(f[i].rc_join, 0, "%s: %s", f[i].site, f[i].msg);
-        cr_expect_eq(f[i].rc_run, 0, "%s: %s", f[i].site, f[i].msg);
-        cr_expect_eq(f[i].commits, STEPS, "%s", f[i].site);
-    }
-    cr_expect_eq(finish(), 0, "the coordinator stopped: %s", serve_msg);
+    expect_both_finished(f);
 }
 
 /* --------------------------------------------------------- the attacker */
@@ -649,12 +655,7 @@ Test(adversary, a_forged_site_cannot_displace_a_registered_one, .init = setup_in
     atomic_store(&f[0].go_on, true);
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
-    for (int i = 0; i < 2; i++) {
-        cr_expect_eq(f[i].rc_join, 0, "%s: %s", f[i].site, f[i].msg);
-        cr_expect_eq(f[i].rc_run, 0, "%s: %s", f[i].site, f[i].msg);
-        cr_expect_eq(f[i].commits, STEPS, "%s", f[i].site);
-    }
-    cr_expect_eq(finish(), 0, "the coordinator stopped: %s", serve_msg);
+    expect_both_finished(f);
     cr_expect_eq(count_events("\"kind\":\"register\"", "\"site\":\"siteB\""), 1,
                  "siteB registered once: its link was never replaced");
     cr_expect_eq(count_events("\"kind\":\"suspect\"", "\"site\":\"siteB\""), 0);
