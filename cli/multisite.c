@@ -131,26 +131,10 @@ static int certs_run_id(char id[LOCO_NET_RUN_ID_MAX], const char **from, const c
             return 0;
         }
     }
-    char path[LOCO_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/run_id", dir);
-    void *text = NULL;
-    size_t len = 0;
-    if (access(path, F_OK) == 0) {
-        LOCO_CHECK(loco_file_read(path, &text, &len));
-        char *t = text;
-        while (len > 0 && (t[len - 1] == '\n' || t[len - 1] == '\r' || t[len - 1] == ' '))
-            len--;
-        const bool fits = len < LOCO_NET_RUN_ID_MAX;
-        if (fits) {
-            memcpy(id, t, len);
-            id[len] = '\0';
-        }
-        loco_free(text);
-        if (!fits || loco_net_run_id_check(id) < 0)
-            return LOCO_ERR(LOCO_EINVAL, "certs: %s does not hold a run id; fix or remove it",
-                            path);
+    const int kept = loco_net_certs_run_id(dir, id);
+    if (kept != 0) {
         *from = "kept from DIR/run_id";
-        return 0;
+        return kept < 0 ? kept : 0;
     }
     *from = "new, random";
     return loco_net_new_run_id(id);

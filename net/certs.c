@@ -61,6 +61,31 @@ int loco_net_new_run_id(char out[LOCO_NET_RUN_ID_MAX]) {
     return 0;
 }
 
+int loco_net_certs_run_id(const char *dir, char id[LOCO_NET_RUN_ID_MAX]) {
+    id[0] = '\0';
+    char path[LOCO_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/run_id", dir);
+    if (access(path, F_OK) != 0)
+        return 0;
+    void *text = NULL;
+    size_t len = 0;
+    LOCO_CHECK(loco_file_read(path, &text, &len));
+    char *t = text;
+    while (len > 0 && (t[len - 1] == '\n' || t[len - 1] == '\r' || t[len - 1] == ' '))
+        len--;
+    const bool fits = len < LOCO_NET_RUN_ID_MAX;
+    if (fits) {
+        memcpy(id, t, len);
+        id[len] = '\0';
+    }
+    loco_free(text);
+    if (!fits || loco_net_run_id_check(id) < 0) {
+        id[0] = '\0';
+        return LOCO_ERR(LOCO_EINVAL, "certs: %s does not hold a run id; fix or remove it", path);
+    }
+    return 1;
+}
+
 void loco__asn1_time_str(const ASN1_TIME *t, char *buf, size_t cap) {
     struct tm tm;
     if (!t || ASN1_TIME_to_tm(t, &tm) != 1 || !strftime(buf, cap, "%Y-%m-%d %H:%M:%S UTC", &tm))

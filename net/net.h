@@ -222,6 +222,10 @@ int loco_net_make_certs_run(const char *out_dir, const char *const *names, int n
 /* A new random run id (16 hex digits, 64 bits from OpenSSL's CSPRNG) into
  * out. LOCO_EIO when the generator fails. */
 int loco_net_new_run_id(char out[LOCO_NET_RUN_ID_MAX]);
+/* The run id dir/run_id holds (written by loco_net_make_certs_run): 1 and
+ * id filled, 0 when there is no such file, LOCO_EINVAL for one that holds
+ * no valid run id. */
+int loco_net_certs_run_id(const char *dir, char id[LOCO_NET_RUN_ID_MAX]);
 /* 0 when id is a valid run id, else LOCO_EINVAL with the reason. */
 int loco_net_run_id_check(const char *id);
 /* Revokes the current certificates dir/NAME.pem of names: adds their serial
