@@ -80,4 +80,41 @@ __device__ __forceinline__ float block_max(float v, float *shm) {
     return warp_max(v);
 }
 
+/* ---- tensor cores (attention_tc.cu): one warp-wide bf16 MMA and packing.
+ * mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80+), fragments
+ * as the PTX ISA gives them (9.7.14.5.8), g = lane >> 2, t = lane % 4:
+ * a[r] two bf16 (low half first) of A (16x16, row-major): a[0] row g cols
+ * 2t, 2t+1; a[1] row g+8, same cols; a[2] row g, cols 2t+8, 2t+9; a[3] row
+ * g+8, cols 2t+8, 2t+9. b[r] of B (16x8): b[0] rows 2t, 2t+1 of column g,
+ * b[1] rows 2t+8, 2t+9. c, d (16x8 fp32): c[0], c[1] row g cols 2t, 2t+1;
+ * c[2], c[3] row g+8. Every lane of the warp must call it together. On the
+ * emulator (tests/gpu/emu, LOCO_GPU_EMU) emu_mma_m16n8k16_bf16 computes the
+ * same product from the fragments the 32 lanes hold. */
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2],
+                                               const float c[4]) {
+#ifdef LOCO_GPU_EMU
+    emu_mma_m16n8k16_bf16(d, a, b, c);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+                   "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+
+/* Two bf16 in one register, lo in the low half (the fragments' order). */
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+}
+/* p[0], p[1] (4-byte aligned) as one register, p[0] low. */
+__device__ __forceinline__ unsigned ld_bf16x2(const __nv_bfloat16 *p) {
+#ifdef LOCO_GPU_EMU
+    return (unsigned)__bfloat16_as_ushort(p[0]) | (unsigned)__bfloat16_as_ushort(p[1]) << 16;
+#else
+    return *reinterpret_cast<const unsigned *>(p);
+#endif
+}
+
 #endif

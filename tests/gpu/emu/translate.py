@@ -7,8 +7,8 @@ fake_cublaslt.h, the runtime (cudaMalloc, copies) emu.h's host versions.
 Usage: translate.py REPO OUT.cpp"""
 import sys
 
-FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "attention_block", "quant",
-         "moe", "matmul"]
+FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "attention_tc",
+         "attention_block", "quant", "moe", "matmul"]
 
 
 
@@ -66,7 +66,7 @@ def main():
     repo, dst = sys.argv[1], sys.argv[2]
     common = open(f"{repo}/kernels/cuda/common.cuh").read()
     i = common.index("template <typename T> __device__ __forceinline__ T warp_sum")
-    j = common.index("#endif", i)
+    j = common.rindex("#endif")
     out = ['#include "tests/gpu/emu/emu.h"\n#include "tests/gpu/emu/fake_cublaslt.h"\n',
            common[i:j].replace("__device__ __forceinline__", "static inline").replace("__device__", "static inline")]
     for f in FILES:
