@@ -3,7 +3,33 @@
  * buffers carved from one slab. One code path serves both precisions: the
  * activations and the weight copy are untyped device pointers, and TWIN()
  * calls the bf16 or the fp32 twin of a kernel (same arguments). Compiled
- * only in a CUDA build. */
+ * only in a CUDA build.
+ *
+ * Padded vocabulary: the LM head runs at Vp = V rounded up to a multiple
+ * of 64 (50304 for GPT-2's 50257), on a head-only copy of wte (wte_pad,
+ * Vp rows, rows V.. zero) and a head-only gradient (dwte_pad, folded into
+ * the flat gradient's V rows and cleared after each backward). The fp32
+ * flat state (params, grads, AdamW m and v) keeps the host layout of
+ * loco_gpt_build_table, so uploads, downloads, checkpoints, the data
+ * parallel accessors and the gradient norm's fixed order are unchanged.
+ * The logits are Vp wide; the cross-entropy ignores columns >= V.
+ *
+ * Streams: every kernel goes on loco_cuda_compute_stream (g->stream); the
+ * tokens go host -> pinned buffer -> device on loco_cuda_copy_stream in
+ * one of two slots, the compute stream waiting on the copy's event and
+ * the copy on the event of the pass that last read that slot. A training
+ * step (zero_grad, forward_backward with mean_loss NULL, clip_adamw) has
+ * one host wait: clip_adamw reads the norm and the summed micro-step
+ * losses after the clip and AdamW are queued (the norm's finiteness gates
+ * AdamW on the device). The host waits that remain, and why:
+ *   - clip_adamw's one read (the caller needs the norm and loss);
+ *   - load_tokens waits for the copy out of the pinned slot it refills,
+ *     queued two calls before (already done unless the host runs ahead
+ *     of the copy engine);
+ *   - forward, and forward_backward / clip / adamw when they return a
+ *     value or keep their old waiting contract (tests, eval, bench);
+ *   - upload and download (host buffers), profiling (waits around every
+ *     kernel to time it). */
 #include "inner/inner.h"
 
 #if defined(LOCO_HAVE_CUDA)
@@ -15,6 +41,8 @@
 const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N] = {
     "matmul", "attention", "layernorm", "cross-entropy", "element-wise", "adamw"};
 
+enum { VOCAB_ALIGN = 64 };
+
 /* Activations of one block, kept for the backward; element type of the
  * model (bf16 or fp32) unless float. Strided by the capacity B x T. */
 typedef struct {
@@ -23,31 +51,56 @@ typedef struct {
     float *lse;                                              /* (B,NH,T) */
 } layer_acts;
 
+/* The captured forward + backward of one token slot, and its shape. */
+typedef struct {
+    loco_graph exec;
+    int B, T;
+    float scale;
+} step_graph;
+
 struct loco_gpt_cuda {
     loco_gpt_config cfg;
     loco_ttable tt;
     size_t P;
     int B, T;   /* capacity */
+    int Vp;     /* the head's padded vocabulary */
+    size_t wte_off; /* flat offset of wte (V rows) */
     bool bf16;
     size_t es;  /* bytes per activation element: 2 (bf16) or 4 */
     loco_cuda_slab *slab;
     loco_blas *blas;
+    loco_stream stream, copy;      /* compute, token uploads */
     float *params, *grads, *m, *v; /* (P) fp32 */
     void *w;                       /* (P) weights the passes read: bf16 copy, or params */
-    int32_t *inputs, *targets;     /* (B,T) */
-    void *encoded, *lnf, *logits, *scratch; /* (N,C), (N,C), (N,V), (N,C) */
+    void *wte_pad;                 /* (Vp,C) the head's weights, rows >= V zero */
+    float *dwte_pad;               /* (Vp,C) the head's gradient, zero between passes */
+    int32_t *inputs, *targets;     /* (B,T) the current slot's */
+    int32_t *d_tok[2];             /* (2,B,T) per slot: inputs, targets */
+    int32_t *h_tok[2];             /* pinned, the same */
+    loco_event copied[2], consumed[2];
+    int slot;
+    void *encoded, *lnf, *logits, *scratch; /* (N,C), (N,C), (N,Vp), (N,C) */
     float *lnfm, *lnfr, *losses;   /* (N) */
+    float *mean;                   /* the last pass's mean loss */
+    double *loss_acc;              /* sum of the mean losses since zero_grad */
     float *attn_scratch;           /* (B,NH,T) */
     double *sumsq;                 /* LOCO_CUDA_SUMSQ_OUT */
     layer_acts *la;                /* (L) */
     void *dres, *dbtc, *dfchg, *dfch, *dqkv; /* (N,C) (N,C) (N,4C) (N,4C) (N,3C) */
-    float *host_losses;            /* (N) host */
+    double *h_out;                 /* pinned: sumsq, loss sum, mean (as float bits) */
+    bool graph_on, warm;           /* train.cuda_graph; a plain pass ran (plans made) */
+    step_graph graph[2];           /* per token slot */
     bool profiling;
+    loco_attn_impl attn;           /* train.attention's kernel; reference until set */
     double *prof;                  /* LOCO_PROF_N, caller-owned */
 };
 
 #define TWIN(k, ...)                                                                              \
     (g->bf16 ? loco_cuda_##k##_bf16(__VA_ARGS__) : loco_cuda_##k(__VA_ARGS__))
+/* The attention's fwd or bwd: the tensor-core kernel (bf16 only) or the twin. */
+#define ATTN(k, ...)                                                                              \
+    (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_##k##_bf16(__VA_ARGS__)                 \
+                                 : TWIN(attention_##k, __VA_ARGS__))
 
 /* Runs one kernel call; when profiling, waits around it and adds its time
  * to its kind. */
@@ -57,10 +110,10 @@ struct loco_gpt_cuda {
             LOCO_CHECK(call);                                                                     \
             break;                                                                                \
         }                                                                                         \
-        LOCO_CHECK(loco_cuda_sync(NULL));                                                         \
+        LOCO_CHECK(loco_cuda_sync(g->stream));                                                    \
         const double t0_ = loco_now();                                                            \
         LOCO_CHECK(call);                                                                         \
-        LOCO_CHECK(loco_cuda_sync(NULL));                                                         \
+        LOCO_CHECK(loco_cuda_sync(g->stream));                                                    \
         g->prof[kind] += loco_now() - t0_;                                                        \
     } while (0)
 
@@ -70,12 +123,13 @@ struct loco_gpt_cuda {
 /* Slab size: the ranges carved in carve() plus alignment slack. */
 static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, P = g->P, es = g->es;
-    const size_t L = (size_t)g->cfg.n_layer, V = (size_t)g->cfg.vocab_size;
+    const size_t L = (size_t)g->cfg.n_layer, Vp = (size_t)g->Vp;
     const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
     const size_t per_layer = N * C * es * 16 + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 32 + 13 * L;
-    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + N * 4 * 2 + N * C * es * 16 + N * V * es +
-           N * 4 * 3 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + L * per_layer + n_ranges * 256;
+    const size_t n_ranges = 40 + 13 * L;
+    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 +
+           N * C * es * 16 + N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 +
+           L * per_layer + n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
@@ -89,14 +143,20 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->w, P * 2, "bf16 weights");
     else
         g->w = g->params;
-    SLAB(g->inputs, N * 4, "inputs");
-    SLAB(g->targets, N * 4, "targets");
+    SLAB(g->wte_pad, (size_t)g->Vp * C * es, "padded head weights");
+    SLAB(g->dwte_pad, (size_t)g->Vp * C * 4, "padded head gradient");
+    for (int k = 0; k < 2; k++)
+        SLAB(g->d_tok[k], N * 4 * 2, "tokens");
+    g->inputs = g->d_tok[0];
+    g->targets = g->d_tok[0] + N;
     SLAB(g->encoded, N * C * es, "encoded");
     SLAB(g->lnf, N * C * es, "ln_f");
     SLAB(g->lnfm, N * 4, "ln_f mean");
     SLAB(g->lnfr, N * 4, "ln_f rstd");
-    SLAB(g->logits, N * (size_t)g->cfg.vocab_size * es, "logits");
+    SLAB(g->logits, N * (size_t)g->Vp * es, "logits");
     SLAB(g->losses, N * 4, "losses");
+    SLAB(g->mean, 4, "mean loss");
+    SLAB(g->loss_acc, 8, "loss sum");
     SLAB(g->scratch, N * C * es, "projection scratch");
     SLAB(g->attn_scratch, bnt * 4, "attention scratch");
     SLAB(g->sumsq, LOCO_CUDA_SUMSQ_OUT * 8, "sum of squares");
@@ -129,7 +189,8 @@ int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B,
     *out = NULL;
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
-        cfg->vocab_size < 2 || T < 1 || T > cfg->seq_len || B < 1)
+        cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||
+        T > cfg->seq_len || B < 1)
         return LOCO_ERR(LOCO_EINVAL,
                         "bad model shape for the GPU: L=%d NH=%d C=%d V=%d maxT=%d for B=%d T=%d "
                         "(head size at most 128)",
@@ -145,23 +206,42 @@ int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B,
     g->cfg = *cfg;
     g->B = B;
     g->T = T;
+    g->Vp = (cfg->vocab_size + VOCAB_ALIGN - 1) / VOCAB_ALIGN * VOCAB_ALIGN;
     g->bf16 = bf16;
     g->es = bf16 ? 2 : 4;
+    g->stream = loco_cuda_compute_stream();
+    g->copy = loco_cuda_copy_stream();
     LOCO_CHECK_GOTO(loco_gpt_build_table(&g->tt, cfg), out_fail);
     g->P = g->tt.numel;
+    const int wte = loco_ttable_find(&g->tt, "transformer.wte.weight");
+    if (wte < 0 || g->tt.t[wte].numel != (size_t)cfg->vocab_size * cfg->n_embd) {
+        rc = LOCO_ERR(LOCO_EINVAL, "device model: no whole transformer.wte.weight in the table");
+        goto out_fail;
+    }
+    g->wte_off = g->tt.t[wte].offset;
     g->la = loco_alloc((size_t)cfg->n_layer * sizeof *g->la);
-    g->host_losses = loco_alloc((size_t)B * T * sizeof(float));
-    if (!g->la || !g->host_losses) {
+    if (!g->la) {
         rc = LOCO_ERR(LOCO_ENOMEM, "device model tables");
         goto out_fail;
     }
+    const size_t N = (size_t)B * T;
+    for (int k = 0; k < 2; k++) {
+        LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_tok[k], N * 4 * 2), out_fail);
+        LOCO_CHECK_GOTO(loco_cuda_event_create(&g->copied[k]), out_fail);
+        LOCO_CHECK_GOTO(loco_cuda_event_create(&g->consumed[k]), out_fail);
+    }
+    LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_out, 4 * sizeof(double)), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_slab_create(&g->slab, slab_bytes(g)), out_fail);
     LOCO_CHECK_GOTO(loco_blas_create(&g->blas), out_fail);
     LOCO_CHECK_GOTO(carve(g), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->params, g->P * 4, NULL), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, g->P * 4, NULL), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->m, g->P * 4, NULL), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->v, g->P * 4, NULL), out_fail);
+    const size_t vpc = (size_t)g->Vp * cfg->n_embd;
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->params, g->P * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, g->P * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->m, g->P * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->v, g->P * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->loss_acc, 8, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_gpt_cuda_upload(g, NULL, NULL, NULL), out_fail);
     *out = g;
     return 0;
@@ -173,12 +253,27 @@ out_fail:
 void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
     if (!g)
         return;
+    if (g->slab) /* nothing may still run on what is freed */
+        (void)loco_cuda_sync(g->stream);
     loco_blas_destroy(g->blas);
     loco_cuda_slab_destroy(g->slab);
+    for (int k = 0; k < 2; k++) {
+        if (g->copied[k])
+            (void)loco_cuda_event_sync(g->copied[k]);
+        loco_cuda_event_destroy(g->copied[k]);
+        loco_cuda_event_destroy(g->consumed[k]);
+        loco_cuda_host_free(g->h_tok[k]);
+    }
+    loco_cuda_host_free(g->h_out);
+    for (int k = 0; k < 2; k++)
+        loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
     loco_free(g->la);
-    loco_free(g->host_losses);
     loco_free(g);
+}
+
+int loco_gpt_cuda_set_attention(loco_gpt_cuda *g, const char *want) {
+    return loco_cuda_attention_select(want, g->cfg.n_embd / g->cfg.n_head, g->bf16, &g->attn);
 }
 
 size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
@@ -186,40 +281,76 @@ size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
     return loco_cuda_slab_size(g->slab) + BLAS_WORKSPACE;
 }
 
+/* The passes' weights from the fp32 parameters: the bf16 copy, and the
+ * head's padded wte (rows V.. stay zero). */
+static int refresh_weights(loco_gpt_cuda *g) {
+    const size_t vc = (size_t)g->cfg.vocab_size * g->cfg.n_embd;
+    if (g->bf16) {
+        RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->w, g->params, g->P, g->stream));
+        return loco_cuda_copy(g->wte_pad, (loco_bf16 *)g->w + g->wte_off, vc * 2, g->stream);
+    }
+    return loco_cuda_copy(g->wte_pad, g->params + g->wte_off, vc * 4, g->stream);
+}
+
 int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, const float *v) {
     const size_t bytes = g->P * sizeof(float);
     if (params)
-        LOCO_CHECK(loco_cuda_copy(g->params, params, bytes, NULL));
+        LOCO_CHECK(loco_cuda_copy(g->params, params, bytes, g->stream));
     if (m)
-        LOCO_CHECK(loco_cuda_copy(g->m, m, bytes, NULL));
+        LOCO_CHECK(loco_cuda_copy(g->m, m, bytes, g->stream));
     if (v)
-        LOCO_CHECK(loco_cuda_copy(g->v, v, bytes, NULL));
-    if (g->bf16)
-        LOCO_CHECK(loco_cuda_cast_bf16(g->w, g->params, g->P, NULL));
-    return loco_cuda_sync(NULL);
+        LOCO_CHECK(loco_cuda_copy(g->v, v, bytes, g->stream));
+    LOCO_CHECK(refresh_weights(g));
+    return loco_cuda_sync(g->stream);
 }
 
 int loco_gpt_cuda_download(loco_gpt_cuda *g, float *params, float *grads, float *m, float *v) {
     const size_t bytes = g->P * sizeof(float);
     if (params)
-        LOCO_CHECK(loco_cuda_copy(params, g->params, bytes, NULL));
+        LOCO_CHECK(loco_cuda_copy(params, g->params, bytes, g->stream));
     if (grads)
-        LOCO_CHECK(loco_cuda_copy(grads, g->grads, bytes, NULL));
+        LOCO_CHECK(loco_cuda_copy(grads, g->grads, bytes, g->stream));
     if (m)
-        LOCO_CHECK(loco_cuda_copy(m, g->m, bytes, NULL));
+        LOCO_CHECK(loco_cuda_copy(m, g->m, bytes, g->stream));
     if (v)
-        LOCO_CHECK(loco_cuda_copy(v, g->v, bytes, NULL));
-    return loco_cuda_sync(NULL);
+        LOCO_CHECK(loco_cuda_copy(v, g->v, bytes, g->stream));
+    return loco_cuda_sync(g->stream);
 }
 
 int loco_gpt_cuda_zero_grad(loco_gpt_cuda *g) {
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->grads, g->P * sizeof(float), NULL));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->grads, g->P * sizeof(float), g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->loss_acc, sizeof(double), g->stream));
     return 0;
 }
 
 void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs) {
     g->profiling = on && secs;
     g->prof = on ? secs : NULL;
+}
+
+int loco_gpt_cuda_padding(loco_gpt_cuda *g, int *vp, size_t *nonzero) {
+    const size_t C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+    const size_t vpc = (size_t)g->Vp * C;
+    *vp = g->Vp;
+    *nonzero = 0;
+    unsigned char *w = loco_alloc(vpc * g->es);
+    float *d = loco_alloc(vpc * 4);
+    int rc = 0;
+    if (!w || !d) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "padding check");
+        goto out;
+    }
+    LOCO_CHECK_GOTO(loco_cuda_copy(w, g->wte_pad, vpc * g->es, g->stream), out);
+    LOCO_CHECK_GOTO(loco_cuda_copy(d, g->dwte_pad, vpc * 4, g->stream), out);
+    LOCO_CHECK_GOTO(loco_cuda_sync(g->stream), out);
+    for (size_t i = V * C * g->es; i < vpc * g->es; i++)
+        *nonzero += w[i] != 0;
+    for (size_t i = 0; i < vpc; i++)
+        *nonzero += d[i] != 0.0f;
+out:
+    loco_free(w);
+    loco_free(d);
+    return rc;
 }
 
 /* Byte offset of a tensor in a flat buffer of element size es. */
@@ -231,7 +362,8 @@ static void *tensor(const loco_gpt_cuda *g, void *base, size_t es, const char *n
 #define W(name) tensor(g, g->w, g->es, name)
 #define G(name) ((float *)tensor(g, g->grads, 4, name))
 
-/* Checks the batch and copies the tokens to the device. */
+/* Checks the batch and queues its copy to the device: host -> pinned slot
+ * -> device slot on the copy stream; the compute stream waits for it. */
 static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
                        int T) {
     if (B < 1 || T < 1 || B > g->B || T > g->T)
@@ -245,66 +377,87 @@ static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *t
         if (targets && (targets[i] < 0 || targets[i] >= V))
             return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
     }
-    LOCO_CHECK(loco_cuda_copy(g->inputs, inputs, (size_t)N * 4, NULL));
+    const int k = g->slot ^= 1;
+    const size_t cap = (size_t)g->B * g->T, bytes = (size_t)N * 4;
+    int32_t *h = g->h_tok[k], *d = g->d_tok[k];
+    LOCO_CHECK(loco_cuda_event_sync(g->copied[k])); /* the pinned slot's last copy */
+    memcpy(h, inputs, bytes);
     if (targets)
-        LOCO_CHECK(loco_cuda_copy(g->targets, targets, (size_t)N * 4, NULL));
+        memcpy(h + cap, targets, bytes);
+    LOCO_CHECK(loco_cuda_stream_wait(g->copy, g->consumed[k])); /* the slot's last reader */
+    LOCO_CHECK(loco_cuda_copy(d, h, bytes, g->copy));
+    if (targets)
+        LOCO_CHECK(loco_cuda_copy(d + cap, h + cap, bytes, g->copy));
+    LOCO_CHECK(loco_cuda_event_record(g->copied[k], g->copy));
+    LOCO_CHECK(loco_cuda_stream_wait(g->stream, g->copied[k]));
+    g->inputs = d;
+    g->targets = d + cap;
     return 0;
+}
+
+/* After the last kernel that reads the current token slot. */
+static int tokens_consumed(loco_gpt_cuda *g) {
+    return loco_cuda_event_record(g->consumed[g->slot], g->stream);
 }
 
 static const void *residual_in(const loco_gpt_cuda *g, int l) {
     return l == 0 ? g->encoded : g->la[l - 1].res3;
 }
 
-/* Blocks, ln_f and the tied head: logits (N,V). */
+/* Blocks, ln_f and the tied head: logits (N,Vp). */
 static int forward_body(loco_gpt_cuda *g, int B, int T) {
-    const int C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size, L = g->cfg.n_layer;
+    const int C = g->cfg.n_embd, NH = g->cfg.n_head, L = g->cfg.n_layer;
     const int N = B * T;
     const size_t nc = (size_t)N * C;
     loco_blas *h = g->blas;
+    loco_stream s = g->stream;
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
     RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"),
-                             W("transformer.wpe.weight"), B, T, C, NULL));
+                             W("transformer.wpe.weight"), B, T, C, s));
     for (int l = 0; l < L; l++) {
         layer_acts *a = &g->la[l];
         const void *res = residual_in(g, l);
         RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"),
-                               LW("ln_1.bias"), N, C, NULL));
+                               LW("ln_1.bias"), N, C, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
-                                   LW("attn.c_attn.bias"), N, C, 3 * C, false, NULL));
-        RUN(LOCO_PROF_ATTN, TWIN(attention_fwd, a->atty, a->lse, a->qkv, B, T, C, NH, NULL));
+                                   LW("attn.c_attn.bias"), N, C, 3 * C, false, s));
+        RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->atty, LW("attn.c_proj.weight"),
-                                   LW("attn.c_proj.bias"), N, C, C, false, NULL));
-        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, NULL));
+                                   LW("attn.c_proj.bias"), N, C, C, false, s));
+        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
         RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln2, a->ln2m, a->ln2r, a->res2,
-                               LW("ln_2.weight"), LW("ln_2.bias"), N, C, NULL));
+                               LW("ln_2.weight"), LW("ln_2.bias"), N, C, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
-                                   LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, 4 * C, NULL));
+                                   LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, 4 * C, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
-                                   LW("mlp.c_proj.bias"), N, 4 * C, C, false, NULL));
-        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, NULL));
+                                   LW("mlp.c_proj.bias"), N, 4 * C, C, false, s));
+        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
     }
 #undef LW
     RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, g->lnf, g->lnfm, g->lnfr, g->la[L - 1].res3,
-                           W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N, C, NULL));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, W("transformer.wte.weight"),
-                               NULL, N, C, V, true, NULL));
+                           W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N, C, s));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, g->wte_pad, NULL, N, C, g->Vp,
+                               true, s));
     return 0;
 }
 
-/* Cross-entropy (dlogits in place, scaled by dscale) and the mean loss,
- * summed on the host in row order as model.c does. */
-static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, float *mean_loss) {
+/* Cross-entropy over the V real columns of the Vp (dlogits in place,
+ * scaled by dscale, 0 on the padding) and the mean loss on the device,
+ * added to loss_acc when acc. */
+static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
     RUN(LOCO_PROF_XENT, TWIN(xent_fwd_bwd, g->losses, g->logits, g->logits, g->targets, N,
-                             g->cfg.vocab_size, dscale, NULL));
-    if (!mean_loss)
-        return 0;
-    LOCO_CHECK(loco_cuda_copy(g->host_losses, g->losses, (size_t)N * 4, NULL));
-    LOCO_CHECK(loco_cuda_sync(NULL));
-    double s = 0;
-    for (int i = 0; i < N; i++)
-        s += g->host_losses[i];
-    *mean_loss = (float)(s / N);
+                             g->cfg.vocab_size, g->Vp, dscale, g->stream));
+    RUN(LOCO_PROF_XENT,
+        loco_cuda_mean_acc(g->mean, acc ? g->loss_acc : NULL, g->losses, N, g->stream));
+    return 0;
+}
+
+/* Waits for the compute stream and reads the last pass's mean loss. */
+static int read_mean(loco_gpt_cuda *g, float *mean_loss) {
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->mean, sizeof(float), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    memcpy(mean_loss, g->h_out, sizeof(float));
     return 0;
 }
 
@@ -313,8 +466,121 @@ int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t
     LOCO_CHECK(load_tokens(g, inputs, targets, B, T));
     LOCO_CHECK(forward_body(g, B, T));
     if (targets)
-        LOCO_CHECK(loss_and_dlogits(g, B * T, 0.0f, mean_loss));
-    return loco_cuda_sync(NULL);
+        LOCO_CHECK(loss_and_dlogits(g, B * T, 0.0f, false));
+    LOCO_CHECK(tokens_consumed(g));
+    if (targets && mean_loss)
+        return read_mean(g, mean_loss);
+    return loco_cuda_sync(g->stream);
+}
+
+/* The forward and backward of the current token slot, enqueued. */
+static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
+    LOCO_CHECK(forward_body(g, B, T));
+    const int C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size, L = g->cfg.n_layer;
+    const int N = B * T;
+    const size_t nc = (size_t)N * C, es = g->es;
+    loco_blas *h = g->blas;
+    loco_stream s = g->stream;
+    LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));
+    char n[LOCO_TENSOR_NAME_MAX];
+#define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
+#define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
+                               g->wte_pad, N, C, g->Vp, true, s));
+    /* the head's V real rows into the flat gradient; the side buffer is
+     * cleared for the next pass (its padding rows are exactly 0: their
+     * dlogits are) */
+    RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G("transformer.wte.weight"), g->dwte_pad,
+                                            (size_t)V * C, s));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, nc * es, s));
+    RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, G("transformer.ln_f.weight"),
+                           G("transformer.ln_f.bias"), g->dbtc, g->la[L - 1].res3,
+                           W("transformer.ln_f.weight"), g->lnfm, g->lnfr, N, C, s));
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts *a = &g->la[l];
+        const void *res = residual_in(g, l);
+        /* residual3 = residual2 + fcproj: dres flows to both. */
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
+                                   LG("mlp.c_proj.bias"), g->dres, a->fchg,
+                                   LW("mlp.c_proj.weight"), N, 4 * C, C, false, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, nc * 4 * es, s));
+        RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, nc * 4, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"),
+                                   LG("mlp.c_fc.bias"), g->dfch, a->ln2, LW("mlp.c_fc.weight"), N,
+                                   C, 4 * C, false, s));
+        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_2.weight"), LG("ln_2.bias"),
+                               g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, N, C, s));
+        /* residual2 = res + attproj: dres flows to both. */
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
+                                   LG("attn.c_proj.bias"), g->dres, a->atty,
+                                   LW("attn.c_proj.weight"), N, C, C, false, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, nc * 3 * es, s));
+        RUN(LOCO_PROF_ATTN, ATTN(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty,
+                                 a->qkv, a->lse, B, T, C, NH, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"),
+                                   LG("attn.c_attn.bias"), g->dqkv, a->ln1,
+                                   LW("attn.c_attn.weight"), N, C, 3 * C, false, s));
+        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
+                               g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, N, C, s));
+    }
+#undef LW
+#undef LG
+    RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
+                             G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, s));
+    return 0;
+}
+
+void loco_gpt_cuda_set_graph(loco_gpt_cuda *g, bool on) {
+    g->graph_on = on;
+    for (int k = 0; k < 2; k++) {
+        loco_cuda_graph_destroy(g->graph[k].exec);
+        g->graph[k].exec = NULL;
+    }
+}
+
+/* passes() as one CUDA graph launch: captured per token slot on the first
+ * call with a shape (B, T, loss_scale) after a plain pass has made the
+ * GEMM plans, relaunched while the shape holds. *done false: the caller
+ * runs the plain passes (no graph yet, or capture failed: graphs are then
+ * off, with a warning). */
+static int graph_passes(loco_gpt_cuda *g, int B, int T, float loss_scale, bool *done) {
+    *done = false;
+    if (!g->graph_on || g->profiling || !g->warm)
+        return 0;
+    step_graph *gr = &g->graph[g->slot];
+    if (gr->exec && (gr->B != B || gr->T != T || gr->scale != loss_scale)) {
+        loco_cuda_graph_destroy(gr->exec);
+        gr->exec = NULL;
+    }
+    if (!gr->exec) {
+        if (loco_cuda_capture_begin(g->stream) < 0) {
+            loco_warn("train.cuda_graph = on: %s; plain launches from now", loco_errmsg());
+            g->graph_on = false;
+            return 0;
+        }
+        const int rc = passes(g, B, T, loss_scale);
+        const int rc_end = loco_cuda_capture_end(g->stream, &gr->exec);
+        if (rc < 0 || rc_end < 0) {
+            loco_warn("train.cuda_graph = on: the step could not be captured (%s); plain "
+                      "launches from now",
+                      loco_errmsg());
+            loco_cuda_graph_destroy(gr->exec);
+            gr->exec = NULL;
+            g->graph_on = false;
+            return 0;
+        }
+        gr->B = B;
+        gr->T = T;
+        gr->scale = loss_scale;
+    }
+    LOCO_CHECK(loco_cuda_graph_launch(gr->exec, g->stream));
+    *done = true;
+    return 0;
 }
 
 int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
@@ -323,86 +589,132 @@ int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
     if (!targets)
         return LOCO_ERR(LOCO_EINVAL, "a backward pass needs targets");
     LOCO_CHECK(load_tokens(g, inputs, targets, B, T));
-    LOCO_CHECK(forward_body(g, B, T));
-    const int C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size, L = g->cfg.n_layer;
-    const int N = B * T;
-    const size_t nc = (size_t)N * C, es = g->es;
-    loco_blas *h = g->blas;
-    LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, mean_loss));
-    char n[LOCO_TENSOR_NAME_MAX];
-#define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
-#define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, NULL));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, G("transformer.wte.weight"), NULL,
-                               g->logits, g->lnf, W("transformer.wte.weight"), N, C, V, true,
-                               NULL));
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, nc * es, NULL));
-    RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, G("transformer.ln_f.weight"),
-                           G("transformer.ln_f.bias"), g->dbtc, g->la[L - 1].res3,
-                           W("transformer.ln_f.weight"), g->lnfm, g->lnfr, N, C, NULL));
-    for (int l = L - 1; l >= 0; l--) {
-        layer_acts *a = &g->la[l];
-        const void *res = residual_in(g, l);
-        /* residual3 = residual2 + fcproj: dres flows to both. */
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, NULL));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
-                                   LG("mlp.c_proj.bias"), g->dres, a->fchg,
-                                   LW("mlp.c_proj.weight"), N, 4 * C, C, false, NULL));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, nc * 4 * es, NULL));
-        RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, nc * 4, NULL));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, NULL));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"),
-                                   LG("mlp.c_fc.bias"), g->dfch, a->ln2, LW("mlp.c_fc.weight"), N,
-                                   C, 4 * C, false, NULL));
-        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_2.weight"), LG("ln_2.bias"),
-                               g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, N, C,
-                               NULL));
-        /* residual2 = res + attproj: dres flows to both. */
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, NULL));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
-                                   LG("attn.c_proj.bias"), g->dres, a->atty,
-                                   LW("attn.c_proj.weight"), N, C, C, false, NULL));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, nc * 3 * es, NULL));
-        RUN(LOCO_PROF_ATTN, TWIN(attention_bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty,
-                                 a->qkv, a->lse, B, T, C, NH, NULL));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, NULL));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"),
-                                   LG("attn.c_attn.bias"), g->dqkv, a->ln1,
-                                   LW("attn.c_attn.weight"), N, C, 3 * C, false, NULL));
-        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
-                               g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, N, C, NULL));
+    bool done;
+    LOCO_CHECK(graph_passes(g, B, T, loss_scale, &done));
+    if (!done) {
+        LOCO_CHECK(passes(g, B, T, loss_scale));
+        g->warm = true;
     }
-#undef LW
-#undef LG
-    RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
-                             G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, NULL));
-    return loco_cuda_sync(NULL);
+    LOCO_CHECK(tokens_consumed(g));
+    return mean_loss ? read_mean(g, mean_loss) : 0;
 }
 
-int loco_gpt_cuda_clip(loco_gpt_cuda *g, double max_norm, double *norm) {
-    double sumsq = 0;
-    RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads, g->P, NULL));
-    LOCO_CHECK(loco_cuda_copy(&sumsq, g->sumsq, sizeof sumsq, NULL));
-    LOCO_CHECK(loco_cuda_sync(NULL));
-    *norm = sqrt(sumsq);
-    if (max_norm > 0 && *norm > max_norm && isfinite(*norm))
-        RUN(LOCO_PROF_OPT, loco_cuda_scale(g->grads, (float)(max_norm / *norm), g->P, NULL));
+/* The gradient norm's sum of squares and the clip, both on the device. */
+static int clip_queue(loco_gpt_cuda *g, double max_norm) {
+    RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads, g->P, g->stream));
+    RUN(LOCO_PROF_OPT, loco_cuda_clip_scale(g->grads, g->P, g->sumsq, max_norm, g->stream));
     return 0;
 }
 
-int loco_gpt_cuda_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr) {
+/* AdamW on every tensor (skipped on the device when *gate is not finite),
+ * then the passes' weights. */
+static int adamw_queue(loco_gpt_cuda *g, const loco_adamw *opt, float lr, const double *gate) {
     const int64_t t = opt->t + 1;
     for (int i = 0; i < g->tt.n; i++) {
         const loco_tensor *tn = &g->tt.t[i];
         const float wd = tn->decay ? opt->weight_decay : 0.0f;
-        RUN(LOCO_PROF_OPT, loco_cuda_adamw_update(g->params + tn->offset, g->grads + tn->offset,
-                                                  g->m + tn->offset, g->v + tn->offset,
-                                                  tn->numel, lr, opt->beta1, opt->beta2,
-                                                  opt->eps, wd, t, NULL));
+        const size_t o = tn->offset;
+        RUN(LOCO_PROF_OPT,
+            loco_cuda_adamw_update_gated(g->params + o, g->grads + o, g->m + o, g->v + o,
+                                         tn->numel, lr, opt->beta1, opt->beta2, opt->eps, wd, t,
+                                         gate, g->stream));
     }
-    if (g->bf16)
-        RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->w, g->params, g->P, NULL));
-    LOCO_CHECK(loco_cuda_sync(NULL));
+    return refresh_weights(g);
+}
+
+int loco_gpt_cuda_clip(loco_gpt_cuda *g, double max_norm, double *norm) {
+    LOCO_CHECK(clip_queue(g, max_norm));
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->sumsq, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *norm = sqrt(g->h_out[0]);
+    return 0;
+}
+
+int loco_gpt_cuda_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr) {
+    LOCO_CHECK(adamw_queue(g, opt, lr, NULL));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    opt->t++;
+    return 0;
+}
+
+int loco_gpt_cuda_loss_sum(loco_gpt_cuda *g, double *sum) {
+    LOCO_CHECK(loco_cuda_copy(g->h_out + 1, g->loss_acc, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *sum = g->h_out[1];
+    return 0;
+}
+
+int loco_gpt_cuda_clip_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr, double max_norm,
+                             double *norm, double *loss_sum) {
+    LOCO_CHECK(clip_queue(g, max_norm));
+    LOCO_CHECK(adamw_queue(g, opt, lr, g->sumsq));
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->sumsq, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_copy(g->h_out + 1, g->loss_acc, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *norm = sqrt(g->h_out[0]);
+    if (loss_sum)
+        *loss_sum = g->h_out[1];
+    if (isfinite(*norm))
+        opt->t++;
+    return 0;
+}
+
+#endif /* LOCO_HAVE_CUDA */
+
+/* ------------------------------------------- data parallel (train.c, dp > 1) */
+#if defined(LOCO_HAVE_CUDA)
+
+void loco_gpt_cuda_state(loco_gpt_cuda *g, float **params, float **grads, float **m, float **v,
+                         size_t *n_params) {
+    if (params)
+        *params = g->params;
+    if (grads)
+        *grads = g->grads;
+    if (m)
+        *m = g->m;
+    if (v)
+        *v = g->v;
+    if (n_params)
+        *n_params = g->P;
+}
+
+int loco_gpt_cuda_grad_sumsq(loco_gpt_cuda *g, size_t lo, size_t hi, double *sumsq) {
+    if (lo > hi || hi > g->P)
+        return LOCO_ERR(LOCO_EINVAL, "gradient range [%zu, %zu) of %zu", lo, hi, g->P);
+    *sumsq = 0;
+    if (lo == hi)
+        return 0;
+    RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads + lo, hi - lo, g->stream));
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->sumsq, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *sumsq = g->h_out[0];
+    return 0;
+}
+
+int loco_gpt_cuda_scale_grads(loco_gpt_cuda *g, size_t lo, size_t hi, float s) {
+    if (lo > hi || hi > g->P)
+        return LOCO_ERR(LOCO_EINVAL, "gradient range [%zu, %zu) of %zu", lo, hi, g->P);
+    if (lo < hi)
+        RUN(LOCO_PROF_OPT, loco_cuda_scale(g->grads + lo, s, hi - lo, g->stream));
+    return 0;
+}
+
+int loco_gpt_cuda_adamw_range(loco_gpt_cuda *g, loco_adamw *opt, float lr, size_t lo, size_t hi) {
+    if (lo > hi || hi > g->P)
+        return LOCO_ERR(LOCO_EINVAL, "AdamW range [%zu, %zu) of %zu", lo, hi, g->P);
+    const int64_t t = opt->t + 1;
+    for (int i = 0; i < g->tt.n; i++) {
+        const loco_tensor *tn = &g->tt.t[i];
+        const size_t a = tn->offset > lo ? tn->offset : lo;
+        const size_t b = tn->offset + tn->numel < hi ? tn->offset + tn->numel : hi;
+        if (a >= b)
+            continue;
+        const float wd = tn->decay ? opt->weight_decay : 0.0f;
+        RUN(LOCO_PROF_OPT, loco_cuda_adamw_update(g->params + a, g->grads + a, g->m + a, g->v + a,
+                                                  b - a, lr, opt->beta1, opt->beta2, opt->eps, wd,
+                                                  t, g->stream));
+    }
+    LOCO_CHECK(loco_cuda_sync(g->stream));
     opt->t = t;
     return 0;
 }

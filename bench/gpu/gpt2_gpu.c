@@ -10,12 +10,19 @@
  * synthetic token stream (the loss must fall, a cheap sanity check of the
  * whole backward), or an llm.c .bin shard (--data). Prints one line per
  * step, with --profile N the time per kind of kernel over N more steps,
- * and last {"impl": "loco", "tok_per_s": ..., "mfu": ..., ...}. MFU uses
+ * and last {"impl": "loco", "graph": false, "tok_per_s": ..., "mfu": ...,
+ * ...}. A step is the trainer's: zero_grad, forward_backward without a
+ * host wait, loco_gpt_cuda_clip_adamw (no clip; its one wait reads the
+ * loss). --graph on: the micro-step as a CUDA graph (train.cuda_graph);
+ * --graph both: first the graph's steps and line ("graph": true), then
+ * the plain ones (the last line, as without the option). MFU uses
  * loco_gpt_flops_per_token (6N + 12 L C T, as llm.c) and the device's
  * dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM).
  *
- * --bench attention: the fused causal attention, bf16, forward + backward
- * (loco_cuda_attention_{fwd,bwd}_bf16) at --batch, --seq, --heads, --embd
+ * --bench attention: the fused causal attention, bf16, forward + backward,
+ * both kernels (loco_cuda_attention_{fwd,bwd}_bf16, the reference, and
+ * loco_cuda_attention_tc_{fwd,bwd}_bf16, the tensor cores: one line each,
+ * "kernel": "reference" | "tensor") at --batch, --seq, --heads, --embd
  * (default B 16, T 1024, 12 heads of 64), beside PyTorch's
  * scaled_dot_product_attention: {"bench": "attention", "ms": ..,
  * "tflops": ..}, FLOPs counted as FlashAttention's benchmarks do (forward
@@ -48,6 +55,7 @@
 
 typedef struct {
     int B, T, L, NH, C, V, steps, warmup, profile;
+    int graph; /* 0 off, 1 on, 2 both */
     double peak_tflops, lr;
     const char *data;
     const char *bench; /* gpt2, attention, codecs, versions */
@@ -118,13 +126,16 @@ static void load_batch(gpu_model *g, const uint16_t *shard, size_t shard_n, int 
     }
 }
 
-/* One training step: forward, backward, AdamW (no clipping, as
- * bench/pytorch_gpt2.py), the mean loss on the host. */
+/* One training step as the trainer's: forward, backward, AdamW (no
+ * clipping, as bench/pytorch_gpt2.py), one wait, the mean loss. */
 static int step(gpu_model *g, float *loss) {
     LOCO_CHECK(loco_gpt_cuda_zero_grad(g->dev));
     LOCO_CHECK(loco_gpt_cuda_forward_backward(g->dev, g->inputs, g->targets, g->o.B, g->o.T,
-                                              1.0f, loss));
-    return loco_gpt_cuda_adamw(g->dev, &g->opt, (float)g->o.lr);
+                                              1.0f, NULL));
+    double norm, sum;
+    LOCO_CHECK(loco_gpt_cuda_clip_adamw(g->dev, &g->opt, (float)g->o.lr, 0.0, &norm, &sum));
+    *loss = (float)sum;
+    return 0;
 }
 
 static void teardown(gpu_model *g) {
@@ -155,7 +166,7 @@ static void usage(void) {
     fprintf(stderr, "usage: loco-gpu-bench [--bench gpt2|attention|codecs|versions] [--batch B] "
                     "[--seq T] [--layers L] [--heads NH] [--embd C] [--vocab V] [--steps N] "
                     "[--warmup N] [--lr X] [--peak-tflops X] [--data shard.bin] [--profile N] "
-                    "[--iters N] [--elems N]\n");
+                    "[--iters N] [--elems N] [--graph off|on|both]\n");
 }
 
 /* ------------------------------------------------------------ attention */
@@ -190,8 +201,25 @@ static int upload_rand_bf16(loco_bf16 *d, size_t n, uint64_t seed) {
     return rc;
 }
 
+/* One forward + backward of kernel `tc` (the tensor-core one, else the
+ * reference), as the model calls them. */
+static int attention_step(bool tc, const opts *o, loco_bf16 *out, float *lse, loco_bf16 *dqkv,
+                          float *scratch, const loco_bf16 *dout, const loco_bf16 *qkv) {
+    if (tc) {
+        LOCO_CHECK(loco_cuda_attention_tc_fwd_bf16(out, lse, qkv, o->B, o->T, o->C, o->NH, NULL));
+        return loco_cuda_attention_tc_bwd_bf16(dqkv, scratch, dout, out, qkv, lse, o->B, o->T,
+                                               o->C, o->NH, NULL);
+    }
+    LOCO_CHECK(loco_cuda_attention_fwd_bf16(out, lse, qkv, o->B, o->T, o->C, o->NH, NULL));
+    return loco_cuda_attention_bwd_bf16(dqkv, scratch, dout, out, qkv, lse, o->B, o->T, o->C,
+                                        o->NH, NULL);
+}
+
 /* Forward + backward of the fused causal attention, bf16, as the model
- * calls it: qkv (B,T,3C) in, out (B,T,C), dqkv (B,T,3C) accumulated. */
+ * calls it: qkv (B,T,3C) in, out (B,T,C), dqkv (B,T,3C) accumulated; both
+ * kernels, the reference (attention.cu) and the tensor-core one
+ * (attention_tc.cu, where loco_cuda_attention_select allows it), one JSON
+ * line each ("kernel": "reference" | "tensor"). */
 static int bench_attention(const opts *o) {
     const size_t B = (size_t)o->B, T = (size_t)o->T, C = (size_t)o->C, NH = (size_t)o->NH;
     const size_t n_qkv = B * T * 3 * C, n_out = B * T * C, n_lse = B * NH * T;
@@ -215,33 +243,42 @@ static int bench_attention(const opts *o) {
         rc = upload_rand_bf16(qkv, n_qkv, 1);
     if (rc == 0)
         rc = upload_rand_bf16(dout, n_out, 2);
-    if (rc == 0)
-        rc = loco_cuda_zero(dqkv, n_qkv * 2, NULL);
-    /* one warm-up call, then REPEATS timed loops of iters calls */
-    for (int r = -1; rc == 0 && r < REPEATS; r++) {
-        const int n = r < 0 ? 1 : o->iters;
-        double t0 = now();
-        for (int i = 0; rc == 0 && i < n; i++) {
-            rc = loco_cuda_attention_fwd_bf16(out, lse, qkv, o->B, o->T, o->C, o->NH, NULL);
-            if (rc == 0)
-                rc = loco_cuda_attention_bwd_bf16(dqkv, scratch, dout, out, qkv, lse, o->B, o->T,
-                                                  o->C, o->NH, NULL);
-        }
-        if (rc == 0)
-            rc = loco_cuda_sync(NULL);
-        if (r >= 0)
-            t[r] = (now() - t0) / n;
-    }
-    loco_cuda_slab_destroy(slab);
-    LOCO_CHECK(rc);
     const double hs = (double)C / (double)NH;
     const double fwd = 4.0 * (double)B * (double)NH * (double)T * (double)T * hs / 2.0;
-    const double s = median(t, REPEATS);
-    printf("{\"impl\": \"loco\", \"bench\": \"attention\", \"dtype\": \"bf16\", \"B\": %d, "
-           "\"T\": %d, \"NH\": %d, \"hs\": %d, \"causal\": true, \"ms\": %.3f, "
-           "\"tflops\": %.2f}\n",
-           o->B, o->T, o->NH, o->C / o->NH, 1e3 * s, 3.5 * fwd / s / 1e12);
-    return 0;
+    for (int tc = 0; rc == 0 && tc < 2; tc++) {
+        const char *kernel = tc ? "tensor" : "reference";
+        loco_attn_impl impl = LOCO_ATTN_REFERENCE;
+        if (tc && (rc = loco_cuda_attention_select("tensor", o->C / o->NH, true, &impl)) == 0 &&
+            impl != LOCO_ATTN_TENSOR) {
+            printf("{\"impl\": \"loco\", \"bench\": \"attention\", \"kernel\": \"tensor\", "
+                   "\"skipped\": \"not available on this device or head size (see the "
+                   "warning)\"}\n");
+            break;
+        }
+        if (rc == 0)
+            rc = loco_cuda_zero(dqkv, n_qkv * 2, NULL);
+        /* one warm-up call, then REPEATS timed loops of iters calls */
+        for (int r = -1; rc == 0 && r < REPEATS; r++) {
+            const int n = r < 0 ? 1 : o->iters;
+            double t0 = now();
+            for (int i = 0; rc == 0 && i < n; i++)
+                rc = attention_step(tc, o, out, lse, dqkv, scratch, dout, qkv);
+            if (rc == 0)
+                rc = loco_cuda_sync(NULL);
+            if (r >= 0)
+                t[r] = (now() - t0) / n;
+        }
+        if (rc)
+            break;
+        const double sec = median(t, REPEATS);
+        printf("{\"impl\": \"loco\", \"bench\": \"attention\", \"kernel\": \"%s\", "
+               "\"dtype\": \"bf16\", \"B\": %d, \"T\": %d, \"NH\": %d, \"hs\": %d, "
+               "\"causal\": true, \"ms\": %.3f, \"tflops\": %.2f}\n",
+               kernel, o->B, o->T, o->NH, o->C / o->NH, 1e3 * sec, 3.5 * fwd / sec / 1e12);
+        fflush(stdout);
+    }
+    loco_cuda_slab_destroy(slab);
+    return rc;
 }
 
 /* --------------------------------------------------------------- codecs */
@@ -376,6 +413,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--bench")) o.bench = v;
         else if (!strcmp(a, "--iters")) o.iters = atoi(v);
         else if (!strcmp(a, "--elems")) o.elems = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--graph"))
+            o.graph = !strcmp(v, "on") ? 1 : !strcmp(v, "both") ? 2 : !strcmp(v, "off") ? 0 : -1;
         else {
             usage();
             return 2;
@@ -384,7 +423,8 @@ int main(int argc, char **argv) {
     }
     const bool known = !strcmp(o.bench, "gpt2") || !strcmp(o.bench, "attention") ||
                        !strcmp(o.bench, "codecs") || !strcmp(o.bench, "versions");
-    if (!known || o.B < 1 || o.T < 1 || o.NH < 1 || o.C % o.NH || o.iters < 1 || !o.elems) {
+    if (!known || o.B < 1 || o.T < 1 || o.NH < 1 || o.C % o.NH || o.iters < 1 || !o.elems ||
+        o.graph < 0) {
         usage();
         return 2;
     }
@@ -405,8 +445,42 @@ int main(int argc, char **argv) {
     return rc < 0 ? 1 : 0;
 }
 
-/* Warm-up and timed steps, the profile, and the JSON line; 0, 1 on an
- * error, 3 when the loss did not fall. */
+/* Warm-up and timed steps from data step s0: their lines, *step_ms (the
+ * mean of the timed ones), the first and last loss. */
+static int timed_steps(gpu_model *g, const uint16_t *shard, size_t shard_n, int s0,
+                       double *step_ms, float *first, float *loss) {
+    const double tokens = (double)g->o.B * g->o.T;
+    double t_sum = 0;
+    int measured = 0;
+    for (int s = 0; s < g->o.warmup + g->o.steps; s++) {
+        load_batch(g, shard, shard_n, s0 + s);
+        const double t0 = now();
+        LOCO_CHECK(step(g, loss));
+        const double dt = now() - t0;
+        if (s == 0)
+            *first = *loss;
+        if (s >= g->o.warmup) {
+            t_sum += dt;
+            measured++;
+        }
+        printf("step %3d  loss %.4f  %.1f ms  %.0f tok/s%s\n", s + 1, *loss, dt * 1e3,
+               tokens / dt, s < g->o.warmup ? "  (warm-up)" : "");
+    }
+    *step_ms = measured ? 1e3 * t_sum / measured : 0.0;
+    return 0;
+}
+
+static void json_line(const gpu_model *g, bool graph, double step_ms, float first, float loss) {
+    const double tps = step_ms > 0 ? (double)g->o.B * g->o.T / (step_ms * 1e-3) : 0.0;
+    const double mfu = tps * loco_gpt_flops_per_token(&g->cfg, g->o.T) / (g->o.peak_tflops * 1e12);
+    printf("{\"impl\": \"loco\", \"mode\": \"bf16\", \"graph\": %s, \"B\": %d, \"T\": %d, "
+           "\"params\": %zu, \"step_ms\": %.2f, \"tok_per_s\": %.0f, \"mfu\": %.4f, "
+           "\"loss_first\": %.4f, \"loss_last\": %.4f}\n",
+           graph ? "true" : "false", g->o.B, g->o.T, g->P, step_ms, tps, mfu, first, loss);
+}
+
+/* Warm-up and timed steps (with --graph, the graph's first), the profile,
+ * and the JSON lines; 0, 1 on an error, 3 when the loss did not fall. */
 static int run_gpt2(const opts *o) {
     gpu_model g;
     memset(&g, 0, sizeof g);
@@ -418,38 +492,28 @@ static int run_gpt2(const opts *o) {
         return 1;
     }
     int rc = setup(&g);
-    const double tokens = (double)g.o.B * g.o.T;
-    double t_sum = 0;
     float first = 0, loss = 0;
-    int measured = 0;
-    for (int s = 0; rc == 0 && s < g.o.warmup + g.o.steps; s++) {
-        load_batch(&g, shard, shard_n, s);
-        const double t0 = now();
-        rc = step(&g, &loss);
-        const double dt = now() - t0;
-        if (rc < 0)
-            break;
-        if (s == 0)
-            first = loss;
-        if (s >= g.o.warmup) {
-            t_sum += dt;
-            measured++;
-        }
-        printf("step %3d  loss %.4f  %.1f ms  %.0f tok/s%s\n", s + 1, loss, dt * 1e3,
-               tokens / dt, s < g.o.warmup ? "  (warm-up)" : "");
+    double step_ms = 0;
+    int s0 = 0;
+    if (rc == 0 && g.o.graph) {
+        loco_gpt_cuda_set_graph(g.dev, true);
+        rc = timed_steps(&g, shard, shard_n, s0, &step_ms, &first, &loss);
+        loco_gpt_cuda_set_graph(g.dev, false);
+        if (rc == 0)
+            json_line(&g, true, step_ms, first, loss);
+        s0 = g.o.warmup + g.o.steps;
     }
-    if (rc < 0) {
-        fprintf(stderr, "loco-gpu-bench: %s\n", loco_errmsg());
-        teardown(&g);
-        free(shard);
-        return 1;
+    if (rc == 0 && g.o.graph != 1) {
+        rc = timed_steps(&g, shard, shard_n, s0, &step_ms, &first, &loss);
+        s0 += g.o.warmup + g.o.steps;
     }
     if (rc == 0 && g.o.profile > 0) {
         double prof[LOCO_PROF_N] = {0};
         loco_gpt_cuda_profile(g.dev, true, prof);
         for (int s = 0; rc == 0 && s < g.o.profile; s++) {
-            load_batch(&g, shard, shard_n, g.o.warmup + g.o.steps + s);
-            rc = step(&g, &loss);
+            load_batch(&g, shard, shard_n, s0 + s);
+            float l;
+            rc = step(&g, &l);
         }
         loco_gpt_cuda_profile(g.dev, false, NULL);
         double total = 0;
@@ -467,12 +531,8 @@ static int run_gpt2(const opts *o) {
         free(shard);
         return 1;
     }
-    const double tps = measured ? tokens * measured / t_sum : 0.0;
-    const double mfu = tps * loco_gpt_flops_per_token(&g.cfg, g.o.T) / (g.o.peak_tflops * 1e12);
-    printf("{\"impl\": \"loco\", \"mode\": \"bf16\", \"B\": %d, \"T\": %d, \"params\": %zu, "
-           "\"step_ms\": %.2f, \"tok_per_s\": %.0f, \"mfu\": %.4f, \"loss_first\": %.4f, "
-           "\"loss_last\": %.4f}\n",
-           g.o.B, g.o.T, g.P, measured ? 1e3 * t_sum / measured : 0.0, tps, mfu, first, loss);
+    if (g.o.graph != 1)
+        json_line(&g, false, step_ms, first, loss);
     teardown(&g);
     free(shard);
     return loss < first ? 0 : 3; /* a loss that did not fall is a failure */

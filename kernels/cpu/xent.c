@@ -11,15 +11,21 @@
 void loco_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
                        const int32_t *targets, int N, int V, float dscale)
 {
+    loco_xent_fwd_bwd_strided(losses, dlogits, logits, targets, N, V, V, dscale);
+}
+
+void loco_xent_fwd_bwd_strided(float *losses, float *dlogits, const float *logits,
+                               const int32_t *targets, int N, int V, int stride, float dscale)
+{
 #pragma omp parallel for schedule(static) if ((long)N * V > 16384)
     for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * V;
-        float *d = dlogits ? dlogits + (size_t)n * V : NULL;
+        const float *x = logits + (size_t)n * stride;
+        float *d = dlogits ? dlogits + (size_t)n * stride : NULL;
         const int32_t y = targets[n];
         if (y < 0) {
             losses[n] = 0.0f;
             if (d)
-                for (int j = 0; j < V; j++)
+                for (int j = 0; j < stride; j++)
                     d[j] = 0.0f;
             continue;
         }
@@ -40,5 +46,7 @@ void loco_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
         for (int j = 0; j < V; j++)
             d[j] = dscale * loco__expf(x[j] - lse);
         d[y] -= dscale;
+        for (int j = V; j < stride; j++) /* padding: not in the softmax */
+            d[j] = 0.0f;
     }
 }

@@ -24,7 +24,104 @@ extern "C" int loco_cuda_device_count(int *n) {
     return 0;
 }
 
-extern "C" loco_stream loco_cuda_compute_stream(void) { return NULL; }
+/* Created once per process (a C++ local static: thread-safe), blocking
+ * with respect to the legacy stream, never destroyed (the process owns it
+ * until exit, as the CUDA context). */
+static loco_stream make_stream(void) {
+    loco_stream s = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return s;
+}
+
+extern "C" loco_stream loco_cuda_compute_stream(void) {
+    static const loco_stream s = make_stream();
+    return s;
+}
+
+extern "C" loco_stream loco_cuda_copy_stream(void) {
+    static const loco_stream s = make_stream();
+    return s;
+}
+
+extern "C" int loco_cuda_event_create(loco_event *e) {
+    *e = NULL;
+    CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    return 0;
+}
+
+extern "C" void loco_cuda_event_destroy(loco_event e) {
+    if (e)
+        cudaEventDestroy(e);
+}
+
+extern "C" int loco_cuda_event_record(loco_event e, loco_stream s) {
+    CUDA_CHECK(cudaEventRecord(e, s));
+    return 0;
+}
+
+extern "C" int loco_cuda_stream_wait(loco_stream s, loco_event e) {
+    CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+    return 0;
+}
+
+extern "C" int loco_cuda_event_sync(loco_event e) {
+    CUDA_CHECK(cudaEventSynchronize(e));
+    return 0;
+}
+
+extern "C" int loco_cuda_capture_begin(loco_stream s) {
+    const cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return LOCO_ERR(LOCO_ECUDA, "CUDA graph capture: %s", cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" int loco_cuda_capture_end(loco_stream s, loco_graph *out) {
+    *out = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(s, &graph);
+    if (e == cudaSuccess) {
+        e = cudaGraphInstantiate(out, graph, 0);
+        cudaGraphDestroy(graph);
+    }
+    if (e != cudaSuccess) {
+        *out = NULL;
+        cudaGetLastError(); /* the capture's failure must not show in later calls */
+        return LOCO_ERR(LOCO_ECUDA, "CUDA graph capture: %s", cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" int loco_cuda_graph_launch(loco_graph g, loco_stream s) {
+    CUDA_CHECK(cudaGraphLaunch(g, s));
+    return 0;
+}
+
+extern "C" void loco_cuda_graph_destroy(loco_graph g) {
+    if (g)
+        cudaGraphExecDestroy(g);
+}
+
+extern "C" int loco_cuda_host_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    const cudaError_t e = cudaMallocHost(p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return LOCO_ERR(LOCO_ENOMEM, "%zu bytes of page-locked host memory: %s", bytes,
+                        cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" void loco_cuda_host_free(void *p) {
+    if (p)
+        cudaFreeHost(p);
+}
 
 extern "C" int loco_cuda_sync(loco_stream s) {
     CUDA_CHECK(cudaStreamSynchronize(s));

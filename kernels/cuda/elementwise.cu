@@ -243,9 +243,12 @@ extern "C" int loco_cuda_residual_bwd_bf16(loco_bf16 *da, loco_bf16 *db, const l
 
 /* ------------------------------------------------------------------ AdamW */
 
+/* gate: NULL, or a device sum of squares; not finite = skip the update. */
 __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, float lr,
                              float beta1, float beta2, float eps, float wd, float ib1,
-                             float ib2) {
+                             float ib2, const double *gate) {
+    if (gate && !isfinite(*gate))
+        return;
     GRID_STRIDE(i, n) {
         const float gi = g[i];
         const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
@@ -257,18 +260,25 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_
     }
 }
 
-extern "C" int loco_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
-                                      float lr, float beta1, float beta2, float eps, float wd,
-                                      int64_t t, loco_stream s) {
+extern "C" int loco_cuda_adamw_update_gated(float *p, const float *g, float *m, float *v,
+                                            size_t n, float lr, float beta1, float beta2,
+                                            float eps, float wd, int64_t t, const double *gate,
+                                            loco_stream s) {
     if (!n)
         return 0;
     /* bias corrections in double on the host, as the CPU twin does */
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
     const float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
-    adamw_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(p, g, m, v, n, lr, beta1, beta2,
-                                                              eps, wd, 1.0f / bc1, 1.0f / bc2);
+    adamw_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(
+        p, g, m, v, n, lr, beta1, beta2, eps, wd, 1.0f / bc1, 1.0f / bc2, gate);
     CUDA_LAUNCHED("adamw_update");
     return 0;
+}
+
+extern "C" int loco_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                                      float lr, float beta1, float beta2, float eps, float wd,
+                                      int64_t t, loco_stream s) {
+    return loco_cuda_adamw_update_gated(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, NULL, s);
 }
 
 /* ----------------------------------------------------------- sumsq, scale */
@@ -311,5 +321,67 @@ extern "C" int loco_cuda_scale(float *x, float sc, size_t n, loco_stream s) {
         return 0;
     scale_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(x, sc, n);
     CUDA_LAUNCHED("scale");
+    return 0;
+}
+
+/* The clip of loco_clip_grad_norm with the norm read on the device: every
+ * thread computes the same factor from sumsq[0]. */
+__global__ void clip_scale_kernel(float *x, size_t n, const double *sumsq, double max_norm) {
+    const double norm = sqrt(*sumsq);
+    if (!(max_norm > 0 && norm > max_norm && isfinite(norm)))
+        return;
+    const float sc = (float)(max_norm / norm);
+    GRID_STRIDE(i, n) x[i] *= sc;
+}
+
+extern "C" int loco_cuda_clip_scale(float *x, size_t n, const double *sumsq, double max_norm,
+                                    loco_stream s) {
+    if (!n)
+        return 0;
+    clip_scale_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(x, n, sumsq, max_norm);
+    CUDA_LAUNCHED("clip_scale");
+    return 0;
+}
+
+/* ------------------------------------------------------- mean of losses */
+
+enum { MEAN_THREADS = 1024 };
+
+__global__ void mean_acc_kernel(float *mean, double *acc, const float *x, int n) {
+    __shared__ double shm[32];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        sum += x[i];
+    sum = block_sum(sum, shm);
+    if (threadIdx.x == 0) {
+        const float m = (float)(sum / n);
+        *mean = m;
+        if (acc)
+            *acc += m;
+    }
+}
+
+extern "C" int loco_cuda_mean_acc(float *mean, double *acc, const float *x, int n,
+                                  loco_stream s) {
+    if (n < 1)
+        return LOCO_ERR(LOCO_EINVAL, "mean_acc: %d values", n);
+    mean_acc_kernel<<<1, MEAN_THREADS, 0, s>>>(mean, acc, x, n);
+    CUDA_LAUNCHED("mean_acc");
+    return 0;
+}
+
+/* dst += src, then src = 0 (a gradient folded in from a side buffer). */
+__global__ void add_clear_kernel(float *dst, float *src, size_t n) {
+    GRID_STRIDE(i, n) {
+        dst[i] += src[i];
+        src[i] = 0.0f;
+    }
+}
+
+extern "C" int loco_cuda_add_clear(float *dst, float *src, size_t n, loco_stream s) {
+    if (!n)
+        return 0;
+    add_clear_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
+    CUDA_LAUNCHED("add_clear");
     return 0;
 }

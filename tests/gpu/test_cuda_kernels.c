@@ -559,35 +559,62 @@ Test(gpu_kernels, casts)
 
 /* --------------------------------------------------------- cross-entropy */
 
-static void check_xent(bool bf16, int N, int V, bool in_place, uint64_t seed)
+/* stride > V: a padded vocabulary; the padding columns hold large logits
+ * that must stay out of the softmax, and their dlogits must be 0. The CPU
+ * twin's strided form is itself checked against the plain one on the
+ * compacted rows. */
+static void check_xent(bool bf16, int N, int V, int stride, bool in_place, uint64_t seed)
 {
     gpu_env e;
     gpu_env_init(&e, SLAB);
     uint64_t s = seed;
-    const size_t n = (size_t)N * V;
+    const size_t n = (size_t)N * stride;
     float *logits = rand_f(&s, n, 8.0), *dl = malloc(n * 4), *loss = malloc(N * 4);
     int32_t *tgt = malloc(N * 4);
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < N; i++) {
         tgt[i] = i % 7 == 3 ? -1 : (int32_t)(gpu_splitmix(&s) % (uint64_t)V);
+        for (int j = V; j < stride; j++)
+            logits[(size_t)i * stride + j] = 60.0f;
+    }
     const float dscale = 1.0f / 3.0f;
     void *d_l = up(&e, logits, n, bf16), *d_t = dup_to_dev(&e, tgt, N * 4);
     void *d_loss = dalloc(&e, N * 4);
     void *d_dl = in_place ? d_l : dalloc(&e, n * (bf16 ? 2 : 4));
     if (!bf16)
-        GPU_OK(loco_cuda_xent_fwd_bwd(d_loss, d_dl, d_l, d_t, N, V, dscale, NULL));
+        GPU_OK(loco_cuda_xent_fwd_bwd(d_loss, d_dl, d_l, d_t, N, V, stride, dscale, NULL));
     else
-        GPU_OK(loco_cuda_xent_fwd_bwd_bf16(d_loss, d_dl, d_l, d_t, N, V, dscale, NULL));
+        GPU_OK(loco_cuda_xent_fwd_bwd_bf16(d_loss, d_dl, d_l, d_t, N, V, stride, dscale, NULL));
     float *gloss = down(d_loss, N, false), *gdl = down(d_dl, n, bf16);
-    loco_xent_fwd_bwd(loss, dl, logits, tgt, N, V, dscale);
+    loco_xent_fwd_bwd_strided(loss, dl, logits, tgt, N, V, stride, dscale);
     EXPECT_NEAR("xent losses", gloss, loss, N, TOL_F32);
     EXPECT_NEAR("xent dlogits", gdl, dl, n, bf16 ? TOL_BF16 : TOL_F32);
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < stride; j++)
+            cr_assert_eq(gdl[(size_t)i * stride + j], 0.0f, "padding dlogit row %d col %d", i, j);
+    if (stride > V) {
+        float *cl = malloc((size_t)N * V * 4), *cd = malloc((size_t)N * V * 4);
+        float *closs = malloc(N * 4);
+        for (int i = 0; i < N; i++)
+            memcpy(cl + (size_t)i * V, logits + (size_t)i * stride, (size_t)V * 4);
+        loco_xent_fwd_bwd(closs, cd, cl, tgt, N, V, dscale);
+        for (int i = 0; i < N; i++) {
+            cr_assert_eq(closs[i], loss[i], "strided CPU twin's loss row %d", i);
+            cr_assert_eq(memcmp(cd + (size_t)i * V, dl + (size_t)i * stride, (size_t)V * 4), 0,
+                         "strided CPU twin's dlogits row %d", i);
+            for (int j = V; j < stride; j++)
+                cr_assert_eq(dl[(size_t)i * stride + j], 0.0f, "CPU padding dlogit %d,%d", i, j);
+        }
+        free(cl), free(cd), free(closs);
+    }
     free(logits), free(dl), free(loss), free(tgt), free(gloss), free(gdl);
     gpu_env_fini(&e);
 }
 
-Test(gpu_kernels, xent_f32) { check_xent(false, 37, 1003, false, 25); }
-Test(gpu_kernels, xent_f32_in_place_gpt2_vocab) { check_xent(false, 9, 50257, true, 26); }
-Test(gpu_kernels, xent_bf16_in_place) { check_xent(true, 23, 3001, true, 27); }
+Test(gpu_kernels, xent_f32) { check_xent(false, 37, 1003, 1003, false, 25); }
+Test(gpu_kernels, xent_f32_in_place_gpt2_vocab) { check_xent(false, 9, 50257, 50257, true, 26); }
+Test(gpu_kernels, xent_bf16_in_place) { check_xent(true, 23, 3001, 3001, true, 27); }
+Test(gpu_kernels, xent_f32_padded_vocab) { check_xent(false, 11, 257, 320, false, 28); }
+Test(gpu_kernels, xent_bf16_in_place_padded_vocab) { check_xent(true, 13, 250, 256, true, 29); }
 
 /* ------------------------------------------------ AdamW, sumsq, scale */
 

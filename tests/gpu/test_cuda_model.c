@@ -175,6 +175,109 @@ static void check_model(bool bf16) {
 Test(gpu_model, loss_and_gradients_f32, .timeout = 120) { check_model(false); }
 Test(gpu_model, loss_and_gradients_bf16, .timeout = 120) { check_model(true); }
 
+/* The padded vocabulary and the step without host waits: V = 257 (the
+ * head runs at 320), two micro-steps per step, clip and AdamW queued on
+ * the device (loco_gpt_cuda_clip_adamw), two steps against the CPU model
+ * with loco_clip_grad_norm and loco_adamw_step: the summed micro-step
+ * losses and the norms within 1e-5, the AdamW moments within 1e-4 and
+ * the parameters within 5e-3 (per tensor; the key bias's gradient is 0
+ * in exact arithmetic, rounding noise that AdamW normalises to steps of
+ * lr, so its sign may differ: 6e-4 seen on tests/gpu/emu); the head's
+ * padding rows and side gradient exactly 0 after every step. With
+ * train.cuda_graph on: a GPU captures the micro-steps after the first; the
+ * emulator cannot capture and must fall back to plain launches without
+ * running anything twice. Then a NaN weight: the non-finite norm skips
+ * AdamW on the device (moments untouched, opt.t not advanced). */
+Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
+    gpu_require();
+    loco_set_threads(2);
+    const loco_gpt_config mc = {
+        .n_layer = 1, .n_head = 2, .n_embd = 32, .seq_len = 8, .vocab_size = 257};
+    enum { B = 2, T = 8, N = B * T, ACCUM = 2, STEPS = 2 };
+    loco_gpt cpu;
+    cr_assert_eq(loco_gpt_init(&cpu, &mc, B, T), 0, "%s", loco_errmsg());
+    loco_rng rng;
+    loco_rng_seed(&rng, 7);
+    loco_gpt_init_weights(&cpu, &rng);
+    const size_t P = cpu.n_params;
+    loco_config cfg;
+    loco_config_defaults(&cfg);
+    loco_adamw hopt, dopt;
+    cr_assert_eq(loco_adamw_init(&hopt, P, &cfg), 0);
+    cr_assert_eq(loco_adamw_init(&dopt, P, &cfg), 0);
+    loco_gpt_cuda *dev;
+    GPU_OK(loco_gpt_cuda_create(&dev, &mc, B, T, false));
+    GPU_OK(loco_gpt_cuda_upload(dev, cpu.params, NULL, NULL));
+    loco_gpt_cuda_set_graph(dev, true);
+    int vp = 0;
+    size_t nonzero = 1;
+    GPU_OK(loco_gpt_cuda_padding(dev, &vp, &nonzero));
+    cr_assert_eq(vp, 320, "padded vocabulary %d", vp);
+    cr_assert_eq(nonzero, 0, "%zu padding values not zero after the upload", nonzero);
+    uint64_t s = 11;
+    int32_t in[ACCUM][N], tg[ACCUM][N];
+    const double max_norm = 0.5, lr = 1e-2;
+    for (int step = 0; step < STEPS; step++) {
+        for (int a = 0; a < ACCUM; a++)
+            for (int i = 0; i < N; i++) {
+                in[a][i] = (int32_t)(gpu_splitmix(&s) % 257);
+                tg[a][i] = (int32_t)(gpu_splitmix(&s) % 257);
+            }
+        double want_loss = 0;
+        loco_gpt_zero_grad(&cpu);
+        for (int a = 0; a < ACCUM; a++) {
+            float l;
+            cr_assert_eq(loco_gpt_forward_backward(&cpu, in[a], tg[a], B, T, 1.0f / ACCUM, &l), 0);
+            want_loss += l;
+        }
+        const double want_norm = loco_clip_grad_norm(cpu.grads, P, max_norm);
+        loco_adamw_step(&hopt, &cpu.tt, cpu.params, cpu.grads, (float)lr);
+        GPU_OK(loco_gpt_cuda_zero_grad(dev));
+        for (int a = 0; a < ACCUM; a++)
+            GPU_OK(loco_gpt_cuda_forward_backward(dev, in[a], tg[a], B, T, 1.0f / ACCUM, NULL));
+        double norm = 0, loss = 0;
+        GPU_OK(loco_gpt_cuda_clip_adamw(dev, &dopt, (float)lr, max_norm, &norm, &loss));
+        cr_expect_leq(fabs(loss - want_loss), TOL_F32 * want_loss, "step %d: loss %.7f cpu %.7f",
+                      step + 1, loss, want_loss);
+        cr_expect_gt(want_norm, max_norm, "the clip must act");
+        cr_expect_leq(fabs(norm - want_norm), TOL_F32 * want_norm, "step %d: norm %.7f cpu %.7f",
+                      step + 1, norm, want_norm);
+        GPU_OK(loco_gpt_cuda_padding(dev, &vp, &nonzero));
+        cr_assert_eq(nonzero, 0, "step %d: %zu padding values not zero", step + 1, nonzero);
+    }
+    cr_expect_eq(dopt.t, STEPS);
+    float *p = malloc(P * 4), *m = malloc(P * 4), *v = malloc(P * 4);
+    cr_assert(p && m && v);
+    GPU_OK(loco_gpt_cuda_download(dev, p, NULL, m, v));
+    for (int i = 0; i < cpu.tt.n; i++) {
+        const loco_tensor *t = &cpu.tt.t[i];
+        const double ep = rel_err(p + t->offset, cpu.params + t->offset, t->numel);
+        const double em = rel_err(m + t->offset, hopt.m + t->offset, t->numel);
+        cr_expect_leq(ep, 5e-3, "%s after %d steps: rel err %.3g", t->name, STEPS, ep);
+        cr_expect_leq(em, 1e-4, "%s AdamW m: rel err %.3g", t->name, em);
+    }
+    /* a non-finite gradient norm: AdamW skipped on the device */
+    const int lnf = loco_ttable_find(&cpu.tt, "transformer.ln_f.weight");
+    cr_assert_geq(lnf, 0);
+    p[cpu.tt.t[lnf].offset] = NAN;
+    GPU_OK(loco_gpt_cuda_upload(dev, p, NULL, NULL));
+    GPU_OK(loco_gpt_cuda_zero_grad(dev));
+    GPU_OK(loco_gpt_cuda_forward_backward(dev, in[0], tg[0], B, T, 1.0f, NULL));
+    double norm = 0, loss = 0;
+    GPU_OK(loco_gpt_cuda_clip_adamw(dev, &dopt, (float)lr, max_norm, &norm, &loss));
+    cr_expect(!isfinite(norm), "norm %g with a NaN weight", norm);
+    cr_expect_eq(dopt.t, STEPS, "opt.t advanced over a skipped update");
+    float *m2 = malloc(P * 4);
+    cr_assert_not_null(m2);
+    GPU_OK(loco_gpt_cuda_download(dev, NULL, NULL, m2, NULL));
+    cr_expect(!memcmp(m, m2, P * 4), "AdamW moments changed by a skipped update");
+    free(p), free(m), free(v), free(m2);
+    loco_gpt_cuda_destroy(dev);
+    loco_adamw_fini(&hopt);
+    loco_adamw_fini(&dopt);
+    loco_gpt_fini(&cpu);
+}
+
 /* ------------------------------------------------------------- train */
 
 /* A learnable byte stream: short arithmetic runs, 32K tokens. */

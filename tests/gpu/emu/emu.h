@@ -29,6 +29,7 @@ extern "C" {
 
 using std::max;
 using std::min;
+using std::isfinite; /* a global function in CUDA device code */
 
 struct dim3 {
     unsigned x, y, z;
@@ -53,6 +54,56 @@ template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     T r;
     std::memcpy(&r, &g_xchg[tid ^ (unsigned)o], sizeof r);
     return r;
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 as the PTX ISA
+ * (9.7.14.5.8) lays out its fragments (common.cuh's mma_bf16_16816): every
+ * lane posts its a, b and c registers, then computes its own four outputs
+ * from the posts of its warp's 32 lanes (products exact in fp32, summed in
+ * k order). The whole block calls it together, as it does the shuffles. */
+#define LOCO_GPU_EMU 1
+static unsigned g_mma_x[1024][10];
+static inline float emu_bf16_half(unsigned r, int hi) {
+    const uint32_t u = (hi ? r >> 16 : r & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+static inline void emu_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2],
+                                         const float c[4]) {
+    const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x, w0 = tid & ~31u;
+    const unsigned lane = tid & 31u, g = lane >> 2, t = lane & 3u;
+    g_bar->arrive_and_wait();
+    unsigned *x = g_mma_x[tid];
+    for (int r = 0; r < 4; r++)
+        x[r] = a[r];
+    x[4] = b[0], x[5] = b[1];
+    for (int r = 0; r < 4; r++)
+        std::memcpy(&x[6 + r], &c[r], 4);
+    g_bar->arrive_and_wait();
+    /* A[row][k]: lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8),
+     * half k % 2. B[k][n]: lane 4 n + (k % 8) / 2, register k >= 8, half k % 2. */
+    auto A = [&](unsigned row, unsigned k) {
+        const unsigned *s = g_mma_x[w0 + 4 * (row % 8) + (k % 8) / 2];
+        return emu_bf16_half(s[(row >= 8) + 2 * (k >= 8)], k % 2);
+    };
+    auto B = [&](unsigned k, unsigned n) {
+        const unsigned *s = g_mma_x[w0 + 4 * n + (k % 8) / 2];
+        return emu_bf16_half(s[4 + (k >= 8)], k % 2);
+    };
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        const unsigned row = g + 8 * (i >= 2), col = 2 * t + (i & 1);
+        float acc = 0.0f;
+        for (unsigned k = 0; k < 16; k++)
+            acc += A(row, k) * B(k, col);
+        float cv;
+        std::memcpy(&cv, &x[6 + i], 4);
+        out[i] = acc + cv;
+    }
+    g_bar->arrive_and_wait();
+    for (int i = 0; i < 4; i++)
+        d[i] = out[i];
 }
 
 /* Runs f as every thread of every block; a thread that returns early drops
@@ -96,6 +147,8 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     return {(uint16_t)((u + 0x7fffU + ((u >> 16) & 1)) >> 16)};
 }
 
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.u; }
+
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
@@ -126,7 +179,45 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int,
     memmove(d, s, n);
     return 0;
 }
+/* the emulated device reports an H200's compute capability (9.0) */
+enum { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 };
+static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }
+static inline cudaError_t cudaDeviceGetAttribute(int *v, int attr, int) {
+    *v = attr == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
+    return 0;
+}
 static inline const char *cudaGetErrorString(cudaError_t) { return "emulated"; }
+/* Streams and events: every call above runs at once, in order, so there is
+ * nothing to order; page-locked memory is plain memory. */
+#define cudaStreamDefault 0
+#define cudaEventDisableTiming 2
+static inline cudaError_t cudaStreamCreateWithFlags(loco_stream *s, unsigned) {
+    *s = NULL;
+    return 0;
+}
+static inline cudaError_t cudaEventCreateWithFlags(loco_event *e, unsigned) {
+    static char token;
+    *e = reinterpret_cast<loco_event>(&token);
+    return 0;
+}
+static inline cudaError_t cudaEventDestroy(loco_event) { return 0; }
+static inline cudaError_t cudaEventRecord(loco_event, loco_stream) { return 0; }
+static inline cudaError_t cudaEventSynchronize(loco_event) { return 0; }
+static inline cudaError_t cudaStreamWaitEvent(loco_stream, loco_event, unsigned) { return 0; }
+static inline cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = malloc(n);
+    return *p ? 0 : 2;
+}
+static inline cudaError_t cudaFreeHost(void *p) { free(p); return 0; }
+/* No graphs: capture fails at once, so callers take their plain path. */
+typedef struct CUgraph_st *cudaGraph_t;
+#define cudaStreamCaptureModeThreadLocal 1
+static inline cudaError_t cudaStreamBeginCapture(loco_stream, int) { return 801; }
+static inline cudaError_t cudaStreamEndCapture(loco_stream, cudaGraph_t *) { return 801; }
+static inline cudaError_t cudaGraphInstantiate(loco_graph *, cudaGraph_t, int) { return 801; }
+static inline cudaError_t cudaGraphDestroy(cudaGraph_t) { return 0; }
+static inline cudaError_t cudaGraphLaunch(loco_graph, loco_stream) { return 801; }
+static inline cudaError_t cudaGraphExecDestroy(loco_graph) { return 0; }
 
 /* common.cuh's helpers */
 #define CUDA_CHECK(call) (void)(call)
