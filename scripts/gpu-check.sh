@@ -11,18 +11,25 @@
 #             twin, the GPU codecs byte for byte, the nccl backend on one
 #             rank, the model's loss and gradients against the CPU model,
 #             20 trainer steps with train.device = cuda against cpu)
+#   multi-rank  train.device = cuda over one rank of nccl and over two
+#             processes sharing the GPU (mpirun, mpi backend), dp = 2 and
+#             ZeRO 0-2, against the one-rank device run
+#             (scripts/gpu-dp-check.sh; needs mpirun and a loco built with
+#             CUDA and MPI, GPU_CHECK_LOCO, default $BUILD/loco: skipped
+#             with the reason where either is missing)
 #   benchmarks, each beside its reference:
 #     loco-gpt2 / pytorch-eager / pytorch-compile: GPT-2 124M training
 #             steps, B=16, T=1024, bf16, fused AdamW (bench/gpu/gpt2_gpu.c,
 #             bench/pytorch_gpt2.py); tokens/s and MFU
 #     loco-attention / pytorch-sdpa: causal attention forward + backward,
-#             B=16, T=1024, 12 heads of 64, bf16, against
+#             B=16, T=1024, 12 heads of 64, bf16, both loco kernels (the
+#             reference and the tensor-core one, two rows) against
 #             torch.nn.functional.scaled_dot_product_attention
 #     loco-codecs: kernels/cuda/quant.cu encode / decode GB/s against a
 #             device-to-device cudaMemcpy
 #   summary   results.json and table.md (for docs/PERFORMANCE.md, "GPU")
 #
-# A global deadline (GPU_CHECK_BUDGET seconds, default 460: the steps'
+# A global deadline (GPU_CHECK_BUDGET seconds, default 469: the steps'
 # timeouts add up to less) is checked before each step; a step that would
 # overrun it is skipped with the reason. Each step's timeout can be
 # changed with GPU_CHECK_T_<STEP> (GPU_CHECK_T_PYTORCH_COMPILE=90, ...).
@@ -88,20 +95,21 @@ fi
 
 # ----------------------------------------------------------------- budget
 # Seconds per step (the timeout it runs under; a step that overruns is
-# killed 2 s later). They add up to 450 s, under the 460 s deadline; a step
+# killed 2 s later). They add up to 475 s, the summary's 10 s included: the
+# others' 465 s are under the 469 s deadline; a step
 # starts only if its timeout and grace fit before the deadline, and the
 # summary (10 s at most) runs last whatever is left: under 8 minutes, the
 # most one device call may take, build included.
-STEPS="device build versions tests loco-gpt2 loco-attention loco-codecs pytorch-sdpa
+STEPS="device build versions tests multi-rank loco-gpt2 loco-attention loco-codecs pytorch-sdpa
        pytorch-eager pytorch-compile summary"
-declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=90 [loco-gpt2]=35
+declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=90 [multi-rank]=25 [loco-gpt2]=35
                    [loco-attention]=15 [loco-codecs]=15 [pytorch-sdpa]=20 [pytorch-eager]=30
                    [pytorch-compile]=65 [summary]=10)
 for s in $STEPS; do
   v=GPU_CHECK_T_$(tr 'a-z-' 'A-Z_' <<<"$s")
   BUDGET[$s]=${!v:-${BUDGET[$s]}}
 done
-TOTAL=${GPU_CHECK_BUDGET:-460}
+TOTAL=${GPU_CHECK_BUDGET:-469}
 
 OUTDIR=${OUT:-$BUILD/out}
 mkdir -p "$OUTDIR"
@@ -243,10 +251,31 @@ step tests env LD_LIBRARY_PATH="$LOCO_LD" "$TESTBIN" --verbose --jobs "$(( JOBS 
 [ -f "$WORK/tests.log" ] && cp "$WORK/tests.log" "$OUTDIR/tests.log" &&
   grep -a -E "^\[(FAIL|SKIP)\]|Synthesis" "$WORK/tests.log"
 
+# ------------------------------------------------------------ multi-rank
+# train.device = cuda over one rank of nccl and two processes sharing the
+# GPU through the mpi backend, against one rank (scripts/gpu-dp-check.sh).
+# The bundle's binaries have no MPI: this needs mpirun and a loco built with
+# CUDA and MPI on this machine.
+DP_LOCO=${GPU_CHECK_LOCO:-$BUILD/loco}
+dp_why=""
+if ! command -v mpirun >/dev/null 2>&1; then
+  dp_why="no mpirun on this machine (the two processes share the GPU over the mpi backend)"
+elif [ ! -x "$DP_LOCO" ]; then
+  dp_why="no $DP_LOCO (a loco built with CUDA and MPI; GPU_CHECK_LOCO names another)"
+elif ! compgen -G "data/kjv_train_*.bin" >/dev/null; then
+  dp_why="no data/kjv_train_*.bin (make data)"
+fi
+if [ -z "$NO_GPU" ] && [ -n "$dp_why" ]; then
+  say "multi-rank: skipped: $dp_why"
+  record multi-rank skipped "" 0 "$dp_why"
+else
+  step multi-rank env LD_LIBRARY_PATH="$LOCO_LD" bash scripts/gpu-dp-check.sh "$DP_LOCO"
+fi
+
 # ------------------------------------------------------------- benchmarks
 export PYTHONUNBUFFERED=1
 step loco-gpt2 env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench gpt2 --batch 16 --seq 1024 \
-  --steps 20 --warmup 3 --profile 3
+  --steps 20 --warmup 3 --profile 3 --graph both
 step loco-attention env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench attention --batch 16 \
   --seq 1024 --heads 12 --embd 768
 step loco-codecs env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench codecs
@@ -391,11 +420,19 @@ for ref, what in (("pytorch-eager", f"{tv} eager"), ("pytorch-compile", f"{tv} t
     add(f"gpt2_124m_train_tokens_per_s_vs_{ref.split('-')[1]}", "loco-gpt2", lg["tok_per_s"],
         ref, gpt2[ref]["tok_per_s"],
         what + " (same model, B=16 T=1024, bf16 autocast, SDPA, fused AdamW)", "tokens/s")
-la = last("loco-attention", "bench", "attention") or {}
+# two loco kernels, each beside SDPA: the reference (attention.cu, CUDA
+# cores; lines without "kernel" are its) and the tensor-core one
+att = [r for r in json_lines("loco-attention") if r.get("bench") == "attention"]
+la = next((r for r in reversed(att) if r.get("kernel", "reference") == "reference"), {})
+lt = next((r for r in reversed(att) if r.get("kernel") == "tensor"), {})
 pa = last("pytorch-sdpa", "bench", "attention") or {}
+sdpa = f"torch.nn.functional.scaled_dot_product_attention, causal, bf16 ({tv})"
 add("attention_fwd_bwd_B16_T1024_12x64_bf16", "loco-attention", la.get("tflops"),
-    "pytorch-sdpa", pa.get("tflops"),
-    f"torch.nn.functional.scaled_dot_product_attention, causal, bf16 ({tv})", "TFLOP/s")
+    "pytorch-sdpa", pa.get("tflops"), sdpa + " vs loco's reference kernel", "TFLOP/s")
+add("attention_tc_fwd_bwd_B16_T1024_12x64_bf16", "loco-attention", lt.get("tflops"),
+    "pytorch-sdpa", pa.get("tflops"), sdpa + " vs loco's tensor-core kernel", "TFLOP/s")
+if lt.get("skipped"):
+    benchmarks[-1]["note"] = "; ".join(x for x in (benchmarks[-1]["note"], lt["skipped"]) if x)
 mc = last("loco-codecs", "bench", "memcpy_d2d") or {}
 codec_rows = [r for r in json_lines("loco-codecs") if r.get("bench") == "codec"]
 if not codec_rows:  # what would have been measured

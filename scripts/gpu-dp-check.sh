@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# train.device = cuda over more than one rank on a machine with one GPU
+# (docs/DECISIONS.md, "GPU data parallel"); the multi-rank step of
+# scripts/gpu-check.sh. Runs a few steps of a tiny model on the same global
+# batch (4 sequences of 32 tokens, data/kjv_train_*.bin) and compares every
+# step's loss with the one-rank device run (backend self), 1e-5 relative:
+#
+#   nccl1    one rank, parallel.backend = nccl, ZeRO-1: the gradient
+#            buckets, the owned AdamW and the all-gather on device pointers
+#   dp2-zN   mpirun -np 2, both processes on the one GPU, backend mpi (the
+#            collectives staged through pinned host buffers), dp = 2,
+#            ZeRO 0, 1 and 2
+#
+# usage: scripts/gpu-dp-check.sh LOCO_BINARY   (a build with CUDA and MPI)
+# Exit status 0 when every run matched; 1 otherwise; 2 for a usage error.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+LOCO=${1:?usage: scripts/gpu-dp-check.sh LOCO_BINARY}
+STEPS=${GPU_DP_STEPS:-6}
+d=$(mktemp -d /tmp/loco-gpu-dp-XXXXXX)
+trap 'rm -rf "$d"' EXIT
+export OMPI_MCA_orte_tmpdir_base=$d OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+TINY=(--set model.n_layer=2 --set model.n_head=2 --set model.n_embd=32 --set model.seq_len=32
+      --set train.steps="$STEPS" --set train.warmup_steps=2 --set train.grad_clip=0.5
+      --set train.device=cuda --set run.threads=1 --set run.eval_every=0 --set run.log_every=1
+      --set run.ckpt_every=0 --set parallel.bucket_mb=0.004)
+fail=0
+run() { # name, then the command; its output in $d/name.log
+  local name=$1
+  shift
+  if "$@" >"$d/$name.log" 2>&1; then
+    echo "gpu-dp: $name: ran"
+  else
+    echo "gpu-dp: $name: FAILED (exit $?); its log ends:"
+    tail -n 15 "$d/$name.log"
+    fail=1
+  fi
+}
+# the losses of two runs' metrics.jsonl, step by step
+compare() {
+  python3 - "$d/ref/metrics.jsonl" "$d/$1/metrics.jsonl" "$1" "$STEPS" <<'PY'
+import json, sys
+ref_path, got_path, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+def losses(path):
+    out = {}
+    try:
+        for line in open(path):
+            r = json.loads(line)
+            if "loss" in r and "step" in r:
+                out[r["step"]] = r["loss"]
+    except OSError as e:
+        print(f"gpu-dp: {name}: no metrics ({e})")
+    return out
+ref, got = losses(ref_path), losses(got_path)
+worst, bad = 0.0, []
+for s in range(1, steps + 1):
+    if s not in ref or s not in got:
+        bad.append(f"step {s} missing")
+        continue
+    e = abs(got[s] - ref[s]) / abs(ref[s])
+    worst = max(worst, e)
+    if e > 1e-5:
+        bad.append(f"step {s}: {got[s]:.9g} vs one rank {ref[s]:.9g}")
+print(json.dumps({"run": name, "steps": steps, "worst_rel_diff": worst, "ok": not bad}))
+for b in bad:
+    print(f"gpu-dp: {name}: {b}")
+sys.exit(1 if bad else 0)
+PY
+}
+run ref "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=self \
+  --set train.batch_size=4 --set run.dir="$d/ref"
+[ $fail -eq 0 ] || exit 1
+run nccl1 "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=nccl \
+  --set parallel.zero_stage=1 --set train.batch_size=4 --set run.dir="$d/nccl1"
+compare nccl1 || fail=1
+for z in 0 1 2; do
+  run "dp2-z$z" mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+    --set parallel.backend=mpi --set parallel.dp=2 --set parallel.zero_stage="$z" \
+    --set train.batch_size=2 --set run.dir="$d/dp2-z$z"
+  compare "dp2-z$z" || fail=1
+done
+exit $fail
