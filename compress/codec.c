@@ -613,3 +613,93 @@ out_free:
     loco_free(info);
     return rc;
 }
+
+/* ------------------------------------------ payloads quantized elsewhere */
+
+int loco_codec_chunk_quant(const loco_codec *c, const loco_encode_plan *plan, size_t chunk,
+                           loco_quant_args *qa, size_t *first, size_t *count, size_t *raw_len) {
+    const loco_codec_params *p = &c->p;
+    if (chunk >= plan->n_chunks || plan->chunk_elems != c->chunk_elems)
+        return LOCO_ERR(LOCO_EINVAL, "compress: chunk %zu of a plan with %zu chunks", chunk,
+                        plan->n_chunks);
+    *first = chunk * c->chunk_elems;
+    *count = plan->n - *first < c->chunk_elems ? plan->n - *first : c->chunk_elems;
+    *raw_len = loco_quant_payload_bytes(p->codec, *count, p->block);
+    *qa = (loco_quant_args){
+        .block = p->block,
+        .stochastic = p->stochastic,
+        .planes = planes_apply(p->codec, plan->zstd),
+        .key = chunk_key(p->seed, plan->nonce, plan->state_offset + *first),
+    };
+    return 0;
+}
+
+int loco_codec_frame_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
+                           size_t dst_cap, size_t *dst_len, const uint8_t *raw, size_t chunk) {
+    const loco_codec_params *p = &c->p;
+    *dst_len = 0;
+    if (worker < 0 || worker >= c->n_workers)
+        return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker, c->n_workers);
+    if (chunk > UINT32_MAX)
+        return LOCO_ERR(LOCO_EINVAL, "compress: chunk index %zu exceeds 32 bits", chunk);
+    loco_quant_args qa;
+    size_t first, count, raw_len;
+    LOCO_CHECK(loco_codec_chunk_quant(c, plan, chunk, &qa, &first, &count, &raw_len));
+    if (dst_cap < HDR + raw_len)
+        return LOCO_ERR(LOCO_EINVAL, "compress: %zu bytes of output for a chunk of up to %zu",
+                        dst_cap, HDR + raw_len);
+    uint8_t *out = dst, *payload = out + HDR;
+    uint32_t flags = qa.planes ? FLAG_PLANES : 0;
+    size_t enc_len = raw_len;
+    if (plan->zstd) {
+        const size_t z = ZSTD_compressCCtx(c->ws[worker].cctx, payload, raw_len - 1, raw, raw_len,
+                                           p->zstd_level);
+        if (!ZSTD_isError(z)) {
+            enc_len = z;
+            flags |= FLAG_ZSTD;
+        } else if (ZSTD_getErrorCode(z) == ZSTD_error_dstSize_tooSmall) {
+            memcpy(payload, raw, raw_len);
+        } else {
+            return LOCO_ERR(LOCO_EIO, "compress: zstd: %s", ZSTD_getErrorName(z));
+        }
+    } else {
+        memcpy(payload, raw, raw_len);
+    }
+    write_header(out, p, flags, chunk, first, count, raw_len, enc_len,
+                 loco_hash64(payload, enc_len));
+    *dst_len = HDR + enc_len;
+    return 0;
+}
+
+int loco_codec_unframe_chunk(loco_codec *c, int worker, size_t dst_n, const void *src, size_t len,
+                             loco_chunk_info *info, const uint8_t **raw) {
+    if (worker < 0 || worker >= c->n_workers)
+        return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker, c->n_workers);
+    LOCO_CHECK(check_chunk(c, dst_n, src, len, info));
+    const uint8_t *payload = (const uint8_t *)src + HDR;
+    if (info->zstd) {
+        worker_ws *w = &c->ws[worker];
+        const unsigned long long fcs = ZSTD_getFrameContentSize(payload, info->enc_len);
+        if (fcs != info->raw_len)
+            return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd frame content size %lld, header %llu",
+                            info->chunk_index, (long long)fcs, (unsigned long long)info->raw_len);
+        const size_t fsz = ZSTD_findFrameCompressedSize(payload, info->enc_len);
+        if (ZSTD_isError(fsz) || fsz != info->enc_len)
+            return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd payload is not exactly one frame",
+                            info->chunk_index);
+        if (info->raw_len > c->raw_cap)
+            return LOCO_ERR(LOCO_EPROTO, "chunk %u: raw payload over the scratch buffer",
+                            info->chunk_index);
+        const size_t got =
+            ZSTD_decompressDCtx(w->dctx, w->raw, info->raw_len, payload, info->enc_len);
+        if (ZSTD_isError(got) || got != info->raw_len)
+            return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd: %s", info->chunk_index,
+                            ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
+        payload = w->raw;
+        if (!loco_quant_payload_ok(info->codec, payload, info->count, info->block))
+            return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
+                            info->chunk_index);
+    }
+    *raw = payload;
+    return 0;
+}

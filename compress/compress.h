@@ -220,6 +220,25 @@ int loco_codec_decode_chunk(loco_codec *c, int worker, float *dst, size_t dst_n,
 int loco_codec_decode(loco_codec *c, float *dst, size_t dst_n, float weight, const void *base,
                       size_t base_len, const loco_chunk_ref *chunks, size_t n_chunks);
 
+/* ------------------------------- payloads quantized elsewhere (a GPU)
+ * What loco_codec_encode_chunk_from and loco_codec_decode_chunk do around
+ * the quantizer, for a caller that runs loco_quant / loco_dequant_acc (or
+ * their CUDA twins) itself: outer/'s device mode. The bytes are the same. */
+
+/* The quantizer's arguments for chunk `chunk` of the plan, its first
+ * element, element count and raw payload bytes (LOCO_EINVAL: no such chunk). */
+int loco_codec_chunk_quant(const loco_codec *c, const loco_encode_plan *plan, size_t chunk,
+                           loco_quant_args *qa, size_t *first, size_t *count, size_t *raw_len);
+/* Frames chunk `chunk`'s raw payload (raw_len bytes as chunk_quant says):
+ * the plan's zstd stage and the header, into dst (dst_cap >= slot_bytes). */
+int loco_codec_frame_chunk(loco_codec *c, int worker, const loco_encode_plan *plan, void *dst,
+                           size_t dst_cap, size_t *dst_len, const uint8_t *raw, size_t chunk);
+/* Checks a chunk exactly as loco_codec_decode_chunk does (same errors) and
+ * yields its raw payload: inside src, or decompressed into worker's
+ * scratch (valid until that worker's next call). Touches no destination. */
+int loco_codec_unframe_chunk(loco_codec *c, int worker, size_t dst_n, const void *src, size_t len,
+                             loco_chunk_info *info, const uint8_t **raw);
+
 /* The quantizers' element loops (loco_quant, loco_dequant_acc and their
  * CUDA twins) are declared in kernels/kernels.h with the other kernels. */
 

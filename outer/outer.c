@@ -4,6 +4,28 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef LOCO_HAVE_CUDA
+#include <pthread.h>
+
+/* Device mode (loco_outer_create_device): the state of the range on the
+ * GPU. Every device call of the state runs under mu (the pipelined
+ * exchange encodes on a sender thread while this one decodes), on the
+ * compute stream, so it is ordered with the trainer's steps. */
+typedef struct outer_dev {
+    loco_cuda_slab *slab;
+    loco_stream s;
+    pthread_mutex_t mu;
+    float *theta, *mom, *theta_bak, *mom_bak, *avg, *ef; /* (n) ef: NULL without EF */
+    float *delta, *prev;  /* (chunk elements) one chunk's Δ; avg before a share */
+    float *sample;        /* (SAMPLE_N) zstd=auto's sample of Δ */
+    uint8_t *pay;         /* (raw_cap) one chunk's raw payload */
+    uint32_t *bad;        /* (2) non-finite flags */
+    double *ss;           /* (1 + parts of a chunk) the share's sum of squares */
+    size_t raw_cap;
+    uint8_t *hpay;        /* (workers × raw_cap) host copies of the payloads */
+    bool theta_cur, mom_cur, ef_cur; /* the host mirrors are current */
+} outer_dev;
+#endif
 
 struct loco_outer {
     loco_outer_params p;
@@ -58,6 +80,14 @@ struct loco_outer {
     int refused;                     /* island refused by the last check, -1 */
     double worst_ratio;              /* largest norm / median of the others this step */
     float poison, poison_next;       /* fault lab: Δ sent times this (1: none), this plan / next */
+    /* Device mode: theta, mom and the codec's EF are host mirrors of the
+     * device state, copied when read; pcie counts the bytes copied between
+     * host and device (both ways) since loco_outer_take_pcie_bytes. */
+    bool on_dev;
+    uint64_t pcie;
+#ifdef LOCO_HAVE_CUDA
+    outer_dev *d;
+#endif
 };
 
 #define SAMPLE_PIECES 8
@@ -73,9 +103,23 @@ int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) 
     return 0;
 }
 
+#ifdef LOCO_HAVE_CUDA
+static void dev_destroy(outer_dev *d) {
+    if (!d)
+        return;
+    loco_cuda_slab_destroy(d->slab);
+    loco_free(d->hpay);
+    pthread_mutex_destroy(&d->mu);
+    loco_free(d);
+}
+#endif
+
 void loco_outer_destroy(loco_outer *o) {
     if (!o)
         return;
+#ifdef LOCO_HAVE_CUDA
+    dev_destroy(o->d);
+#endif
     loco_codec_destroy(o->codec);
     loco_free(o->theta);
     loco_free(o->mom);
@@ -151,7 +195,7 @@ int loco_outer_create(loco_outer **out, const loco_outer_params *p, const loco_c
     c.error_feedback = false;
     c.stochastic = false;
     LOCO_CHECK_GOTO(loco_codec_create(&o->codec2, &c), out_fail);
-    if (n)
+    if (n && theta0)
         memcpy(o->theta, theta0, n * sizeof(float));
     *out = o;
     return 0;
@@ -160,8 +204,296 @@ out_fail:
     return rc;
 }
 
+/* ------------------------------------------------------- device mode */
+
+bool loco_outer_on_device(const loco_outer *o) { return o->on_dev; }
+
+uint64_t loco_outer_take_pcie_bytes(loco_outer *o) {
+    const uint64_t b = o->pcie;
+    o->pcie = 0;
+    return b;
+}
+
+#ifndef LOCO_HAVE_CUDA
+int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
+                             const loco_codec_params *cp, size_t n, const float *theta0_dev) {
+    *out = NULL;
+    return LOCO_ERR(LOCO_EINVAL, "outer: the device mode needs a build with the CUDA toolkit");
+}
+static int sync_theta(loco_outer *o) { return 0; }
+static int sync_mom(loco_outer *o) { return 0; }
+static int sync_ef(loco_outer *o) { return 0; }
+static int upload_state(loco_outer *o) { return 0; }
+static int upload_ef(loco_outer *o) { return 0; }
+#else
+#define DEV(call)                                                                                 \
+    do {                                                                                          \
+        rc = (call);                                                                              \
+        if (rc < 0)                                                                               \
+            goto out_unlock;                                                                      \
+    } while (0)
+
+/* A copy between host and device, counted when it crosses PCIe. */
+static int dev_copy(loco_outer *o, void *dst, const void *src, size_t bytes, bool pcie) {
+    if (pcie)
+        o->pcie += bytes;
+    return loco_cuda_copy(dst, src, bytes, o->d->s);
+}
+
+static bool ef_on(const loco_outer *o) {
+    const loco_codec_params *cp = loco_codec_get_params(o->codec);
+    return cp->error_feedback && cp->codec != LOCO_CODEC_NONE && o->n > 0;
+}
+
+int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
+                             const loco_codec_params *cp, size_t n, const float *theta0_dev) {
+    LOCO_CHECK(loco_outer_create(out, p, cp, n, NULL));
+    loco_outer *o = *out;
+    int rc = 0;
+    outer_dev *d = loco_alloc(sizeof *d);
+    if (!d) {
+        loco_outer_destroy(o);
+        *out = NULL;
+        return LOCO_ERR(LOCO_ENOMEM, "outer: device state");
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    o->d = d;
+    o->on_dev = true;
+    d->s = loco_cuda_compute_stream();
+    const loco_codec_params *c = loco_codec_get_params(o->codec);
+    const size_t per = loco_compress_chunk_elems(c), nn = n ? n : 1;
+    const size_t parts = (per + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
+    d->raw_cap = loco_quant_payload_bytes(c->codec, per, c->block);
+    const size_t slab = 6 * nn * sizeof(float) + 2 * per * sizeof(float) +
+                        SAMPLE_N * sizeof(float) + d->raw_cap + 2 * sizeof(uint32_t) +
+                        (1 + parts) * sizeof(double) + 16 * 256;
+    d->hpay = loco_alloc((size_t)o->workers * d->raw_cap);
+    if (!d->hpay) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "outer: %d payload buffers of %zu bytes", o->workers,
+                      d->raw_cap);
+        goto out_fail;
+    }
+    LOCO_CHECK_GOTO(loco_cuda_slab_create(&d->slab, slab), out_fail);
+    float **f[] = {&d->theta, &d->mom, &d->theta_bak, &d->mom_bak, &d->avg, &d->ef};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)f[i], nn * sizeof(float),
+                                             "outer state"),
+                        out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->delta, per * sizeof(float), "Δ"),
+                    out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->prev, per * sizeof(float), "avg"),
+                    out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->sample, SAMPLE_N * sizeof(float),
+                                         "sample"),
+                    out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->pay, d->raw_cap, "payload"),
+                    out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->bad, 2 * sizeof(uint32_t), "flags"),
+                    out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->ss, (1 + parts) * sizeof(double),
+                                         "norms"),
+                    out_fail);
+    if (!ef_on(o))
+        d->ef = NULL;
+    /* θ_global starts as θ_local, on the device; momentum and EF at 0, as
+     * their host mirrors. */
+    if (n)
+        LOCO_CHECK_GOTO(dev_copy(o, d->theta, theta0_dev, n * sizeof(float), false), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(d->mom, nn * sizeof(float), d->s), out_fail);
+    if (d->ef)
+        LOCO_CHECK_GOTO(loco_cuda_zero(d->ef, nn * sizeof(float), d->s), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_sync(d->s), out_fail);
+    d->theta_cur = n == 0;
+    d->mom_cur = d->ef_cur = true;
+    return 0;
+out_fail:
+    loco_outer_destroy(o);
+    *out = NULL;
+    return rc;
+}
+
+/* The host mirrors, brought up to date from the device when read (the rare
+ * events: the hash of θ_global, checkpoints, state transfer). */
+static int sync_one(loco_outer *o, bool *cur, float *host, const float *dev) {
+    outer_dev *d = o->d;
+    if (!o->on_dev || *cur || !dev)
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    DEV(dev_copy(o, host, dev, o->n * sizeof(float), true));
+    DEV(loco_cuda_sync(d->s));
+    *cur = true;
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+static int sync_theta(loco_outer *o) {
+    return o->on_dev ? sync_one(o, &o->d->theta_cur, o->theta, o->d->theta) : 0;
+}
+static int sync_mom(loco_outer *o) {
+    return o->on_dev ? sync_one(o, &o->d->mom_cur, o->mom, o->d->mom) : 0;
+}
+static int sync_ef(loco_outer *o) {
+    return o->on_dev ? sync_one(o, &o->d->ef_cur, loco_codec_ef(o->codec), o->d->ef) : 0;
+}
+
+/* Host θ_global and momentum (just written) to the device. */
+static int upload_state(loco_outer *o) {
+    outer_dev *d = o->d;
+    if (!o->on_dev || !o->n)
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    DEV(dev_copy(o, d->theta, o->theta, o->n * sizeof(float), true));
+    DEV(dev_copy(o, d->mom, o->mom, o->n * sizeof(float), true));
+    DEV(loco_cuda_sync(d->s));
+    d->theta_cur = d->mom_cur = true;
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+/* The codec's host error feedback (just written) to the device. */
+static int upload_ef(loco_outer *o) {
+    outer_dev *d = o->d;
+    if (!o->on_dev || !d->ef)
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    DEV(dev_copy(o, d->ef, loco_codec_ef(o->codec), o->n * sizeof(float), true));
+    DEV(loco_cuda_sync(d->s));
+    d->ef_cur = true;
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+/* zstd=auto's sample of Δ (as loco_outer_plan takes it on the host). */
+static int dev_sample(loco_outer *o, const float *tl, size_t m) {
+    outer_dev *d = o->d;
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    if (o->n > SAMPLE_N) {
+        for (size_t k = 0; k < SAMPLE_PIECES; k++) {
+            const size_t off = k * (o->n - SAMPLE_PIECE) / (SAMPLE_PIECES - 1);
+            DEV(loco_cuda_sub(d->sample + k * SAMPLE_PIECE, d->theta + off, tl + off,
+                              SAMPLE_PIECE, d->s));
+        }
+    } else {
+        DEV(loco_cuda_sub(d->sample, d->theta, tl, o->n, d->s));
+    }
+    DEV(dev_copy(o, o->sample, d->sample, m * sizeof(float), true));
+    DEV(loco_cuda_sync(d->s));
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+/* Chunk `chunk`: Δ, quantized with error feedback on the device (then the
+ * poisoned Δ without, for the fault lab); the payload comes to the host
+ * and is framed there (zstd, header). */
+static int dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t *len) {
+    outer_dev *d = o->d;
+    const loco_codec_params *cp = loco_codec_get_params(o->codec);
+    loco_quant_args qa, qa2;
+    size_t first, count, raw_len;
+    LOCO_CHECK(loco_codec_chunk_quant(o->codec, &o->plan, chunk, &qa, &first, &count, &raw_len));
+    LOCO_CHECK(loco_codec_chunk_quant(o->codec2, &o->plan, chunk, &qa2, &first, &count, &raw_len));
+    uint8_t *host = d->hpay + (size_t)worker * d->raw_cap;
+    uint32_t bad[2] = {0, 0};
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    DEV(loco_cuda_sub(d->delta, d->theta + first, o->theta_local + first, count, d->s));
+    DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, d->ef ? d->ef + first : NULL, count, &qa,
+                        d->bad, d->s));
+    if (o->poison != 1.0f) {
+        DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
+        DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, NULL, count, &qa2, d->bad + 1, d->s));
+    }
+    DEV(dev_copy(o, host, d->pay, raw_len, true));
+    DEV(dev_copy(o, bad, d->bad, sizeof bad, true));
+    DEV(loco_cuda_sync(d->s));
+    d->ef_cur = d->ef == NULL;
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    LOCO_CHECK(rc);
+    if (bad[0] || bad[1])
+        return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
+                        first + count);
+    unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
+    return loco_codec_frame_chunk(o->codec, worker, &o->plan, slot, o->plan.slot_bytes, len, host,
+                                  chunk);
+}
+
+/* One island's chunk: checked and unpacked on the host (the same checks as
+ * the host path), its payload to the device, dequantize-accumulated into
+ * avg there, and its share measured. */
+static int dev_add_chunk(loco_outer *o, int worker, int island, size_t c, const void *bytes,
+                         size_t len) {
+    outer_dev *d = o->d;
+    loco_chunk_info info;
+    const uint8_t *raw = NULL;
+    int rc = loco_codec_unframe_chunk(o->codec, worker, o->n, bytes, len, &info, &raw);
+    if (rc == LOCO_EREFUSED)
+        o->refused = island;
+    LOCO_CHECK(rc);
+    const size_t lo = (size_t)info.first, cnt = (size_t)info.count;
+    double ss = 0;
+    uint32_t bad = 0;
+    pthread_mutex_lock(&d->mu);
+    if (!o->avg_zeroed[c]) {
+        DEV(loco_cuda_zero(d->avg + lo, cnt * sizeof(float), d->s));
+        o->avg_zeroed[c] = 1;
+    }
+    DEV(dev_copy(o, d->prev, d->avg + lo, cnt * sizeof(float), false));
+    DEV(dev_copy(o, d->pay, raw, (size_t)info.raw_len, true));
+    DEV(loco_cuda_dequant_acc(info.codec, d->avg + lo, d->pay, cnt, info.block, info.planes,
+                              1.0f / (float)o->expect, d->s));
+    DEV(loco_cuda_share_sumsq(d->ss, d->avg + lo, d->prev, cnt, (double)o->expect, d->bad, d->s));
+    DEV(dev_copy(o, &ss, d->ss, sizeof ss, true));
+    DEV(dev_copy(o, &bad, d->bad, sizeof bad, true));
+    DEV(loco_cuda_sync(d->s));
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    LOCO_CHECK(rc);
+    o->sumsq[island] = ss;
+    o->nonfinite[island] = bad != 0;
+    return 0;
+}
+
+static int dev_apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
+    outer_dev *d = o->d;
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    DEV(loco_cuda_outer_update(d->theta_bak + lo, d->mom_bak + lo, theta_local + lo,
+                               d->theta + lo, d->mom + lo, d->avg + lo, hi - lo, o->p.lr,
+                               o->p.momentum, o->p.nesterov, d->s));
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+static int dev_finish(loco_outer *o) {
+    outer_dev *d = o->d;
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    DEV(loco_cuda_sync(d->s));
+out_unlock:
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+#endif /* LOCO_HAVE_CUDA */
+
+static int host_only(const loco_outer *o, const char *what) {
+    if (!o->on_dev)
+        return 0;
+    return LOCO_ERR(LOCO_EINVAL, "outer: %s runs on the host path only, not in the device mode",
+                    what);
+}
+
 int loco_outer_encode(loco_outer *o, const float *theta_local, int64_t step, const void **bytes,
                       size_t *len, size_t *raw_bytes) {
+    LOCO_CHECK(host_only(o, "the whole-range encode"));
     for (size_t i = 0; i < o->n; i++)
         o->delta[i] = o->theta[i] - theta_local[i];
     loco_encode_plan plan;
@@ -196,7 +528,16 @@ int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_
      * Δ is computed as each is encoded). */
     size_t m = o->n;
     const float *sample = o->delta;
-    if (o->n > SAMPLE_N) {
+    if (o->on_dev) {
+        /* Δ's sample is taken on the device and only it comes over (for
+         * zstd=auto; the other modes never read it). */
+        m = o->n > SAMPLE_N ? SAMPLE_N : o->n;
+        sample = o->sample;
+#ifdef LOCO_HAVE_CUDA
+        if (loco_codec_get_params(o->codec)->zstd == LOCO_ZSTD_AUTO && o->n)
+            LOCO_CHECK(dev_sample(o, theta_local, m));
+#endif
+    } else if (o->n > SAMPLE_N) {
         for (size_t k = 0; k < SAMPLE_PIECES; k++) {
             const size_t off = k * (o->n - SAMPLE_PIECE) / (SAMPLE_PIECES - 1);
             for (size_t i = 0; i < SAMPLE_PIECE; i++)
@@ -228,6 +569,14 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
         return LOCO_ERR(LOCO_EINVAL, "outer: worker %d outside [0, %d)", worker, o->workers);
     /* Δ of the chunk goes through a chunk-sized buffer that stays in
      * cache, instead of a whole-shard array written and read back. */
+#ifdef LOCO_HAVE_CUDA
+    if (o->on_dev) {
+        LOCO_CHECK(dev_encode_chunk(o, worker, chunk, len));
+        o->enc_len[chunk] = *len;
+        *bytes = o->enc + chunk * o->plan.slot_bytes;
+        return 0;
+    }
+#endif
     size_t lo, hi;
     chunk_range(o, chunk, &lo, &hi);
     const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec));
@@ -279,6 +628,18 @@ static void swap_state(loco_outer *o) {
     o->mom = o->mom_bak;
     o->theta_bak = t;
     o->mom_bak = m;
+#ifdef LOCO_HAVE_CUDA
+    if (o->on_dev) {
+        /* The host mirrors follow the device's buffers: both are stale. */
+        outer_dev *d = o->d;
+        t = d->theta, m = d->mom;
+        d->theta = d->theta_bak;
+        d->mom = d->mom_bak;
+        d->theta_bak = t;
+        d->mom_bak = m;
+        d->theta_cur = d->mom_cur = o->n == 0;
+    }
+#endif
 }
 
 void loco_outer_restore(loco_outer *o) {
@@ -291,6 +652,8 @@ void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom) {
     memcpy(o->theta, theta, o->n * sizeof(float));
     memcpy(o->mom, mom, o->n * sizeof(float));
     o->swapped = false; /* nothing of an earlier step to go back to */
+    if (upload_state(o) < 0)
+        loco_error("outer: θ_global and momentum not copied to the device: %s", loco_errmsg());
 }
 
 /* Zeroes chunk c of avg (or avg2) before its first contribution. */
@@ -316,6 +679,7 @@ void loco_outer_begin_average(loco_outer *o, int n_islands) {
 }
 
 int loco_outer_rs_plan(loco_outer *o, int64_t step) {
+    LOCO_CHECK(host_only(o, "reduce-scatter + all-gather"));
     /* zstd=auto samples the whole avg: chunks reduced elsewhere read as 0. */
     const size_t chunks = loco_compress_chunk_count(o->n, loco_codec_get_params(o->codec));
     for (size_t c = 0; c < chunks; c++)
@@ -329,6 +693,7 @@ int loco_outer_rs_plan(loco_outer *o, int64_t step) {
 
 int loco_outer_rs_encode_chunk(loco_outer *o, int worker, size_t chunk, const void **bytes,
                                size_t *len) {
+    LOCO_CHECK(host_only(o, "reduce-scatter + all-gather"));
     if (chunk >= o->plan2.n_chunks)
         return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu of %zu", chunk, o->plan2.n_chunks);
     if (o->chunk_next[chunk] != o->expect)
@@ -341,6 +706,7 @@ int loco_outer_rs_encode_chunk(loco_outer *o, int worker, size_t chunk, const vo
 }
 
 int loco_outer_rs_add(loco_outer *o, int worker, size_t chunk, const void *bytes, size_t len) {
+    LOCO_CHECK(host_only(o, "reduce-scatter + all-gather"));
     loco_chunk_info info;
     LOCO_CHECK(loco_chunk_parse(bytes, len, &info));
     const size_t per = loco_compress_chunk_elems(loco_codec_get_params(o->codec2));
@@ -364,23 +730,12 @@ int loco_outer_rs_add(loco_outer *o, int worker, size_t chunk, const void *bytes
 
 /* What island's decoded values added to avg[first, first + n) (chunk_prev
  * holds it before them): their sum of squares, and whether all of them,
- * and the sum, stayed finite. One serial pass, so every island computes
- * the same bits. */
+ * and the sum, stayed finite. In a fixed order (loco_share_sumsq, whose
+ * CUDA twin the device mode runs), so every island computes the same bits. */
 static void measure_share(loco_outer *o, int island, const float *now, size_t n) {
-    const double scale = o->expect;
-    const float *before = o->chunk_prev;
-    double ss = 0;
     bool bad = false;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(now[i])) {
-            bad = true;
-            break;
-        }
-        double d = ((double)now[i] - before[i]) * scale;
-        ss += d * d;
-    }
-    o->sumsq[island] = ss;
-    o->nonfinite[island] = bad || !isfinite(ss);
+    o->sumsq[island] = loco_share_sumsq(now, o->chunk_prev, n, (double)o->expect, &bad);
+    o->nonfinite[island] = bad;
 }
 
 /* Median of the norms of every island but `skip`. */
@@ -460,6 +815,15 @@ int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *byte
                         c, island, o->chunk_next[c]);
     if (island < 0 || island >= LOCO_MAX_PEERS)
         return LOCO_ERR(LOCO_EINVAL, "outer: island %d", island);
+#ifdef LOCO_HAVE_CUDA
+    if (o->on_dev) {
+        LOCO_CHECK(dev_add_chunk(o, worker, island, c, bytes, len));
+        if (++o->chunk_next[c] < o->expect)
+            return 0;
+        o->chunks_done++;
+        return check_chunk(o, c);
+    }
+#endif
     zero_chunk(o, o->avg, o->avg_zeroed, c);
     float *now = o->avg + info.first;
     memcpy(o->chunk_prev, now, want * sizeof(float));
@@ -476,6 +840,7 @@ int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *byte
 }
 
 int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
+    LOCO_CHECK(host_only(o, "the whole-range add"));
     if (o->added >= o->expect)
         return LOCO_ERR(LOCO_EINVAL, "outer: more contributions than the %d announced", o->expect);
     /* Walk the chunk headers: they must tile the message and cover the range
@@ -509,27 +874,15 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
 
 /* The outer optimizer on [lo, hi): element by element, so the bits depend
  * neither on the thread count nor on how the range is cut. */
-static void apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
-    const float lr = o->p.lr, mu = o->p.momentum;
-    const float *restrict th = o->theta, *restrict m = o->mom;
-    float *restrict th2 = o->theta_bak, *restrict m2 = o->mom_bak;
-    const float *restrict avg = o->use_avg2 ? o->avg2 : o->avg;
-    const bool nesterov = o->p.nesterov;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = lo; i < hi; i++) {
-        float g = avg[i];
-        float t = th[i];
-        if (nesterov) {
-            float mm = mu * m[i] + g;
-            m2[i] = mm;
-            t -= lr * (g + mu * mm);
-        } else {
-            m2[i] = m[i];
-            t -= g;
-        }
-        th2[i] = t;
-        theta_local[i] = t;
-    }
+static int apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
+#ifdef LOCO_HAVE_CUDA
+    if (o->on_dev)
+        return dev_apply_range(o, lo, hi, theta_local);
+#endif
+    const float *avg = o->use_avg2 ? o->avg2 : o->avg;
+    loco_outer_update(o->theta_bak + lo, o->mom_bak + lo, theta_local + lo, o->theta + lo,
+                      o->mom + lo, avg + lo, hi - lo, o->p.lr, o->p.momentum, o->p.nesterov);
+    return 0;
 }
 
 static bool chunk_complete(const loco_outer *o, size_t c) {
@@ -543,7 +896,7 @@ int loco_outer_apply_chunk(loco_outer *o, size_t chunk, float *theta_local) {
         o->applied[chunk])
         return LOCO_ERR(LOCO_EINVAL, "outer: chunk %zu is not ready to apply", chunk);
     size_t lo = chunk * per, hi = lo + per < o->n ? lo + per : o->n;
-    apply_range(o, lo, hi, theta_local);
+    LOCO_CHECK(apply_range(o, lo, hi, theta_local));
     o->applied[chunk] = 1;
     return 0;
 }
@@ -560,9 +913,13 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
         while (d < want && !o->applied[d])
             d++;
         if (d > c)
-            apply_range(o, c * per, d * per < o->n ? d * per : o->n, theta_local);
+            LOCO_CHECK(apply_range(o, c * per, d * per < o->n ? d * per : o->n, theta_local));
         c = d + 1;
     }
+#ifdef LOCO_HAVE_CUDA
+    if (o->on_dev)
+        LOCO_CHECK(dev_finish(o));
+#endif
     o->expect = o->added = 0;
     swap_state(o); /* the new θ_global and momentum are current */
     o->swapped = true;
@@ -570,9 +927,25 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
 }
 
 size_t loco_outer_size(const loco_outer *o) { return o->n; }
-const float *loco_outer_theta(const loco_outer *o) { return o->theta; }
-float *loco_outer_momentum(loco_outer *o) { return o->mom; }
-uint64_t loco_outer_hash(const loco_outer *o) { return loco_hash64(o->theta, o->n * sizeof(float)); }
+/* The host mirrors of the device mode are caches: a const state may
+ * refresh them. A failed copy is logged (the hash then disagrees). */
+static void mirror(const loco_outer *co, bool theta, bool mom) {
+    loco_outer *o = (loco_outer *)co;
+    if ((theta && sync_theta(o) < 0) || (mom && sync_mom(o) < 0))
+        loco_error("outer: device state not copied to the host: %s", loco_errmsg());
+}
+const float *loco_outer_theta(const loco_outer *o) {
+    mirror(o, true, false);
+    return o->theta;
+}
+float *loco_outer_momentum(loco_outer *o) {
+    mirror(o, false, true);
+    return o->mom;
+}
+uint64_t loco_outer_hash(const loco_outer *o) {
+    mirror(o, true, false);
+    return loco_hash64(o->theta, o->n * sizeof(float));
+}
 loco_codec *loco_outer_codec(loco_outer *o) { return o->codec; }
 
 /* ------------------------------------------------------ sets of states */
@@ -596,6 +969,7 @@ uint64_t loco_outer_set_hash(const loco_outer_set *s) {
 void loco_outer_set_read(const loco_outer_set *s, float *theta, float *mom) {
     for (int f = 0; f < s->n; f++) {
         const size_t n = s->o[f]->n;
+        mirror(s->o[f], theta != NULL, mom != NULL);
         if (theta)
             memcpy(theta, s->o[f]->theta, n * sizeof(float)), theta += n;
         if (mom)
@@ -622,6 +996,11 @@ int loco_outer_save_file(const loco_outer_set *s, const char *path, const loco_o
     loco_outer_set_read(s, buf, buf + n);
     float *ef = buf + 2 * n;
     for (int f = 0; f < s->n; f++) {
+        if (sync_ef(s->o[f]) < 0) {
+            loco_free(buf);
+            return LOCO_ERR(LOCO_ECUDA, "outer checkpoint: error feedback from the device: %s",
+                            loco_errmsg());
+        }
         const float *e = loco_codec_ef(s->o[f]->codec);
         if (e)
             memcpy(ef, e, s->o[f]->n * sizeof(float));
@@ -703,6 +1082,8 @@ int loco_outer_load_file(const loco_outer_set *s, const char *path, loco_outer_m
             float *e = loco_codec_ef(s->o[f]->codec);
             if (e)
                 memcpy(e, ef, s->o[f]->n * sizeof(float));
+            if (rc == 0)
+                rc = upload_ef(s->o[f]);
             ef += s->o[f]->n;
         }
         m->committed = strtoll(cs, NULL, 10);

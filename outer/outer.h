@@ -114,6 +114,29 @@ uint64_t loco_outer_hash(const loco_outer *o);
 /* The codec (its error-feedback state belongs to the rank). */
 loco_codec *loco_outer_codec(loco_outer *o);
 
+/* Device mode (docs/DECISIONS.md "Outer loop on the device"): with the
+ * island training on a GPU, θ_global, the momentum (and their double
+ * buffers), the average and the error feedback of the range live on the
+ * device; theta0_dev and every theta_local given to loco_outer_plan,
+ * loco_outer_apply_chunk and loco_outer_apply are device pointers (the
+ * trainer's owned range). Δ is computed and quantized there
+ * (loco_cuda_quant), only the payload bytes come to the host for zstd and
+ * the wire; received payloads go to the device to be dequantize-accumulated
+ * (loco_cuda_dequant_acc), checked (loco_cuda_share_sumsq) and applied
+ * (loco_cuda_outer_update), with the host path's bits. The chunked API
+ * (plan, encode_chunk, reuse_chunk, add_chunk, apply_chunk, apply) only:
+ * the whole-range encode / add and reduce-scatter give LOCO_EINVAL. The
+ * host copies of θ_global, momentum and EF are refreshed when read
+ * (loco_outer_theta, _momentum, _hash, set_read, save_file) and pushed
+ * when written (set_state, load_file). LOCO_EINVAL in a build without
+ * CUDA. */
+int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
+                             const loco_codec_params *cp, size_t n, const float *theta0_dev);
+bool loco_outer_on_device(const loco_outer *o);
+/* Bytes this state copied between host and device (both ways) since the
+ * last call; resets the count. */
+uint64_t loco_outer_take_pcie_bytes(loco_outer *o);
+
 /* The outer state of a rank: one loco_outer per streaming fragment (one
  * without streaming), in fragment order. State transfer and checkpoints
  * see the fragments' θ_global and momentum back to back. */
@@ -330,6 +353,11 @@ int loco_island_save(loco_island *is, int64_t step);
  * every island's θ_global agreed. */
 int loco_island_leave(loco_island *is);
 void loco_island_destroy(loco_island *is); /* accepts NULL */
+/* Adds the island's outer metrics (outer step, epoch, bytes on the wire,
+ * delta ratio: docs/METRICS.md) to a live metrics registry, set at each
+ * committed outer step; p is the trainer's (loco_trainer_prom), NULL = off.
+ * p must outlive is. */
+int loco_island_set_prom(loco_island *is, loco_prom *p);
 
 /* ---------------------------------------------------- streaming fragments */
 

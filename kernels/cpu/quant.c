@@ -511,3 +511,50 @@ bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, 
     }
     return !bad;
 }
+
+/* ------------------------------------------------- the outer step's loops
+ * (outer/outer.c's host path and the CUDA twins of its device mode). */
+
+void loco_sub(float *restrict out, const float *restrict a, const float *restrict b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] - b[i];
+}
+
+double loco_share_sumsq(const float *restrict now, const float *restrict before, size_t n,
+                        double scale, bool *nonfinite) {
+    bool bad = false;
+    double total = 0;
+    for (size_t p0 = 0; p0 < n; p0 += LOCO_SHARE_PART) {
+        const size_t p1 = p0 + LOCO_SHARE_PART < n ? p0 + LOCO_SHARE_PART : n;
+        double ss = 0;
+        for (size_t i = p0; i < p1; i++) {
+            bad |= !isfinite(now[i]);
+            const double d = ((double)now[i] - (double)before[i]) * scale;
+            ss += d * d;
+        }
+        total += ss;
+    }
+    *nonfinite = bad || !isfinite(total);
+    return total;
+}
+
+void loco_outer_update(float *restrict theta_out, float *restrict mom_out,
+                       float *restrict theta_local, const float *restrict theta,
+                       const float *restrict mom, const float *restrict avg, size_t n, float lr,
+                       float mu, bool nesterov) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        const float g = avg[i];
+        float t = theta[i];
+        if (nesterov) {
+            const float mm = mu * mom[i] + g;
+            mom_out[i] = mm;
+            t -= lr * (g + mu * mm);
+        } else {
+            mom_out[i] = mom[i];
+            t -= g;
+        }
+        theta_out[i] = t;
+        theta_local[i] = t;
+    }
+}

@@ -323,3 +323,100 @@ extern "C" int loco_cuda_dequant_acc(loco_codec_kind k, float *dst, const uint8_
     CUDA_LAUNCHED("dequant_acc");
     return 0;
 }
+
+/* ------------------------------------------------- the outer step's loops
+ * Twins of loco_sub, loco_share_sumsq and loco_outer_update
+ * (kernels/cpu/quant.c): every operation explicitly rounded, so nothing is
+ * contracted into an FMA the CPU does not do. */
+
+__global__ void sub_kernel(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __fsub_rn(a[i], b[i]);
+}
+
+extern "C" int loco_cuda_sub(float *out, const float *a, const float *b, size_t n,
+                             loco_stream s) {
+    if (n == 0)
+        return 0;
+    sub_kernel<<<grid_for(n, EW), EW, 0, s>>>(out, a, b, n);
+    CUDA_LAUNCHED("sub");
+    return 0;
+}
+
+/* One thread per part of LOCO_SHARE_PART elements, summed in order. */
+__global__ void share_parts_kernel(double *part, const float *now, const float *before, size_t n,
+                                   double scale, uint32_t *nonfinite) {
+    const size_t parts = (n + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < parts;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const size_t p0 = k * LOCO_SHARE_PART;
+        const size_t p1 = p0 + LOCO_SHARE_PART < n ? p0 + LOCO_SHARE_PART : n;
+        double ss = 0;
+        bool bad = false;
+        for (size_t i = p0; i < p1; i++) {
+            bad |= (f2u(now[i]) & 0x7fffffffU) >= 0x7f800000U;
+            const double d = __dmul_rn((double)now[i] - (double)before[i], scale);
+            ss += __dmul_rn(d, d);
+        }
+        part[k] = ss;
+        if (bad)
+            *nonfinite = 1;
+    }
+}
+
+__global__ void share_total_kernel(double *out, size_t parts, uint32_t *nonfinite) {
+    double s = 0;
+    for (size_t k = 0; k < parts; k++)
+        s += out[1 + k];
+    out[0] = s;
+    if (!isfinite(s))
+        *nonfinite = 1;
+}
+
+extern "C" int loco_cuda_share_sumsq(double *out, const float *now, const float *before,
+                                     size_t n, double scale, uint32_t *nonfinite,
+                                     loco_stream s) {
+    CUDA_CHECK(cudaMemsetAsync(nonfinite, 0, sizeof *nonfinite, s));
+    const size_t parts = (n + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
+    if (parts) {
+        share_parts_kernel<<<grid_for(parts, Q_THREADS), Q_THREADS, 0, s>>>(
+            out + 1, now, before, n, scale, nonfinite);
+        CUDA_LAUNCHED("share_sumsq (parts)");
+    }
+    share_total_kernel<<<1, 1, 0, s>>>(out, parts, nonfinite);
+    CUDA_LAUNCHED("share_sumsq (total)");
+    return 0;
+}
+
+__global__ void outer_update_kernel(float *theta_out, float *mom_out, float *theta_local,
+                                    const float *theta, const float *mom, const float *avg,
+                                    size_t n, float lr, float mu, bool nesterov) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float g = avg[i];
+        float t = theta[i];
+        if (nesterov) {
+            const float mm = __fadd_rn(__fmul_rn(mu, mom[i]), g);
+            mom_out[i] = mm;
+            t = __fsub_rn(t, __fmul_rn(lr, __fadd_rn(g, __fmul_rn(mu, mm))));
+        } else {
+            mom_out[i] = mom[i];
+            t = __fsub_rn(t, g);
+        }
+        theta_out[i] = t;
+        theta_local[i] = t;
+    }
+}
+
+extern "C" int loco_cuda_outer_update(float *theta_out, float *mom_out, float *theta_local,
+                                      const float *theta, const float *mom, const float *avg,
+                                      size_t n, float lr, float mu, bool nesterov,
+                                      loco_stream s) {
+    if (n == 0)
+        return 0;
+    outer_update_kernel<<<grid_for(n, EW), EW, 0, s>>>(theta_out, mom_out, theta_local, theta,
+                                                       mom, avg, n, lr, mu, nesterov);
+    CUDA_LAUNCHED("outer_update");
+    return 0;
+}
