@@ -87,6 +87,21 @@ static int dump_config(const loco_config *cfg, char **text, size_t *len) {
     return 0;
 }
 
+/* Copies file src into dir as name. */
+static int copy_file(const char *src, const char *dir, const char *name) {
+    void *data;
+    size_t len;
+    int rc = loco_file_read(src, &data, &len);
+    if (rc < 0)
+        return LOCO_ERR(rc, "data.tokenizer %s: cannot read it to copy into the checkpoint",
+                        src);
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    rc = loco_file_write_sync(path, data, len);
+    loco_free(data);
+    return rc;
+}
+
 /* config.json and config.ini into tmp. */
 static int write_configs(const char *tmp, const loco_config *cfg, const loco_gpt_config *mc) {
     char path[PATH_MAX + 64];
@@ -98,6 +113,8 @@ static int write_configs(const char *tmp, const loco_config *cfg, const loco_gpt
     LOCO_CHECK(dump_config(cfg, &ini, &len));
     int rc = loco_file_write_sync(path, ini, len);
     free(ini);
+    if (rc == 0 && cfg->data.tokenizer[0]) /* the BPE of the data, for sample and eval */
+        rc = copy_file(cfg->data.tokenizer, tmp, "tokenizer.json");
     return rc;
 }
 

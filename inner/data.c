@@ -577,3 +577,75 @@ out_close:
     close(fd);
     return rc;
 }
+
+/* Writes ids [0, n) as PREFIX_SPLIT_NNNNNN.bin shards and removes stale
+ * higher-numbered shards of an earlier run. */
+static int write_token_split(const int32_t *ids, size_t n, const char *prefix,
+                             const char *split, size_t shard_tokens, int version, int *nshards) {
+    *nshards = 0;
+    size_t plen = strlen(prefix) + strlen(split) + 32;
+    char *path = loco_alloc(plen);
+    if (!path)
+        return LOCO_ERR(LOCO_ENOMEM, "prep %s: out of memory", prefix);
+    int rc = 0, idx = 0;
+    for (size_t off = 0; off < n; off += shard_tokens, idx++) {
+        size_t k = n - off < shard_tokens ? n - off : shard_tokens;
+        snprintf(path, plen, "%s_%s_%06d.bin", prefix, split, idx);
+        LOCO_CHECK_GOTO(loco_data_write_shard(path, ids + off, k, version), out);
+    }
+    *nshards = idx;
+    for (int stale = idx;; stale++) {
+        snprintf(path, plen, "%s_%s_%06d.bin", prefix, split, stale);
+        if (unlink(path) != 0)
+            break;
+        loco_warn("prep: removed stale shard %s from an earlier run", path);
+    }
+out:
+    loco_free(path);
+    return rc;
+}
+
+int loco_data_prep_tokens(const int32_t *ids, size_t n, int vocab_size, const char *what,
+                          const char *out_prefix, double val_frac, size_t shard_tokens) {
+    if (!out_prefix || !*out_prefix)
+        return LOCO_ERR(LOCO_EINVAL, "prep %s: missing output prefix", what);
+    if (!isfinite(val_frac) || val_frac <= 0.0 || val_frac >= 1.0)
+        return LOCO_ERR(LOCO_EINVAL, "prep %s: val_frac %g must lie strictly between 0 and 1",
+                        what, val_frac);
+    if (shard_tokens == 0 || shard_tokens > (size_t)INT32_MAX)
+        return LOCO_ERR(LOCO_EINVAL, "prep %s: shard_tokens %zu must be in 1..%d", what,
+                        shard_tokens, INT32_MAX);
+    if (vocab_size <= 0)
+        return LOCO_ERR(LOCO_EINVAL, "prep %s: vocab_size %d must be positive", what,
+                        vocab_size);
+    size_t ntrain = (size_t)floor((1.0 - val_frac) * (double)n);
+    if (ntrain == 0 || ntrain >= n)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "prep %s: %zu tokens with val_frac %g leave %zu train and %zu val "
+                        "tokens; both splits must be non-empty",
+                        what, n, val_frac, ntrain, n - ntrain);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab_size)
+            return LOCO_ERR(LOCO_EINVAL, "prep %s: token %d at index %zu outside the "
+                            "vocabulary of %d", what, ids[i], i, vocab_size);
+    int version = vocab_size <= 65536 ? LOCO_SHARD_VERSION_U16 : LOCO_SHARD_VERSION_U32;
+    const char *slash = strrchr(out_prefix, '/');
+    if (slash && slash != out_prefix) {
+        char *dir = str_dup(out_prefix, (size_t)(slash - out_prefix));
+        if (!dir)
+            return LOCO_ERR(LOCO_ENOMEM, "prep %s: out of memory", what);
+        int rc = loco_mkdirs(dir);
+        loco_free(dir);
+        LOCO_CHECK(rc);
+    }
+    int ntr = 0, nva = 0;
+    LOCO_CHECK(write_token_split(ids, ntrain, out_prefix, "train", shard_tokens, version, &ntr));
+    LOCO_CHECK(write_token_split(ids + ntrain, n - ntrain, out_prefix, "val", shard_tokens,
+                                 version, &nva));
+    loco_info("prep %s: %zu tokens -> %s_train_*.bin (%d shard%s, %zu tokens), "
+              "%s_val_*.bin (%d shard%s, %zu tokens), vocab %d, %s",
+              what, n, out_prefix, ntr, ntr == 1 ? "" : "s", ntrain, out_prefix, nva,
+              nva == 1 ? "" : "s", n - ntrain, vocab_size,
+              version == LOCO_SHARD_VERSION_U16 ? "uint16" : "uint32");
+    return 0;
+}
