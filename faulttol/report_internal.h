@@ -108,6 +108,17 @@ bool report_jkind(const cJSON *e, const char *kind);
 double report_jt(const cJSON *e);
 bool report_jmembers_has(const cJSON *e, const char *site);
 bool report_streq(const char *a, const char *b);
+/* ... an array grown (elements of size elem) to hold need; LOCO_ENOMEM ...
+ * ... a JSONL file read: line(ctx, path, lineno, obj) for each JSON
+ * object line, malformed lines warned about with file:line, counted in
+ * *malformed (may be NULL) and skipped; the callback owns obj when it
+ * returns 1, else it is freed, and a negative return stops the read with
+ * that code. A missing file is LOCO_EIO naming it ... a site name checked
+ * as a path component (where names the file for the message) ... */
+int report_grow(void **p, int *cap, int need, size_t elem);
+typedef int (*report_line_fn)(void *ctx, const char *path, int lineno, cJSON *obj);
+int report_read_jsonl(const char *path, report_line_fn fn, void *ctx, warnings *w, int *malformed);
+int report_check_site_name(const char *name, const char *where);
 /* ... a run directory read (warnings for what was skipped), whether it has
  * validation losses, freed; a warning shown in the report and logged. */
 int report_load_run(run_data *r, const char *dir, const char *label, warnings *w);
@@ -124,5 +135,37 @@ void report_chart_membership(sbuf *b, const run_data *r);
 /* The utilisation chart (per outer step, both runs); call only when one of
  * them has a utilisation (nutil > 0). */
 void report_chart_utilisation(sbuf *b, const run_data *f, const run_data *base);
+
+/* The training-run report's charts (report_train.c): lines against a
+ * shared x axis, one legend entry per series. A series reads n points
+ * x[i * stride], y[i * stride] (strides in bytes, so x and y may be fields
+ * of an array of structs); a non-finite y (or, on a log axis, y <= 0)
+ * breaks its line. Colours index a palette of REPORT_PALETTE. */
+#define REPORT_PALETTE 10
+typedef enum {
+    REPORT_SOLID,  /* a line */
+    REPORT_DASHED, /* a dashed line with a marker per point */
+} report_style;
+
+typedef struct {
+    const char *label; /* legend text, also the polyline's data-label */
+    const double *x, *y;
+    size_t stride;
+    int n;
+    int color;
+    report_style style;
+} report_series;
+
+typedef struct {
+    const char *title, *xlabel, *ylabel;
+    bool log_y;        /* log10 y axis (decades, 2 and 5 between them) */
+    const char *empty; /* the text drawn when no series has a point */
+    const report_series *s;
+    int ns;
+} report_chart;
+
+void report_chart_lines(sbuf *b, const report_chart *c);
+/* A colour of the palette, i modulo REPORT_PALETTE. */
+const char *report_color(int i);
 
 #endif /* LOCO_REPORT_INTERNAL_H */

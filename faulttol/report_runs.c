@@ -16,7 +16,7 @@
 /* ------------------------------------------------------- growing buffers */
 
 /* Grows *p (elements of size elem, capacity *cap) to hold need elements. */
-static int grow(void **p, int *cap, int need, size_t elem) {
+int report_grow(void **p, int *cap, int need, size_t elem) {
     if (need <= *cap)
         return 0;
     int ncap = *cap ? *cap * 2 : 16;
@@ -198,13 +198,8 @@ bool report_streq(const char *a, const char *b) {
     return a && b && !strcmp(a, b);
 }
 
-/* Calls line(ctx, path, lineno, obj) for each JSON object line of a JSONL
- * file; malformed lines are warned about with file:line and skipped. The
- * callback owns obj when it returns 1, else it is freed. A missing file is
- * LOCO_EIO naming it. */
-typedef int (*line_fn)(void *ctx, const char *path, int lineno, cJSON *obj);
-
-static int read_jsonl(const char *path, line_fn fn, void *ctx, warnings *w, int *malformed) {
+int report_read_jsonl(const char *path, report_line_fn fn, void *ctx, warnings *w,
+                      int *malformed) {
     void *data;
     size_t len;
     LOCO_CHECK(loco_file_read(path, &data, &len));
@@ -251,7 +246,7 @@ static int event_line(void *ctx, const char *path, int lineno, cJSON *obj) {
         c->r->malformed++;
         return 0;
     }
-    LOCO_CHECK(grow((void **)&c->r->ev, &c->r->capev, c->r->nev + 1, sizeof(cJSON *)));
+    LOCO_CHECK(report_grow((void **)&c->r->ev, &c->r->capev, c->r->nev + 1, sizeof(cJSON *)));
     c->r->ev[c->r->nev++] = obj;
     return 1;
 }
@@ -273,7 +268,7 @@ static int metrics_line(void *ctx, const char *path, int lineno, cJSON *obj) {
     mpoint p = {(int64_t)step, report_jnum(obj, "loss"), report_jnum(obj, "val_loss"), c->s->nm};
     if (isnan(p.loss) && isnan(p.val))
         return 0; /* nothing this report draws */
-    LOCO_CHECK(grow((void **)&c->s->m, &c->s->capm, c->s->nm + 1, sizeof(mpoint)));
+    LOCO_CHECK(report_grow((void **)&c->s->m, &c->s->capm, c->s->nm + 1, sizeof(mpoint)));
     c->s->m[c->s->nm++] = p;
     return 0;
 }
@@ -300,7 +295,7 @@ static int outer_line(void *ctx, const char *path, int lineno, cJSON *obj) {
     }
     const char *h = report_jstr(obj, "theta_hash");
     snprintf(p.hash, sizeof p.hash, "%s", h ? h : "");
-    LOCO_CHECK(grow((void **)&c->s->o, &c->s->capo, c->s->no + 1, sizeof(opoint)));
+    LOCO_CHECK(report_grow((void **)&c->s->o, &c->s->capo, c->s->no + 1, sizeof(opoint)));
     c->s->o[c->s->no++] = p;
     return 0;
 }
@@ -341,14 +336,14 @@ int report_cmp_i64(const void *a, const void *b) {
 }
 
 /* A site name becomes a path component: no separators, no dot files. */
-static int check_site_name(const char *name, const char *where) {
+int report_check_site_name(const char *name, const char *where) {
     if (!name[0] || name[0] == '.' || strchr(name, '/') || strlen(name) >= REPORT_SITE_MAX)
         return LOCO_ERR(LOCO_EPROTO, "%s: bad site name '%s'", where, name);
     return 0;
 }
 
 static int add_site(run_data *r, const char *name, const char *where) {
-    LOCO_CHECK(check_site_name(name, where));
+    LOCO_CHECK(report_check_site_name(name, where));
     for (int i = 0; i < r->nsites; i++)
         if (!strcmp(r->sites[i].name, name))
             return 0;
@@ -476,7 +471,7 @@ out_free_all:
 }
 
 static int add_commit(run_data *r, int64_t step) {
-    LOCO_CHECK(grow((void **)&r->commits, &r->capcommits, r->ncommits + 1, sizeof(int64_t)));
+    LOCO_CHECK(report_grow((void **)&r->commits, &r->capcommits, r->ncommits + 1, sizeof(int64_t)));
     r->commits[r->ncommits++] = step;
     return 0;
 }
@@ -583,7 +578,7 @@ int report_load_run(run_data *r, const char *dir, const char *label, warnings *w
     char path[LOCO_PATH_MAX + 2 * REPORT_SITE_MAX];
     snprintf(path, sizeof path, "%s/events.jsonl", dir);
     load_ctx lc = {r, w};
-    LOCO_CHECK(read_jsonl(path, event_line, &lc, w, &r->malformed));
+    LOCO_CHECK(report_read_jsonl(path, event_line, &lc, w, &r->malformed));
     if (r->nev == 0)
         return LOCO_ERR(LOCO_EPROTO, "%s: no events", path);
     LOCO_CHECK(sort_events(r->ev, r->nev));
@@ -600,7 +595,7 @@ int report_load_run(run_data *r, const char *dir, const char *label, warnings *w
         site_data *s = &r->sites[i];
         site_ctx sc = {s, w, &r->malformed};
         snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, s->name);
-        LOCO_CHECK(read_jsonl(path, metrics_line, &sc, w, &r->malformed));
+        LOCO_CHECK(report_read_jsonl(path, metrics_line, &sc, w, &r->malformed));
         dedupe_steps(s);
         snprintf(path, sizeof path, "%s/%s/outer.jsonl", dir, s->name);
         if (stat(path, &st) != 0) {
@@ -608,7 +603,7 @@ int report_load_run(run_data *r, const char *dir, const char *label, warnings *w
             continue;
         }
         s->has_outer = true;
-        LOCO_CHECK(read_jsonl(path, outer_line, &sc, w, &r->malformed));
+        LOCO_CHECK(report_read_jsonl(path, outer_line, &sc, w, &r->malformed));
         for (int j = 0; j < s->no; j++)
             if (isfinite(s->o[j].bytes_sent))
                 r->bytes_sent += s->o[j].bytes_sent;

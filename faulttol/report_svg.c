@@ -1,5 +1,6 @@
-/* The fault-experiment report's charts: inline SVG of the loss curves, of
- * the islands' membership over time and of compute utilisation. */
+/* The reports' charts: inline SVG of the fault experiment's loss curves,
+ * of the islands' membership over time and of compute utilisation, and the
+ * line charts of a training run's report. */
 #include "faulttol/report_internal.h"
 
 #include <dirent.h>
@@ -211,6 +212,12 @@ static void legend_item(legend *l, const char *shape, const char *color, const c
                   "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                   "stroke-width=\"0.8\" stroke-opacity=\"0.45\"/>\n",
                   x, y, x + 18, y, color);
+    else if (!strcmp(shape, "dashed"))
+        report_sb_printf(b,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                  "stroke-width=\"1.5\" stroke-dasharray=\"5 3\"/><circle cx=\"%.1f\" "
+                  "cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                  x, y, x + 18, y, color, x + 9, y, color);
     else if (!strcmp(shape, "bar"))
         report_sb_printf(b,
                   "<rect x=\"%.1f\" y=\"%.1f\" width=\"18\" height=\"8\" fill=\"%s\" "
@@ -449,5 +456,163 @@ void report_chart_utilisation(sbuf *b, const run_data *f, const run_data *base) 
                     "fault run (mean over records)");
     if (f->nsites > 1 && f->nutil)
         legend_item(&l, "thin", C_FAULT, "fault run, each island");
+    report_sb_puts(b, "</svg>\n");
+}
+
+/* ------------------------------------------- charts of a training run */
+
+static const char *const PALETTE[REPORT_PALETTE] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                                    "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                                                    "#bcbd22", "#17becf"};
+
+const char *report_color(int i) {
+    return PALETTE[((i % REPORT_PALETTE) + REPORT_PALETTE) % REPORT_PALETTE];
+}
+
+static double series_x(const report_series *s, int i) {
+    return *(const double *)((const char *)s->x + (size_t)i * s->stride);
+}
+
+/* y of point i as drawn: log10 on a log axis; NAN where it cannot be. */
+static double series_y(const report_series *s, int i, bool log_y) {
+    double y = *(const double *)((const char *)s->y + (size_t)i * s->stride);
+    if (!isfinite(y) || (log_y && y <= 0))
+        return NAN;
+    return log_y ? log10(y) : y;
+}
+
+/* Ticks of a log10 axis (f->y0, f->y1 are exponents): each decade, and 2
+ * and 5 times it when the axis spans under three decades. */
+static void svg_log_ticks(sbuf *b, const frame *f) {
+    static const double mult[3] = {1, 2, 5};
+    bool fine = f->y1 - f->y0 < 3;
+    for (int k = (int)floor(f->y0); k <= (int)ceil(f->y1); k++)
+        for (int m = 0; m < (fine ? 3 : 1); m++) {
+            double v = mult[m] * pow(10, k), e = log10(v);
+            if (e < f->y0 - 1e-9 || e > f->y1 + 1e-9)
+                continue;
+            double Y = py(f, e);
+            char lab[32];
+            snprintf(lab, sizeof lab, "%g", v);
+            report_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n",
+                             f->left, Y, f->left + f->w, Y, C_GRID);
+            report_sb_printf(b,
+                             "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
+                             f->left - 4, Y, f->left, Y);
+            svg_text(b, f->left - 6, Y + 4, "end", NULL, lab);
+        }
+}
+
+/* The exponent of the 1-2-5 tick (fine) or the decade at or below e (at
+ * or above it when up), so that a log axis begins and ends on a tick. */
+static double log_tick(double e, bool fine, bool up) {
+    static const double mult[4] = {1, 2, 5, 10};
+    double k = floor(e + 1e-9);
+    if (!fine)
+        return up ? ceil(e - 1e-9) : k;
+    if (up) {
+        for (int m = 0; m < 4; m++)
+            if (log10(mult[m]) + k >= e - 1e-9)
+                return log10(mult[m]) + k;
+        return k + 1;
+    }
+    for (int m = 2; m >= 0; m--)
+        if (log10(mult[m]) + k <= e + 1e-9)
+            return log10(mult[m]) + k;
+    return k;
+}
+
+/* One series: polylines broken at points that cannot be drawn, decimated
+ * to REPORT_MAX_POINTS (the last point always kept), and for a dashed one
+ * a circle per point up to REPORT_MAX_MARKS. */
+static void svg_lines(sbuf *b, const frame *f, const report_series *s, bool log_y) {
+    const char *color = report_color(s->color);
+    int stride = s->n > REPORT_MAX_POINTS ? (s->n + REPORT_MAX_POINTS - 1) / REPORT_MAX_POINTS : 1;
+    bool open = false;
+    for (int i = 0; i < s->n; i = i == s->n - 1 ? s->n : (i + stride < s->n ? i + stride : s->n - 1)) {
+        double x = series_x(s, i), y = series_y(s, i, log_y);
+        if (!isfinite(x) || isnan(y)) {
+            if (open)
+                report_sb_puts(b, "\"/>\n");
+            open = false;
+            continue;
+        }
+        if (!open) {
+            report_sb_puts(b, "<polyline class=\"series\" data-label=\"");
+            report_sb_html(b, s->label);
+            report_sb_printf(b, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", color,
+                             s->style == REPORT_DASHED ? "1.5" : "1.8",
+                             s->style == REPORT_DASHED ? " stroke-dasharray=\"5 3\"" : "");
+            open = true;
+        } else {
+            report_sb_puts(b, " ");
+        }
+        report_sb_printf(b, "%.1f,%.1f", px(f, x), py(f, y));
+    }
+    if (open)
+        report_sb_puts(b, "\"/>\n");
+    if (s->style != REPORT_DASHED || s->n > REPORT_MAX_MARKS)
+        return;
+    for (int i = 0; i < s->n; i++) {
+        double x = series_x(s, i), y = series_y(s, i, log_y);
+        if (!isfinite(x) || isnan(y))
+            continue;
+        char tip[256];
+        snprintf(tip, sizeof tip, "%s: %.4g at %g", s->label,
+                 log_y ? pow(10, y) : y, x);
+        svg_marker(b, "circle", px(f, x), py(f, y), color, tip);
+    }
+}
+
+void report_chart_lines(sbuf *b, const report_chart *c) {
+    const int W = 760;
+    /* the legend's rows, as legend_item wraps them */
+    double lx = 64, right = W - 10;
+    int rows = c->ns ? 1 : 0;
+    for (int i = 0; i < c->ns; i++) {
+        double width = 30 + 6.5 * (double)strlen(c->s[i].label);
+        if (lx + width > right && lx > 64)
+            lx = 64, rows++;
+        lx += width;
+    }
+    const int H = 30 + 240 + 52 + 16 * rows;
+    frame fr = {INFINITY, -INFINITY, INFINITY, -INFINITY, 64, 30, W - 64 - 20, 240};
+    for (int k = 0; k < c->ns; k++)
+        for (int i = 0; i < c->s[k].n; i++) {
+            double x = series_x(&c->s[k], i), y = series_y(&c->s[k], i, c->log_y);
+            if (!isfinite(x) || isnan(y))
+                continue;
+            fr.x0 = fmin(fr.x0, x);
+            fr.x1 = fmax(fr.x1, x);
+            fr.y0 = fmin(fr.y0, y);
+            fr.y1 = fmax(fr.y1, y);
+        }
+    svg_begin(b, W, H, c->title);
+    if (!isfinite(fr.x0)) {
+        svg_text(b, W / 2.0, H / 2.0, "middle", NULL, c->empty ? c->empty : "no values");
+        report_sb_puts(b, "</svg>\n");
+        return;
+    }
+    if (fr.x1 <= fr.x0)
+        fr.x0 -= 1, fr.x1 += 1;
+    if (c->log_y) {
+        fr.y0 = log_tick(fr.y0, fr.y1 - fr.y0 < 3, false);
+        fr.y1 = log_tick(fr.y1, fr.y1 - fr.y0 < 3, true);
+        if (fr.y1 <= fr.y0)
+            fr.y0 -= log10(2), fr.y1 += log10(2);
+    } else {
+        double pad = fr.y1 > fr.y0 ? 0.05 * (fr.y1 - fr.y0) : (fr.y0 != 0 ? 0.05 * fabs(fr.y0) : 0.5);
+        fr.y0 -= pad;
+        fr.y1 += pad;
+    }
+    svg_axes(b, &fr, c->xlabel, c->ylabel, !c->log_y);
+    if (c->log_y)
+        svg_log_ticks(b, &fr);
+    for (int k = 0; k < c->ns; k++)
+        svg_lines(b, &fr, &c->s[k], c->log_y);
+    legend l = {b, fr.left, fr.top + fr.h + 52, fr.left, W - 10};
+    for (int k = 0; k < c->ns; k++)
+        legend_item(&l, c->s[k].style == REPORT_DASHED ? "dashed" : "line",
+                    report_color(c->s[k].color), c->s[k].label);
     report_sb_puts(b, "</svg>\n");
 }

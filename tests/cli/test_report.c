@@ -418,7 +418,11 @@ Test(report, missing_inputs_are_clear_errors) {
 Test(report, usage_errors_exit_2) {
     static char out[4096];
     cr_expect_eq(test_run(out, sizeof out, LOCO " report"), 2);
-    cr_expect_eq(test_run(out, sizeof out, LOCO " report a"), 2);
+    /* one directory is a training run's (tests/cli/test_report_train.c):
+     * a missing one is an input error naming it, not a usage error */
+    cr_expect_eq(test_run(out, sizeof out, LOCO " report /nonexistent-run-dir"), 1);
+    cr_expect(strstr(out, "/nonexistent-run-dir"), "%s", out);
+    cr_expect_eq(test_run(out, sizeof out, LOCO " report a --frob"), 2);
     cr_expect_eq(test_run(out, sizeof out, LOCO " report a b c"), 2);
     cr_expect_eq(test_run(out, sizeof out, LOCO " report a b --loss-tol -1"), 2);
     cr_expect_eq(test_run(out, sizeof out, LOCO " report a b --frob"), 2);
