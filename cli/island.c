@@ -52,6 +52,7 @@ static int run_island(const loco_config *c, const char *site, const char *resume
                                   .steps_done = steps_done};
     LOCO_CHECK(loco_island_create(is, c, site, loco_trainer_world(*t), &view, resume != NULL));
     LOCO_CHECK(loco_trainer_begin_run(*t));
+    LOCO_CHECK(loco_island_set_prom(*is, loco_trainer_prom(*t)));
     while (!loco_island_finished(*is) && loco_trainer_steps_done(*t) < c->train.steps) {
         loco_step_stats s;
         double t0 = loco_now();

@@ -539,6 +539,16 @@ int cli_launch(int argc, char **argv) {
             snprintf(s[3], sizeof s[3], "run.dir=%s/%s", cfg.run.dir, who);
             av[n++] = "--set";
             av[n++] = s[3];
+            /* Live metrics: islands share the config, so each takes a free
+             * port on the configured host and writes it to its
+             * run.dir/metrics_addr. */
+            const char *mc = strrchr(cfg.run.metrics_addr, ':');
+            if (mc) {
+                snprintf(s[6], sizeof s[6], "run.metrics_addr=%.*s:0",
+                         (int)(mc - cfg.run.metrics_addr), cfg.run.metrics_addr);
+                av[n++] = "--set";
+                av[n++] = s[6];
+            }
             /* --resume: every island from its newest valid checkpoint. */
             snprintf(s[4], sizeof s[4], "%s/%s", cfg.run.dir, who);
             if (resume_all && has_ckpt(s[4])) {
@@ -554,6 +564,12 @@ int cli_launch(int argc, char **argv) {
     }
     printf("launch: coordinator on %s:%d and %d islands (%s); Ctrl-C stops them all\n", host,
            port, K, cfg.outer.sites);
+    if (cfg.faulttol.metrics_addr[0])
+        printf("launch: coordinator metrics at http://ADDR/metrics, ADDR in %s/metrics_addr\n",
+               cfg.run.dir);
+    if (cfg.run.metrics_addr[0])
+        printf("launch: island metrics at http://ADDR/metrics, ADDR in %s/SITE/metrics_addr\n",
+               cfg.run.dir);
     fflush(stdout);
     int failed = rc < 0;
     bool stopping = rc < 0;

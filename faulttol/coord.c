@@ -214,6 +214,7 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
     LOCO_CHECK_GOTO(loco_net_listen(&c->listener, &c->np, h, prt), out_fail);
     loco_info("coordinator: listening on %s:%d for %d islands (%s)", h,
               loco_net_listener_port(c->listener), c->n, cfg->outer.sites);
+    LOCO_CHECK_GOTO(loco__coord_metrics_start(c), out_fail);
     *out = c;
     return 0;
 out_fail:
@@ -224,6 +225,7 @@ out_fail:
 int loco_coord_port(const loco_coord *c) { return loco_net_listener_port(c->listener); }
 
 static void drop_island(island *is) {
+    loco__coord_retire_link(is);
     loco_link_destroy(is->link);
     is->link = NULL;
     loco_free(is->addrs);
@@ -239,6 +241,7 @@ static void drop_island(island *is) {
 void loco_coord_destroy(loco_coord *c) {
     if (!c)
         return;
+    loco_prom_destroy(c->prom);
     for (int i = 0; i < LOCO_NET_MAX_PENDING; i++)
         loco_link_destroy(c->pending[i].link);
     for (int i = 0; i < LOCO_MAX_ISLANDS; i++)
@@ -258,6 +261,7 @@ static int try_commit(loco_coord *c);
 static void restart_run(loco_coord *c) {
     loco_warn("coordinator: every island of the quorum is gone; waiting for the islands to "
               "register again");
+    c->n_restarts++;
     for (int i = 0; i < c->n; i++) {
         loco_link_abort(c->isl[i].link);
         drop_island(&c->isl[i]);
@@ -294,6 +298,8 @@ int loco__coord_island_lost(loco_coord *c, int i, const char *reason) {
     island *is = &c->isl[i];
     bool was_member = is->status == MEMBER;
     loco_warn("coordinator: island %d (%s) is out: %s", i, c->sites[i], reason);
+    c->n_suspicions++;
+    c->n_lost++;
     loco__coord_event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"%s\"", c->sites[i],
                       reason);
     loco_link_abort(is->link); /* a peer not worth waiting for */
@@ -310,6 +316,8 @@ int loco__coord_island_out(loco_coord *c, int i, const char *reason) {
     is->ready_step = 0;
     if (was_member && c->started) {
         loco_warn("coordinator: %s leaves the quorum: %s", c->sites[i], reason);
+        c->n_suspicions++;
+        c->n_ejected++;
         loco__coord_event(c, "\"kind\":\"suspect\",\"site\":\"%s\",\"reason\":\"%s\"", c->sites[i],
                           reason);
         is->hold_spent = false; /* the members wait once for its transfer */
@@ -355,6 +363,8 @@ static uint64_t eject_minority(loco_coord *c, int64_t s, uint64_t h) {
         out |= 1ull << i;
         is->status = OUT;
         is->hold_spent = false;
+        c->n_suspicions++;
+        c->n_ejected++;
         char reason[160];
         snprintf(reason, sizeof reason,
                  "θ_global hash %016llx after outer step %lld differs from the majority's %016llx",
@@ -493,6 +503,8 @@ static int try_go(loco_coord *c) {
         for (int i = 0; i < c->n; i++)
             if (loco_quorum_has(mem & ~ready, i)) {
                 c->isl[i].status = OUT;
+                c->n_suspicions++;
+                c->n_ejected++;
                 loco_warn("coordinator: %s is not ready for outer step %lld after %lld ms: left "
                           "out of this step (it catches up through a state transfer)",
                           c->sites[i], (long long)s, (long long)c->cfg.faulttol.straggler_ms);
@@ -661,6 +673,8 @@ static int handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const char *j
             if (loco_quorum_has(is->suspects, k) && c->isl[k].status == MEMBER && k != i) {
                 int out_id = k > i ? k : i;
                 c->isl[out_id].status = OUT;
+                c->n_suspicions++;
+                c->n_ejected++;
                 char r[160];
                 snprintf(r, sizeof r, "exchange failure between %s and %s", c->sites[i],
                          c->sites[k]);
@@ -767,6 +781,7 @@ int loco_coord_serve(loco_coord *c) {
         if (!c->started && c->have_ref)
             LOCO_CHECK(loco__coord_start_run(c));
         LOCO_CHECK(try_go(c));
+        loco__coord_metrics_update(c);
         if (c->started && live_members > 0 && done == live_members && !c->exchanging) {
             /* Every member finished and every committed step agreed. */
             for (int i = 0; i < c->n; i++) {

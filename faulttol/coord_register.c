@@ -124,9 +124,11 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     if (is->link && is->inc == their_inc) {
         /* The same process lost its link and came back: keep its place. */
         loco_link_abort(is->link);
+        loco__coord_retire_link(is);
         loco_link_destroy(is->link);
         is->link = l;
         is->reg = reg;
+        c->n_registrations++;
         cJSON_Delete(j);
         char ack[64];
         snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
@@ -191,6 +193,7 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     is->reg = reg;
     is->status = OUT;
     is->bye = false;
+    c->n_registrations++;
     if (!c->have_ref) {
         c->have_ref = true;
         snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", mesh->valuestring);

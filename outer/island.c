@@ -80,6 +80,59 @@ void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
     loco_metrics_int(is->metrics, "zstd", st->zstd);
     loco_metrics_num(is->metrics, "sender_encode_s", st->sender_encode_s);
     loco_metrics_end(is->metrics);
+    loco_prom *p = is->prom;
+    loco_prom_set(p, "loco_island_outer_step", NULL, (double)outer);
+    loco_prom_set(p, "loco_island_outer_inner_step", NULL, (double)inner);
+    loco_prom_set(p, "loco_island_epoch", NULL, (double)is->q.epoch);
+    loco_prom_set(p, "loco_island_members", NULL, n_members);
+    loco_prom_add(p, "loco_island_bytes_sent_total", NULL, sums[1]);
+    loco_prom_add(p, "loco_island_bytes_received_total", NULL, sums[2]);
+    loco_prom_add(p, "loco_island_bytes_raw_total", NULL, sums[0]);
+    loco_prom_set(p, "loco_island_delta_ratio", NULL, sums[4]);
+    loco_prom_set(p, "loco_island_exchange_seconds", NULL, sums[3]);
+    loco_prom_set(p, "loco_island_utilisation", NULL, wall > 0 ? 1 - wait / wall : 1);
+    loco_prom_set_only(p, "loco_island_theta_hash_info", hh, 1);
+}
+
+/* The live metrics of loco__island_record (docs/METRICS.md). */
+static const struct {
+    const char *name;
+    loco_prom_type type;
+    const char *label;
+    const char *help;
+} island_metrics[] = {
+    {"loco_island_info", LOCO_PROM_GAUGE, "site", "always 1; the label is this island's site"},
+    {"loco_island_outer_step", LOCO_PROM_GAUGE, NULL, "last outer step this island committed"},
+    {"loco_island_outer_inner_step", LOCO_PROM_GAUGE, NULL,
+     "inner step at which the last committed outer step was taken"},
+    {"loco_island_epoch", LOCO_PROM_GAUGE, NULL, "quorum epoch of the last committed outer step"},
+    {"loco_island_members", LOCO_PROM_GAUGE, NULL, "islands in the last committed outer step"},
+    {"loco_island_bytes_sent_total", LOCO_PROM_COUNTER, NULL,
+     "encoded pseudo-gradient bytes the island's ranks sent to other islands"},
+    {"loco_island_bytes_received_total", LOCO_PROM_COUNTER, NULL,
+     "encoded pseudo-gradient bytes the island's ranks received from other islands"},
+    {"loco_island_bytes_raw_total", LOCO_PROM_COUNTER, NULL,
+     "fp32 bytes those exchanges would have taken uncompressed"},
+    {"loco_island_delta_ratio", LOCO_PROM_GAUGE, NULL,
+     "largest ratio of an island's chunk norm to the median of the others' seen at the last outer "
+     "step (what outer.max_delta_ratio bounds)"},
+    {"loco_island_exchange_seconds", LOCO_PROM_GAUGE, NULL,
+     "wall time of the last outer step's exchange (slowest rank)"},
+    {"loco_island_utilisation", LOCO_PROM_GAUGE, NULL,
+     "share of wall time since the previous outer step that the inner loop was not held"},
+    {"loco_island_theta_hash_info", LOCO_PROM_GAUGE, "hash",
+     "always 1; the label is the theta_global hash of the last committed outer step"},
+};
+
+int loco_island_set_prom(loco_island *is, loco_prom *p) {
+    if (!p)
+        return 0;
+    for (size_t i = 0; i < sizeof island_metrics / sizeof *island_metrics; i++)
+        LOCO_CHECK(loco_prom_declare(p, island_metrics[i].name, island_metrics[i].type,
+                                     island_metrics[i].label, island_metrics[i].help));
+    loco_prom_set(p, "loco_island_info", is->site, 1);
+    is->prom = p;
+    return 0;
 }
 
 /* ------------------------------------------------------- outer-state files */

@@ -75,6 +75,7 @@ struct loco_island {
     double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
     double elems_max;           /* largest fragment of the island's ranks */
     loco_metrics *metrics;      /* rank 0: outer-step records */
+    loco_prom *prom;            /* rank 0: live metrics (the trainer's; NULL = off) */
     loco_faults f;              /* [faults] of this island (faulttol/) */
     /* Compute utilisation: seconds the inner loop waited for the outer
      * loop since the last record, and when that record was written. */
