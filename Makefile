@@ -13,11 +13,11 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -W
 MPI_CFLAGS ?= $(shell mpicc -showme:compile 2>/dev/null)
 MPI_LIBS   ?= $(shell mpicc -showme:link 2>/dev/null)
 CFLAGS  += $(MPI_CFLAGS)
-LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lssl -lcrypto $(MPI_LIBS) -lm -lpthread
+LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lmicrohttpd -lpcre2-8 -lssl -lcrypto $(MPI_LIBS) -lm -lpthread
 LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.
-ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer
+ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer
 SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)
@@ -51,7 +51,7 @@ LIB     := $(BUILD)/libloco.a
 BIN     := $(BUILD)/loco
 TESTBIN := $(BUILD)/tests/loco_tests
 
-.PHONY: all run test bench asan tsan clean format deps data cuda fuzz
+.PHONY: all run test bench asan tsan clean format deps data data-bpe cuda fuzz
 all: $(BIN) cuda
 
 # V=1 shows full commands.
@@ -127,6 +127,10 @@ deps:
 
 data: $(BIN)
 	@bash scripts/prep-data.sh
+
+# The BPE variant of the default data (configs/tiny-bpe.ini).
+data-bpe: $(BIN) data
+	@LOCO=$(BIN) bash scripts/prep-data-bpe.sh
 
 run: deps
 	@$(MAKE) --no-print-directory all data

@@ -22,6 +22,9 @@ int loco_bench_rejoin(int argc, char **argv);
  * messages) beside the schedule simulator, every schedule (run under
  * mpirun -np p). */
 int loco_bench_pipeline(int argc, char **argv);
+/* Byte-level BPE encoding MB/s (one core, all cores) beside GPT-2's regex
+ * split alone and the Python reference BPE of tests/fixtures. */
+int loco_bench_tokenizer(int argc, char **argv);
 
 /* Makes a PKI for siteA and siteB in dir (a mkdtemp template, filled in)
  * and their link parameters over emulated WAN: gbps and rtt_ms, TLS over

@@ -28,5 +28,6 @@ int cli_certs(int argc, char **argv);
 int cli_launch(int argc, char **argv);
 int cli_report(int argc, char **argv);
 int cli_pipeline(int argc, char **argv);
+int cli_tokenizer(int argc, char **argv);
 
 #endif /* LOCO_CLI_H */

@@ -2,11 +2,13 @@
 #include "bench/bench.h"
 #include "cli/cli.h"
 #include "inner/inner.h"
+#include "tokenizer/tokenizer.h"
 
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_SETS 256
 
@@ -27,7 +29,7 @@ static bool parse_count(const char *s, long long lo, long long hi, long long *ou
 }
 
 int cli_train(int argc, char **argv) {
-    const char *config = NULL, *resume = NULL;
+    const char *config = NULL, *resume = NULL, *init = NULL;
     char *sets[MAX_SETS];
     int nsets = 0;
     for (int i = 0; i < argc; i++) {
@@ -35,6 +37,8 @@ int cli_train(int argc, char **argv) {
             sets[nsets++] = argv[++i];
         else if (!strcmp(argv[i], "--resume") && i + 1 < argc)
             resume = argv[++i];
+        else if (!strcmp(argv[i], "--init") && i + 1 < argc)
+            init = argv[++i];
         else if (argv[i][0] != '-' && !config)
             config = argv[i];
         else
@@ -46,6 +50,10 @@ int cli_train(int argc, char **argv) {
     int rc = cli_load_config(&cfg, config, nsets, sets);
     if (rc < 0)
         return cli_fail(rc);
+    /* --init DIR is --set train.init_from=DIR. */
+    if (init && snprintf(cfg.train.init_from, sizeof cfg.train.init_from, "%s", init) >=
+                    (int)sizeof cfg.train.init_from)
+        return usage_error("train", "--init path too long", init);
     /* The newest checkpoint that verifies, at or before the one named. */
     char ck[PATH_MAX];
     if (resume && (rc = loco_ckpt_pick_resume(resume, ck, sizeof ck)) < 0)
@@ -57,6 +65,24 @@ int cli_train(int argc, char **argv) {
     rc = loco_trainer_run(t);
     loco_trainer_destroy(t);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
+}
+
+/* DIR/tokenizer.json when the checkpoint has one (*t NULL: byte-level). */
+static int load_ckpt_tokenizer(const char *dir, int vocab_size, loco_tok **t) {
+    *t = NULL;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, F_OK) != 0)
+        return 0;
+    LOCO_CHECK(loco_tok_load_hf(t, path));
+    if (loco_tok_vocab_size(*t) > vocab_size) {
+        int v = loco_tok_vocab_size(*t);
+        loco_tok_destroy(*t);
+        *t = NULL;
+        return LOCO_ERR(LOCO_EINVAL, "%s: %d ids, more than the model's vocab_size %d", path, v,
+                        vocab_size);
+    }
+    return 0;
 }
 
 /* Loads a model (no optimizer) from a checkpoint for B x T batches. */
@@ -103,8 +129,14 @@ int cli_eval(int argc, char **argv) {
     int32_t *in = loco_alloc((size_t)B * T * sizeof(int32_t));
     int32_t *tg = loco_alloc((size_t)B * T * sizeof(int32_t));
     double sum = 0;
+    long long bytes = 0; /* text bytes the targets stand for (specials: none) */
+    loco_tok *tok = NULL;
+    const int V = (int)cfg.model.vocab_size;
     if (!in || !tg)
         rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
+    if (rc == 0)
+        rc = load_ckpt_tokenizer(ckpt, V, &tok);
+    int eot = tok ? loco_tok_special_id(tok, LOCO_TOK_EOT) : -1;
     if (rc == 0)
         rc = loco_data_open(&val, cfg.data.val, B, T, 0, 1, (int)cfg.model.vocab_size);
     for (long long b = 0; b < batches && rc == 0; b++) {
@@ -113,10 +145,24 @@ int cli_eval(int argc, char **argv) {
         if (rc == 0)
             rc = loco_gpt_forward(&m, in, tg, B, T, &loss);
         sum += loss;
+        for (int64_t i = 0; rc == 0 && i < (int64_t)B * T; i++) {
+            size_t len = 1;
+            if (tok)
+                len = tg[i] == eot ? 0 : (loco_tok_token_bytes(tok, tg[i], &len), len);
+            bytes += (long long)len;
+        }
     }
-    if (rc == 0)
+    /* nats per byte = loss per token * tokens / bytes: comparable across
+     * vocabularies (bytes are the byte-level model's tokens) */
+    if (rc == 0 && (tok || V <= 256))
+        printf("{\"val_loss\": %.6f, \"tokens\": %lld, \"bytes\": %lld, \"nats_per_byte\": "
+               "%.6f}\n",
+               sum / (double)batches, batches * B * T, bytes,
+               sum / (double)batches * (double)(batches * B * T) / (double)bytes);
+    else if (rc == 0)
         printf("{\"val_loss\": %.6f, \"tokens\": %lld}\n", sum / (double)batches,
                batches * B * T);
+    loco_tok_destroy(tok);
     loco_data_close(val);
     loco_free(in);
     loco_free(tg);
@@ -199,14 +245,25 @@ int cli_sample(int argc, char **argv) {
     size_t cap = plen + (size_t)ntok + 1;
     int32_t *ctx = loco_alloc(cap * sizeof(int32_t));
     float *probs = loco_alloc((size_t)V * sizeof(float));
+    loco_tok *tok = NULL;
     if (!ctx || !probs) {
         rc = LOCO_ERR(LOCO_ENOMEM, "sampling buffers");
         goto out;
     }
-    /* Byte-level prompt; a GPT-2 BPE vocabulary would need its tokenizer. */
+    /* The checkpoint's BPE (tokenizer.json) when it has one, else bytes. */
+    LOCO_CHECK_GOTO(load_ckpt_tokenizer(ckpt, V, &tok), out);
     size_t n = 0;
-    for (size_t i = 0; i < plen; i++)
-        ctx[n++] = (unsigned char)prompt[i] % V;
+    if (tok) {
+        int32_t *pids;
+        LOCO_CHECK_GOTO(loco_tok_encode(tok, (const uint8_t *)prompt, plen, &pids, &n), out);
+        memcpy(ctx, pids, n * sizeof *ctx);
+        loco_free(pids);
+        if (n == 0 && loco_tok_special_id(tok, LOCO_TOK_EOT) >= 0)
+            ctx[n++] = loco_tok_special_id(tok, LOCO_TOK_EOT);
+    } else {
+        for (size_t i = 0; i < plen; i++)
+            ctx[n++] = (unsigned char)prompt[i] % V;
+    }
     if (n == 0)
         ctx[n++] = '\n' % V;
     loco_rng rng;
@@ -221,7 +278,11 @@ int cli_sample(int argc, char **argv) {
         int next = sample_token(m.a.logits + (size_t)(len - 1) * V, V, (float)temperature,
                                 (int)top_k, &rng, probs);
         ctx[n++] = next;
-        if (V <= 256)
+        size_t blen;
+        const uint8_t *b = tok ? loco_tok_token_bytes(tok, next, &blen) : NULL;
+        if (tok && b)
+            fwrite(b, 1, blen, stdout);
+        else if (V <= 256)
             putchar(next);
         else
             printf(" %d", next);
@@ -229,14 +290,70 @@ int cli_sample(int argc, char **argv) {
     }
     putchar('\n');
 out:
+    loco_tok_destroy(tok);
     loco_free(ctx);
     loco_free(probs);
     loco_gpt_fini(&m);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 
+static void prep_progress(size_t done, size_t total, void *arg) {
+    double dt = loco_now() - *(const double *)arg;
+    fprintf(stderr, "\rprep: encoded %.1f / %.1f MB (%.1f MB/s)", (double)done / 1e6,
+            (double)total / 1e6, dt > 0 ? (double)done / 1e6 / dt : 0.0);
+    if (done == total)
+        fputc('\n', stderr);
+}
+
+/* BPE ids of the text (one document, <|endoftext|> before it, as llm.c's
+ * preparation scripts put one before every document; the text's own
+ * <|endoftext|> markers separate further documents) into shards, and the
+ * tokenizer beside them as PREFIX_tokenizer.json. */
+static int prep_bpe(const char *text, const char *prefix, const char *spec, double val_frac,
+                    size_t shard_tokens) {
+    loco_tok *t;
+    LOCO_CHECK(loco_tok_load(&t, spec));
+    uint8_t *data = NULL;
+    int32_t *ids = NULL, *all = NULL;
+    size_t len = 0, n = 0;
+    int eot = loco_tok_special_id(t, LOCO_TOK_EOT);
+    int rc = 0;
+    if (eot < 0) {
+        rc = LOCO_ERR(LOCO_EINVAL, "tokenizer %s has no %s special token (needed between "
+                      "documents)", spec, LOCO_TOK_EOT);
+        goto out;
+    }
+    LOCO_CHECK_GOTO(loco_file_read(text, (void **)&data, &len), out);
+    double t0 = loco_now();
+    LOCO_CHECK_GOTO(loco_tok_encode_parallel(t, data, len, 1 << 20, 0, prep_progress, &t0, &ids,
+                                             &n),
+                    out);
+    if (!(all = loco_alloc((n + 1) * sizeof *all))) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "prep %s: out of memory", text);
+        goto out;
+    }
+    all[0] = eot;
+    memcpy(all + 1, ids, n * sizeof *ids);
+    fprintf(stderr, "prep: %s: %zu bytes -> %zu ids (%.3f bytes/id) in %.2f s\n", text, len,
+            n, n ? (double)len / (double)n : 0.0, loco_now() - t0);
+    LOCO_CHECK_GOTO(loco_data_prep_tokens(all, n + 1, loco_tok_vocab_size(t), text, prefix,
+                                          val_frac, shard_tokens),
+                    out);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s_tokenizer.json", prefix);
+    LOCO_CHECK_GOTO(loco_tok_save_hf(t, path), out);
+    fprintf(stderr, "prep: wrote %s; train with data.tokenizer = %s and model.vocab_size >= %d\n",
+            path, path, loco_tok_vocab_size(t));
+out:
+    loco_free(all);
+    loco_free(ids);
+    loco_free(data);
+    loco_tok_destroy(t);
+    return rc;
+}
+
 int cli_prep(int argc, char **argv) {
-    const char *text = NULL, *prefix = NULL;
+    const char *text = NULL, *prefix = NULL, *tokenizer = NULL;
     double val_frac = 0.1;
     long long shard_tokens = 1 << 20;
     for (int i = 0; i < argc; i++) {
@@ -248,6 +365,8 @@ int cli_prep(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--shard-tokens") && i + 1 < argc) {
             if (!parse_count(argv[++i], 1024, 1LL << 40, &shard_tokens))
                 return usage_error("prep", "--shard-tokens expects an integer >= 1024", argv[i]);
+        } else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
+            tokenizer = argv[++i];
         } else if (argv[i][0] != '-' && !text)
             text = argv[i];
         else if (argv[i][0] != '-' && !prefix)
@@ -257,7 +376,8 @@ int cli_prep(int argc, char **argv) {
     }
     if (!text || !prefix)
         return usage_error("prep", "expected TEXT OUT_PREFIX", NULL);
-    int rc = loco_data_prep_bytes(text, prefix, val_frac, (size_t)shard_tokens);
+    int rc = tokenizer ? prep_bpe(text, prefix, tokenizer, val_frac, (size_t)shard_tokens)
+                       : loco_data_prep_bytes(text, prefix, val_frac, (size_t)shard_tokens);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 
@@ -296,7 +416,7 @@ int cli_config(int argc, char **argv) {
 
 int cli_bench(int argc, char **argv) {
     if (argc < 1)
-        return usage_error("bench", "expected a benchmark name (step, memory, exchange, compress, rejoin, pipeline)", NULL);
+        return usage_error("bench", "expected a benchmark name (step, memory, exchange, compress, rejoin, pipeline, tokenizer)", NULL);
     int rc;
     if (!strcmp(argv[0], "step"))
         rc = loco_bench_step(argc - 1, argv + 1);
@@ -310,8 +430,10 @@ int cli_bench(int argc, char **argv) {
         rc = loco_bench_rejoin(argc - 1, argv + 1);
     else if (!strcmp(argv[0], "pipeline"))
         rc = loco_bench_pipeline(argc - 1, argv + 1);
+    else if (!strcmp(argv[0], "tokenizer"))
+        rc = loco_bench_tokenizer(argc - 1, argv + 1);
     else
-        return usage_error("bench", "unknown benchmark (step, memory, exchange, compress, rejoin, pipeline)",
+        return usage_error("bench", "unknown benchmark (step, memory, exchange, compress, rejoin, pipeline, tokenizer)",
                            argv[0]);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

@@ -14,14 +14,18 @@ static void usage(FILE *f) {
             "Under mpirun -np N, train runs N ranks of one island (parallel.dp, zero_stage).\n\n"
             "usage: loco COMMAND [ARGS]\n\n"
             "  train CONFIG [--set section.key=value]... [--resume CKPT_DIR|RUN_DIR]\n"
+            "        [--init HF_GPT2_DIR]\n"
             "                         train; progress, eval and checkpoints per [run]\n"
             "  eval CONFIG --ckpt DIR [--batches N] [--set k=v]...\n"
             "                         validation loss of a checkpoint as one JSON line\n"
             "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature X] [--top-k K] "
             "[--seed S]\n"
             "                         generate text from a checkpoint\n"
-            "  prep TEXT OUT_PREFIX [--val-frac F] [--shard-tokens N]\n"
-            "                         byte-level train/val token shards from a text file\n"
+            "  prep TEXT OUT_PREFIX [--val-frac F] [--shard-tokens N] [--tokenizer FILE]\n"
+            "                         train/val token shards from a text file (bytes, or BPE\n"
+            "                         ids with --tokenizer; then also OUT_PREFIX_tokenizer.json)\n"
+            "  tokenizer train TEXT --vocab N --out FILE | encode|decode --tokenizer FILE [IN]\n"
+            "                         byte-level BPE: train a tokenizer.json, encode, decode\n"
             "  config --help | --markdown | --dump [CONFIG] [--set k=v]...\n"
             "                         the configuration keys, or a resolved config\n"
             "  island CONFIG --site NAME [--resume CKPT_DIR|RUN_DIR] [--set k=v]...\n"
@@ -33,6 +37,10 @@ static void usage(FILE *f) {
             "  report FAULT_RUN_DIR BASELINE_RUN_DIR [--out DIR] [--loss-tol X] [--strict-loss]\n"
             "                         report.md + report.html of a fault experiment against its\n"
             "                         baseline; exit 1 on FAIL (divergence, lost update, no finish)\n"
+            "  report RUN_DIR [--out DIR]\n"
+            "                         report.html of a training run (loss, val loss, lr, grad norm,\n"
+            "                         tokens/s; bytes and outer steps per island when multi-site);\n"
+            "                         a fault experiment's dir gets its report against RUN_DIR/baseline\n"
             "  certs --out DIR --names coordinator,siteA,... [--days N] [--run-id ID]\n"
             "        [--config CONFIG] [--set k=v]...\n"
             "                         a CA and a certificate per name (mutual TLS), bound to\n"
@@ -46,7 +54,7 @@ static void usage(FILE *f) {
             "                         pipeline schedules checked by the simulator: every schedule\n"
             "                         against the published bubble and memory; with CONFIG or\n"
             "                         --set, parallel.pp_schedule's per-rank action lists\n"
-            "  bench step|memory|exchange|compress|rejoin|pipeline [OPTIONS]\n"
+            "  bench step|memory|exchange|compress|rejoin|pipeline|tokenizer [OPTIONS]\n"
             "                         benchmarks against a reference measured in the same run\n"
             "  version                print the version\n",
             LOCO_VERSION);
@@ -114,6 +122,8 @@ int main(int argc, char **argv) {
         return cli_report(sub_argc, sub_argv);
     if (!strcmp(cmd, "pipeline"))
         return cli_pipeline(sub_argc, sub_argv);
+    if (!strcmp(cmd, "tokenizer"))
+        return cli_tokenizer(sub_argc, sub_argv);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loco %s\n", LOCO_VERSION);
         return CLI_OK;

@@ -34,11 +34,15 @@ LOCO_KEY_ENUM(train, device, "cpu", "cpu|cuda", "where the island trains: cpu, o
 LOCO_KEY_ENUM(train, recompute, "none", "none|selective|full", "activation recompute: none keeps every activation; selective recomputes the attention core (scores, softmax) in the backward; full keeps only each block's input and reruns the block's forward in its backward")
 LOCO_KEY_INT(train, recompute_layers, 0, 0, 1024, "with train.recompute = full: recompute only the first N blocks (0 = all of them)")
 LOCO_KEY_ENUM(train, dtype, "fp32", "fp32|bf16", "precision of the passes: fp32, or bf16 weight copy and activations with fp32 master weights, optimizer state and reductions (needs train.device = cuda)")
+LOCO_KEY_ENUM(train, attention, "auto", "auto|tensor|reference", "GPU attention kernel with train.device = cuda: tensor (FlashAttention-2 on the tensor cores, bf16, head size 64, sm_80+), reference (the CUDA-core kernel, every head size up to 128, fp32 and bf16), or auto = tensor where the model and device allow it; tensor falls back to reference with a warning where they do not")
+LOCO_KEY_ENUM(train, cuda_graph, "off", "off|on", "with train.device = cuda: on runs each micro-step's forward and backward as one CUDA graph (captured once per shape after a first plain micro-step; plain launches, with a warning, where capture fails); off launches every kernel (the default until measured on a GPU)")
+LOCO_KEY_STR(train, init_from, "", "start from a Hugging Face GPT-2 directory (model.safetensors + config.json as save_pretrained writes them; shapes checked against [model]) with fresh optimizer state at step 0; ignored on --resume (`loco train --init DIR`)")
 LOCO_SECTION_END(train)
 
 LOCO_SECTION_BEGIN(data)
 LOCO_KEY_STR(data, train, "data/kjv_train_*.bin", "training shards (glob or comma-separated list, llm.c .bin format)")
 LOCO_KEY_STR(data, val, "data/kjv_val_*.bin", "validation shards (glob or comma-separated list)")
+LOCO_KEY_STR(data, tokenizer, "", "tokenizer.json of the shards' BPE ids (`loco prep --tokenizer` writes PREFIX_tokenizer.json); copied into every checkpoint as tokenizer.json for sample and eval; empty = byte-level")
 LOCO_SECTION_END(data)
 
 LOCO_SECTION_BEGIN(run)
@@ -52,10 +56,11 @@ LOCO_KEY_INT(run, ckpt_connect_ms, 10000, 1, 3600000, "checkpoint URL: connect t
 LOCO_KEY_INT(run, ckpt_stall_s, 60, 1, 86400, "checkpoint URL: a transfer making no progress this long fails, s")
 LOCO_KEY_INT(run, threads, 0, 0, 4096, "CPU threads for kernels and BLAS (0 = all cores)")
 LOCO_KEY_ENUM(run, log_level, "info", "error|warn|info|debug", "logging level")
+LOCO_KEY_STR(run, metrics_addr, "", "serve live training metrics in Prometheus text format at http://HOST:PORT/metrics from `loco train` and rank 0 of each island (port 0: a free one; the address is logged and written to run.dir/metrics_addr; `loco launch` gives each island port 0); empty = off (docs/METRICS.md)")
 LOCO_SECTION_END(run)
 
 LOCO_SECTION_BEGIN(parallel)
-LOCO_KEY_ENUM(parallel, backend, "auto", "auto|self|mpi", "island communicator: mpi under mpirun/srun, else self (one rank)")
+LOCO_KEY_ENUM(parallel, backend, "auto", "auto|self|mpi|nccl", "island communicator: mpi under mpirun/srun, else self (one rank); nccl (train.device = cuda only): gradients and parameters over NCCL on the device, the rest over auto")
 LOCO_KEY_INT(parallel, dp, 1, 1, 65536, "data-parallel ranks (dp x tp x pp x cp = world size; ep is folded out of dp)")
 LOCO_KEY_INT(parallel, tp, 1, 1, 65536, "tensor-parallel ranks, Megatron 1-D (fastest-varying in rank order; must divide model.n_head)")
 LOCO_KEY_BOOL(parallel, sp, false, "sequence parallelism (Megatron-SP): LayerNorm and residual regions split over the tp ranks by token rows (needs parallel.tp > 1)")
@@ -94,6 +99,7 @@ LOCO_KEY_INT(faulttol, timeout_ms, 60000, 1, 86400000, "hard bound: an island si
 LOCO_KEY_NUM(faulttol, coordinator_grace_s, 600, 0, 1e7, "islands without a coordinator keep training and keep trying to register again (capped exponential back-off) this long before they give up")
 LOCO_KEY_ENUM(faulttol, straggler_policy, "wait", "wait|drop", "an island not ready for an outer step: wait for it, or drop it from that step after straggler_ms (it catches up through a state transfer)")
 LOCO_KEY_INT(faulttol, straggler_ms, 30000, 1, 86400000, "with straggler_policy = drop: how long the ready islands wait for the others")
+LOCO_KEY_STR(faulttol, metrics_addr, "", "`loco coordinator` serves live metrics (members, epoch, outer step, bytes, last hash, suspicions) in Prometheus text format at http://HOST:PORT/metrics (port 0: a free one; the address is logged and written to run.dir/metrics_addr); empty = off (docs/METRICS.md)")
 LOCO_SECTION_END(faulttol)
 
 LOCO_SECTION_BEGIN(compress)

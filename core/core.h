@@ -257,6 +257,65 @@ int loco_metrics_end(loco_metrics *m);
 int loco_event_append(const char *path, const char *fields_fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* ---------------------------------------------------------- live metrics */
+
+/* Live metrics over HTTP in the Prometheus text exposition format 0.0.4
+ * (core/metrics_http.c, GNU libmicrohttpd; docs/METRICS.md lists them): a
+ * registry of gauges and counters, each sample with at most one label,
+ * updated by the owning thread under a mutex and rendered on each
+ * GET /metrics by the library's thread (404 elsewhere). A NULL handle
+ * makes every update a no-op (metrics off). */
+typedef struct loco_prom loco_prom;
+typedef enum { LOCO_PROM_GAUGE = 0, LOCO_PROM_COUNTER } loco_prom_type;
+
+#define LOCO_PROM_NAME_MAX 96      /* metric and label names, NUL included */
+#define LOCO_PROM_MAX_FAMILIES 64  /* metrics per registry */
+#define LOCO_PROM_VALUE_MAX 32     /* a formatted sample value */
+/* What a scraper may take of the process: connections at once (more are
+ * refused by the library), seconds an idle or slow connection is kept,
+ * bytes of request a connection may hold, queued connections. */
+#define LOCO_PROM_MAX_CONNECTIONS 16
+#define LOCO_PROM_TIMEOUT_S 10
+#define LOCO_PROM_CONN_MEMORY (32 * 1024)
+#define LOCO_PROM_BACKLOG 16
+
+/* An empty registry, not serving (caller destroys it). */
+int loco_prom_create(loco_prom **out);
+/* Stops serving (waits for the library's thread, closes the socket,
+ * removes the port file) and frees everything. Accepts NULL. */
+void loco_prom_destroy(loco_prom *p);
+/* Declares metric `name` ([a-zA-Z_:][a-zA-Z0-9_:]*) with its HELP text;
+ * `label`: the name of its one label, or NULL for none. LOCO_EINVAL on a
+ * bad or repeated name, or past LOCO_PROM_MAX_FAMILIES. */
+int loco_prom_declare(loco_prom *p, const char *name, loco_prom_type type, const char *label,
+                      const char *help);
+/* Sets (or, add, increments) the sample of `name` whose label has this
+ * value (NULL for a metric without a label), made on first use. An
+ * undeclared name or a label that does not match the declaration is
+ * ignored (a debug line). NaN and infinities are valid values. */
+void loco_prom_set(loco_prom *p, const char *name, const char *label_value, double v);
+void loco_prom_add(loco_prom *p, const char *name, const char *label_value, double dv);
+/* Sets the sample and forgets every other of `name`, at once (an info
+ * metric whose label changed: a scrape sees the old one or the new one). */
+void loco_prom_set_only(loco_prom *p, const char *name, const char *label_value, double v);
+/* The exposition text of every metric that has a sample: # HELP, # TYPE,
+ * then `name{label="value"} v` lines, label values and help escaped, NaN
+ * and +Inf / -Inf as Prometheus writes them. Caller frees *text with
+ * loco_free (NUL-terminated beyond len). */
+int loco_prom_render(loco_prom *p, char **text, size_t *len);
+/* A sample value as the format writes it (the shortest of %.15g and %.17g
+ * that reads back exactly; NaN, +Inf, -Inf). */
+void loco_prom_format_value(double v, char out[LOCO_PROM_VALUE_MAX]);
+/* Serves GET /metrics on addr "HOST:PORT" ("[v6]:PORT"; port 0: a free
+ * one), bound to that host only. `what` names the setting in errors
+ * ("faulttol.metrics_addr"). When port_file is not NULL, "HOST:PORT\n" with
+ * the port bound is written there (atomically) for scrapers to find, and
+ * removed by destroy. LOCO_EINVAL on a malformed address, LOCO_EIO when it
+ * cannot listen there. */
+int loco_prom_serve(loco_prom *p, const char *addr, const char *what, const char *port_file);
+/* The port served (0 when not serving). */
+int loco_prom_port(const loco_prom *p);
+
 /* ---------------------------------------------------------------- config */
 
 #define LOCO_PATH_MAX 512

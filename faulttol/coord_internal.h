@@ -26,6 +26,7 @@ typedef struct {
     bool done_ok;
     double join_sent; /* when it was last told to fetch the state (0: not) */
     bool hold_spent;  /* the members already waited once for its transfer */
+    uint64_t gone_sent, gone_recv; /* socket bytes of the links it held before */
 } island;
 
 /* A connection that has not registered (yet). */
@@ -59,11 +60,27 @@ struct loco_coord {
     double gather_t0;           /* first member ready for the step (straggler clock) */
     int failures;               /* failed attempts of the current step */
     char events[LOCO_PATH_MAX]; /* the run's timeline, "" = none */
+    /* Live metrics (faulttol.metrics_addr; NULL = off) and the counts
+     * only they report. */
+    loco_prom *prom;
+    double prom_t; /* last update */
+    uint64_t n_suspicions, n_lost, n_ejected, n_restarts, n_registrations;
 };
 
 /* A JSON number in [lo, hi] (NaN and overflowing values refused). */
 static inline bool loco__coord_num_in(const cJSON *j, double lo, double hi) {
     return cJSON_IsNumber(j) && j->valuedouble >= lo && j->valuedouble <= hi;
+}
+
+/* Adds the byte counts of island i's link to what its earlier links
+ * carried, before the link goes. */
+static inline void loco__coord_retire_link(island *is) {
+    if (!is->link)
+        return;
+    loco_link_stats st;
+    loco_link_get_stats(is->link, &st);
+    is->gone_sent += st.wire_bytes_sent;
+    is->gone_recv += st.wire_bytes_recv;
 }
 
 /* coord.c */
@@ -87,6 +104,13 @@ int loco__coord_island_lost(loco_coord *c, int i, const char *reason);
  * committed state and rejoin (a new epoch when it was a member); < 0 only
  * when the run must stop. */
 int loco__coord_island_out(loco_coord *c, int i, const char *reason);
+
+/* coord_metrics.c */
+/* Starts serving live metrics when faulttol.metrics_addr is set (the
+ * address goes to run.dir/metrics_addr). */
+int loco__coord_metrics_start(loco_coord *c);
+/* The metrics from the state now (at most every 50 ms; no-op when off). */
+void loco__coord_metrics_update(loco_coord *c);
 
 /* coord_register.c */
 /* Takes links from the listener while there is room for them. */

@@ -294,4 +294,28 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
 int loco_report_write(const char *fault_dir, const char *baseline_dir, const char *out_dir,
                      int *verdict_ok);
 
+/* ------------------------------------------------ training-run reports
+ * The report of an ordinary training run (faulttol/report_train.c; `loco
+ * report RUN_DIR`, docs/REPORTS.md). */
+typedef enum {
+    LOCO_RUNDIR_SINGLE = 1, /* `loco train`: RUN/metrics.jsonl */
+    LOCO_RUNDIR_MULTI,      /* `loco launch`: RUN/events.jsonl, RUN/<site>/metrics.jsonl */
+    LOCO_RUNDIR_FAULT,      /* a fault experiment: a multi-site run with RUN/baseline/ */
+} loco_rundir_kind;
+
+/* What run_dir holds. For LOCO_RUNDIR_FAULT, baseline (cap bytes) receives
+ * the baseline's directory. LOCO_EIO naming run_dir when it is not a
+ * directory or holds none of the files above. */
+int loco_report_kind(const char *run_dir, loco_rundir_kind *kind, char *baseline, size_t cap);
+
+/* Writes report.html into out_dir (NULL: run_dir, created when missing) for
+ * the single- or multi-site training run in run_dir: loss, validation loss,
+ * learning rate, grad norm and tokens/s against step (per island), bytes on
+ * the wire and outer steps for a multi-site run, and a summary table; prints
+ * its path on stdout. Malformed lines and missing optional files are warned
+ * about (file:line) and shown in the page. Returns 0, or a negative LOCO_E*
+ * code with the message recorded (a missing or empty metrics.jsonl names
+ * the file). */
+int loco_report_train_write(const char *run_dir, const char *out_dir);
+
 #endif /* LOCO_FAULTTOL_H */

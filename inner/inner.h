@@ -60,6 +60,12 @@ int loco_data_write_shard(const char *path, const int32_t *tokens, size_t n, int
  * rest OUT_PREFIX_val_NNNNNN.bin, each shard at most shard_tokens tokens. */
 int loco_data_prep_bytes(const char *text_path, const char *out_prefix, double val_frac,
                          size_t shard_tokens);
+/* The same for ids already encoded (a tokenizer's, of vocab_size ids):
+ * the first floor((1-val_frac)*n) ids are train, the rest val; uint16
+ * shards (version 1) while vocab_size <= 65536, uint32 (version 7) beyond.
+ * `what` names the source in messages. */
+int loco_data_prep_tokens(const int32_t *ids, size_t n, int vocab_size, const char *what,
+                          const char *out_prefix, double val_frac, size_t shard_tokens);
 
 
 /* ----------------------------------------------------------------- model */
@@ -462,9 +468,14 @@ double loco_clip_grad_norm(float *grads, size_t n, double max_norm);
  * activations and activation gradients (every reduction, LayerNorm
  * statistic and loss in fp32), else everything in fp32. Attention keeps
  * the log-sum-exp per row, not the T x T probabilities. Host pointers in,
- * host pointers out: callers see no CUDA type. Every call waits for the
- * device before it returns what it computed; errors are LOCO_ECUDA (or
- * LOCO_ENOMEM when the device is too small) with CUDA's reason. */
+ * host pointers out: callers see no CUDA type. Work goes on
+ * loco_cuda_compute_stream; a call that returns a value computed on the
+ * device waits for it, forward_backward without mean_loss only enqueues
+ * (a training step waits once, in loco_gpt_cuda_clip_adamw). Errors are
+ * LOCO_ECUDA (or LOCO_ENOMEM when the device is too small) with CUDA's
+ * reason, those of enqueued kernels at the next wait. The LM head runs at
+ * the vocabulary padded to a multiple of 64 (device-only: the flat
+ * buffers keep the host layout). */
 typedef struct loco_gpt_cuda loco_gpt_cuda;
 
 /* Kinds of kernel timed by loco_gpt_cuda_profile. */
@@ -477,10 +488,17 @@ extern const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N];
 int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                          bool bf16);
 void loco_gpt_cuda_destroy(loco_gpt_cuda *g); /* accepts NULL */
+/* Attention kernel, want = train.attention ("auto" | "tensor" |
+ * "reference", loco_cuda_attention_select): reference until set; the
+ * tensor-core one where this model and device allow it, else the
+ * reference with a warning. LOCO_EINVAL for another word. */
+int loco_gpt_cuda_set_attention(loco_gpt_cuda *g, const char *want);
 /* Bytes of device memory it holds (slab and cuBLASLt workspace). */
 size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g);
 /* Copies host flat buffers (n_params floats each) to the device; a NULL
- * buffer leaves that state as it is. Refreshes the bf16 weight copy. */
+ * buffer leaves that state as it is. Refreshes the bf16 weight copy and
+ * the head's padded copy of wte (call it with NULLs after writing the
+ * device parameters directly). */
 int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, const float *v);
 /* Copies device state into host flat buffers; NULL ones are skipped. */
 int loco_gpt_cuda_download(loco_gpt_cuda *g, float *params, float *grads, float *m, float *v);
@@ -495,6 +513,24 @@ int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
                                    float *mean_loss);
 /* loco_clip_grad_norm on the device gradients (the same fixed-order sum). */
 int loco_gpt_cuda_clip(loco_gpt_cuda *g, double max_norm, double *norm);
+/* A training step's end with one wait: the clip (as loco_gpt_cuda_clip)
+ * and AdamW (as loco_gpt_cuda_adamw) queued on the device, AdamW skipped
+ * there when the norm is not finite (opt->t then not advanced); then
+ * *norm and *loss_sum (when not NULL): the sum of the mean losses of the
+ * forward_backward calls since loco_gpt_cuda_zero_grad. */
+int loco_gpt_cuda_clip_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr, double max_norm,
+                             double *norm, double *loss_sum);
+/* Waits, then *sum = the sum of the mean losses of the forward_backward
+ * calls since loco_gpt_cuda_zero_grad. */
+int loco_gpt_cuda_loss_sum(loco_gpt_cuda *g, double *sum);
+/* train.cuda_graph: on, forward_backward runs as one CUDA graph per
+ * shape (captured after a first plain call; the capture failing turns it
+ * off with a warning); off (the default), plain launches. */
+void loco_gpt_cuda_set_graph(loco_gpt_cuda *g, bool on);
+/* For tests: the head's padded vocabulary *vp and the count of nonzero
+ * values that must be zero: the head's weight rows >= V, and its side
+ * gradient buffer (every row, between passes). Waits. */
+int loco_gpt_cuda_padding(loco_gpt_cuda *g, int *vp, size_t *nonzero);
 /* One AdamW update of every tensor with opt's hyper-parameters as update
  * number opt->t + 1 (opt->t is advanced; opt's host moments are not
  * touched: they live on the device), then the bf16 weight copy. */
@@ -503,6 +539,22 @@ int loco_gpt_cuda_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr);
  * secs[kind] (LOCO_PROF_N doubles, caller-owned; slower, says where the
  * time goes). off: secs is ignored and calls only enqueue. */
 void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs);
+/* Data parallel over the device state (the trainer, dp > 1). The device
+ * pointers of the fp32 flat buffers (n_params floats each, the layout of
+ * loco_gpt_build_table) for collectives and ranged copies; work on them
+ * goes on loco_cuda_compute_stream (NULL outputs are skipped). */
+void loco_gpt_cuda_state(loco_gpt_cuda *g, float **params, float **grads, float **m, float **v,
+                         size_t *n_params);
+/* Sum of squares of the gradients of flat range [lo, hi), the fixed order
+ * of loco_cuda_sumsq (waits). */
+int loco_gpt_cuda_grad_sumsq(loco_gpt_cuda *g, size_t lo, size_t hi, double *sumsq);
+/* Gradients of [lo, hi) times s (enqueued). */
+int loco_gpt_cuda_scale_grads(loco_gpt_cuda *g, size_t lo, size_t hi, float s);
+/* loco_gpt_cuda_adamw on the flat range [lo, hi) only (every tensor piece
+ * in it with its own decay; opt->t is advanced). The bf16 weight copy is
+ * NOT refreshed: loco_gpt_cuda_upload(g, NULL, NULL, NULL) does, once the
+ * parameters are whole again. */
+int loco_gpt_cuda_adamw_range(loco_gpt_cuda *g, loco_adamw *opt, float lr, size_t lo, size_t hi);
 #endif /* LOCO_HAVE_CUDA */
 
 /* ----------------------------------------------------------- checkpoints */
@@ -656,6 +708,27 @@ int loco_ckpt_upload(const char *dir, const char *url, const loco_config *cfg, i
  * step fetched. */
 int loco_ckpt_fetch(const char *url, const loco_config *cfg, const char *dir, int64_t *step);
 
+/* ------------------------------------------- Hugging Face GPT-2 weights */
+
+/* Fills the view's parameter range [p_lo, p_hi) (of tp rank v->tp_rank's
+ * slice when v->model.tp > 1, of v->stage's table when set; the optimizer
+ * fields are ignored) from a Hugging Face GPT-2 directory as
+ * GPT2LMHeadModel.save_pretrained writes it: DIR/config.json (n_layer,
+ * n_head, n_embd, vocab_size, n_positions, n_inner, layer_norm_epsilon,
+ * activation_function... checked against v->model, every mismatch named;
+ * n_positions may exceed model.seq_len: the first rows are used) and
+ * DIR/model.safetensors (F32, F16 or BF16, names with or without
+ * "transformer."; the h.N.attn.bias / masked_bias buffers are ignored;
+ * wte rows beyond config.json's vocab_size are padding, dropped;
+ * lm_head.weight absent or equal to wte, since loco ties the head). A
+ * missing, unknown, misshapen or wrongly typed tensor, a truncated file or
+ * an untied head is LOCO_EPROTO naming the file and tensor, a config
+ * mismatch LOCO_EINVAL; everything is checked before the view is written,
+ * so on error it is untouched. */
+int loco_hf_import_view(const char *dir, const loco_ckpt_view *v);
+/* The same into a whole model's parameters (tp = 1, no stage). */
+int loco_hf_import(const char *dir, loco_gpt *m);
+
 /* -------------------------------------------------------------- training */
 
 typedef struct {
@@ -713,6 +786,15 @@ struct loco_comm *loco_trainer_world(loco_trainer *t);
 int loco_trainer_rank(const loco_trainer *t);
 int loco_trainer_ranks(const loco_trainer *t);
 loco_gpt *loco_trainer_model(loco_trainer *t);
+/* Rank 0's live metrics registry (run.metrics_addr, served from
+ * begin_run on; NULL when off or on other ranks): an island adds its outer
+ * metrics to it. Valid while t lives. */
+loco_prom *loco_trainer_prom(loco_trainer *t);
+/* inner/train_metrics.c: starts serving the trainer's metrics when
+ * run.metrics_addr is set (*out NULL otherwise), and sets them after a
+ * step. */
+int loco__train_prom_start(loco_prom **out, const loco_config *c);
+void loco__train_prom_step(loco_prom *p, const loco_step_stats *s, int64_t tokens_per_step);
 
 /* Unigram (order-0) cross-entropy of a token stream in nats: the loss of a
  * model that knows only token frequencies; the baseline to beat. */

@@ -160,6 +160,10 @@ void loco_residual_bwd(float *da, float *db, const float *dout, size_t n);
  * Rows whose target is negative are ignored (loss 0, gradient 0). */
 void loco_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
                        const int32_t *targets, int N, int V, float dscale);
+/* The same over rows stride >= V apart (a vocabulary padded to stride):
+ * columns V .. stride-1 are not in the softmax; their dlogits are 0. */
+void loco_xent_fwd_bwd_strided(float *losses, float *dlogits, const float *logits,
+                               const int32_t *targets, int N, int V, int stride, float dscale);
 
 /* ---------------------------------------------- tensor parallelism (Megatron)
  * The pieces a tp rank computes on its slice; the model's collectives over
@@ -266,6 +270,24 @@ void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, siz
  * code. (none/bf16 values are not checked.) */
 bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block);
 
+/* The outer step's element loops (outer/outer.c; CUDA twins below). */
+/* out = a - b (the pseudo-gradient θ_global - θ_local). */
+void loco_sub(float *out, const float *a, const float *b, size_t n);
+/* Sum of ((double)now[i] - before[i]) * scale squared (one island's share
+ * of a chunk of the average, for the contribution check): parts of
+ * LOCO_SHARE_PART elements, each summed in order in double, then the parts
+ * in order, so the CUDA twin gives the same bits. *nonfinite: some now[i]
+ * or the sum is NaN or Inf (the sum is then meaningless). */
+#define LOCO_SHARE_PART 256
+double loco_share_sumsq(const float *now, const float *before, size_t n, double scale,
+                        bool *nonfinite);
+/* The outer optimizer, element by element: Nesterov (mom_out = mu mom +
+ * avg; theta_out = theta - lr (avg + mu mom_out)) or plain averaging
+ * (mom_out = mom; theta_out = theta - avg); theta_local = theta_out. */
+void loco_outer_update(float *theta_out, float *mom_out, float *theta_local, const float *theta,
+                       const float *mom, const float *avg, size_t n, float lr, float mu,
+                       bool nesterov);
+
 /* ------------------------------------------------------------ CUDA twins
  * kernels/cuda/ (.cu files): the same kernels on an NVIDIA GPU. They exist in a
  * build where the CUDA toolkit was found (the Makefile then defines
@@ -292,10 +314,36 @@ typedef uint16_t loco_bf16;
  * reason recorded ("no CUDA device: cudaGetDeviceCount says ..."). */
 int loco_cuda_device_count(int *n);
 /* The stream the device model (inner/gpt_cuda.c) and the callers of the
- * twins enqueue their work on: the legacy default stream (NULL). A stream
+ * twins enqueue their work on: created on first use for the process's
+ * current device (a blocking stream, so work still put on the legacy
+ * stream NULL stays ordered with it; NULL if creation failed). A stream
  * of its own (the nccl comm backend's, non-blocking) is not ordered
  * against it implicitly and orders itself with events on this one. */
 loco_stream loco_cuda_compute_stream(void);
+/* The stream host-to-device copies of inputs go on (created on first use,
+ * as the compute stream), ordered against compute with events. */
+loco_stream loco_cuda_copy_stream(void);
+/* Events (cudaEvent_t, timing disabled) for ordering streams. */
+typedef struct CUevent_st *loco_event;
+int loco_cuda_event_create(loco_event *e);
+void loco_cuda_event_destroy(loco_event e); /* accepts NULL */
+int loco_cuda_event_record(loco_event e, loco_stream s);
+/* Work enqueued on s after this waits for e's last recording. */
+int loco_cuda_stream_wait(loco_stream s, loco_event e);
+/* The host waits for e's last recording. */
+int loco_cuda_event_sync(loco_event e);
+/* CUDA graphs (cudaGraphExec_t): capture_begin puts s in capture mode
+ * (this thread's calls only); capture_end ends it and instantiates what was
+ * enqueued meanwhile (nothing ran) into *out, or fails with LOCO_ECUDA
+ * (the capture is then abandoned, *out NULL). */
+typedef struct CUgraphExec_st *loco_graph;
+int loco_cuda_capture_begin(loco_stream s);
+int loco_cuda_capture_end(loco_stream s, loco_graph *out);
+int loco_cuda_graph_launch(loco_graph g, loco_stream s);
+void loco_cuda_graph_destroy(loco_graph g); /* accepts NULL */
+/* Page-locked host memory (asynchronous copies), and its release. */
+int loco_cuda_host_alloc(void **p, size_t bytes);
+void loco_cuda_host_free(void *p); /* accepts NULL */
 /* Waits for s; LOCO_ECUDA naming the first failed kernel's error. */
 int loco_cuda_sync(loco_stream s);
 /* Asynchronous copy in any direction (cudaMemcpyDefault). */
@@ -403,6 +451,25 @@ int loco_cuda_attention_bwd_bf16(loco_bf16 *dqkv, float *scratch, const loco_bf1
                                  const loco_bf16 *out, const loco_bf16 *qkv, const float *lse,
                                  int B, int T, int C, int NH, loco_stream s);
 
+/* The same attention on the tensor cores (attention_tc.cu): FlashAttention-2
+ * with bf16 mma.sync (sm_80+), fp32 accumulation, P rounded to bf16 before
+ * PV; same tensors as the bf16 twin above (its lse and scratch are
+ * interchangeable with these). Head size 64 only: LOCO_ENOTSUP otherwise
+ * (the caller falls back to the reference above). Deterministic: dK, dV
+ * in one pass over the key blocks, dQ in a second one, no atomics. */
+int loco_cuda_attention_tc_fwd_bf16(loco_bf16 *out, float *lse, const loco_bf16 *qkv, int B,
+                                    int T, int C, int NH, loco_stream s);
+int loco_cuda_attention_tc_bwd_bf16(loco_bf16 *dqkv, float *scratch, const loco_bf16 *dout,
+                                    const loco_bf16 *out, const loco_bf16 *qkv, const float *lse,
+                                    int B, int T, int C, int NH, loco_stream s);
+typedef enum { LOCO_ATTN_REFERENCE = 0, LOCO_ATTN_TENSOR = 1 } loco_attn_impl;
+/* Which attention the device model runs, from want = "auto" | "tensor" |
+ * "reference" (train.attention): tensor where the model is bf16, the head
+ * size 64 and the device's compute capability at least 8.0; else the
+ * reference, with a loco_warn saying why (for auto and tensor alike).
+ * LOCO_EINVAL for another word. */
+int loco_cuda_attention_select(const char *want, int head_size, bool bf16, loco_attn_impl *out);
+
 /* Blockwise attention (ring attention), fp32, as the CPU twins above; head
  * size at most 128 (LOCO_EINVAL beyond). The backward runs one kernel for
  * dq (per query row) and one for dk, dv (per key row): no atomics. */
@@ -434,12 +501,14 @@ int loco_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n, lo
 int loco_cuda_residual_bwd_bf16(loco_bf16 *da, loco_bf16 *db, const loco_bf16 *dout, size_t n,
                                 loco_stream s);
 
-/* One block per row; the bf16 twin reads bf16 logits and writes bf16
- * dlogits (in place allowed), losses in fp32. */
+/* Twins of loco_xent_fwd_bwd_strided (rows stride >= V apart; LOCO_EINVAL
+ * otherwise). One block per row; the bf16 twin reads bf16 logits and
+ * writes bf16 dlogits (in place allowed), losses in fp32. */
 int loco_cuda_xent_fwd_bwd(float *losses, float *dlogits, const float *logits,
-                           const int32_t *targets, int N, int V, float dscale, loco_stream s);
+                           const int32_t *targets, int N, int V, int stride, float dscale,
+                           loco_stream s);
 int loco_cuda_xent_fwd_bwd_bf16(float *losses, loco_bf16 *dlogits, const loco_bf16 *logits,
-                                const int32_t *targets, int N, int V, float dscale,
+                                const int32_t *targets, int N, int V, int stride, float dscale,
                                 loco_stream s);
 
 /* Tensor-parallel pieces (fp32), as their CPU twins above; the backward
@@ -506,6 +575,22 @@ int loco_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t 
 #define LOCO_CUDA_SUMSQ_OUT 257
 int loco_cuda_sumsq(double *out, const float *x, size_t n, loco_stream s);
 int loco_cuda_scale(float *x, float sc, size_t n, loco_stream s);
+/* Step pieces that keep the host out of a training step: clip_scale
+ * multiplies x (n) by max_norm / norm when max_norm > 0 and the finite
+ * norm = sqrt(sumsq[0]) (a device double) exceeds it, as
+ * loco_clip_grad_norm;
+ * adamw_update_gated is loco_cuda_adamw_update skipped when the device
+ * double *gate is not finite; mean_acc writes the mean of x (n, one block,
+ * a double sum, fixed order) to the device float *mean and, when acc is
+ * not NULL, adds it to the device double *acc. */
+int loco_cuda_clip_scale(float *x, size_t n, const double *sumsq, double max_norm,
+                         loco_stream s);
+int loco_cuda_adamw_update_gated(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                                 float beta1, float beta2, float eps, float wd, int64_t t,
+                                 const double *gate, loco_stream s);
+int loco_cuda_mean_acc(float *mean, double *acc, const float *x, int n, loco_stream s);
+/* dst (n) += src (n), then src = 0. */
+int loco_cuda_add_clear(float *dst, float *src, size_t n, loco_stream s);
 
 /* CUDA twins (kernels/cuda/quant.cu, in a build with the CUDA toolkit):
  * device pointers, the CPU twin's arguments and a stream last; the same
@@ -520,6 +605,16 @@ int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *
                     const loco_quant_args *a, uint32_t *nonfinite, loco_stream s);
 int loco_cuda_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n,
                           int block, bool planes, float weight, loco_stream s);
+/* The outer step's loops (kernels/cuda/quant.cu): the CPU twins' bits.
+ * loco_cuda_share_sumsq writes the sum to out[0] (out: 1 +
+ * ceil(n / LOCO_SHARE_PART) device doubles, the parts after it) and sets
+ * the device word *nonfinite to 0 or 1. */
+int loco_cuda_sub(float *out, const float *a, const float *b, size_t n, loco_stream s);
+int loco_cuda_share_sumsq(double *out, const float *now, const float *before, size_t n,
+                          double scale, uint32_t *nonfinite, loco_stream s);
+int loco_cuda_outer_update(float *theta_out, float *mom_out, float *theta_local,
+                           const float *theta, const float *mom, const float *avg, size_t n,
+                           float lr, float mu, bool nesterov, loco_stream s);
 
 #endif /* LOCO_HAVE_CUDA || __CUDACC__ */
 

@@ -4,6 +4,8 @@
 # nginx: the tests of checkpoints at https:// URLs start their own server
 # on a free loopback port with their own nginx.conf (Debian's nginx has the
 # WebDAV module, PUT DELETE MKCOL, built in); a system nginx is not used.
+# chromium: tests/cli/test_report_train.c renders `loco report`'s page
+# headless (--dump-dom, --screenshot); without it that test skips.
 set -euo pipefail
 
 PKGS=(
@@ -11,8 +13,11 @@ PKGS=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   libssl-dev libzstd-dev libcurl4-openssl-dev
   libinih-dev libcjson-dev libxxhash-dev libcriterion-dev
+  libmicrohttpd-dev curl
+  libpcre2-dev
   bible-kjv
   nginx
+  chromium
 )
 
 missing=()
