@@ -542,7 +542,7 @@ void loco_outer_update(float *restrict theta_out, float *restrict mom_out,
                        float *restrict theta_local, const float *restrict theta,
                        const float *restrict mom, const float *restrict avg, size_t n, float lr,
                        float mu, bool nesterov) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) {
         const float g = avg[i];
         float t = theta[i];
