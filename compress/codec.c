@@ -510,9 +510,10 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
     return 0;
 }
 
-/* Decompresses (when needed), checks the payload, then accumulates. */
-static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, const void *src,
-                       const loco_chunk_info *info) {
+/* The chunk's quantized payload: in place, or zstd-decompressed into the
+ * worker's scratch (one exact frame of the header's size) and checked. */
+static int unpack_payload(loco_codec *c, int worker, const void *src,
+                          const loco_chunk_info *info, const uint8_t **raw) {
     const uint8_t *payload = (const uint8_t *)src + HDR;
     if (info->zstd) {
         worker_ws *w = &c->ws[worker];
@@ -537,6 +538,15 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
             return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                             info->chunk_index);
     }
+    *raw = payload;
+    return 0;
+}
+
+/* Decompresses (when needed), checks the payload, then accumulates. */
+static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, const void *src,
+                       const loco_chunk_info *info) {
+    const uint8_t *payload = NULL;
+    LOCO_CHECK(unpack_payload(c, worker, src, info, &payload));
     loco_dequant_acc(info->codec, dst + info->first, payload, info->count, info->block,
                      info->planes, weight);
     return 0;
@@ -676,30 +686,5 @@ int loco_codec_unframe_chunk(loco_codec *c, int worker, size_t dst_n, const void
     if (worker < 0 || worker >= c->n_workers)
         return LOCO_ERR(LOCO_EINVAL, "compress: worker %d outside [0, %d)", worker, c->n_workers);
     LOCO_CHECK(check_chunk(c, dst_n, src, len, info));
-    const uint8_t *payload = (const uint8_t *)src + HDR;
-    if (info->zstd) {
-        worker_ws *w = &c->ws[worker];
-        const unsigned long long fcs = ZSTD_getFrameContentSize(payload, info->enc_len);
-        if (fcs != info->raw_len)
-            return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd frame content size %lld, header %llu",
-                            info->chunk_index, (long long)fcs, (unsigned long long)info->raw_len);
-        const size_t fsz = ZSTD_findFrameCompressedSize(payload, info->enc_len);
-        if (ZSTD_isError(fsz) || fsz != info->enc_len)
-            return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd payload is not exactly one frame",
-                            info->chunk_index);
-        if (info->raw_len > c->raw_cap)
-            return LOCO_ERR(LOCO_EPROTO, "chunk %u: raw payload over the scratch buffer",
-                            info->chunk_index);
-        const size_t got =
-            ZSTD_decompressDCtx(w->dctx, w->raw, info->raw_len, payload, info->enc_len);
-        if (ZSTD_isError(got) || got != info->raw_len)
-            return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd: %s", info->chunk_index,
-                            ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
-        payload = w->raw;
-        if (!loco_quant_payload_ok(info->codec, payload, info->count, info->block))
-            return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
-                            info->chunk_index);
-    }
-    *raw = payload;
-    return 0;
+    return unpack_payload(c, worker, src, info, raw);
 }
