@@ -643,7 +643,7 @@ static void results(doc *d, const run_data *f, const run_data *b, const loco_rep
     check_lost_updates(f, b, v);
 }
 
-static int write_file(const char *dir, const char *name, const sbuf *text) {
+int report_write_file(const char *dir, const char *name, const sbuf *text) {
     char path[LOCO_PATH_MAX + 32], tmp[LOCO_PATH_MAX + 40];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -734,8 +734,8 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
         doc_ul(&d, false);
     }
     report_sb_puts(&d.html, "</body>\n</html>\n");
-    LOCO_CHECK_GOTO(write_file(out_dir, "report.md", &d.md), out);
-    LOCO_CHECK_GOTO(write_file(out_dir, "report.html", &d.html), out);
+    LOCO_CHECK_GOTO(report_write_file(out_dir, "report.md", &d.md), out);
+    LOCO_CHECK_GOTO(report_write_file(out_dir, "report.html", &d.html), out);
     printf("report: %s/report.md, %s/report.html\n", out_dir, out_dir);
     printf("verdict: %s%s%s\n", ok ? "PASS" : "FAIL", ok ? "" : ": ", report_sb_str(&v.why));
     if (verdict_ok)

@@ -100,6 +100,8 @@ void report_sb_html(sbuf *b, const char *s);
 void report_sb_md(sbuf *b, const char *s);
 const char *report_sb_str(const sbuf *b);
 void report_sb_fini(sbuf *b);
+/* Writes DIR/NAME through a synced temporary and a rename. */
+int report_write_file(const char *dir, const char *name, const sbuf *text);
 /* ... JSON fields of a timeline event or record (NAN / NULL when absent)
  * and NULL-safe string equality ... */
 const char *report_jstr(const cJSON *o, const char *key);

@@ -677,18 +677,6 @@ static void charts(sbuf *b, const trun *r, series_set *set) {
         note(b, "The outer.jsonl records carry no wall_s: no times to draw.");
 }
 
-static int write_html(const char *dir, const sbuf *text) {
-    char path[LOCO_PATH_MAX + 32], tmp[LOCO_PATH_MAX + 40];
-    snprintf(path, sizeof path, "%s/report.html", dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (text->oom)
-        return LOCO_ERR(LOCO_ENOMEM, "%s: out of memory building the report", path);
-    LOCO_CHECK(loco_file_write_sync(tmp, report_sb_str(text), text->n));
-    if (rename(tmp, path) != 0)
-        return LOCO_ERR(LOCO_EIO, "%s: cannot rename: %s", path, strerror(errno));
-    return 0;
-}
-
 int loco_report_train_write(const char *run_dir, const char *out_dir) {
     loco_rundir_kind kind;
     LOCO_CHECK(loco_report_kind(run_dir, &kind, NULL, 0));
@@ -727,7 +715,7 @@ int loco_report_train_write(const char *run_dir, const char *out_dir) {
         report_sb_puts(&html, "</ul>\n");
     }
     report_sb_puts(&html, "</body>\n</html>\n");
-    LOCO_CHECK_GOTO(write_html(out_dir, &html), out);
+    LOCO_CHECK_GOTO(report_write_file(out_dir, "report.html", &html), out);
     printf("report: %s/report.html\n", out_dir);
 out:
     loco_free(set);
