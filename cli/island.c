@@ -23,6 +23,11 @@ static const loco_ttable *table(void *t) { return loco_trainer_param_table(t); }
 static int sync_params(void *t) { return loco_trainer_sync_params(t); }
 static void set_step(void *t, int64_t step) { loco_trainer_set_step(t, step); }
 static int64_t steps_done(void *t) { return loco_trainer_steps_done(t); }
+static float *device_owned(void *t, size_t *lo, size_t *hi) {
+    return loco_trainer_device_params(t, lo, hi);
+}
+static int device_written(void *t) { return loco_trainer_device_written(t); }
+static uint64_t take_pcie_bytes(void *t) { return loco_trainer_take_pcie_bytes(t); }
 
 /* --resume: the newest checkpoint that verifies. With none, the island
  * starts afresh (*resume NULL) and joins as a new island would: its outer
@@ -49,7 +54,9 @@ static int run_island(const loco_config *c, const char *site, const char *resume
     LOCO_CHECK(loco_trainer_create_island(t, c, resume, id, K));
     const loco_inner_view view = {.ctx = *t, .owned = owned, .table = table,
                                   .sync = sync_params, .set_step = set_step,
-                                  .steps_done = steps_done};
+                                  .steps_done = steps_done, .device_owned = device_owned,
+                                  .device_written = device_written,
+                                  .take_pcie_bytes = take_pcie_bytes};
     LOCO_CHECK(loco_island_create(is, c, site, loco_trainer_world(*t), &view, resume != NULL));
     LOCO_CHECK(loco_trainer_begin_run(*t));
     LOCO_CHECK(loco_island_set_prom(*is, loco_trainer_prom(*t)));

@@ -775,6 +775,19 @@ const loco_ttable *loco_trainer_param_table(loco_trainer *t);
 /* After the owned parameters were rewritten: make every rank of the island
  * see them (collective over the island). */
 int loco_trainer_sync_params(loco_trainer *t);
+/* train.device = cuda: the device pointer of the owned range [*lo, *hi)
+ * of the fp32 flat parameters (the outer loop on the device works on it;
+ * valid between steps); NULL when the trainer trains on the host. */
+float *loco_trainer_device_params(loco_trainer *t, size_t *lo, size_t *hi);
+/* After the outer loop wrote the owned range on the device: the bf16 copy
+ * is refreshed and the host copy marked stale (downloaded when next read)
+ * instead of uploaded. One rank per island only (no collective).
+ * LOCO_EINVAL on the host. */
+int loco_trainer_device_written(loco_trainer *t);
+/* Bytes the trainer's host / device copies of the parameters and moments
+ * (train.device = cuda, around outer steps, checkpoints, evals) moved
+ * across PCIe since the last call; resets the count. 0 on the host. */
+uint64_t loco_trainer_take_pcie_bytes(loco_trainer *t);
 /* The pieces of loco_trainer_run, for loops that do more between steps
  * (the island's outer steps): begin_run opens metrics and logs the header;
  * after_step logs, evaluates and checkpoints as [run] says. */

@@ -52,6 +52,7 @@ struct loco_trainer {
     loco_comm_req **reqs;      /* (n_layer + 2) the step's gradient buckets */
 #endif
     bool host_stale;           /* the device holds newer parameters and moments */
+    uint64_t pcie;             /* bytes host_sync / device_load moved (take_pcie_bytes) */
     loco__pp *pp;              /* parallel.pp > 1: this rank's pipeline stage */
     int32_t *mb_inputs, *mb_targets; /* pp: the step's micro-batches (m, B, T) */
 };
@@ -154,6 +155,7 @@ static int host_sync(loco_trainer *t) {
         loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
         float *dm, *dv;
         loco_gpt_cuda_state(t->dev, NULL, NULL, &dm, &dv, &P);
+        t->pcie += ((hi - lo) + 2 * (ohi - olo)) * sizeof(float);
         if (olo == 0 && ohi == P) {
             LOCO_CHECK(loco_gpt_cuda_download(t->dev, params, NULL, opt->m, opt->v));
         } else { /* ZeRO-1/2 over dp: the host holds the owned moments */
@@ -185,6 +187,7 @@ static int device_load(loco_trainer *t, bool moments) {
             LOCO_CHECK(loco_cuda_copy(dm + olo, opt->m, bytes, STREAM));
             LOCO_CHECK(loco_cuda_copy(dv + olo, opt->v, bytes, STREAM));
         }
+        t->pcie += ((hi - lo) + (moments ? 2 * (ohi - olo) : 0)) * sizeof(float);
         LOCO_CHECK(loco_gpt_cuda_upload(t->dev, params, moments && whole ? opt->m : NULL,
                                         moments && whole ? opt->v : NULL));
     }
@@ -399,6 +402,36 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
  * under pp, loco_gpt_build_table otherwise, both with tp's slice shapes
  * and ep's experts; at stage 3 the owned shard is [lo, hi) of it too. */
 const loco_ttable *loco_trainer_param_table(loco_trainer *t) { return &t->model.tt; }
+
+float *loco_trainer_device_params(loco_trainer *t, size_t *lo, size_t *hi) {
+    loco_zero_range(t->zero, lo, hi);
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev) {
+        float *params;
+        size_t P;
+        loco_gpt_cuda_state(t->dev, &params, NULL, NULL, NULL, &P);
+        if (*hi <= P)
+            return params + *lo;
+    }
+#endif
+    return NULL;
+}
+
+int loco_trainer_device_written(loco_trainer *t) {
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev) {
+        t->host_stale = true; /* the next host_sync downloads */
+        return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the bf16 copy */
+    }
+#endif
+    return LOCO_ERR(LOCO_EINVAL, "trainer: not training on a device (train.device = cpu)");
+}
+
+uint64_t loco_trainer_take_pcie_bytes(loco_trainer *t) {
+    const uint64_t b = t->pcie;
+    t->pcie = 0;
+    return b;
+}
 
 int loco_trainer_sync_params(loco_trainer *t) {
     /* A lossy outer step may round a replicated tensor differently on each

@@ -79,6 +79,7 @@ void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
                      is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
     loco_metrics_int(is->metrics, "zstd", st->zstd);
     loco_metrics_num(is->metrics, "sender_encode_s", st->sender_encode_s);
+    loco_metrics_num(is->metrics, "pcie_bytes", is->sync.pcie);
     loco_metrics_end(is->metrics);
     loco_prom *p = is->prom;
     loco_prom_set(p, "loco_island_outer_step", NULL, (double)outer);
@@ -221,6 +222,28 @@ static int check_streaming(const loco_config *c) {
     return 0;
 }
 
+bool loco_island_outer_on_device(const loco_config *c, int ranks, char *why, size_t cap) {
+    const char *no = NULL;
+    if (strcmp(c->train.device, "cuda"))
+        no = "train.device = cpu";
+    else if (ranks != 1)
+        no = "more than one rank per island";
+    else if (c->outer.fragments != 1 || c->outer.overlap != 0 || c->outer.merge_alpha != 0)
+        no = "streaming (outer.fragments, outer.overlap or outer.merge_alpha set)";
+    else if (strcmp(c->outer.algorithm, "allgather"))
+        no = "outer.algorithm is not allgather";
+#ifndef LOCO_HAVE_CUDA
+    else
+        no = "a build without the CUDA toolkit";
+#endif
+    if (no)
+        snprintf(why, cap, "on the host: %s", no);
+    else
+        snprintf(why, cap, "on the device: train.device = cuda, one rank, one fragment, "
+                           "all-gather");
+    return no == NULL;
+}
+
 static int setup(island *is, const loco_config *cfg, const char *site, struct loco_comm *world,
                  const loco_inner_view *inner, bool resumed) {
     is->cfg = *cfg;
@@ -262,13 +285,34 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
         if (!is->packed)
             return LOCO_ERR(LOCO_ENOMEM, "fragment buffer of %zu elements", biggest);
     }
+    /* The outer state on the device (docs/DECISIONS.md "Outer loop on
+     * the device"): only when the trainer trains there. */
+    char why[160];
+    float *dev = NULL;
+    size_t dlo = 0, dhi = 0;
+    if (loco_island_outer_on_device(c, is->ranks, why, sizeof why)) {
+        if (is->in.device_owned && is->in.device_written) {
+            dev = is->in.device_owned(is->in.ctx, &dlo, &dhi);
+            if (!dev || dlo != lo || dhi != hi)
+                return LOCO_ERR(LOCO_EIO, "island: the device parameters [%zu, %zu) are not the "
+                                          "owned range [%zu, %zu)", dlo, dhi, lo, hi);
+        } else {
+            snprintf(why, sizeof why, "on the host: the trainer gives no device range");
+        }
+    }
+    if (!strcmp(c->train.device, "cuda") && is->rank == 0)
+        loco_info("island %s: outer state %s", site, why);
+    is->on_dev = dev != NULL;
     for (int f = 0; f < is->fr.F; f++) {
         const float *theta0 = own; /* F = 1: the range itself */
         if (is->fr.F > 1) {
             loco_fragments_gather(&is->fr, f, own, is->packed);
             theta0 = is->packed;
         }
-        LOCO_CHECK(loco_outer_create(&is->outer[f], &op, &cp, is->fr.n_f[f], theta0));
+        if (is->on_dev)
+            LOCO_CHECK(loco_outer_create_device(&is->outer[f], &op, &cp, is->fr.n_f[f], dev));
+        else
+            LOCO_CHECK(loco_outer_create(&is->outer[f], &op, &cp, is->fr.n_f[f], theta0));
     }
     is->set = (loco_outer_set){.o = is->outer, .n = is->fr.F};
     LOCO_CHECK(loco__island_hash(is, &is->committed_hash));
@@ -314,6 +358,12 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
         LOCO_CHECK(loco_mkdirs(c->run.dir));
         LOCO_CHECK(loco_metrics_open(&is->metrics, path, true));
     }
+    /* pcie_bytes counts the outer loop's copies from here on (not the
+     * trainer's first upload, nor the set-up's). */
+    if (is->in.take_pcie_bytes)
+        is->in.take_pcie_bytes(is->in.ctx);
+    for (int f = 0; f < is->fr.F; f++)
+        loco_outer_take_pcie_bytes(is->outer[f]);
     is->last_record_t = loco_now();
     return 0;
 }

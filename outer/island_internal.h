@@ -40,6 +40,7 @@ typedef struct {
     double sums[5];    /* island totals: raw, sent, received bytes; exchange seconds,
                           largest contribution-norm ratio (maxima) */
     char msg[256];     /* its error message (errors are thread-local) */
+    double pcie;       /* island total: bytes across PCIe since the last record */
 } loco_sync;
 
 struct loco_island {
@@ -59,6 +60,7 @@ struct loco_island {
     loco_fragments fr;
     loco_outer *outer[LOCO_MAX_FRAGMENTS];
     loco_outer_set set;
+    bool on_dev;                /* the outer state is on the device (loco_island_outer_on_device) */
     float *packed;              /* (largest fragment) θ_local of a fragment in flight */
     int64_t period;             /* inner steps between fragment syncs: H / fragments */
     int overlap;                /* τ */

@@ -270,8 +270,11 @@ static int prepare(island *is, bool overlap) {
             y->obs[no++] = is->links[k];
         }
     }
-    size_t lo, hi, at;
-    float *own = is->in.owned(is->in.ctx, &lo, &hi);
+    size_t lo, hi, at = 0;
+    /* On the device: θ_local is the trainer's device range, updated in
+     * place (one fragment, no overlap, alpha = 0); no host copy moves. */
+    float *own = is->on_dev ? is->in.device_owned(is->in.ctx, &lo, &hi)
+                            : is->in.owned(is->in.ctx, &lo, &hi);
     if (!own && y->rc == 0)
         y->rc = LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
     if (y->rc < 0) {
@@ -284,8 +287,9 @@ static int prepare(island *is, bool overlap) {
             if (poison != 1)
                 loco_outer_poison_next(is->outer[y->frag], poison);
         }
-        if (!overlap && is->alpha == 0 && loco_fragments_contiguous(&is->fr, y->frag, &at)) {
-            y->theta = own + at;
+        if (is->on_dev || (!overlap && is->alpha == 0 &&
+                           loco_fragments_contiguous(&is->fr, y->frag, &at))) {
+            y->theta = own + (is->on_dev ? 0 : at);
         } else {
             loco_fragments_gather(&is->fr, y->frag, own, is->packed);
             y->theta = is->packed;
@@ -358,6 +362,15 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
     sums[4] = y->st.delta_ratio;
     LOCO_CHECK(loco_comm_allreduce(is->world, sums, 3, LOCO_DT_F64, LOCO_OP_SUM));
     LOCO_CHECK(loco_comm_allreduce(is->world, sums + 3, 2, LOCO_DT_F64, LOCO_OP_MAX));
+    /* PCIe since the last record: the trainer's host_sync / device_load
+     * (the host path with train.device = cuda) and the device outer
+     * state's copies, the per-step θ_global hash and the peers'
+     * snapshot included (docs/DECISIONS.md "Outer loop on the device"). */
+    uint64_t pcie = is->in.take_pcie_bytes ? is->in.take_pcie_bytes(is->in.ctx) : 0;
+    for (int f = 0; f < is->fr.F; f++)
+        pcie += loco_outer_take_pcie_bytes(is->outer[f]);
+    y->pcie = (double)pcie;
+    LOCO_CHECK(loco_comm_allreduce(is->world, &y->pcie, 1, LOCO_DT_F64, LOCO_OP_SUM));
     return 0;
 }
 
@@ -385,6 +398,10 @@ static int finish_attempt(island *is, loco_verdict *v) {
     int rc = y->concluded ? 0 : conclude(is, &ok, &sus, &h);
     y->concluded = false; /* a redo concludes again */
     LOCO_CHECK(rc);
+    /* On the device the exchange may have written θ_local there (any
+     * outcome): the trainer's host copy is stale, its bf16 copy renewed. */
+    if (is->on_dev)
+        LOCO_CHECK(is->in.device_written(is->in.ctx));
     const double t0 = loco_now();
     if (is->rank == 0) {
         loco_island_progress pr = progress(is, ok ? y->outer : 0, ok ? h : 0);
@@ -428,6 +445,8 @@ static int finish_attempt(island *is, loco_verdict *v) {
         is->merge_step = y->inner + (y->overlapped ? is->overlap : 0);
         return 0;
     }
+    if (is->on_dev) /* θ_local was written on the device: marked above */
+        return 0;
     return is->in.sync(is->in.ctx);
 }
 

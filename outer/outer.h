@@ -327,7 +327,22 @@ typedef struct {
     int (*sync)(void *ctx);
     void (*set_step)(void *ctx, int64_t step);
     int64_t (*steps_done)(void *ctx);
+    /* Optional (NULL: the island runs the host path). The owned range on
+     * the device (NULL when training on the host); after the outer step
+     * wrote it there, in place of sync: the host copy goes stale. */
+    float *(*device_owned)(void *ctx, size_t *lo, size_t *hi);
+    int (*device_written)(void *ctx);
+    /* Bytes the trainer moved across PCIe since the last call (0 on the
+     * host), for outer.jsonl's pcie_bytes. */
+    uint64_t (*take_pcie_bytes)(void *ctx);
 } loco_inner_view;
+
+/* Whether the island's outer state lives on the device
+ * (loco_outer_create_device): only with train.device = cuda, one rank per
+ * island, one fragment without overlap or merge_alpha (θ_local updated in
+ * place), outer.algorithm = allgather, and a CUDA build; otherwise the
+ * host path. why (cap bytes) receives the reason either way. */
+bool loco_island_outer_on_device(const loco_config *c, int ranks, char *why, size_t cap);
 
 /* One island's side of a multi-site run, on one rank: joining through the
  * coordinator, DiLoCo's outer steps or Streaming DiLoCo's fragment syncs
