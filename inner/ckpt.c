@@ -92,9 +92,12 @@ static int copy_file(const char *src, const char *dir, const char *name) {
     void *data;
     size_t len;
     int rc = loco_file_read(src, &data, &len);
-    if (rc < 0)
-        return LOCO_ERR(rc, "data.tokenizer %s: cannot read it to copy into the checkpoint",
-                        src);
+    if (rc < 0) {
+        char why[256]; /* the read's reason, kept before the new message */
+        snprintf(why, sizeof why, "%s", loco_errmsg());
+        return LOCO_ERR(rc, "data.tokenizer %s: cannot read it to copy into the checkpoint: %s",
+                        src, why);
+    }
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     rc = loco_file_write_sync(path, data, len);

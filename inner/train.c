@@ -7,6 +7,7 @@
 #include "inner/parallel/parallel.h"
 #include "inner/train_pp.h"
 
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
@@ -342,6 +343,14 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     if (cfg->data.val[0])
         LOCO_CHECK_GOTO(loco_data_open(&t->val, cfg->data.val, t->B, t->T, 0, 1, mc.vocab_size),
                         out_fail);
+    /* Every checkpoint copies the tokenizer: a bad path fails now, not at
+     * the first checkpoint after hours of training. */
+    if (cfg->data.tokenizer[0] && access(cfg->data.tokenizer, R_OK) != 0) {
+        rc = LOCO_ERR(LOCO_EINVAL, "data.tokenizer = %s: cannot read it: %s (every checkpoint "
+                                   "holds a copy as tokenizer.json)",
+                      cfg->data.tokenizer, strerror(errno));
+        goto out_fail;
+    }
     loco_rng_seed(&t->rng, (uint64_t)cfg->train.seed);
     if (resume_dir) {
         loco_ckpt_state st;

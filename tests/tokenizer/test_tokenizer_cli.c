@@ -120,3 +120,17 @@ Test(tokenizer_cli, bad_tokenizer_file) {
     cr_expect_eq(rc, 2, "%s", out);
     cr_expect(strstr(out, "--vocab expects an integer in 258.."), "%s", out);
 }
+
+/* A tokenizer path that cannot be read stops the run before its first
+ * step, not at its first checkpoint (which would lose the training). */
+Test(tokenizer_cli, unreadable_tokenizer_fails_before_training) {
+    static char out[1 << 14];
+    int rc = test_run(out, sizeof out,
+                      LOCO " train configs/tiny.ini" SMALL " --set train.steps=2 --set run.dir=%s/run"
+                           " --set data.tokenizer=%s/absent.json",
+                      dir, dir);
+    cr_expect_neq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "data.tokenizer = ") && strstr(out, "absent.json: cannot read it"), "%s",
+              out);
+    cr_expect(!strstr(out, "step     1/"), "a step ran before the error:\n%s", out);
+}
