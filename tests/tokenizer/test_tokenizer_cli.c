@@ -101,9 +101,10 @@ Test(tokenizer_cli, train_prep_steps_sample_eval) {
     snprintf(cmd, sizeof cmd,
              LOCO " train configs/tiny-bpe.ini" SMALL
                   " --set data.train=%s/bpe_train_*.bin --set data.val=%s/bpe_val_*.bin"
+                  " --set data.tokenizer=%s/bpe_tokenizer.json"
                   " --set model.vocab_size=256 --set train.steps=1 --set run.dir=%s/run2",
-             dir, dir, dir);
-    rc = test_run(out, sizeof out, cmd, dir, dir, dir);
+             dir, dir, dir, dir);
+    rc = test_run(out, sizeof out, cmd, dir, dir, dir, dir);
     cr_expect_eq(rc, 1, "%s", out);
     cr_expect(strstr(out, "bpe_train_000000.bin") && strstr(out, ">= vocab_size 256"), "%s", out);
 }
