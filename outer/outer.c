@@ -1,98 +1,5 @@
 /* DiLoCo's outer step over one owned range. */
-#include "outer/outer.h"
-
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-#ifdef LOCO_HAVE_CUDA
-#include <pthread.h>
-
-/* Device mode (loco_outer_create_device): the state of the range on the
- * GPU. Every device call of the state runs under mu (the pipelined
- * exchange encodes on a sender thread while this one decodes), on the
- * compute stream, so it is ordered with the trainer's steps. */
-typedef struct outer_dev {
-    loco_cuda_slab *slab;
-    loco_stream s;
-    pthread_mutex_t mu;
-    float *theta, *mom, *theta_bak, *mom_bak, *avg, *ef; /* (n) ef: NULL without EF */
-    float *delta, *prev;  /* (chunk elements) one chunk's Δ; avg before a share */
-    float *sample;        /* (SAMPLE_N) zstd=auto's sample of Δ */
-    uint8_t *pay;         /* (raw_cap) one chunk's raw payload */
-    uint32_t *bad;        /* (2) non-finite flags */
-    double *ss;           /* (1 + parts of a chunk) the share's sum of squares */
-    size_t raw_cap;
-    uint8_t *hpay;        /* (workers × raw_cap) host copies of the payloads */
-    bool theta_cur, mom_cur, ef_cur; /* the host mirrors are current */
-} outer_dev;
-#endif
-
-struct loco_outer {
-    loco_outer_params p;
-    size_t n;
-    float *theta;   /* (n) θ_global */
-    float *mom;     /* (n) Nesterov momentum */
-    float *delta;   /* (n) this rank's pseudo-gradient */
-    float *avg;     /* (n) weighted sum of the decoded contributions */
-    loco_codec *codec;
-    unsigned char *enc;  /* encoded chunks, packed back to back */
-    size_t enc_cap;
-    loco_chunk_ref *refs;
-    size_t refs_cap;
-    int expect, added;   /* contributions announced / added whole */
-    loco_encode_plan plan;
-    int *chunk_next;     /* (refs_cap) next island expected per chunk */
-    size_t chunks_done;  /* chunks that received every contribution */
-    /* Reduce-scatter + all-gather: each reducer re-encodes its averaged
-     * chunks (codec2: no error feedback) and everyone decodes every chunk
-     * from its reducer's bytes into avg2, so all islands apply equal values. */
-    loco_codec *codec2;
-    float *avg2;          /* (n) */
-    unsigned char *enc2;  /* (enc_cap) */
-    loco_encode_plan plan2;
-    bool use_avg2;
-    unsigned char *final_have; /* (refs_cap) chunk decoded into avg2 */
-    unsigned char *applied;    /* (refs_cap) chunk's outer update done */
-    size_t final_done;
-    size_t *enc_len;           /* (refs_cap) bytes of each encoded chunk, for a redo */
-    /* Double buffers: the outer update reads θ_global and momentum and
-     * writes the next ones into theta_bak / mom_bak, and the pointers swap
-     * when every chunk is done. A step redone in a new quorum epoch then
-     * finds the state before the step intact (swapping back if the step had
-     * finished here), at no extra memory traffic. */
-    float *theta_bak, *mom_bak;
-    bool swapped; /* the update of the current step was completed here */
-    /* The pipelined path works chunk by chunk: Δ of a chunk is computed
-     * right before it is encoded, and a chunk of avg zeroed right before
-     * its first contribution, so no whole-shard pass delays the first
-     * bytes on the wire. */
-    const float *theta_local; /* of the current plan */
-    float *chunk_delta; /* (workers × chunk elements) Δ of the chunk being encoded */
-    int workers;
-    unsigned char *avg_zeroed, *avg2_zeroed; /* (refs_cap) */
-    float *sample;            /* (SAMPLE_N) Δ at spread positions, for zstd=auto */
-    /* Contribution check: each island's share of the chunk being reduced
-     * (its decoded values are the change it made to avg, before them kept
-     * in chunk_prev), as a sum of squares and whether all were finite. */
-    float *chunk_prev;               /* (chunk elements) */
-    double sumsq[LOCO_MAX_PEERS];
-    bool nonfinite[LOCO_MAX_PEERS];
-    int refused;                     /* island refused by the last check, -1 */
-    double worst_ratio;              /* largest norm / median of the others this step */
-    float poison, poison_next;       /* fault lab: Δ sent times this (1: none), this plan / next */
-    /* Device mode: theta, mom and the codec's EF are host mirrors of the
-     * device state, copied when read; pcie counts the bytes copied between
-     * host and device (both ways) since loco_outer_take_pcie_bytes. */
-    bool on_dev;
-    uint64_t pcie;
-#ifdef LOCO_HAVE_CUDA
-    outer_dev *d;
-#endif
-};
-
-#define SAMPLE_PIECES 8
-#define SAMPLE_PIECE 4096
-#define SAMPLE_N (SAMPLE_PIECES * SAMPLE_PIECE)
+#include "outer/outer_internal.h"
 
 int loco_outer_params_from_config(loco_outer_params *p, const loco_config *cfg) {
     p->H = cfg->outer.H;
@@ -214,275 +121,6 @@ uint64_t loco_outer_take_pcie_bytes(loco_outer *o) {
     return b;
 }
 
-#ifndef LOCO_HAVE_CUDA
-int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
-                             const loco_codec_params *cp, size_t n, const float *theta0_dev) {
-    *out = NULL;
-    return LOCO_ERR(LOCO_EINVAL, "outer: the device mode needs a build with the CUDA toolkit");
-}
-static int sync_theta(loco_outer *o) { return 0; }
-static int sync_mom(loco_outer *o) { return 0; }
-static int sync_ef(loco_outer *o) { return 0; }
-static int upload_state(loco_outer *o) { return 0; }
-static int upload_ef(loco_outer *o) { return 0; }
-#else
-#define DEV(call)                                                                                 \
-    do {                                                                                          \
-        rc = (call);                                                                              \
-        if (rc < 0)                                                                               \
-            goto out_unlock;                                                                      \
-    } while (0)
-
-/* A copy between host and device, counted when it crosses PCIe. */
-static int dev_copy(loco_outer *o, void *dst, const void *src, size_t bytes, bool pcie) {
-    if (pcie)
-        o->pcie += bytes;
-    return loco_cuda_copy(dst, src, bytes, o->d->s);
-}
-
-static bool ef_on(const loco_outer *o) {
-    const loco_codec_params *cp = loco_codec_get_params(o->codec);
-    return cp->error_feedback && cp->codec != LOCO_CODEC_NONE && o->n > 0;
-}
-
-int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
-                             const loco_codec_params *cp, size_t n, const float *theta0_dev) {
-    LOCO_CHECK(loco_outer_create(out, p, cp, n, NULL));
-    loco_outer *o = *out;
-    int rc = 0;
-    outer_dev *d = loco_alloc(sizeof *d);
-    if (!d) {
-        loco_outer_destroy(o);
-        *out = NULL;
-        return LOCO_ERR(LOCO_ENOMEM, "outer: device state");
-    }
-    pthread_mutex_init(&d->mu, NULL);
-    o->d = d;
-    o->on_dev = true;
-    d->s = loco_cuda_compute_stream();
-    const loco_codec_params *c = loco_codec_get_params(o->codec);
-    const size_t per = loco_compress_chunk_elems(c), nn = n ? n : 1;
-    const size_t parts = (per + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
-    d->raw_cap = loco_quant_payload_bytes(c->codec, per, c->block);
-    const size_t slab = 6 * nn * sizeof(float) + 2 * per * sizeof(float) +
-                        SAMPLE_N * sizeof(float) + d->raw_cap + 2 * sizeof(uint32_t) +
-                        (1 + parts) * sizeof(double) + 16 * 256;
-    d->hpay = loco_alloc((size_t)o->workers * d->raw_cap);
-    if (!d->hpay) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "outer: %d payload buffers of %zu bytes", o->workers,
-                      d->raw_cap);
-        goto out_fail;
-    }
-    LOCO_CHECK_GOTO(loco_cuda_slab_create(&d->slab, slab), out_fail);
-    float **f[] = {&d->theta, &d->mom, &d->theta_bak, &d->mom_bak, &d->avg, &d->ef};
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-        LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)f[i], nn * sizeof(float),
-                                             "outer state"),
-                        out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->delta, per * sizeof(float), "Δ"),
-                    out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->prev, per * sizeof(float), "avg"),
-                    out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->sample, SAMPLE_N * sizeof(float),
-                                         "sample"),
-                    out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->pay, d->raw_cap, "payload"),
-                    out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->bad, 2 * sizeof(uint32_t), "flags"),
-                    out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->ss, (1 + parts) * sizeof(double),
-                                         "norms"),
-                    out_fail);
-    if (!ef_on(o))
-        d->ef = NULL;
-    /* θ_global starts as θ_local, on the device; momentum and EF at 0, as
-     * their host mirrors. */
-    if (n)
-        LOCO_CHECK_GOTO(dev_copy(o, d->theta, theta0_dev, n * sizeof(float), false), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(d->mom, nn * sizeof(float), d->s), out_fail);
-    if (d->ef)
-        LOCO_CHECK_GOTO(loco_cuda_zero(d->ef, nn * sizeof(float), d->s), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_sync(d->s), out_fail);
-    d->theta_cur = n == 0;
-    d->mom_cur = d->ef_cur = true;
-    return 0;
-out_fail:
-    loco_outer_destroy(o);
-    *out = NULL;
-    return rc;
-}
-
-/* The host mirrors, brought up to date from the device when read (the rare
- * events: the hash of θ_global, checkpoints, state transfer). */
-static int sync_one(loco_outer *o, bool *cur, float *host, const float *dev) {
-    outer_dev *d = o->d;
-    if (!o->on_dev || *cur || !dev)
-        return 0;
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    DEV(dev_copy(o, host, dev, o->n * sizeof(float), true));
-    DEV(loco_cuda_sync(d->s));
-    *cur = true;
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}
-static int sync_theta(loco_outer *o) {
-    return o->on_dev ? sync_one(o, &o->d->theta_cur, o->theta, o->d->theta) : 0;
-}
-static int sync_mom(loco_outer *o) {
-    return o->on_dev ? sync_one(o, &o->d->mom_cur, o->mom, o->d->mom) : 0;
-}
-static int sync_ef(loco_outer *o) {
-    return o->on_dev ? sync_one(o, &o->d->ef_cur, loco_codec_ef(o->codec), o->d->ef) : 0;
-}
-
-/* Host θ_global and momentum (just written) to the device. */
-static int upload_state(loco_outer *o) {
-    outer_dev *d = o->d;
-    if (!o->on_dev || !o->n)
-        return 0;
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    DEV(dev_copy(o, d->theta, o->theta, o->n * sizeof(float), true));
-    DEV(dev_copy(o, d->mom, o->mom, o->n * sizeof(float), true));
-    DEV(loco_cuda_sync(d->s));
-    d->theta_cur = d->mom_cur = true;
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}
-
-/* The codec's host error feedback (just written) to the device. */
-static int upload_ef(loco_outer *o) {
-    outer_dev *d = o->d;
-    if (!o->on_dev || !d->ef)
-        return 0;
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    DEV(dev_copy(o, d->ef, loco_codec_ef(o->codec), o->n * sizeof(float), true));
-    DEV(loco_cuda_sync(d->s));
-    d->ef_cur = true;
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}
-
-/* zstd=auto's sample of Δ (as loco_outer_plan takes it on the host). */
-static int dev_sample(loco_outer *o, const float *tl, size_t m) {
-    outer_dev *d = o->d;
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    if (o->n > SAMPLE_N) {
-        for (size_t k = 0; k < SAMPLE_PIECES; k++) {
-            const size_t off = k * (o->n - SAMPLE_PIECE) / (SAMPLE_PIECES - 1);
-            DEV(loco_cuda_sub(d->sample + k * SAMPLE_PIECE, d->theta + off, tl + off,
-                              SAMPLE_PIECE, d->s));
-        }
-    } else {
-        DEV(loco_cuda_sub(d->sample, d->theta, tl, o->n, d->s));
-    }
-    DEV(dev_copy(o, o->sample, d->sample, m * sizeof(float), true));
-    DEV(loco_cuda_sync(d->s));
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}
-
-/* Chunk `chunk`: Δ, quantized with error feedback on the device (then the
- * poisoned Δ without, for the fault lab); the payload comes to the host
- * and is framed there (zstd, header). */
-static int dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t *len) {
-    outer_dev *d = o->d;
-    const loco_codec_params *cp = loco_codec_get_params(o->codec);
-    loco_quant_args qa, qa2;
-    size_t first, count, raw_len;
-    LOCO_CHECK(loco_codec_chunk_quant(o->codec, &o->plan, chunk, &qa, &first, &count, &raw_len));
-    LOCO_CHECK(loco_codec_chunk_quant(o->codec2, &o->plan, chunk, &qa2, &first, &count, &raw_len));
-    uint8_t *host = d->hpay + (size_t)worker * d->raw_cap;
-    uint32_t bad[2] = {0, 0};
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    DEV(loco_cuda_sub(d->delta, d->theta + first, o->theta_local + first, count, d->s));
-    DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, d->ef ? d->ef + first : NULL, count, &qa,
-                        d->bad, d->s));
-    if (o->poison != 1.0f) {
-        DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
-        DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, NULL, count, &qa2, d->bad + 1, d->s));
-    }
-    DEV(dev_copy(o, host, d->pay, raw_len, true));
-    DEV(dev_copy(o, bad, d->bad, sizeof bad, true));
-    DEV(loco_cuda_sync(d->s));
-    d->ef_cur = d->ef == NULL;
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    LOCO_CHECK(rc);
-    if (bad[0] || bad[1])
-        return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
-                        first + count);
-    unsigned char *slot = o->enc + chunk * o->plan.slot_bytes;
-    return loco_codec_frame_chunk(o->codec, worker, &o->plan, slot, o->plan.slot_bytes, len, host,
-                                  chunk);
-}
-
-/* One island's chunk: checked and unpacked on the host (the same checks as
- * the host path), its payload to the device, dequantize-accumulated into
- * avg there, and its share measured. */
-static int dev_add_chunk(loco_outer *o, int worker, int island, size_t c, const void *bytes,
-                         size_t len) {
-    outer_dev *d = o->d;
-    loco_chunk_info info;
-    const uint8_t *raw = NULL;
-    int rc = loco_codec_unframe_chunk(o->codec, worker, o->n, bytes, len, &info, &raw);
-    if (rc == LOCO_EREFUSED)
-        o->refused = island;
-    LOCO_CHECK(rc);
-    const size_t lo = (size_t)info.first, cnt = (size_t)info.count;
-    double ss = 0;
-    uint32_t bad = 0;
-    pthread_mutex_lock(&d->mu);
-    if (!o->avg_zeroed[c]) {
-        DEV(loco_cuda_zero(d->avg + lo, cnt * sizeof(float), d->s));
-        o->avg_zeroed[c] = 1;
-    }
-    DEV(dev_copy(o, d->prev, d->avg + lo, cnt * sizeof(float), false));
-    DEV(dev_copy(o, d->pay, raw, (size_t)info.raw_len, true));
-    DEV(loco_cuda_dequant_acc(info.codec, d->avg + lo, d->pay, cnt, info.block, info.planes,
-                              1.0f / (float)o->expect, d->s));
-    DEV(loco_cuda_share_sumsq(d->ss, d->avg + lo, d->prev, cnt, (double)o->expect, d->bad, d->s));
-    DEV(dev_copy(o, &ss, d->ss, sizeof ss, true));
-    DEV(dev_copy(o, &bad, d->bad, sizeof bad, true));
-    DEV(loco_cuda_sync(d->s));
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    LOCO_CHECK(rc);
-    o->sumsq[island] = ss;
-    o->nonfinite[island] = bad != 0;
-    return 0;
-}
-
-static int dev_apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
-    outer_dev *d = o->d;
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    DEV(loco_cuda_outer_update(d->theta_bak + lo, d->mom_bak + lo, theta_local + lo,
-                               d->theta + lo, d->mom + lo, d->avg + lo, hi - lo, o->p.lr,
-                               o->p.momentum, o->p.nesterov, d->s));
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}
-
-static int dev_finish(loco_outer *o) {
-    outer_dev *d = o->d;
-    int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    DEV(loco_cuda_sync(d->s));
-out_unlock:
-    pthread_mutex_unlock(&d->mu);
-    return rc;
-}
-#endif /* LOCO_HAVE_CUDA */
 
 static int host_only(const loco_outer *o, const char *what) {
     if (!o->on_dev)
@@ -535,7 +173,7 @@ int loco_outer_plan(loco_outer *o, const float *theta_local, int64_t step, size_
         sample = o->sample;
 #ifdef LOCO_HAVE_CUDA
         if (loco_codec_get_params(o->codec)->zstd == LOCO_ZSTD_AUTO && o->n)
-            LOCO_CHECK(dev_sample(o, theta_local, m));
+            LOCO_CHECK(loco__outer_dev_sample(o, theta_local, m));
 #endif
     } else if (o->n > SAMPLE_N) {
         for (size_t k = 0; k < SAMPLE_PIECES; k++) {
@@ -571,7 +209,7 @@ int loco_outer_encode_chunk(loco_outer *o, int worker, size_t chunk, const void 
      * cache, instead of a whole-shard array written and read back. */
 #ifdef LOCO_HAVE_CUDA
     if (o->on_dev) {
-        LOCO_CHECK(dev_encode_chunk(o, worker, chunk, len));
+        LOCO_CHECK(loco__outer_dev_encode_chunk(o, worker, chunk, len));
         o->enc_len[chunk] = *len;
         *bytes = o->enc + chunk * o->plan.slot_bytes;
         return 0;
@@ -652,7 +290,7 @@ void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom) {
     memcpy(o->theta, theta, o->n * sizeof(float));
     memcpy(o->mom, mom, o->n * sizeof(float));
     o->swapped = false; /* nothing of an earlier step to go back to */
-    if (upload_state(o) < 0)
+    if (loco__outer_upload_state(o) < 0)
         loco_error("outer: θ_global and momentum not copied to the device: %s", loco_errmsg());
 }
 
@@ -817,7 +455,7 @@ int loco_outer_add_chunk(loco_outer *o, int worker, int island, const void *byte
         return LOCO_ERR(LOCO_EINVAL, "outer: island %d", island);
 #ifdef LOCO_HAVE_CUDA
     if (o->on_dev) {
-        LOCO_CHECK(dev_add_chunk(o, worker, island, c, bytes, len));
+        LOCO_CHECK(loco__outer_dev_add_chunk(o, worker, island, c, bytes, len));
         if (++o->chunk_next[c] < o->expect)
             return 0;
         o->chunks_done++;
@@ -877,7 +515,7 @@ int loco_outer_add(loco_outer *o, const void *bytes, size_t len) {
 static int apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
 #ifdef LOCO_HAVE_CUDA
     if (o->on_dev)
-        return dev_apply_range(o, lo, hi, theta_local);
+        return loco__outer_dev_apply_range(o, lo, hi, theta_local);
 #endif
     const float *avg = o->use_avg2 ? o->avg2 : o->avg;
     loco_outer_update(o->theta_bak + lo, o->mom_bak + lo, theta_local + lo, o->theta + lo,
@@ -918,7 +556,7 @@ int loco_outer_apply(loco_outer *o, float *theta_local) {
     }
 #ifdef LOCO_HAVE_CUDA
     if (o->on_dev)
-        LOCO_CHECK(dev_finish(o));
+        LOCO_CHECK(loco__outer_dev_finish(o));
 #endif
     o->expect = o->added = 0;
     swap_state(o); /* the new θ_global and momentum are current */
@@ -931,7 +569,7 @@ size_t loco_outer_size(const loco_outer *o) { return o->n; }
  * refresh them. A failed copy is logged (the hash then disagrees). */
 static void mirror(const loco_outer *co, bool theta, bool mom) {
     loco_outer *o = (loco_outer *)co;
-    if ((theta && sync_theta(o) < 0) || (mom && sync_mom(o) < 0))
+    if ((theta && loco__outer_sync_theta(o) < 0) || (mom && loco__outer_sync_mom(o) < 0))
         loco_error("outer: device state not copied to the host: %s", loco_errmsg());
 }
 const float *loco_outer_theta(const loco_outer *o) {
@@ -996,7 +634,7 @@ int loco_outer_save_file(const loco_outer_set *s, const char *path, const loco_o
     loco_outer_set_read(s, buf, buf + n);
     float *ef = buf + 2 * n;
     for (int f = 0; f < s->n; f++) {
-        if (sync_ef(s->o[f]) < 0) {
+        if (loco__outer_sync_ef(s->o[f]) < 0) {
             loco_free(buf);
             return LOCO_ERR(LOCO_ECUDA, "outer checkpoint: error feedback from the device: %s",
                             loco_errmsg());
@@ -1083,7 +721,7 @@ int loco_outer_load_file(const loco_outer_set *s, const char *path, loco_outer_m
             if (e)
                 memcpy(e, ef, s->o[f]->n * sizeof(float));
             if (rc == 0)
-                rc = upload_ef(s->o[f]);
+                rc = loco__outer_upload_ef(s->o[f]);
             ef += s->o[f]->n;
         }
         m->committed = strtoll(cs, NULL, 10);
