@@ -1,7 +1,8 @@
-/* The coordinator's state, shared by faulttol/coord.c (quorum epochs, the
- * go and the commit of every outer step, failure detection, the serve
- * loop) and faulttol/coord_register.c (pending connections, REGISTER, the
- * first quorum). Not a public header. */
+/* The coordinator's state, shared by faulttol/coord.c (quorum epochs,
+ * failure detection, the serve loop), faulttol/coord_step.c (the go and
+ * the commit of every outer step), faulttol/coord_register.c (pending
+ * connections, REGISTER, the first quorum) and faulttol/coord_metrics.c.
+ * Not a public header. */
 #ifndef LOCO_FAULTTOL_COORD_INTERNAL_H
 #define LOCO_FAULTTOL_COORD_INTERNAL_H
 
@@ -88,22 +89,45 @@ static inline void loco__coord_retire_link(island *is) {
 void loco__coord_event(loco_coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Bit mask of the members of the quorum now. */
 uint64_t loco__coord_members(const loco_coord *c);
+/* The names of the sites of `mask`, quoted and comma-separated, into out. */
+void loco__coord_mask_sites(const loco_coord *c, uint64_t mask, char *out, size_t cap);
 /* A control frame; a failed send is noticed when the link is next read. */
 int loco__coord_send_json(loco_link *l, int type, uint64_t epoch, const char *json);
 /* The QUORUM payload (caller frees with free()); NULL when out of memory. */
 char *loco__coord_quorum_json(loco_coord *c, int64_t outer_step, bool join, uint64_t mem,
                               uint64_t obs);
+/* Sends a QUORUM (of members mem and observers obs, for outer_step; 0 =
+ * an announcement) to every island of mask `to`; a failed send is noticed
+ * when the link is next read. */
+int loco__coord_announce(loco_coord *c, uint64_t to, int64_t outer_step, uint64_t mem,
+                         uint64_t obs);
 /* Tells island i it is outside the quorum: fetch the committed state from
  * a member, then say ready. */
 int loco__coord_send_join(loco_coord *c, int i);
 /* A membership change: a new epoch, announced to everyone in the run. */
 int loco__coord_new_epoch(loco_coord *c, const char *why);
+/* Every member is gone: every link is dropped and the run starts over as
+ * after a coordinator restart (the islands register again). */
+void loco__coord_restart_run(loco_coord *c);
 /* Island i is gone (its link is dropped); < 0 only when the run must stop. */
 int loco__coord_island_lost(loco_coord *c, int i, const char *reason);
 /* Island i leaves the quorum but keeps its link: it is told to fetch the
  * committed state and rejoin (a new epoch when it was a member); < 0 only
  * when the run must stop. */
 int loco__coord_island_out(loco_coord *c, int i, const char *reason);
+
+/* coord_step.c */
+/* Every member ready for outer step committed + 1: the GO (stragglers left
+ * out under faulttol.straggler_policy = drop); < 0 when the run must stop. */
+int loco__coord_try_go(loco_coord *c);
+/* The COMMIT once every island of the go reported DONE with a majority
+ * hash: 1 when committed, 0 when still waiting, < 0 when the run must stop
+ * (no hash has a strict majority). */
+int loco__coord_try_commit(loco_coord *c);
+/* An OUTER frame (READY, DONE or FAILED) of island i, sent in epoch
+ * sent_epoch; < 0 only when the run must stop. */
+int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const char *json,
+                             size_t len);
 
 /* coord_metrics.c */
 /* Starts serving live metrics when faulttol.metrics_addr is set (the

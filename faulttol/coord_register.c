@@ -223,22 +223,35 @@ refuse:
     return 0;
 }
 
+/* Whether island i's registration may say where the run resumes: its
+ * committed step does not go beyond what this coordinator committed (top),
+ * nor is that step with another hash. */
+static bool may_tell(const loco_coord *c, int i, int64_t top) {
+    const loco_island_progress *r = &c->isl[i].reg;
+    return c->isl[i].link && r->committed <= top &&
+           !(c->known && r->committed == top && r->hash != c->committed_hash);
+}
+
 /* Where a run resumes after a restart (this coordinator's or, when every
  * member was gone, its own start over): the newest committed state that
  * two of those who can tell vouch for, so that no island's word alone
  * moves the others forward; without one, the oldest state an island
  * claims that does not go beyond what this coordinator committed (a lone
- * island's own, when it is the only one). Nothing at all: what this
+ * island's own, when it is the only one). An island alone at step 0 holds
+ * no state (a fresh process, or one resumed from a checkpoint whose outer
+ * state was lost: its weights are not step 0's) and does not take the
+ * others back to the start (docs/DECISIONS.md). Nothing at all: what this
  * coordinator committed. */
 static void resume_point(const loco_coord *c, int64_t *step, uint64_t *hash) {
     const int64_t top = c->known ? c->committed : INT64_MAX;
-    bool confirmed = false, any = false;
+    bool confirmed = false, any = false, held = false;
     *step = c->known ? c->committed : 0;
     *hash = c->known ? c->committed_hash : 0;
+    for (int i = 0; i < c->n; i++)
+        held |= may_tell(c, i, top) && c->isl[i].reg.committed > 0;
     for (int i = 0; i < c->n; i++) {
         const loco_island_progress *r = &c->isl[i].reg;
-        if (!c->isl[i].link || r->committed > top ||
-            (c->known && r->committed == top && r->hash != c->committed_hash))
+        if (!may_tell(c, i, top))
             continue;
         if (vouchers(c, r->committed, r->hash) >= 2) {
             if (!confirmed || r->committed > *step) {
@@ -246,7 +259,8 @@ static void resume_point(const loco_coord *c, int64_t *step, uint64_t *hash) {
                 *hash = r->hash;
             }
             confirmed = true;
-        } else if (!confirmed && (!any || r->committed < *step)) {
+        } else if (!confirmed && (r->committed > 0 || !held) &&
+                   (!any || r->committed < *step)) {
             *step = r->committed;
             *hash = r->hash;
             any = true;

@@ -139,13 +139,16 @@ static void all_agree(const scenario *s, int outer_steps) {
 }
 
 /* Runs `prep` (shell, in s->dir) on a finished run, then resumes it with
- * `loco launch --resume` and the run's arguments. */
+ * `loco launch --resume` and the run's arguments. The restarted
+ * coordinator waits faulttol.timeout_ms after the first registration for
+ * the others, and they as long for its first quorum: 15 s, for a loaded
+ * machine that starts one island's process seconds after the others. */
 static void resume_after(scenario *s, const char *prep, const char *args) {
     s->rc = test_run(s->out, sizeof s->out, "cd %s && %s", s->dir, prep);
     cr_assert_eq(s->rc, 0, "%s", s->out);
     s->rc = test_run(s->out, sizeof s->out,
                      LOCO " launch configs/faults-kill.ini --no-baseline --resume --set run.dir=%s"
-                          SMALL " %s",
+                          SMALL " --set faulttol.timeout_ms=15000 %s",
                      s->dir, args);
     cr_assert_eq(s->rc, 0, "%s", s->out);
 }
@@ -388,17 +391,34 @@ Test(faults, whole_run_resumes_from_checkpoints_bit_identical) {
 }
 
 /* A torn outer state (truncated file) is never used: the island says so
- * and fetches θ_global from the others instead. */
+ * and fetches θ_global from the others instead. The run resumes at the
+ * step the others hold (3): siteB, holding none, does not take it back to
+ * the start, even when siteC registers late (tests/faulttol/
+ * test_coord_resume.c). */
 Test(faults, torn_outer_state_is_refused_and_fetched_instead) {
     scenario *a = calloc(1, sizeof *a);
     const char *args = "--set faults.kill= --set train.steps=60 --set run.ckpt_every=30";
     run(a, "kill", args);
     cr_assert_eq(a->rc, 0, "%s", a->out);
+    /* What the resume starts from (step 60's are removed below): every
+     * island's checkpoint of step 30 with its outer state beside it. */
+    int rc = test_run(a->out, sizeof a->out,
+                      "cd %s && ls -d site?/ckpt_* site?/outer_* | grep -v _00000060 | "
+                      "LC_ALL=C sort | tr '\\n' ' '",
+                      a->dir);
+    cr_assert_eq(rc, 0, "%s", a->out);
+    cr_assert_str_eq(a->out,
+                     "siteA/ckpt_00000030 siteA/outer_00000030 siteB/ckpt_00000030 "
+                     "siteB/outer_00000030 siteC/ckpt_00000030 siteC/outer_00000030 ",
+                     "the first run's checkpoints");
     resume_after(a,
                  "rm -rf */ckpt_00000060 */outer_00000060 && "
                  "truncate -s 100 siteB/outer_00000030/rank_00000.safetensors",
                  args);
     cr_expect(strstr(a->out, "no usable outer state for step 30") != NULL, "%s", a->out);
+    cr_expect(strstr(a->out, "resuming the run at committed outer step 3") != NULL &&
+                  strstr(a->out, "not believed") == NULL,
+              "the run resumed at the islands' step 3: %s", a->out);
     cr_expect(strstr(a->out, "hash checked") != NULL, "siteB fetched the state: %s", a->out);
     all_agree(a, 6);
     done(a);
