@@ -313,6 +313,22 @@ typedef uint16_t loco_bf16;
 /* Number of usable devices; on failure LOCO_ECUDA with cudaGetDeviceCount's
  * reason recorded ("no CUDA device: cudaGetDeviceCount says ..."). */
 int loco_cuda_device_count(int *n);
+/* Which GPU this process uses, chosen and made current for the calling
+ * thread: its local rank modulo the device count, the local rank read from
+ * the first launcher variable set of OMPI_COMM_WORLD_LOCAL_RANK,
+ * MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK, else fallback_rank (the
+ * world rank: right for a job on one host; 0 for one process). *device
+ * receives it (logged at debug level). LOCO_EINVAL when the variable is not
+ * an integer >= 0 (naming it), LOCO_ECUDA when there is no device or it
+ * cannot be made current. Call it before anything else touches the GPU:
+ * the streams and allocations made afterwards belong to this device. */
+int loco_cuda_select_local_device(int fallback_rank, int *device);
+/* The calling thread's current device (cudaGetDevice / cudaSetDevice).
+ * CUDA's current device is per thread and a new thread starts on device
+ * 0: a thread that enqueues work for state made on another thread sets
+ * that state's device first (cheap when it is already current). */
+int loco_cuda_get_device(int *device);
+int loco_cuda_set_device(int device);
 /* The stream the device model (inner/gpt_cuda.c) and the callers of the
  * twins enqueue their work on: created on first use for the process's
  * current device (a blocking stream, so work still put on the legacy
@@ -356,7 +372,9 @@ int loco_cuda_zero(void *dst, size_t bytes, loco_stream s);
 typedef struct loco_cuda_slab loco_cuda_slab;
 /* LOCO_ENOMEM (with the CUDA reason) when the device cannot hold bytes. */
 int loco_cuda_slab_create(loco_cuda_slab **out, size_t bytes);
-void loco_cuda_slab_destroy(loco_cuda_slab *s); /* accepts NULL */
+/* Accepts NULL; frees on the device the slab was made on, from any thread,
+ * leaving the caller's current device as it was. */
+void loco_cuda_slab_destroy(loco_cuda_slab *s);
 /* Next bytes of the slab, for `name` (named in the error when full):
  * LOCO_ENOMEM when the rest is too small. The memory is not cleared. */
 int loco_cuda_slab_alloc(loco_cuda_slab *s, void **out, size_t bytes, const char *name);

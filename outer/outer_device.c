@@ -21,6 +21,14 @@ int loco__outer_upload_ef(loco_outer *o) { return 0; }
         if (rc < 0)                                                                               \
             goto out_unlock;                                                                      \
     } while (0)
+/* Every entry point that touches the device state, on any thread: under the
+ * lock, on the device the state lives on (a no-op where it is current
+ * already); a failure leaves through out_unlock. */
+#define DEV_ENTER(d)                                                                              \
+    do {                                                                                          \
+        pthread_mutex_lock(&(d)->mu);                                                             \
+        DEV(loco_cuda_set_device((d)->device));                                                   \
+    } while (0)
 
 /* A copy between host and device, counted when it crosses PCIe. */
 static int dev_copy(loco_outer *o, void *dst, const void *src, size_t bytes, bool pcie) {
@@ -48,6 +56,7 @@ int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
     pthread_mutex_init(&d->mu, NULL);
     o->d = d;
     o->on_dev = true;
+    LOCO_CHECK_GOTO(loco_cuda_get_device(&d->device), out_fail);
     d->s = loco_cuda_compute_stream();
     const loco_codec_params *c = loco_codec_get_params(o->codec);
     const size_t per = loco_compress_chunk_elems(c), nn = n ? n : 1;
@@ -108,7 +117,7 @@ static int sync_one(loco_outer *o, bool *cur, float *host, const float *dev) {
     if (!o->on_dev || *cur || !dev)
         return 0;
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     DEV(dev_copy(o, host, dev, o->n * sizeof(float), true));
     DEV(loco_cuda_sync(d->s));
     *cur = true;
@@ -132,7 +141,7 @@ int loco__outer_upload_state(loco_outer *o) {
     if (!o->on_dev || !o->n)
         return 0;
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     DEV(dev_copy(o, d->theta, o->theta, o->n * sizeof(float), true));
     DEV(dev_copy(o, d->mom, o->mom, o->n * sizeof(float), true));
     DEV(loco_cuda_sync(d->s));
@@ -148,7 +157,7 @@ int loco__outer_upload_ef(loco_outer *o) {
     if (!o->on_dev || !d->ef)
         return 0;
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     DEV(dev_copy(o, d->ef, loco_codec_ef(o->codec), o->n * sizeof(float), true));
     DEV(loco_cuda_sync(d->s));
     d->ef_cur = true;
@@ -161,7 +170,7 @@ out_unlock:
 int loco__outer_dev_sample(loco_outer *o, const float *tl, size_t m) {
     outer_dev *d = o->d;
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     if (o->n > SAMPLE_N) {
         for (size_t k = 0; k < SAMPLE_PIECES; k++) {
             const size_t off = k * (o->n - SAMPLE_PIECE) / (SAMPLE_PIECES - 1);
@@ -191,7 +200,7 @@ int loco__outer_dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t
     uint8_t *host = d->hpay + (size_t)worker * d->raw_cap;
     uint32_t bad[2] = {0, 0};
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     DEV(loco_cuda_sub(d->delta, d->theta + first, o->theta_local + first, count, d->s));
     DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, d->ef ? d->ef + first : NULL, count, &qa,
                         d->bad, d->s));
@@ -229,7 +238,7 @@ int loco__outer_dev_add_chunk(loco_outer *o, int worker, int island, size_t c, c
     const size_t lo = (size_t)info.first, cnt = (size_t)info.count;
     double ss = 0;
     uint32_t bad = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     if (!o->avg_zeroed[c]) {
         DEV(loco_cuda_zero(d->avg + lo, cnt * sizeof(float), d->s));
         o->avg_zeroed[c] = 1;
@@ -253,7 +262,7 @@ out_unlock:
 int loco__outer_dev_apply_range(loco_outer *o, size_t lo, size_t hi, float *theta_local) {
     outer_dev *d = o->d;
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     DEV(loco_cuda_outer_update(d->theta_bak + lo, d->mom_bak + lo, theta_local + lo,
                                d->theta + lo, d->mom + lo, d->avg + lo, hi - lo, o->p.lr,
                                o->p.momentum, o->p.nesterov, d->s));
@@ -265,7 +274,7 @@ out_unlock:
 int loco__outer_dev_finish(loco_outer *o) {
     outer_dev *d = o->d;
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
+    DEV_ENTER(d);
     DEV(loco_cuda_sync(d->s));
 out_unlock:
     pthread_mutex_unlock(&d->mu);

@@ -13,10 +13,12 @@
 /* Device mode (loco_outer_create_device): the state of the range on the
  * GPU. Every device call of the state runs under mu (the pipelined
  * exchange encodes on a sender thread while this one decodes), on the
- * compute stream, so it is ordered with the trainer's steps. */
+ * compute stream, so it is ordered with the trainer's steps, and on
+ * `device` (made current first: a new thread starts on device 0). */
 typedef struct outer_dev {
     loco_cuda_slab *slab;
     loco_stream s;
+    int device;           /* the creating thread's current device */
     pthread_mutex_t mu;
     float *theta, *mom, *theta_bak, *mom_bak, *avg, *ef; /* (n) ef: NULL without EF */
     float *delta, *prev;  /* (chunk elements) one chunk's Δ; avg before a share */

@@ -445,39 +445,17 @@ static int nccl_split(loco_comm *c, int color, int key, loco_comm **out) {
     return 0;
 }
 
-/* This process's index among the ranks of its node, from the launcher. */
-static int local_rank(int rank) {
-    static const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
-                                 "LOCAL_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v)
-            return atoi(v);
-    }
-    return rank;
-}
-
 extern "C" int loco__comm_nccl_world(loco_comm **out) {
     *out = NULL;
     loco_comm *boot = NULL;
-    int rc = 0, ndev = 0;
+    int rc = 0, dev = 0;
     ncclUniqueId id;
     ncclComm_t comm = NULL;
     ncclResult_t r_;
-    cudaError_t e;
     LOCO_CHECK(loco_comm_world(&boot, "auto"));
     const int rank = loco_comm_rank(boot), size = loco_comm_size(boot);
-    e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        rc = LOCO_ERR(LOCO_ECUDA, "nccl: no CUDA device: cudaGetDeviceCount says %s",
-                      e != cudaSuccess ? cudaGetErrorString(e) : "0");
-        goto out_boot;
-    }
-    e = cudaSetDevice(local_rank(rank) % ndev);
-    if (e != cudaSuccess) {
-        rc = LOCO_ERR(LOCO_ECUDA, "nccl: cudaSetDevice: %s", cudaGetErrorString(e));
-        goto out_boot;
-    }
+    /* the rank's GPU: its local rank modulo the devices (kernels.h) */
+    LOCO_CHECK_GOTO(loco_cuda_select_local_device(rank, &dev), out_boot);
     memset(&id, 0, sizeof id);
     if (rank == 0 && (r_ = ncclGetUniqueId(&id)) != ncclSuccess) {
         /* the others wait in the broadcast: take the job down */

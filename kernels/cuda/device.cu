@@ -1,4 +1,6 @@
 /* Devices, streams and the device slab. */
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "kernels/cuda/common.cuh"
@@ -8,6 +10,7 @@ enum { SLAB_ALIGN = 256 };
 struct loco_cuda_slab {
     char *base;
     size_t size, used;
+    int device; /* where base was allocated */
 };
 
 extern "C" int loco_cuda_device_count(int *n) {
@@ -21,6 +24,56 @@ extern "C" int loco_cuda_device_count(int *n) {
     }
     if (*n == 0)
         return LOCO_ERR(LOCO_ECUDA, "no CUDA device: cudaGetDeviceCount says 0");
+    return 0;
+}
+
+/* The launchers' variables that give this process's index among the
+ * ranks of its host (Open MPI, MPICH / Intel MPI, Slurm, torchrun), the
+ * first one set wins. */
+static const char *const local_rank_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                              "SLURM_LOCALID", "LOCAL_RANK"};
+
+extern "C" int loco_cuda_select_local_device(int fallback_rank, int *device) {
+    *device = -1;
+    long local = fallback_rank;
+    const char *from = "no launcher variable: the rank given";
+    for (size_t i = 0; i < sizeof local_rank_vars / sizeof *local_rank_vars; i++) {
+        const char *v = getenv(local_rank_vars[i]);
+        if (!v || !*v)
+            continue;
+        char *end = NULL;
+        errno = 0;
+        local = strtol(v, &end, 10);
+        if (errno || *end || local < 0 || local > INT_MAX)
+            return LOCO_ERR(LOCO_EINVAL,
+                            "%s=%s: expected this process's local rank, an integer >= 0",
+                            local_rank_vars[i], v);
+        from = local_rank_vars[i];
+        break;
+    }
+    if (local < 0)
+        return LOCO_ERR(LOCO_EINVAL, "local device: rank %ld is negative", local);
+    int n = 0;
+    LOCO_CHECK(loco_cuda_device_count(&n));
+    const int dev = (int)(local % n);
+    LOCO_CHECK(loco_cuda_set_device(dev));
+    loco_debug("cuda: device %d of %d (local rank %ld, %s)", dev, n, local, from);
+    *device = dev;
+    return 0;
+}
+
+extern "C" int loco_cuda_get_device(int *device) {
+    *device = -1;
+    CUDA_CHECK(cudaGetDevice(device));
+    return 0;
+}
+
+extern "C" int loco_cuda_set_device(int device) {
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear it: later calls must not report it */
+        return LOCO_ERR(LOCO_ECUDA, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+    }
     return 0;
 }
 
@@ -152,6 +205,7 @@ extern "C" int loco_cuda_slab_create(loco_cuda_slab **out, size_t bytes) {
                         cudaGetErrorString(e));
     }
     s->size = bytes;
+    cudaGetDevice(&s->device);
     *out = s;
     return 0;
 }
@@ -159,7 +213,16 @@ extern "C" int loco_cuda_slab_create(loco_cuda_slab **out, size_t bytes) {
 extern "C" void loco_cuda_slab_destroy(loco_cuda_slab *s) {
     if (!s)
         return;
+    /* freed on its own device, from whichever thread (a new thread is on
+     * device 0), and the caller's current device left as it was */
+    int cur = s->device;
+    cudaGetDevice(&cur);
+    if (cur != s->device)
+        cudaSetDevice(s->device);
     cudaFree(s->base);
+    if (cur != s->device)
+        cudaSetDevice(cur);
+    cudaGetLastError();
     free(s);
 }
 

@@ -172,7 +172,22 @@ static inline cudaError_t cudaMalloc(void **p, size_t n) {
 static inline cudaError_t cudaFree(void *p) { free(p); return 0; }
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, loco_stream) { memset(p, v, n); return 0; }
 static inline cudaError_t cudaGetLastError() { return 0; }
-static inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+/* One device, or LOCO_EMU_DEVICES of them (they share the host's memory:
+ * only which one a thread has current is emulated, per thread as in CUDA,
+ * a new thread starting on 0), so the device selection can be checked. */
+static inline int emu_devices() {
+    const char *v = getenv("LOCO_EMU_DEVICES");
+    const int n = v ? atoi(v) : 1;
+    return n < 1 ? 1 : n;
+}
+static thread_local int g_device;
+static inline cudaError_t cudaGetDeviceCount(int *n) { *n = emu_devices(); return 0; }
+static inline cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= emu_devices())
+        return 101; /* cudaErrorInvalidDevice */
+    g_device = d;
+    return 0;
+}
 static inline cudaError_t cudaStreamSynchronize(loco_stream) { return 0; }
 enum { cudaMemcpyDefault = 4 };
 static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int, loco_stream) {
@@ -181,7 +196,7 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, int,
 }
 /* the emulated device reports an H200's compute capability (9.0) */
 enum { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 };
-static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }
+static inline cudaError_t cudaGetDevice(int *d) { *d = g_device; return 0; }
 static inline cudaError_t cudaDeviceGetAttribute(int *v, int attr, int) {
     *v = attr == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
     return 0;
