@@ -29,100 +29,33 @@
  *   - forward, and forward_backward / clip / adamw when they return a
  *     value or keep their old waiting contract (tests, eval, bench);
  *   - upload and download (host buffers), profiling (waits around every
- *     kernel to time it). */
-#include "inner/inner.h"
+ *     kernel to time it).
+ *
+ * Units and sharding: the passes find a tensor through its unit's
+ * pointers (uw: weights, ug: gradients; unit 0 = embeddings, 1..L blocks,
+ * L+1 = ln_f, as loco_gpt_hooks), which point into the whole buffers, or,
+ * for a sharded model (ZeRO-3, loco_gpt_cuda_create_sharded), at buffers
+ * the caller binds from its hooks: the fp32 state then holds the owned
+ * range only, the weights a pass reads are gathered unit by unit. */
+#include "inner/gpt_cuda_internal.h"
+#include "inner/model_internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
-#include "kernels/kernels.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N] = {
     "matmul", "attention", "layernorm", "cross-entropy", "element-wise", "adamw"};
-
-enum { VOCAB_ALIGN = 64 };
-
-/* Activations of one block, kept for the backward; element type of the
- * model (bf16 or fp32) unless float. Strided by the capacity B x T. */
-typedef struct {
-    void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3; /* (N,C) .. (N,4C) */
-    float *ln1m, *ln1r, *ln2m, *ln2r;                        /* (N) */
-    float *lse;                                              /* (B,NH,T) */
-} layer_acts;
-
-/* The captured forward + backward of one token slot, and its shape. */
-typedef struct {
-    loco_graph exec;
-    int B, T;
-    float scale;
-} step_graph;
-
-struct loco_gpt_cuda {
-    loco_gpt_config cfg;
-    loco_ttable tt;
-    size_t P;
-    int B, T;   /* capacity */
-    int Vp;     /* the head's padded vocabulary */
-    size_t wte_off; /* flat offset of wte (V rows) */
-    bool bf16;
-    size_t es;  /* bytes per activation element: 2 (bf16) or 4 */
-    loco_cuda_slab *slab;
-    loco_blas *blas;
-    loco_stream stream, copy;      /* compute, token uploads */
-    float *params, *grads, *m, *v; /* (P) fp32 */
-    void *w;                       /* (P) weights the passes read: bf16 copy, or params */
-    void *wte_pad;                 /* (Vp,C) the head's weights, rows >= V zero */
-    float *dwte_pad;               /* (Vp,C) the head's gradient, zero between passes */
-    int32_t *inputs, *targets;     /* (B,T) the current slot's */
-    int32_t *d_tok[2];             /* (2,B,T) per slot: inputs, targets */
-    int32_t *h_tok[2];             /* pinned, the same */
-    loco_event copied[2], consumed[2];
-    int slot;
-    void *encoded, *lnf, *logits, *scratch; /* (N,C), (N,C), (N,Vp), (N,C) */
-    float *lnfm, *lnfr, *losses;   /* (N) */
-    float *mean;                   /* the last pass's mean loss */
-    double *loss_acc;              /* sum of the mean losses since zero_grad */
-    float *attn_scratch;           /* (B,NH,T) */
-    double *sumsq;                 /* LOCO_CUDA_SUMSQ_OUT */
-    layer_acts *la;                /* (L) */
-    void *dres, *dbtc, *dfchg, *dfch, *dqkv; /* (N,C) (N,C) (N,4C) (N,4C) (N,3C) */
-    double *h_out;                 /* pinned: sumsq, loss sum, mean (as float bits) */
-    bool graph_on, warm;           /* train.cuda_graph; a plain pass ran (plans made) */
-    step_graph graph[2];           /* per token slot */
-    bool profiling;
-    loco_attn_impl attn;           /* train.attention's kernel; reference until set */
-    double *prof;                  /* LOCO_PROF_N, caller-owned */
-};
-
-#define TWIN(k, ...)                                                                              \
-    (g->bf16 ? loco_cuda_##k##_bf16(__VA_ARGS__) : loco_cuda_##k(__VA_ARGS__))
-/* The attention's fwd or bwd: the tensor-core kernel (bf16 only) or the twin. */
-#define ATTN(k, ...)                                                                              \
-    (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_##k##_bf16(__VA_ARGS__)                 \
-                                 : TWIN(attention_##k, __VA_ARGS__))
-
-/* Runs one kernel call; when profiling, waits around it and adds its time
- * to its kind. */
-#define RUN(kind, call)                                                                           \
-    do {                                                                                          \
-        if (!g->profiling) {                                                                      \
-            LOCO_CHECK(call);                                                                     \
-            break;                                                                                \
-        }                                                                                         \
-        LOCO_CHECK(loco_cuda_sync(g->stream));                                                    \
-        const double t0_ = loco_now();                                                            \
-        LOCO_CHECK(call);                                                                         \
-        LOCO_CHECK(loco_cuda_sync(g->stream));                                                    \
-        g->prof[kind] += loco_now() - t0_;                                                        \
-    } while (0)
 
 #define SLAB(ptr, bytes, what)                                                                    \
     LOCO_CHECK(loco_cuda_slab_alloc(g->slab, (void **)&(ptr), (size_t)(bytes), what))
 
 /* Slab size: the ranges carved in carve() plus alignment slack. */
 static size_t slab_bytes(const loco_gpt_cuda *g) {
-    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, P = g->P, es = g->es;
+    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
+    const size_t P = g->own_hi - g->own_lo; /* the held state */
     const size_t L = (size_t)g->cfg.n_layer, Vp = (size_t)g->Vp;
     const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
     const size_t per_layer = N * C * es * 16 + N * 4 * 4 + bnt * 4;
@@ -133,16 +66,21 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
 }
 
 static int carve(loco_gpt_cuda *g) {
-    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, P = g->P, es = g->es;
+    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
+    const size_t P = g->own_hi - g->own_lo; /* the held state */
     const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
     SLAB(g->params, P * 4, "params");
     SLAB(g->grads, P * 4, "grads");
     SLAB(g->m, P * 4, "AdamW m");
     SLAB(g->v, P * 4, "AdamW v");
     if (g->bf16)
-        SLAB(g->w, P * 2, "bf16 weights");
+        SLAB(g->w, P * 2, g->sharded ? "owned bf16 weights" : "bf16 weights");
     else
         g->w = g->params;
+    if (g->sharded) { /* the gather source; the passes read bound units */
+        g->wshard = g->w;
+        g->w = NULL;
+    }
     SLAB(g->wte_pad, (size_t)g->Vp * C * es, "padded head weights");
     SLAB(g->dwte_pad, (size_t)g->Vp * C * 4, "padded head gradient");
     for (int k = 0; k < 2; k++)
@@ -184,8 +122,48 @@ static int carve(loco_gpt_cuda *g) {
     return 0;
 }
 
+/* The units' flat starts and pointers into the whole buffers (a sharded
+ * model's weights and gradients stay unbound until the hooks bind them). */
+static int index_units(loco_gpt_cuda *g) {
+    const int L = g->cfg.n_layer;
+    g->unit_lo = loco_alloc((size_t)(L + 3) * sizeof(size_t));
+    g->tunit = loco_alloc((size_t)g->tt.n * sizeof(int));
+    g->uw = loco_alloc((size_t)(L + 2) * sizeof(void *));
+    g->ug = loco_alloc((size_t)(L + 2) * sizeof(float *));
+    if (!g->unit_lo || !g->tunit || !g->uw || !g->ug)
+        return LOCO_ERR(LOCO_ENOMEM, "device model unit tables");
+    int prev = 0;
+    bool after_lnf = false;
+    g->unit_lo[0] = 0;
+    for (int i = 0; i < g->tt.n; i++) {
+        const int u = loco__gpt_unit_of(&g->tt.t[i], L, after_lnf);
+        after_lnf |= u == L + 1;
+        if (u < prev || u > prev + 1)
+            return LOCO_ERR(LOCO_EINVAL, "device model: tensor %s (unit %d) after unit %d: the "
+                            "units are not contiguous in the flat layout", g->tt.t[i].name, u,
+                            prev);
+        for (int k = prev + 1; k <= u; k++)
+            g->unit_lo[k] = g->tt.t[i].offset;
+        prev = u;
+        g->tunit[i] = u;
+    }
+    if (prev != L + 1)
+        return LOCO_ERR(LOCO_EINVAL, "device model: the table ends in unit %d, not ln_f", prev);
+    g->unit_lo[L + 2] = g->P;
+    for (int u = 0; u < L + 2; u++) {
+        g->uw[u] = g->sharded ? NULL : (char *)g->w + g->unit_lo[u] * g->es;
+        g->ug[u] = g->sharded ? NULL : g->grads + g->unit_lo[u];
+    }
+    return 0;
+}
+
 int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                          bool bf16) {
+    return loco_gpt_cuda_create_sharded(out, cfg, B, T, bf16, 0, SIZE_MAX);
+}
+
+int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                                 bool bf16, size_t lo, size_t hi) {
     *out = NULL;
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
@@ -219,6 +197,16 @@ int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B,
         goto out_fail;
     }
     g->wte_off = g->tt.t[wte].offset;
+    if (hi == SIZE_MAX)
+        hi = g->P;
+    if (lo > hi || hi > g->P) {
+        rc = LOCO_ERR(LOCO_EINVAL, "device model: owned range [%zu, %zu) of %zu parameters", lo,
+                      hi, g->P);
+        goto out_fail;
+    }
+    g->own_lo = lo;
+    g->own_hi = hi;
+    g->sharded = hi - lo < g->P;
     g->la = loco_alloc((size_t)cfg->n_layer * sizeof *g->la);
     if (!g->la) {
         rc = LOCO_ERR(LOCO_ENOMEM, "device model tables");
@@ -234,11 +222,12 @@ int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B,
     LOCO_CHECK_GOTO(loco_cuda_slab_create(&g->slab, slab_bytes(g)), out_fail);
     LOCO_CHECK_GOTO(loco_blas_create(&g->blas), out_fail);
     LOCO_CHECK_GOTO(carve(g), out_fail);
-    const size_t vpc = (size_t)g->Vp * cfg->n_embd;
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->params, g->P * 4, g->stream), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, g->P * 4, g->stream), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->m, g->P * 4, g->stream), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->v, g->P * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(index_units(g), out_fail);
+    const size_t vpc = (size_t)g->Vp * cfg->n_embd, own4 = (hi - lo) * 4;
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->params, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->m, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->v, own4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->loss_acc, 8, g->stream), out_fail);
@@ -269,6 +258,10 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
         loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
     loco_free(g->la);
+    loco_free(g->unit_lo);
+    loco_free(g->tunit);
+    loco_free(g->uw);
+    loco_free(g->ug);
     loco_free(g);
 }
 
@@ -285,6 +278,14 @@ size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
  * head's padded wte (rows V.. stay zero). */
 static int refresh_weights(loco_gpt_cuda *g) {
     const size_t vc = (size_t)g->cfg.vocab_size * g->cfg.n_embd;
+    g->wversion++;
+    if (g->sharded) { /* the gather source; wte_pad follows unit 0's next binding */
+        g->head_stale = true;
+        if (g->bf16)
+            RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->wshard, g->params, g->own_hi - g->own_lo,
+                                                   g->stream));
+        return 0;
+    }
     if (g->bf16) {
         RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->w, g->params, g->P, g->stream));
         return loco_cuda_copy(g->wte_pad, (loco_bf16 *)g->w + g->wte_off, vc * 2, g->stream);
@@ -293,7 +294,7 @@ static int refresh_weights(loco_gpt_cuda *g) {
 }
 
 int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, const float *v) {
-    const size_t bytes = g->P * sizeof(float);
+    const size_t bytes = (g->own_hi - g->own_lo) * sizeof(float);
     if (params)
         LOCO_CHECK(loco_cuda_copy(g->params, params, bytes, g->stream));
     if (m)
@@ -305,7 +306,7 @@ int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, 
 }
 
 int loco_gpt_cuda_download(loco_gpt_cuda *g, float *params, float *grads, float *m, float *v) {
-    const size_t bytes = g->P * sizeof(float);
+    const size_t bytes = (g->own_hi - g->own_lo) * sizeof(float);
     if (params)
         LOCO_CHECK(loco_cuda_copy(params, g->params, bytes, g->stream));
     if (grads)
@@ -318,7 +319,8 @@ int loco_gpt_cuda_download(loco_gpt_cuda *g, float *params, float *grads, float 
 }
 
 int loco_gpt_cuda_zero_grad(loco_gpt_cuda *g) {
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->grads, g->P * sizeof(float), g->stream));
+    RUN(LOCO_PROF_ELEM,
+        loco_cuda_zero(g->grads, (g->own_hi - g->own_lo) * sizeof(float), g->stream));
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->loss_acc, sizeof(double), g->stream));
     return 0;
 }
@@ -353,14 +355,32 @@ out:
     return rc;
 }
 
-/* Byte offset of a tensor in a flat buffer of element size es. */
-static void *tensor(const loco_gpt_cuda *g, void *base, size_t es, const char *name) {
+/* A tensor in its unit's buffer (units[u] laid out like the unit's flat
+ * range, element size es). */
+static void *tensor(const loco_gpt_cuda *g, void *const *units, size_t es, const char *name) {
     const int i = loco_ttable_find(&g->tt, name);
-    return i < 0 ? NULL : (char *)base + g->tt.t[i].offset * es;
+    if (i < 0)
+        return NULL;
+    const int u = g->tunit[i];
+    return (char *)units[u] + (g->tt.t[i].offset - g->unit_lo[u]) * es;
 }
 
-#define W(name) tensor(g, g->w, g->es, name)
-#define G(name) ((float *)tensor(g, g->grads, 4, name))
+#define W(name) tensor(g, g->uw, g->es, name)
+#define G(name) ((float *)tensor(g, (void *const *)g->ug, 4, name))
+
+/* The hooks, where set (loco_gpt_cuda_set_hooks). */
+#define ACQUIRE(unit, bwd)                                                                        \
+    LOCO_CHECK(g->hooks.acquire ? g->hooks.acquire(g->hooks.ctx, unit, bwd) : 0)
+#define GRADS_READY(unit)                                                                         \
+    LOCO_CHECK(g->hooks.grads_ready ? g->hooks.grads_ready(g->hooks.ctx, unit) : 0)
+
+/* A sharded model: every unit the passes use must have been bound. */
+static int check_bound(const loco_gpt_cuda *g, int unit, bool grads) {
+    if (!g->uw[unit] || (grads && !g->ug[unit]))
+        return LOCO_ERR(LOCO_EINVAL, "device model: unit %d has no %s bound (a sharded model's "
+                        "hooks bind them in acquire)", unit, g->uw[unit] ? "gradients" : "weights");
+    return 0;
+}
 
 /* Checks the batch and queues its copy to the device: host -> pinned slot
  * -> device slot on the copy stream; the compute stream waits for it. */
@@ -413,11 +433,20 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
     loco_stream s = g->stream;
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
+    ACQUIRE(0, false);
+    LOCO_CHECK(check_bound(g, 0, false));
+    if (g->head_stale) { /* sharded: the head's copy of the newly bound wte */
+        const size_t vc = (size_t)g->cfg.vocab_size * C;
+        LOCO_CHECK(loco_cuda_copy(g->wte_pad, W("transformer.wte.weight"), vc * g->es, s));
+        g->head_stale = false;
+    }
     RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"),
                              W("transformer.wpe.weight"), B, T, C, s));
     for (int l = 0; l < L; l++) {
         layer_acts *a = &g->la[l];
         const void *res = residual_in(g, l);
+        ACQUIRE(l + 1, false);
+        LOCO_CHECK(check_bound(g, l + 1, false));
         RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"),
                                LW("ln_1.bias"), N, C, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
@@ -435,6 +464,8 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
         RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
     }
 #undef LW
+    ACQUIRE(L + 1, false);
+    LOCO_CHECK(check_bound(g, L + 1, false));
     RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, g->lnf, g->lnfm, g->lnfr, g->la[L - 1].res3,
                            W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N, C, s));
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, g->wte_pad, NULL, N, C, g->Vp,
@@ -485,6 +516,10 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
 #define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
+    ACQUIRE(0, true);
+    ACQUIRE(L + 1, true);
+    LOCO_CHECK(check_bound(g, 0, true));
+    LOCO_CHECK(check_bound(g, L + 1, true));
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
                                g->wte_pad, N, C, g->Vp, true, s));
@@ -497,9 +532,12 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, G("transformer.ln_f.weight"),
                            G("transformer.ln_f.bias"), g->dbtc, g->la[L - 1].res3,
                            W("transformer.ln_f.weight"), g->lnfm, g->lnfr, N, C, s));
+    GRADS_READY(L + 1);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *a = &g->la[l];
         const void *res = residual_in(g, l);
+        ACQUIRE(l + 1, true);
+        LOCO_CHECK(check_bound(g, l + 1, true));
         /* residual3 = residual2 + fcproj: dres flows to both. */
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
@@ -527,11 +565,13 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
                                    LW("attn.c_attn.weight"), N, C, 3 * C, false, s));
         RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
                                g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, N, C, s));
+        GRADS_READY(l + 1);
     }
 #undef LW
 #undef LG
     RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
                              G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, s));
+    GRADS_READY(0);
     return 0;
 }
 
@@ -550,7 +590,8 @@ void loco_gpt_cuda_set_graph(loco_gpt_cuda *g, bool on) {
  * off, with a warning). */
 static int graph_passes(loco_gpt_cuda *g, int B, int T, float loss_scale, bool *done) {
     *done = false;
-    if (!g->graph_on || g->profiling || !g->warm)
+    /* the hooks run host code (collectives) between the launches */
+    if (!g->graph_on || g->profiling || !g->warm || g->hooks.acquire || g->hooks.grads_ready)
         return 0;
     step_graph *gr = &g->graph[g->slot];
     if (gr->exec && (gr->B != B || gr->T != T || gr->scale != loss_scale)) {
@@ -601,6 +642,9 @@ int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
 
 /* The gradient norm's sum of squares and the clip, both on the device. */
 static int clip_queue(loco_gpt_cuda *g, double max_norm) {
+    if (g->sharded)
+        return LOCO_ERR(LOCO_EINVAL, "device model: a sharded model clips by range "
+                                     "(loco_gpt_cuda_grad_sumsq, loco_gpt_cuda_scale_grads)");
     RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads, g->P, g->stream));
     RUN(LOCO_PROF_OPT, loco_cuda_clip_scale(g->grads, g->P, g->sumsq, max_norm, g->stream));
     return 0;
@@ -609,6 +653,9 @@ static int clip_queue(loco_gpt_cuda *g, double max_norm) {
 /* AdamW on every tensor (skipped on the device when *gate is not finite),
  * then the passes' weights. */
 static int adamw_queue(loco_gpt_cuda *g, const loco_adamw *opt, float lr, const double *gate) {
+    if (g->sharded)
+        return LOCO_ERR(LOCO_EINVAL, "device model: a sharded model updates its owned range "
+                                     "(loco_gpt_cuda_adamw_range)");
     const int64_t t = opt->t + 1;
     for (int i = 0; i < g->tt.n; i++) {
         const loco_tensor *tn = &g->tt.t[i];
@@ -656,66 +703,6 @@ int loco_gpt_cuda_clip_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr, double
         *loss_sum = g->h_out[1];
     if (isfinite(*norm))
         opt->t++;
-    return 0;
-}
-
-#endif /* LOCO_HAVE_CUDA */
-
-/* ------------------------------------------- data parallel (train.c, dp > 1) */
-#if defined(LOCO_HAVE_CUDA)
-
-void loco_gpt_cuda_state(loco_gpt_cuda *g, float **params, float **grads, float **m, float **v,
-                         size_t *n_params) {
-    if (params)
-        *params = g->params;
-    if (grads)
-        *grads = g->grads;
-    if (m)
-        *m = g->m;
-    if (v)
-        *v = g->v;
-    if (n_params)
-        *n_params = g->P;
-}
-
-int loco_gpt_cuda_grad_sumsq(loco_gpt_cuda *g, size_t lo, size_t hi, double *sumsq) {
-    if (lo > hi || hi > g->P)
-        return LOCO_ERR(LOCO_EINVAL, "gradient range [%zu, %zu) of %zu", lo, hi, g->P);
-    *sumsq = 0;
-    if (lo == hi)
-        return 0;
-    RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads + lo, hi - lo, g->stream));
-    LOCO_CHECK(loco_cuda_copy(g->h_out, g->sumsq, sizeof(double), g->stream));
-    LOCO_CHECK(loco_cuda_sync(g->stream));
-    *sumsq = g->h_out[0];
-    return 0;
-}
-
-int loco_gpt_cuda_scale_grads(loco_gpt_cuda *g, size_t lo, size_t hi, float s) {
-    if (lo > hi || hi > g->P)
-        return LOCO_ERR(LOCO_EINVAL, "gradient range [%zu, %zu) of %zu", lo, hi, g->P);
-    if (lo < hi)
-        RUN(LOCO_PROF_OPT, loco_cuda_scale(g->grads + lo, s, hi - lo, g->stream));
-    return 0;
-}
-
-int loco_gpt_cuda_adamw_range(loco_gpt_cuda *g, loco_adamw *opt, float lr, size_t lo, size_t hi) {
-    if (lo > hi || hi > g->P)
-        return LOCO_ERR(LOCO_EINVAL, "AdamW range [%zu, %zu) of %zu", lo, hi, g->P);
-    const int64_t t = opt->t + 1;
-    for (int i = 0; i < g->tt.n; i++) {
-        const loco_tensor *tn = &g->tt.t[i];
-        const size_t a = tn->offset > lo ? tn->offset : lo;
-        const size_t b = tn->offset + tn->numel < hi ? tn->offset + tn->numel : hi;
-        if (a >= b)
-            continue;
-        const float wd = tn->decay ? opt->weight_decay : 0.0f;
-        RUN(LOCO_PROF_OPT, loco_cuda_adamw_update(g->params + a, g->grads + a, g->m + a, g->v + a,
-                                                  b - a, lr, opt->beta1, opt->beta2, opt->eps, wd,
-                                                  t, g->stream));
-    }
-    LOCO_CHECK(loco_cuda_sync(g->stream));
-    opt->t = t;
     return 0;
 }
 

@@ -1,11 +1,8 @@
 /* The single-island training loop: micro-batches, clipping, AdamW, logging,
- * evaluation and checkpoints; on the CPU, or (train.device = cuda) on one
- * GPU through loco_gpt_cuda, with the host model and optimizer kept as the
- * layouts checkpoints and the outer loop read. */
-#include "inner/inner.h"
-#include "inner/mesh/mesh.h"
-#include "inner/parallel/parallel.h"
-#include "inner/train_pp.h"
+ * evaluation and checkpoints; on the CPU, or (train.device = cuda) on GPUs
+ * through loco_gpt_cuda (train_device.c), with the host model and
+ * optimizer kept as the layouts checkpoints and the outer loop read. */
+#include "inner/train_internal.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -14,61 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(LOCO_HAVE_CUDA)
-#include "kernels/kernels.h"
-/* Where the device model's kernels run: the trainer's copies go there too. */
-#define STREAM loco_cuda_compute_stream()
-#endif
-
-struct loco_trainer {
-    loco_config cfg;
-    loco_comm *world;
-    loco_mesh mesh;
-    loco_comm *dp;   /* the mesh's dp group (not owned) */
-    bool root;       /* rank 0 of the world logs, evaluates and writes metrics */
-    loco_gpt model;
-    loco_zero *zero;
-    loco_data *train, *val;
-    loco_metrics *metrics;
-    loco_prom *prom; /* root: live metrics (run.metrics_addr), NULL = off */
-    loco_rng rng;
-    int64_t step; /* optimizer steps completed */
-    int B, T;
-    int32_t *inputs, *targets; /* (B, T) */
-    double unigram;            /* nats, NAN when unknown */
-    double t_start;            /* of this run, for the ETA */
-    int64_t first_step;
-#if defined(LOCO_HAVE_CUDA)
-    loco_gpt_cuda *dev;        /* train.device = cuda: the model that trains */
-    /* train.device = cuda with dp > 1 (docs/DECISIONS.md, "GPU data
-     * parallel"): the gradients and parameters go over dev_comm (the nccl
-     * world, device buffers) or, without it, over the dp group staged
-     * through host buffers. */
-    loco_comm *dev_comm;       /* parallel.backend = nccl, else NULL */
-    float *hstage;             /* staged (pinned): the flat gradients / parameters (P) */
-    float *hown;               /* staged (pinned), ZeRO-2: the owned reduced gradients */
-    loco_cuda_slab *dslab;     /* nccl, ZeRO-2: holds down */
-    float *down;               /* nccl, ZeRO-2: the owned reduced gradients */
-    size_t *own_counts;        /* (dp) every rank's owned elements */
-    loco_comm_req **reqs;      /* (n_layer + 2) the step's gradient buckets */
-#endif
-    bool host_stale;           /* the device holds newer parameters and moments */
-    uint64_t pcie;             /* bytes host_sync / device_load moved (take_pcie_bytes) */
-    loco__pp *pp;              /* parallel.pp > 1: this rank's pipeline stage */
-    int32_t *mb_inputs, *mb_targets; /* pp: the step's micro-batches (m, B, T) */
-};
-
 void loco_trainer_destroy(loco_trainer *t) {
     if (!t)
         return;
 #if defined(LOCO_HAVE_CUDA)
-    loco_gpt_cuda_destroy(t->dev);
-    loco_cuda_slab_destroy(t->dslab);
-    loco_cuda_host_free(t->hstage);
-    loco_cuda_host_free(t->hown);
-    loco_free(t->own_counts);
-    loco_free(t->reqs);
-    loco_comm_destroy(t->dev_comm);
+    loco__train_device_destroy(t);
 #endif
     loco_zero_destroy(t->zero);
     loco__pp_destroy(t->pp);
@@ -86,115 +33,7 @@ void loco_trainer_destroy(loco_trainer *t) {
     loco_free(t);
 }
 
-#if defined(LOCO_HAVE_CUDA)
-static int device_dp_init(loco_trainer *t);
-#endif
-
 static bool on_device(const loco_trainer *t) { return !strcmp(t->cfg.train.device, "cuda"); }
-
-/* train.device and train.dtype against this build and the mesh. */
-static int check_device(const loco_config *cfg, int world) {
-    const bool cuda = !strcmp(cfg->train.device, "cuda");
-    if (!strcmp(cfg->train.dtype, "bf16") && !cuda)
-        return LOCO_ERR(LOCO_EINVAL, "train.dtype = bf16 needs train.device = cuda (the CPU path "
-                                     "computes in fp32)");
-    if (!strcmp(cfg->parallel.backend, "nccl") && !cuda)
-        return LOCO_ERR(LOCO_EINVAL, "parallel.backend = nccl moves device buffers: it needs "
-                                     "train.device = cuda (the CPU path's collectives are on host "
-                                     "buffers: use mpi)");
-    if (!cuda)
-        return 0;
-#if !defined(LOCO_HAVE_CUDA)
-    return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: built without CUDA (no nvcc when loco "
-                                  "was built); use train.device = cpu");
-#else
-    /* Data parallel only: the device model holds one whole model. */
-    static const struct {
-        const char *key, *what;
-    } dims[] = {{"tp", "tensor"}, {"pp", "pipeline"}, {"cp", "context"}, {"ep", "expert"}};
-    const int64_t sizes[] = {cfg->parallel.tp, cfg->parallel.pp, cfg->parallel.cp,
-                             cfg->parallel.ep};
-    for (int i = 0; i < 4; i++)
-        if (sizes[i] > 1)
-            return LOCO_ERR(LOCO_ENOTSUP,
-                            "parallel.%s = %lld with train.device = cuda: %s parallelism runs on "
-                            "the CPU path only (the device model holds the whole model; on the "
-                            "GPU only data parallelism and ZeRO 0-2 are wired); use "
-                            "parallel.%s = 1 or train.device = cpu",
-                            dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
-    if (strcmp(cfg->train.recompute, "none"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "train.recompute = %s is built on the CPU path; the GPU model keeps only "
-                        "the attention's log-sum-exp (what selective recompute saves) and has no "
-                        "full recompute yet: use train.recompute = none with train.device = cuda",
-                        cfg->train.recompute);
-    if (cfg->model.n_experts > 0)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "model.n_experts = %lld: the mixture of experts trains on the CPU path; "
-                        "the GPU model is dense (the MoE kernels' CUDA twins exist, the device "
-                        "model does not use them yet)",
-                        (long long)cfg->model.n_experts);
-    if (world > 1 && cfg->parallel.zero_stage >= 3)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.zero_stage = 3 with train.device = cuda and %d ranks: the "
-                        "device model holds every parameter and has no per-block gather/release "
-                        "(loco_gpt_cuda would need to acquire a block's parameters before its "
-                        "passes and drop them after); use parallel.zero_stage <= 2 on the GPU",
-                        world);
-    return 0;
-#endif
-}
-
-/* After device steps: the host parameters and AdamW moments catch up. */
-static int host_sync(loco_trainer *t) {
-#if defined(LOCO_HAVE_CUDA)
-    if (t->dev && t->host_stale) {
-        size_t lo, hi;
-        float *params;
-        loco_zero_held_params(t->zero, &lo, &hi, &params);
-        size_t olo, ohi, P;
-        loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
-        float *dm, *dv;
-        loco_gpt_cuda_state(t->dev, NULL, NULL, &dm, &dv, &P);
-        t->pcie += ((hi - lo) + 2 * (ohi - olo)) * sizeof(float);
-        if (olo == 0 && ohi == P) {
-            LOCO_CHECK(loco_gpt_cuda_download(t->dev, params, NULL, opt->m, opt->v));
-        } else { /* ZeRO-1/2 over dp: the host holds the owned moments */
-            const size_t bytes = (ohi - olo) * sizeof(float);
-            LOCO_CHECK(loco_cuda_copy(opt->m, dm + olo, bytes, STREAM));
-            LOCO_CHECK(loco_cuda_copy(opt->v, dv + olo, bytes, STREAM));
-            LOCO_CHECK(loco_gpt_cuda_download(t->dev, params, NULL, NULL, NULL));
-        }
-    }
-#endif
-    t->host_stale = false;
-    return 0;
-}
-
-/* The host parameters (and moments, with `moments`) go to the device. */
-static int device_load(loco_trainer *t, bool moments) {
-#if defined(LOCO_HAVE_CUDA)
-    if (t->dev) {
-        size_t lo, hi;
-        float *params;
-        loco_zero_held_params(t->zero, &lo, &hi, &params);
-        size_t olo, ohi, P;
-        loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
-        float *dm, *dv;
-        loco_gpt_cuda_state(t->dev, NULL, NULL, &dm, &dv, &P);
-        const bool whole = olo == 0 && ohi == P;
-        if (moments && !whole) { /* ZeRO-1/2 over dp: the owned moments */
-            const size_t bytes = (ohi - olo) * sizeof(float);
-            LOCO_CHECK(loco_cuda_copy(dm + olo, opt->m, bytes, STREAM));
-            LOCO_CHECK(loco_cuda_copy(dv + olo, opt->v, bytes, STREAM));
-        }
-        t->pcie += ((hi - lo) + (moments ? 2 * (ohi - olo) : 0)) * sizeof(float);
-        LOCO_CHECK(loco_gpt_cuda_upload(t->dev, params, moments && whole ? opt->m : NULL,
-                                        moments && whole ? opt->v : NULL));
-    }
-#endif
-    return 0;
-}
 
 /* The flat ranges this rank holds, as a checkpoint sees them. */
 static loco_ckpt_view trainer_view(loco_trainer *t) {
@@ -262,7 +101,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
      * stay on the launcher's communicator (auto), the device's go over NCCL. */
     const bool nccl = !strcmp(cfg->parallel.backend, "nccl");
     LOCO_CHECK_GOTO(loco_comm_world(&t->world, nccl ? "auto" : cfg->parallel.backend), out_fail);
-    LOCO_CHECK_GOTO(check_device(cfg, loco_comm_size(t->world)), out_fail);
+    LOCO_CHECK_GOTO(loco__train_check_device(cfg, loco_comm_size(t->world)), out_fail);
 #if defined(LOCO_HAVE_CUDA)
     if (nccl) /* picks this rank's device: before the device model */
         LOCO_CHECK_GOTO(loco_comm_world(&t->dev_comm, "nccl"), out_fail);
@@ -307,13 +146,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     LOCO_CHECK_GOTO(loco_gpt_init_par(&t->model, &mc, t->B, t->T, flags, &par), out_fail);
 #if defined(LOCO_HAVE_CUDA)
     if (on_device(t))
-        LOCO_CHECK_GOTO(loco_gpt_cuda_create(&t->dev, &mc, t->B, t->T,
-                                             !strcmp(cfg->train.dtype, "bf16")),
-                        out_fail);
-    if (t->dev) /* train.attention: the tensor-core kernel or the reference */
-        LOCO_CHECK_GOTO(loco_gpt_cuda_set_attention(t->dev, cfg->train.attention), out_fail);
-    if (t->dev)
-        loco_gpt_cuda_set_graph(t->dev, !strcmp(cfg->train.cuda_graph, "on"));
+        LOCO_CHECK_GOTO(loco__train_device_create(t, &mc), out_fail);
 #endif
     /* The ranks of a dp group's cp slices hold the same parameters: ZeRO
      * averages and shards over dp x cp (Megatron's dp-cp group). */
@@ -321,7 +154,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     LOCO_CHECK_GOTO(loco_zero_set_experts(t->zero, par.ep), out_fail);
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev)
-        LOCO_CHECK_GOTO(device_dp_init(t), out_fail);
+        LOCO_CHECK_GOTO(loco__train_device_dp_init(t), out_fail);
 #endif
     t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
     t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
@@ -385,7 +218,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         if (cfg->train.init_from[0])
             LOCO_CHECK_GOTO(init_from_hf(t), out_fail);
     }
-    LOCO_CHECK_GOTO(device_load(t, true), out_fail);
+    LOCO_CHECK_GOTO(loco__train_device_load(t, true), out_fail);
     *out = t;
     return 0;
 out_fail:
@@ -401,7 +234,7 @@ void loco_trainer_set_step(loco_trainer *t, int64_t step) {
 
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
     loco_zero_range(t->zero, lo, hi);
-    if (host_sync(t) < 0)
+    if (loco__train_host_sync(t) < 0)
         return NULL;
     return loco_zero_owned_params(t->zero);
 }
@@ -411,30 +244,6 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
  * under pp, loco_gpt_build_table otherwise, both with tp's slice shapes
  * and ep's experts; at stage 3 the owned shard is [lo, hi) of it too. */
 const loco_ttable *loco_trainer_param_table(loco_trainer *t) { return &t->model.tt; }
-
-float *loco_trainer_device_params(loco_trainer *t, size_t *lo, size_t *hi) {
-    loco_zero_range(t->zero, lo, hi);
-#if defined(LOCO_HAVE_CUDA)
-    if (t->dev) {
-        float *params;
-        size_t P;
-        loco_gpt_cuda_state(t->dev, &params, NULL, NULL, NULL, &P);
-        if (*hi <= P)
-            return params + *lo;
-    }
-#endif
-    return NULL;
-}
-
-int loco_trainer_device_written(loco_trainer *t) {
-#if defined(LOCO_HAVE_CUDA)
-    if (t->dev) {
-        t->host_stale = true; /* the next host_sync downloads */
-        return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the bf16 copy */
-    }
-#endif
-    return LOCO_ERR(LOCO_EINVAL, "trainer: not training on a device (train.device = cpu)");
-}
 
 uint64_t loco_trainer_take_pcie_bytes(loco_trainer *t) {
     const uint64_t b = t->pcie;
@@ -451,187 +260,17 @@ int loco_trainer_sync_params(loco_trainer *t) {
     /* The same for the tied embeddings' two copies across stages. */
     if (t->pp)
         LOCO_CHECK(loco__pp_sync_tied(t->pp));
-    return device_load(t, false);
+    return loco__train_device_load(t, false);
 }
 int loco_trainer_rank(const loco_trainer *t) { return loco_comm_rank(t->world); }
 struct loco_comm *loco_trainer_world(loco_trainer *t) { return t->world; }
 int loco_trainer_ranks(const loco_trainer *t) { return loco_comm_size(t->world); }
 loco_gpt *loco_trainer_model(loco_trainer *t) {
-    if (host_sync(t) < 0)
+    if (loco__train_host_sync(t) < 0)
         loco_warn("the model's parameters could not be copied from the device: %s",
                   loco_errmsg());
     return &t->model;
 }
-
-#if defined(LOCO_HAVE_CUDA)
-/* Buffers of the device step over dp > 1 (docs/DECISIONS.md, "GPU data
- * parallel"). */
-static int device_dp_init(loco_trainer *t) {
-    loco_comm *dp = t->mesh.dp_cp;
-    const int n = loco_comm_size(dp);
-    if (t->dev_comm &&
-        (loco_comm_size(t->dev_comm) != n || loco_comm_rank(t->dev_comm) != loco_comm_rank(dp)))
-        return LOCO_ERR(LOCO_EINVAL,
-                        "parallel.backend = nccl: the NCCL world (rank %d of %d) is not the "
-                        "data-parallel group (rank %d of %d)",
-                        loco_comm_rank(t->dev_comm), loco_comm_size(t->dev_comm),
-                        loco_comm_rank(dp), n);
-    if (n == 1 && !t->dev_comm) /* one rank, nothing to reduce */
-        return 0;
-    size_t P, lo, hi;
-    loco_gpt_cuda_state(t->dev, NULL, NULL, NULL, NULL, &P);
-    loco_zero_range(t->zero, &lo, &hi);
-    t->own_counts = loco_alloc((size_t)n * sizeof(size_t));
-    t->reqs = loco_alloc(((size_t)t->model.cfg.n_layer + 2) * sizeof(loco_comm_req *));
-    if (!t->own_counts || !t->reqs)
-        return LOCO_ERR(LOCO_ENOMEM, "data-parallel tables");
-    for (int r = 0; r < n; r++) {
-        size_t a, b;
-        loco_zero_owned(P, r, n, &a, &b);
-        t->own_counts[r] = b - a;
-    }
-    const bool zero2 = loco_zero_stage(t->zero) == 2;
-    const size_t own = hi - lo;
-    if (!t->dev_comm) {
-        /* pinned: the copies to and from the device run at full speed */
-        LOCO_CHECK(loco_cuda_host_alloc((void **)&t->hstage, P * sizeof(float)));
-        if (zero2)
-            LOCO_CHECK(loco_cuda_host_alloc((void **)&t->hown, (own ? own : 1) * sizeof(float)));
-    } else if (zero2) {
-        LOCO_CHECK(loco_cuda_slab_create(&t->dslab, own * sizeof(float) + 512));
-        LOCO_CHECK(loco_cuda_slab_alloc(t->dslab, (void **)&t->down, own * sizeof(float) + 4,
-                                        "owned reduced gradients"));
-    }
-    return 0;
-}
-
-/* Reduces the device gradients over dp, AVG: buckets of whole units
- * (parallel.bucket_mb) from the last unit down to the embeddings, the
- * order of zero.c, all started before any is waited for. ZeRO 0-1
- * all-reduce, ZeRO-2 reduce-scatters (this rank's part of each bucket to
- * `own`, the owned range's reduced gradients). g: the gradients the
- * collectives see (device under nccl, host staging under mpi). */
-static int reduce_grads(loco_trainer *t, loco_comm *c, float *g, float *own) {
-    const int stage = loco_zero_stage(t->zero), n = loco_comm_size(c);
-    const int L = t->model.cfg.n_layer;
-    size_t lo, hi;
-    loco_zero_range(t->zero, &lo, &hi);
-    size_t elems = (size_t)(t->cfg.parallel.bucket_mb * 1024 * 1024 / sizeof(float));
-    elems = elems ? elems : 1;
-    size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
-    if (!counts)
-        return LOCO_ERR(LOCO_ENOMEM, "bucket counts");
-    int nreq = 0, rc = 0;
-    size_t blo = 0, bhi = 0;
-    for (int u = L + 1; u >= 0 && rc == 0; u--) {
-        size_t a, b;
-        loco_gpt_unit_range(&t->model, u, &a, &b);
-        if (bhi == blo)
-            bhi = b;
-        blo = a;
-        if (bhi - blo < elems && u > 0)
-            continue;
-        if (stage < 2) {
-            rc = loco_comm_iallreduce(c, g + blo, bhi - blo, LOCO_DT_F32, LOCO_OP_AVG,
-                                      &t->reqs[nreq]);
-        } else {
-            size_t off = 0;
-            for (int r = 0; r < n; r++) {
-                const size_t ra = off, rb = off + t->own_counts[r];
-                const size_t x = blo > ra ? blo : ra, y = bhi < rb ? bhi : rb;
-                counts[r] = y > x ? y - x : 0;
-                off = rb;
-            }
-            const size_t mine = blo > lo ? blo : lo;
-            float *dst = own + (counts[loco_comm_rank(c)] ? mine - lo : 0);
-            rc = loco_comm_ireduce_scatter(c, g + blo, dst, counts, LOCO_DT_F32, LOCO_OP_AVG,
-                                           &t->reqs[nreq]);
-        }
-        if (rc == 0)
-            nreq++;
-        blo = bhi = 0;
-    }
-    const int rw = loco_comm_waitall(t->reqs, nreq);
-    loco_free(counts);
-    return rc ? rc : rw;
-}
-
-/* The rest of the device step over dp > 1, after the local backward:
- * gradients reduced, the global norm, clipping and AdamW (ZeRO 0: every
- * parameter on every rank; 1-2: the owned range, then the parameters
- * all-gathered), as loco_zero_step defines them on the CPU. */
-static int device_finish_dp(loco_trainer *t, float lr, double *norm) {
-    loco_comm *dp = t->mesh.dp_cp;
-    const int stage = loco_zero_stage(t->zero);
-    const double clip = t->cfg.train.grad_clip;
-    float *params, *grads;
-    size_t P, lo, hi;
-    loco_gpt_cuda_state(t->dev, &params, &grads, NULL, NULL, &P);
-    loco_zero_range(t->zero, &lo, &hi);
-    const size_t own = hi - lo;
-    if (t->dev_comm) { /* NCCL orders itself after the backward by an event */
-        LOCO_CHECK(reduce_grads(t, t->dev_comm, grads, t->down));
-        if (stage == 2)
-            LOCO_CHECK(loco_cuda_copy(grads + lo, t->down, own * sizeof(float), STREAM));
-    } else { /* staged through host buffers */
-        LOCO_CHECK(loco_cuda_copy(t->hstage, grads, P * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_sync(STREAM));
-        LOCO_CHECK(reduce_grads(t, dp, t->hstage, t->hown));
-        if (stage < 2)
-            LOCO_CHECK(loco_cuda_copy(grads, t->hstage, P * sizeof(float), STREAM));
-        else
-            LOCO_CHECK(loco_cuda_copy(grads + lo, t->hown, own * sizeof(float), STREAM));
-    }
-    if (stage < 2) { /* the whole gradient, identical on every rank */
-        LOCO_CHECK(loco_gpt_cuda_clip(t->dev, clip, norm));
-    } else { /* the owned parts' sums (the dense/expert pair zero.c sums) */
-        double part[2] = {0, 0};
-        LOCO_CHECK(loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, &part[0]));
-        LOCO_CHECK(loco_comm_allreduce(dp, part, 2, LOCO_DT_F64, LOCO_OP_SUM));
-        *norm = sqrt(part[0] + part[1]);
-        if (clip > 0 && *norm > clip && isfinite(*norm))
-            LOCO_CHECK(loco_gpt_cuda_scale_grads(t->dev, lo, hi, (float)(clip / *norm)));
-    }
-    if (!isfinite(*norm))
-        return 0; /* as loco_zero_step: the caller reports divergence */
-    t->host_stale = true;
-    loco_adamw *opt = loco_zero_optimizer(t->zero, NULL, NULL);
-    if (stage == 0)
-        return loco_gpt_cuda_adamw(t->dev, opt, lr);
-    LOCO_CHECK(loco_gpt_cuda_adamw_range(t->dev, opt, lr, lo, hi));
-    if (t->dev_comm) { /* in place: this rank's block is params + lo */
-        LOCO_CHECK(loco_comm_allgather(t->dev_comm, params + lo, params, t->own_counts,
-                                       LOCO_DT_F32));
-        return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the bf16 copy */
-    }
-    LOCO_CHECK(loco_cuda_copy(t->hstage + lo, params + lo, own * sizeof(float), STREAM));
-    LOCO_CHECK(loco_cuda_sync(STREAM));
-    LOCO_CHECK(loco_comm_allgather(dp, t->hstage + lo, t->hstage, t->own_counts, LOCO_DT_F32));
-    return loco_gpt_cuda_upload(t->dev, t->hstage, NULL, NULL);
-}
-
-/* The step of loco_trainer_step on the device: same batches, schedule,
- * clipping and AdamW (the host optimizer's t and hyper-parameters). */
-static int device_step(loco_trainer *t, double *loss_sum, float lr, double *norm) {
-    const int accum = (int)t->cfg.train.grad_accum;
-    LOCO_CHECK(loco_gpt_cuda_zero_grad(t->dev));
-    for (int micro = 0; micro < accum; micro++) {
-        LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));
-        /* no wait: the micro-steps' mean losses add up on the device */
-        LOCO_CHECK(loco_gpt_cuda_forward_backward(t->dev, t->inputs, t->targets, t->B, t->T,
-                                                  1.0f / (float)accum, NULL));
-    }
-    if (loco_comm_size(t->mesh.dp_cp) > 1 || t->dev_comm) { /* nccl: also on one rank */
-        LOCO_CHECK(loco_gpt_cuda_loss_sum(t->dev, loss_sum));
-        return device_finish_dp(t, lr, norm);
-    }
-    /* clip and AdamW queued, one wait; AdamW skipped on the device when the
-     * norm is not finite (the caller reports divergence) */
-    t->host_stale = true;
-    return loco_gpt_cuda_clip_adamw(t->dev, loco_zero_optimizer(t->zero, NULL, NULL), lr,
-                                    t->cfg.train.grad_clip, norm, loss_sum);
-}
-#endif
 
 /* The step of loco_trainer_step through the pipeline: every rank of a dp
  * group reads the same micro-batches; the stage's gradients are complete
@@ -658,7 +297,7 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     double norm;
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev) {
-        LOCO_CHECK(device_step(t, &loss_sum, lr, &norm));
+        LOCO_CHECK(loco__train_device_step(t, &loss_sum, lr, &norm));
         goto stepped;
     }
 #endif
@@ -749,7 +388,7 @@ static int save_to_url(loco_trainer *t, const char *url) {
 int loco_trainer_save(loco_trainer *t, const char *dir) {
     if (loco_store_is_url(dir))
         return save_to_url(t, dir);
-    LOCO_CHECK(host_sync(t));
+    LOCO_CHECK(loco__train_host_sync(t));
     static const char *const model_sections[] = {"model", NULL};
     loco_ckpt_state st = {
         .step = t->step,
@@ -929,8 +568,12 @@ int loco_trainer_begin_run(loco_trainer *t) {
                   "AdamW state, %.1f MiB of device memory",
                   c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20));
     if (t->dev && (loco_comm_size(t->mesh.dp_cp) > 1 || t->dev_comm))
-        loco_info("device data parallel: dp=%d, ZeRO-%d, gradients and parameters over %s",
+        loco_info("device data parallel: dp=%d, ZeRO-%d%s, gradients and parameters over %s, "
+                  "reduced while the backward runs",
                   loco_comm_size(t->mesh.dp_cp), loco_zero_stage(t->zero),
+                  loco_zero_stage(t->zero) >= 3 && loco_comm_size(t->mesh.dp_cp) > 1
+                      ? " (owned state only, weights gathered unit by unit)"
+                      : "",
                   t->dev_comm ? "nccl (device buffers)" : "the host (pinned staging buffers)");
 #endif
     t->t_start = loco_now();

@@ -13,7 +13,7 @@
 #             20 trainer steps with train.device = cuda against cpu)
 #   multi-rank  train.device = cuda over one rank of nccl and over two
 #             processes sharing the GPU (mpirun, mpi backend), dp = 2 and
-#             ZeRO 0-2, against the one-rank device run
+#             ZeRO 0-3, against the one-rank device run
 #             (scripts/gpu-dp-check.sh; needs mpirun and a loco built with
 #             CUDA and MPI, GPU_CHECK_LOCO, default $BUILD/loco: skipped
 #             with the reason where either is missing)

@@ -9,7 +9,8 @@
 #            buckets, the owned AdamW and the all-gather on device pointers
 #   dp2-zN   mpirun -np 2, both processes on the one GPU, backend mpi (the
 #            collectives staged through pinned host buffers), dp = 2,
-#            ZeRO 0, 1 and 2
+#            ZeRO 0, 1, 2 and 3 (ZeRO-3: the sharded device model, weights
+#            gathered unit by unit)
 #
 # usage: scripts/gpu-dp-check.sh LOCO_BINARY   (a build with CUDA and MPI)
 # Exit status 0 when every run matched; 1 otherwise; 2 for a usage error.
@@ -73,7 +74,7 @@ run ref "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=self 
 run nccl1 "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=nccl \
   --set parallel.zero_stage=1 --set train.batch_size=4 --set run.dir="$d/nccl1"
 compare nccl1 || fail=1
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   run "dp2-z$z" mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
     --set parallel.backend=mpi --set parallel.dp=2 --set parallel.zero_stage="$z" \
     --set train.batch_size=2 --set run.dir="$d/dp2-z$z"

@@ -1,22 +1,26 @@
 /* train.device = cuda with more than one rank, on the emulator: the
- * trainer's multi-rank device code (inner/train.c, device_finish_dp) over
- * the mpi backend, whose collectives are staged through host buffers.
+ * trainer's multi-rank device code (inner/train_device.c) over the mpi
+ * backend, whose collectives are staged through host buffers.
  *
  *   dp_check ref DIR        one rank (backend self), the whole global batch
- *                           (batch_size 4): STEPS + 1 steps' losses and the
- *                           parameters after STEPS into DIR/ref.bin
- *   mpirun -np 2 dp_check dp DIR
+ *                           (batch_size 4, 2 micro-steps), fp32 and bf16:
+ *                           STEPS + 1 steps' losses and the parameters
+ *                           after STEPS into DIR/ref_{fp32,bf16}.bin
+ *   mpirun -np 2 dp_check dp DIR [CASES]
  *                           dp = 2 (batch_size 2 each: the same global
- *                           batch), ZeRO 0, 1 and 2: every step's loss and
- *                           the final parameters within 1e-5 relative of
- *                           the reference (max |diff| / max |ref|, as
- *                           tests/parallel/test_zero.c); then a sharded
+ *                           batch), fp32 ZeRO 0, 1, 2 and 3 (the sharded
+ *                           device model, weights gathered per unit) and
+ *                           bf16 ZeRO-3 (CASES "0123b3" by default): every
+ *                           step's loss and the final parameters (ZeRO-3:
+ *                           the owned range) within 1e-5 relative of the
+ *                           reference (bf16 2e-3; max |diff| / max |ref|,
+ *                           as tests/parallel/test_zero.c); then a sharded
  *                           checkpoint, resumed into a new trainer, whose
  *                           next step's loss is the reference's step
  *                           STEPS + 1 (the owned AdamW moments went to the
- *                           host and back); ZeRO-3 is refused clearly.
+ *                           host and back).
  *
- * Built and run by tests/gpu/emu/run.sh (--filter 'gpu_dp/*'); it prints
+ * Built and run by tests/gpu/emu/run.sh (--filter 'gpu_dp/ *'); it prints
  * " N passed, M failed" per rank and exits non-zero on a failure. */
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +34,14 @@
 #ifndef STEPS
 #define STEPS 3
 #endif
-#define TOL 1e-5
+#define TOL_F32 1e-5
+/* bf16 passes: the same per-sequence activations on both sides; the
+ * batch's sums and the bf16 roundings of weights that moved apart by
+ * those sums differ */
+#define TOL_BF16 2e-3
+
+static const char *g_dtype = "fp32"; /* of the run being checked */
+static double tol(void) { return strcmp(g_dtype, "bf16") ? TOL_F32 : TOL_BF16; }
 
 static void config(loco_config *cfg, const char *dir, const char *backend, int batch, int zero) {
     loco_config_defaults(cfg);
@@ -40,6 +51,7 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     cfg->model.seq_len = 16;
     cfg->model.vocab_size = 256;
     cfg->train.batch_size = batch;
+    cfg->train.grad_accum = 2; /* ZeRO-3 reduces every micro-step, buckets only the last */
     cfg->train.steps = STEPS + 1;
     cfg->train.warmup_steps = 2;
     cfg->train.lr = 1e-2;
@@ -52,9 +64,10 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     cfg->run.eval_every = 0;
     cfg->data.val[0] = '\0';
     snprintf(cfg->train.device, sizeof cfg->train.device, "cuda");
+    snprintf(cfg->train.dtype, sizeof cfg->train.dtype, "%s", g_dtype);
     snprintf(cfg->parallel.backend, sizeof cfg->parallel.backend, "%s", backend);
     snprintf(cfg->data.train, sizeof cfg->data.train, "%s/train_000000.bin", dir);
-    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d", dir, backend, zero);
+    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s", dir, backend, zero, g_dtype);
 }
 
 /* A learnable byte stream, as tests/gpu/test_cuda_model.c's. */
@@ -73,9 +86,7 @@ static int die(const char *what) {
     return 1;
 }
 
-static int reference(const char *dir) {
-    if (write_shard(dir) < 0)
-        return die("shard");
+static int reference_of(const char *dir) {
     loco_config cfg;
     config(&cfg, dir, "self", 4, 0);
     loco_trainer *t;
@@ -90,7 +101,7 @@ static int reference(const char *dir) {
         if (i + 1 == STEPS) { /* the parameters after STEPS */
             const loco_gpt *m = loco_trainer_model(t);
             char path[600];
-            snprintf(path, sizeof path, "%s/ref.bin", dir);
+            snprintf(path, sizeof path, "%s/ref_%s.bin", dir, g_dtype);
             FILE *f = fopen(path, "wb");
             if (!f || fwrite(&m->n_params, sizeof m->n_params, 1, f) != 1 ||
                 fwrite(m->params, sizeof(float), m->n_params, f) != m->n_params)
@@ -99,14 +110,24 @@ static int reference(const char *dir) {
         }
     }
     char path[600];
-    snprintf(path, sizeof path, "%s/ref_loss.bin", dir);
+    snprintf(path, sizeof path, "%s/ref_loss_%s.bin", dir, g_dtype);
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(loss, sizeof loss, 1, f) != 1)
         return die("ref_loss.bin");
     fclose(f);
     loco_trainer_destroy(t);
-    printf("reference: loss %.6f -> %.6f\n", loss[0], loss[STEPS]);
+    printf("reference (%s): loss %.6f -> %.6f\n", g_dtype, loss[0], loss[STEPS]);
     return 0;
+}
+
+static int reference(const char *dir) {
+    if (write_shard(dir) < 0)
+        return die("shard");
+    g_dtype = "fp32";
+    if (reference_of(dir))
+        return 1;
+    g_dtype = "bf16";
+    return reference_of(dir);
 }
 
 static float ref_loss[STEPS + 1];
@@ -115,15 +136,17 @@ static size_t ref_n;
 
 static int load_reference(const char *dir) {
     char path[600];
-    snprintf(path, sizeof path, "%s/ref_loss.bin", dir);
+    snprintf(path, sizeof path, "%s/ref_loss_%s.bin", dir, g_dtype);
     FILE *f = fopen(path, "rb");
     if (!f || fread(ref_loss, sizeof ref_loss, 1, f) != 1) {
         fprintf(stderr, "%s: missing or short (run `dp_check ref %s` first)\n", path, dir);
         return -1;
     }
     fclose(f);
-    snprintf(path, sizeof path, "%s/ref.bin", dir);
+    snprintf(path, sizeof path, "%s/ref_%s.bin", dir, g_dtype);
     f = fopen(path, "rb");
+    free(ref_params);
+    ref_params = NULL;
     if (!f || fread(&ref_n, sizeof ref_n, 1, f) != 1 || !(ref_params = malloc(ref_n * 4)) ||
         fread(ref_params, 4, ref_n, f) != ref_n) {
         fprintf(stderr, "%s: missing or short\n", path);
@@ -151,18 +174,24 @@ static void check_stage(const char *dir, int zero) {
             goto out;
         const double e = fabs((double)s.loss - ref_loss[i]) / ref_loss[i];
         worst = fmax(worst, e);
-        CHECK(e <= TOL, "ZeRO-%d step %d: loss %.7f, one rank %.7f (rel %.3g)", zero, i + 1,
+        CHECK(e <= tol(), "ZeRO-%d step %d: loss %.7f, one rank %.7f (rel %.3g)", zero, i + 1,
               s.loss, ref_loss[i], e);
     }
+    /* ZeRO-3: this rank's owned range (the host model holds no whole
+     * parameters); else every parameter */
     const loco_gpt *m = loco_trainer_model(t);
     CHECK(m->n_params == ref_n, "ZeRO-%d: %zu parameters, reference %zu", zero, m->n_params,
           ref_n);
+    size_t lo = 0, hi = m->n_params;
+    const float *p = zero >= 3 ? loco_trainer_owned_params(t, &lo, &hi) : m->params;
+    CHECK(p != NULL && hi <= ref_n && (zero < 3 || hi - lo < ref_n),
+          "ZeRO-%d: parameters [%zu, %zu) of %zu", zero, lo, hi, ref_n);
     double dmax = 0, rmax = 0;
-    for (size_t i = 0; i < ref_n && m->n_params == ref_n; i++) {
-        dmax = fmax(dmax, fabs((double)m->params[i] - ref_params[i]));
+    for (size_t i = lo; p && i < hi && hi <= ref_n; i++) {
+        dmax = fmax(dmax, fabs((double)p[i - lo] - ref_params[i]));
         rmax = fmax(rmax, fabs((double)ref_params[i]));
     }
-    CHECK(dmax <= TOL * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero, dmax / rmax);
+    CHECK(dmax <= tol() * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero, dmax / rmax);
     /* Sharded checkpoint; a new trainer resumes it: the next step is the
      * reference's (moments, step count and data position came back). */
     char ck[700];
@@ -181,19 +210,20 @@ static void check_stage(const char *dir, int zero) {
     rc = loco_trainer_step(t, &s);
     CHECK(rc == 0, "ZeRO-%d resumed step: %s", zero, loco_errmsg());
     const double e = fabs((double)s.loss - ref_loss[STEPS]) / ref_loss[STEPS];
-    CHECK(rc == 0 && e <= TOL, "ZeRO-%d resumed step %d: loss %.7f, one rank %.7f (rel %.3g)",
+    CHECK(rc == 0 && e <= tol(), "ZeRO-%d resumed step %d: loss %.7f, one rank %.7f (rel %.3g)",
           zero, STEPS + 1, s.loss, ref_loss[STEPS], e);
     if (g_rank == 0)
-        printf("dp=2 ZeRO-%d (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
+        printf("dp=2 ZeRO-%d %s (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
                "resumed step rel diff %.3g\n",
-               zero, worst, dmax / rmax, e);
+               zero, g_dtype, worst, dmax / rmax, e);
 out:
     loco_trainer_destroy(t);
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
-        fprintf(stderr, "usage: dp_check ref|dp DIR\n");
+    if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
+        fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
+                        "then b and bf16 stages; default 0123b3)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -209,15 +239,21 @@ int main(int argc, char **argv) {
     }
     if (load_reference(argv[2]) < 0)
         return 1;
-    for (int zero = 0; zero <= 2; zero++)
-        check_stage(argv[2], zero);
-    loco_config cfg;
-    config(&cfg, argv[2], "mpi", 2, 3);
-    loco_trainer *t = NULL;
-    const int rc = loco_trainer_create(&t, &cfg, NULL);
-    CHECK(rc == LOCO_ENOTSUP && strstr(loco_errmsg(), "parallel.zero_stage = 3 with train.device"),
-          "ZeRO-3 on the device over 2 ranks: rc %d, %s", rc, loco_errmsg());
-    loco_trainer_destroy(t);
+    /* CASES: fp32 stages, then after 'b' the bf16 ones */
+    const char *cases = argc == 4 ? argv[3] : "0123b3";
+    const char *bf = strchr(cases, 'b');
+    for (const char *c = cases; *c && c != bf; c++)
+        if (*c >= '0' && *c <= '3')
+            check_stage(argv[2], *c - '0');
+    /* bf16: the ZeRO-3 gathers move the passes' weights (2 bytes an element) */
+    g_dtype = "bf16";
+    if (bf && bf[1]) {
+        if (load_reference(argv[2]) < 0)
+            return 1;
+        for (const char *c = bf + 1; *c; c++)
+            if (*c >= '0' && *c <= '3')
+                check_stage(argv[2], *c - '0');
+    }
     free(ref_params);
     printf("[rank %d] %ld passed, %ld failed\n", g_rank, n_pass, n_fail);
     loco_comm_destroy(keep);
