@@ -67,7 +67,6 @@ int loco_data_prep_bytes(const char *text_path, const char *out_prefix, double v
 int loco_data_prep_tokens(const int32_t *ids, size_t n, int vocab_size, const char *what,
                           const char *out_prefix, double val_frac, size_t shard_tokens);
 
-
 /* ----------------------------------------------------------------- model */
 
 typedef struct {
@@ -459,6 +458,7 @@ float loco_lr_at(const loco_config *cfg, int64_t step);
 double loco_clip_grad_norm(float *grads, size_t n, double max_norm);
 
 /* ------------------------------------------------------- model on a GPU */
+/* (units, hooks, sharding, ranged updates: inner/gpt_cuda_internal.h) */
 
 #if defined(LOCO_HAVE_CUDA)
 /* The same GPT-2 on one GPU, through the kernels/cuda twins, in the CPU
@@ -488,34 +488,6 @@ extern const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N];
 int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                          bool bf16);
 void loco_gpt_cuda_destroy(loco_gpt_cuda *g); /* accepts NULL */
-/* ZeRO-3: a model whose fp32 state (params, grads, m, v and the weights in
- * the passes' type) holds the flat range [lo, hi) only; the weights and
- * gradients of each unit a pass uses are bound from the hooks
- * (loco_gpt_cuda_bind_unit). The whole-model clip and AdamW are refused:
- * the ranged calls take [lo, hi). */
-int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
-                                 bool bf16, size_t lo, size_t hi);
-/* Called on the host between the launches of a pass, as loco_gpt_hooks
- * (units 0, 1..L, L+1; the kernels before the call are queued, not
- * finished: work on loco_cuda_compute_stream is ordered after them).
- * While hooks are set the step is never captured as a CUDA graph. */
-typedef struct {
-    void *ctx;
-    int (*acquire)(void *ctx, int unit, bool backward);
-    int (*grads_ready)(void *ctx, int unit);
-} loco_gpt_cuda_hooks;
-void loco_gpt_cuda_set_hooks(loco_gpt_cuda *g, const loco_gpt_cuda_hooks *hooks);
-/* A sharded model: the passes read unit's weights at w (the passes' type,
- * laid out like the unit's flat range) and add its gradients (fp32) into
- * grads; NULL keeps that binding. */
-int loco_gpt_cuda_bind_unit(loco_gpt_cuda *g, int unit, const void *w, float *grads);
-/* Flat range of a unit. */
-void loco_gpt_cuda_unit_range(const loco_gpt_cuda *g, int unit, size_t *lo, size_t *hi);
-/* The flat range [*lo, *hi) the fp32 state holds, the device weights of
- * that range in the passes' type (a sharded model's gather source) and
- * their version (bumped whenever the weights are refreshed from params). */
-void loco_gpt_cuda_shard(const loco_gpt_cuda *g, size_t *lo, size_t *hi, const void **weights,
-                         uint64_t *version);
 /* Attention kernel, want = train.attention ("auto" | "tensor" |
  * "reference", loco_cuda_attention_select): reference until set; the
  * tensor-core one where this model and device allow it, else the
@@ -567,25 +539,6 @@ int loco_gpt_cuda_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr);
  * secs[kind] (LOCO_PROF_N doubles, caller-owned; slower, says where the
  * time goes). off: secs is ignored and calls only enqueue. */
 void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs);
-/* Data parallel over the device state (the trainer, dp > 1). The device
- * pointers of the fp32 flat buffers (the layout of loco_gpt_build_table;
- * each starts at the held range's first element, loco_gpt_cuda_shard;
- * *n_params: the whole model's count) for collectives and ranged copies;
- * work on them goes on loco_cuda_compute_stream (NULL outputs are
- * skipped). The ranged calls below take flat indices inside the held
- * range. */
-void loco_gpt_cuda_state(loco_gpt_cuda *g, float **params, float **grads, float **m, float **v,
-                         size_t *n_params);
-/* Sum of squares of the gradients of flat range [lo, hi), the fixed order
- * of loco_cuda_sumsq (waits). */
-int loco_gpt_cuda_grad_sumsq(loco_gpt_cuda *g, size_t lo, size_t hi, double *sumsq);
-/* Gradients of [lo, hi) times s (enqueued). */
-int loco_gpt_cuda_scale_grads(loco_gpt_cuda *g, size_t lo, size_t hi, float s);
-/* loco_gpt_cuda_adamw on the flat range [lo, hi) only (every tensor piece
- * in it with its own decay; opt->t is advanced). The bf16 weight copy is
- * NOT refreshed: loco_gpt_cuda_upload(g, NULL, NULL, NULL) does, once the
- * parameters are whole again. */
-int loco_gpt_cuda_adamw_range(loco_gpt_cuda *g, loco_adamw *opt, float lr, size_t lo, size_t hi);
 #endif /* LOCO_HAVE_CUDA */
 
 /* ----------------------------------------------------------- checkpoints */

@@ -19,6 +19,7 @@
  * kernels queued before them by events (no host wait); over mpi they are
  * staged through pinned host buffers (the host waits for each copy: the
  * path that lets two processes share one GPU, for tests). */
+#include "inner/gpt_cuda_internal.h"
 #include "inner/train_internal.h"
 
 #include <math.h>

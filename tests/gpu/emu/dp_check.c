@@ -13,7 +13,8 @@
  *                           bf16 ZeRO-3 (CASES "0123b3" by default): every
  *                           step's loss and the final parameters (ZeRO-3:
  *                           the owned range) within 1e-5 relative of the
- *                           reference (bf16 2e-3; max |diff| / max |ref|,
+ *                           reference (bf16 parameters 2e-2, see
+ *                           TOL_BF16_PARAMS; max |diff| / max |ref|,
  *                           as tests/parallel/test_zero.c); then a sharded
  *                           checkpoint, resumed into a new trainer, whose
  *                           next step's loss is the reference's step
@@ -23,6 +24,7 @@
  * Built and run by tests/gpu/emu/run.sh (--filter 'gpu_dp/ *'); it prints
  * " N passed, M failed" per rank and exits non-zero on a failure. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,13 +37,20 @@
 #define STEPS 3
 #endif
 #define TOL_F32 1e-5
-/* bf16 passes: the same per-sequence activations on both sides; the
- * batch's sums and the bf16 roundings of weights that moved apart by
- * those sums differ */
-#define TOL_BF16 2e-3
+/* bf16 passes: the losses stay within 1e-5 (seen: 7.1e-7 at ZeRO-0,
+ * 5.4e-6 at ZeRO-3, 2026-12-02), but the parameters do not: the batch's
+ * sums split over two ranks round differently, and AdamW turns a
+ * gradient that is rounding noise (exactly 0 in exact arithmetic) into a
+ * full step of lr whose sign may flip; dp = 2 ZeRO-0 in bf16 is 8.2e-3
+ * from one rank, ZeRO-3 7.3e-3. The bound is tests/gpu/test_cuda_model.c's
+ * for bf16 training. */
+#define TOL_BF16_LOSS 1e-5
+#define TOL_BF16_PARAMS 2e-2
 
 static const char *g_dtype = "fp32"; /* of the run being checked */
-static double tol(void) { return strcmp(g_dtype, "bf16") ? TOL_F32 : TOL_BF16; }
+static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
+static double tol(void) { return bf16() ? TOL_BF16_LOSS : TOL_F32; }
+static double tol_params(void) { return bf16() ? TOL_BF16_PARAMS : TOL_F32; }
 
 static void config(loco_config *cfg, const char *dir, const char *backend, int batch, int zero) {
     loco_config_defaults(cfg);
@@ -191,7 +200,7 @@ static void check_stage(const char *dir, int zero) {
         dmax = fmax(dmax, fabs((double)p[i - lo] - ref_params[i]));
         rmax = fmax(rmax, fabs((double)ref_params[i]));
     }
-    CHECK(dmax <= tol() * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero, dmax / rmax);
+    CHECK(dmax <= tol_params() * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero, dmax / rmax);
     /* Sharded checkpoint; a new trainer resumes it: the next step is the
      * reference's (moments, step count and data position came back). */
     char ck[700];
