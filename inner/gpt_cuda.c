@@ -538,13 +538,22 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         const void *res = residual_in(g, l);
         ACQUIRE(l + 1, true);
         LOCO_CHECK(check_bound(g, l + 1, true));
-        /* residual3 = residual2 + fcproj: dres flows to both. */
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, s));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
-                                   LG("mlp.c_proj.bias"), g->dres, a->fchg,
-                                   LW("mlp.c_proj.weight"), N, 4 * C, C, false, s));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, nc * 4 * es, s));
-        RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, nc * 4, s));
+        /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
+         * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
+        int unfused = 1;
+        if (g->bf16)
+            RUN(LOCO_PROF_MATMUL,
+                unfused = loco_cuda_matmul_bwd_dgelu_bf16(
+                    h, g->dfch, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"), g->dres, a->fchg,
+                    LW("mlp.c_proj.weight"), a->fch, N, 4 * C, C, s));
+        if (unfused) {
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, s));
+            RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
+                                       LG("mlp.c_proj.bias"), g->dres, a->fchg,
+                                       LW("mlp.c_proj.weight"), N, 4 * C, C, false, s));
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, nc * 4 * es, s));
+            RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, nc * 4, s));
+        }
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"),
                                    LG("mlp.c_fc.bias"), g->dfch, a->ln2, LW("mlp.c_fc.weight"), N,

@@ -451,6 +451,18 @@ int loco_cuda_matmul_bwd(loco_blas *h, float *dinp, float *dw, float *dbias, con
 int loco_cuda_matmul_bwd_bf16(loco_blas *h, loco_bf16 *dinp, float *dw, float *dbias,
                               const loco_bf16 *dout, const loco_bf16 *inp, const loco_bf16 *w,
                               int N, int C, int OC, bool w_transposed, loco_stream s);
+/* The MLP projection's backward with GELU's gradient fused into the dinp
+ * GEMM (cuBLASLt's DGELU epilogue, pre = the forward's pre-activation):
+ * dpre (N,C) = gelu'(pre) * (dout . w) is WRITTEN (not accumulated); dw
+ * and dbias as loco_cuda_matmul_bwd_bf16 (w not transposed). Returns 1,
+ * nothing written, where cuBLASLt has no such epilogue for the shape (C
+ * not a multiple of 8): the caller runs matmul_bwd and gelu_bwd. CPU twin:
+ * loco_matmul_bwd into a zeroed dinp, then loco_gelu_bwd. bf16 only: in
+ * fp32 the separate passes keep the twin's 1e-5 (cuBLASLt's own tanh). */
+int loco_cuda_matmul_bwd_dgelu_bf16(loco_blas *h, loco_bf16 *dpre, float *dw, float *dbias,
+                                    const loco_bf16 *dout, const loco_bf16 *inp,
+                                    const loco_bf16 *w, const loco_bf16 *pre, int N, int C,
+                                    int OC, loco_stream s);
 
 /* Fused causal attention (flash-attention style): never stores the T x T
  * matrix. Instead of att it saves lse (B,NH,T), the log-sum-exp of each

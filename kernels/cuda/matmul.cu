@@ -431,6 +431,42 @@ static int matmul_bwd(loco_blas *h, T *dinp, G *dw, float *dbias, const T *dout,
     return 0;
 }
 
+/* The MLP projection's backward with GELU's gradient in the dinp GEMM's
+ * epilogue (DGELU, pre = the forward's pre-activation as aux): dpre (N,C)
+ * = gelu'(pre) * (dout . w), written (beta 0: neither the zeroing of a
+ * dinp buffer nor the separate gelu_bwd pass over N x C); then dw and
+ * dbias as matmul_bwd. Returns 1 with nothing written where cuBLASLt has
+ * no such epilogue for the shape (aux's leading dimension must be a
+ * multiple of 8). */
+template <typename T>
+static int matmul_bwd_dgelu(loco_blas *h, T *dpre, float *dw, float *dbias, const T *dout,
+                            const T *inp, const T *w, const T *pre, int N, int C, int OC,
+                            loco_stream s) {
+    if (C % 8)
+        return 1;
+    gemm_args g = {};
+    g.ta = true; /* dpre^T (C,N) = op(w) (C,OC) . dout^T (OC,N), as matmul_bwd's dinp */
+    g.m = C;
+    g.n = N;
+    g.k = OC;
+    g.A = w;
+    g.lda = OC;
+    g.B = dout;
+    g.ldb = OC;
+    g.D = dpre;
+    g.ldd = C;
+    g.ab = g.dt = dtype_of<T>();
+    g.beta = 0.0f;
+    g.epi = CUBLASLT_EPILOGUE_DGELU;
+    g.aux = (void *)pre;
+    g.ldaux = C;
+    if (gemm(h, &g, s) < 0) {
+        loco_err_clear();
+        return 1;
+    }
+    return matmul_bwd<T, float>(h, NULL, dw, dbias, dout, inp, w, N, C, OC, false, s);
+}
+
 /* bf16: GELU in the epilogue when cuBLASLt offers it for this shape (its
  * aux output wants a leading dimension that is a multiple of 8). fp32, and
  * bf16 elsewhere: the bias GEMM into pre and our GELU (tanhf), so that the
@@ -496,4 +532,13 @@ extern "C" int loco_cuda_matmul_bwd_bf16(loco_blas *h, loco_bf16 *dinp, float *d
                                          bool w_transposed, loco_stream s) {
     return matmul_bwd<__nv_bfloat16, float>(h, dinp ? bf(dinp) : NULL, dw, dbias, bf(dout),
                                             bf(inp), bf(w), N, C, OC, w_transposed, s);
+}
+
+extern "C" int loco_cuda_matmul_bwd_dgelu_bf16(loco_blas *h, loco_bf16 *dpre, float *dw,
+                                               float *dbias, const loco_bf16 *dout,
+                                               const loco_bf16 *inp, const loco_bf16 *w,
+                                               const loco_bf16 *pre, int N, int C, int OC,
+                                               loco_stream s) {
+    return matmul_bwd_dgelu<__nv_bfloat16>(h, bf(dpre), dw, dbias, bf(dout), bf(inp), bf(w),
+                                           bf(pre), N, C, OC, s);
 }

@@ -280,6 +280,52 @@ Test(gpu_kernels, matmul_gelu_f32_awkward) { check_matmul_gelu(false, 37, 53, 71
 Test(gpu_kernels, matmul_gelu_bf16_epilogue) { check_matmul_gelu(true, 64, 96, 128, 14); }
 Test(gpu_kernels, matmul_gelu_bf16_awkward) { check_matmul_gelu(true, 37, 56, 71, 30); }
 
+/* The MLP projection's backward with GELU's gradient in the epilogue
+ * (bf16): dpre written (whatever it held), dw and dbias accumulated, as
+ * the CPU twins loco_matmul_bwd into a zeroed dinp then loco_gelu_bwd.
+ * C not a multiple of 8: 1, nothing written. */
+static void check_matmul_dgelu(int N, int C, int OC, uint64_t seed)
+{
+    gpu_env e;
+    gpu_env_init(&e, SLAB);
+    loco_blas *h = NULL;
+    GPU_OK(loco_blas_create(&h));
+    uint64_t s = seed;
+    const size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
+    float *x = rand_f(&s, nin, 1.0), *pre = rand_f(&s, nin, 2.0), *w = rand_f(&s, nw, 0.5);
+    float *dout = rand_f(&s, nout, 1.0), *dw = rand_f(&s, nw, 0.5), *dbias = rand_f(&s, OC, 0.5);
+    float *junk = rand_f(&s, nin, 9.0);
+    void *d_x = up(&e, x, nin, true), *d_pre = up(&e, pre, nin, true), *d_w = up(&e, w, nw, true);
+    void *d_dout = up(&e, dout, nout, true), *d_dpre = up(&e, junk, nin, true);
+    void *d_dw = dup_to_dev(&e, dw, nw * 4), *d_db = dup_to_dev(&e, dbias, OC * 4);
+    const int rc = loco_cuda_matmul_bwd_dgelu_bf16(h, d_dpre, d_dw, d_db, d_dout, d_x, d_w, d_pre,
+                                                   N, C, OC, NULL);
+    cr_assert_geq(rc, 0, "%s", loco_errmsg());
+    float *gdpre = down(d_dpre, nin, true), *gdw = down(d_dw, nw, false);
+    float *gdb = down(d_db, OC, false);
+    if (C % 8) {
+        cr_expect_eq(rc, 1, "C = %d: the epilogue needs aux's ld a multiple of 8", C);
+        cr_expect_eq(memcmp(gdpre, junk, nin * 4), 0, "dpre written although refused");
+        cr_expect_eq(memcmp(gdw, dw, nw * 4), 0, "dw written although refused");
+    } else {
+        cr_expect_eq(rc, 0, "the DGELU epilogue refused %dx%dx%d", N, C, OC);
+        float *dfchg = calloc(nin, 4), *dpre = calloc(nin, 4);
+        loco_matmul_bwd(dfchg, dw, dbias, dout, x, w, N, C, OC, false);
+        loco_gelu_bwd(dpre, pre, dfchg, nin);
+        EXPECT_NEAR("dgelu dpre", gdpre, dpre, nin, TOL_BF16);
+        EXPECT_NEAR("dgelu dw", gdw, dw, nw, TOL_BF16);
+        EXPECT_NEAR("dgelu dbias", gdb, dbias, OC, TOL_F32);
+        free(dfchg), free(dpre);
+    }
+    free(x), free(pre), free(w), free(dout), free(dw), free(dbias), free(junk);
+    free(gdpre), free(gdw), free(gdb);
+    loco_blas_destroy(h);
+    gpu_env_fini(&e);
+}
+
+Test(gpu_kernels, matmul_dgelu_bf16) { check_matmul_dgelu(40, 128, 32, 33); }
+Test(gpu_kernels, matmul_dgelu_bf16_refused) { check_matmul_dgelu(17, 36, 24, 34); }
+
 /* The emulator's fake cuBLASLt counts its heuristic queries and live
  * descriptor/layout/preference objects; a real build has no such
  * functions (NULL here), and the plan cache's own counters stand alone. */

@@ -3,7 +3,8 @@
 /* tests/gpu/emu: a host stand-in for the part of cuBLASLt that matmul.cu uses, implementing
  * the documented semantics: column-major layouts (rows, cols, ld) of the
  * stored matrices, op applied, D = alpha op(A) op(B) + beta C, epilogues
- * (bias, GELU with aux; the bias gradients BGRADA / BGRADB: the sum of
+ * (bias, GELU with aux, DGELU: the result times GELU's gradient at aux; the
+ * bias gradients BGRADA / BGRADB: the sum of
  * op(A)'s rows / op(B)'s columns over k, written to the bias pointer in
  * D's type, overwriting it).
  * It counts the heuristic queries and the live descriptor, layout and
@@ -27,6 +28,7 @@ typedef int cublasLtEpilogue_t;
 #define CUBLASLT_EPILOGUE_BIAS 4
 #define CUBLASLT_EPILOGUE_GELU_AUX 160
 #define CUBLASLT_EPILOGUE_GELU_AUX_BIAS 164
+#define CUBLASLT_EPILOGUE_DGELU 192
 #define CUBLASLT_EPILOGUE_BGRADA 256
 #define CUBLASLT_EPILOGUE_BGRADB 512
 enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_MATMUL_DESC_BIAS_POINTER, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD };
@@ -73,6 +75,11 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
     if (d->epi == CUBLASLT_EPILOGUE_GELU_AUX || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
       setv(d->aux, ld->type, i + j * d->ldaux, v);
       v = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    }
+    if (d->epi == CUBLASLT_EPILOGUE_DGELU) { /* GELU's gradient at the pre-activation in aux */
+      const double x = getv(d->aux, ld->type, i + j * d->ldaux), c = 0.7978845608028654;
+      const double th = tanh(c * (x + 0.044715 * x * x * x));
+      v *= 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * 0.044715 * x * x);
     }
     setv(D, ld->type, i + j * ld->ld, v);
   }
