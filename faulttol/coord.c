@@ -333,8 +333,11 @@ int loco_coord_serve(loco_coord *c) {
         last_loop = loco_now();
         if (gap > 0.2)
             for (int i = 0; i < c->n; i++)
-                if (c->isl[i].link && loco_phi_beats(&c->isl[i].phi) > 0)
-                    c->isl[i].phi.last_s += gap;
+                if (c->isl[i].link) {
+                    c->isl[i].phi.start_s += gap;
+                    if (loco_phi_beats(&c->isl[i].phi) > 0)
+                        c->isl[i].phi.last_s += gap;
+                }
         loco__coord_accept_pending(c, &busy);
         LOCO_CHECK(loco__coord_read_pending(c, &busy));
         int done = 0, live_members = 0;
@@ -353,16 +356,24 @@ int loco_coord_serve(loco_coord *c) {
             }
             /* The last member standing is only ever lost with its link:
              * when everyone looks silent at once the fault is more likely
-             * here than there. */
+             * here than there. Before the run starts nobody is: an island
+             * heartbeats only from its first quorum on, so until then only
+             * a closed link tells it is gone (loco__coord_start_run starts
+             * every clock afresh). */
             const bool last_member =
                 is->status == MEMBER && __builtin_popcountll(loco__coord_members(c)) == 1;
-            if (!is->bye && !last_member &&
+            if (c->started && !is->bye && !last_member &&
                 loco_phi_suspect(&is->phi, now, c->cfg.faulttol.phi, timeout)) {
+                /* Never heard: silent since it registered or the run
+                 * started (loco_phi_start), not since time 0. */
+                const bool heard = loco_phi_beats(&is->phi) > 0;
+                const double since = heard ? loco_phi_last(&is->phi) : is->phi.start_s;
                 char why[256];
                 snprintf(why, sizeof why,
-                         "silent for %.0f ms (phi %.1f, threshold %.1f; hard timeout %lld ms)",
-                         (now - loco_phi_last(&is->phi)) * 1e3, loco_phi(&is->phi, now),
-                         c->cfg.faulttol.phi, (long long)c->cfg.faulttol.timeout_ms);
+                         "silent for %.0f ms%s (phi %.1f, threshold %.1f; hard timeout %lld ms)",
+                         (now - since) * 1e3, heard ? "" : ", no heartbeat yet",
+                         loco_phi(&is->phi, now), c->cfg.faulttol.phi,
+                         (long long)c->cfg.faulttol.timeout_ms);
                 LOCO_CHECK(loco__coord_island_lost(c, i, why));
             }
         }

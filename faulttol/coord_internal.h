@@ -84,6 +84,15 @@ static inline void loco__coord_retire_link(island *is) {
     is->gone_recv += st.wire_bytes_recv;
 }
 
+/* The island was heard from now (it registered, or the run started and its
+ * silence counts from here): the failure detector's clocks restart, its
+ * heartbeat intervals stay. */
+static inline void loco__coord_heard_now(island *is, double now) {
+    loco_phi_start(&is->phi, now);
+    if (loco_phi_beats(&is->phi) > 0)
+        is->phi.last_s = now;
+}
+
 /* coord.c */
 /* Appends one event (the JSON body after "t") to the run's timeline. */
 void loco__coord_event(loco_coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -128,6 +128,8 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
         loco_link_destroy(is->link);
         is->link = l;
         is->reg = reg;
+        /* Its silence while it reconnected ends with this REGISTER. */
+        loco__coord_heard_now(is, loco_now());
         c->n_registrations++;
         cJSON_Delete(j);
         char ack[64];
@@ -322,6 +324,12 @@ int loco__coord_start_run(loco_coord *c) {
     }
     c->started = true;
     c->known = true;
+    /* Failure detection starts with the run (an island heartbeats from its
+     * first quorum on): every island's silence counts from now. */
+    const double t_start = loco_now();
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link)
+            loco__coord_heard_now(&c->isl[i], t_start);
     if (resumed)
         loco_info("coordinator: resuming the run at committed outer step %lld", (long long)step);
     LOCO_CHECK(loco__coord_new_epoch(c, resumed ? "resumed" : "every island registered"));

@@ -321,6 +321,9 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
     LOCO_CHECK(loco_peers_create(&is->svc, &is->np, c->faulttol.listen_host, &is->set,
                                  (int)c->faulttol.timeout_ms));
     loco_peers_publish(is->svc, is->committed, is->in.steps_done(is->in.ctx));
+    /* A rejoining island records its first outer step before training
+     * (loco__island_record): its wait and wall time count from here. */
+    is->call_t0 = is->last_record_t = loco_now();
     LOCO_CHECK(loco__island_join(is));
     if (!loco_quorum_has(is->q.members, is->id) || is->q.join) {
         loco_info("island %d (%s): the run is under way; rejoining", is->id, site);

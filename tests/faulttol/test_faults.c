@@ -164,12 +164,55 @@ static void resume_copy(const scenario *a, scenario *b, const char *args) {
                  args);
 }
 
+/* Every outer step's time accounting is within the run: wait_s and wall_s
+ * of each island's outer.jsonl, and each "waited W of T s" logged, lie in
+ * [0, elapsed] (an uninitialised start time once gave a rejoined island's
+ * first step the machine's uptime). That step, observed while the island
+ * sets up, is only in the log: outer.jsonl is opened after it. */
+static void times_within(const scenario *s, double elapsed) {
+    static const char *const sites[] = {"siteA", "siteB", "siteC"};
+    int records = 0;
+    for (int k = 0; k < 3; k++) {
+        char path[160];
+        snprintf(path, sizeof path, "%s/%s/outer.jsonl", s->dir, sites[k]);
+        FILE *f = fopen(path, "r");
+        cr_assert(f, "%s", path);
+        char line[4096];
+        while (fgets(line, sizeof line, f)) {
+            cJSON *j = cJSON_Parse(line);
+            const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+            const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "wait_s");
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "wall_s");
+            if (cJSON_IsNumber(w) && cJSON_IsNumber(t)) {
+                records++;
+                cr_expect(w->valuedouble >= 0 && w->valuedouble <= elapsed &&
+                              t->valuedouble >= 0 && t->valuedouble <= elapsed,
+                          "%s outer step %d: waited %.3f of %.3f s in a run of %.3f s", sites[k],
+                          cJSON_IsNumber(os) ? os->valueint : -1, w->valuedouble, t->valuedouble,
+                          elapsed);
+            }
+            cJSON_Delete(j);
+        }
+        fclose(f);
+    }
+    cr_expect_gt(records, 0, "outer.jsonl records wait_s and wall_s");
+    for (const char *p = strstr(s->out, "| waited "); p; p = strstr(p + 1, "| waited ")) {
+        double w = -1, t = -1;
+        cr_expect_eq(sscanf(p, "| waited %lf of %lf s", &w, &t), 2, "%.60s", p);
+        cr_expect(w >= 0 && w <= elapsed && t >= 0 && t <= elapsed,
+                  "logged: waited %.3f of %.3f s in a run of %.3f s", w, t, elapsed);
+    }
+}
+
 TestSuite(faults, .timeout = 240);
 
 Test(faults, killed_island_is_detected_rejoins_and_matches) {
     scenario *s = calloc(1, sizeof *s);
+    const double t0 = loco_now();
     run(s, "kill", "--set faults.kill=siteC@30 --set faults.restart_ms=200");
+    const double elapsed = loco_now() - t0;
     cr_assert_eq(s->rc, 0, "%s", s->out);
+    times_within(s, elapsed);
     double kill = event_at(s, "fault", "siteC", "kill", 0);
     double sus = event_at(s, "suspect", "siteC", NULL, kill);
     double join = event_at(s, "join", "siteC", NULL, kill);
