@@ -69,30 +69,9 @@ int cli_train(int argc, char **argv) {
 
 /* DIR/tokenizer.json when the checkpoint has one (*t NULL: byte-level). */
 static int load_ckpt_tokenizer(const char *dir, int vocab_size, loco_tok **t) {
-    *t = NULL;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (access(path, F_OK) != 0)
-        return 0;
-    LOCO_CHECK(loco_tok_load_hf(t, path));
-    if (loco_tok_vocab_size(*t) > vocab_size) {
-        int v = loco_tok_vocab_size(*t);
-        loco_tok_destroy(*t);
-        *t = NULL;
-        return LOCO_ERR(LOCO_EINVAL, "%s: %d ids, more than the model's vocab_size %d", path, v,
-                        vocab_size);
-    }
-    return 0;
-}
-
-/* Loads a model (no optimizer) from a checkpoint for B x T batches. */
-static int load_model(const char *ckpt, const loco_config *cfg, loco_gpt *m, int B, int T) {
-    loco_gpt_config mc = loco_gpt_config_from(cfg);
-    LOCO_CHECK(loco_gpt_init(m, &mc, B, T));
-    int rc = loco_ckpt_load(ckpt, cfg, m, NULL, NULL);
-    if (rc < 0)
-        loco_gpt_fini(m);
-    return rc;
+    return loco_tok_load_optional(t, path, vocab_size);
 }
 
 int cli_eval(int argc, char **argv) {
@@ -121,84 +100,58 @@ int cli_eval(int argc, char **argv) {
         return cli_fail(rc);
     loco_set_threads((int)cfg.run.threads);
     const int B = (int)cfg.train.batch_size, T = (int)cfg.model.seq_len;
+    const int V = (int)cfg.model.vocab_size;
     loco_gpt m;
-    rc = load_model(ckpt, &cfg, &m, B, T);
+    rc = loco_gpt_load_ckpt(&m, ckpt, &cfg, B, T);
     if (rc < 0)
         return cli_fail(rc);
     loco_data *val = NULL;
-    int32_t *in = loco_alloc((size_t)B * T * sizeof(int32_t));
-    int32_t *tg = loco_alloc((size_t)B * T * sizeof(int32_t));
-    double sum = 0;
-    long long bytes = 0; /* text bytes the targets stand for (specials: none) */
     loco_tok *tok = NULL;
-    const int V = (int)cfg.model.vocab_size;
-    if (!in || !tg)
-        rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
+    uint32_t *tbytes = NULL; /* text bytes of each id (NULL: one, byte-level) */
+    loco_eval_result r;
+    rc = load_ckpt_tokenizer(ckpt, V, &tok);
+    if (rc == 0 && tok && !(tbytes = loco_alloc((size_t)V * sizeof *tbytes)))
+        rc = LOCO_ERR(LOCO_ENOMEM, "eval: %d token lengths", V);
+    if (rc == 0 && tok)
+        rc = loco_tok_text_bytes(tok, V, tbytes);
     if (rc == 0)
-        rc = load_ckpt_tokenizer(ckpt, V, &tok);
-    int eot = tok ? loco_tok_special_id(tok, LOCO_TOK_EOT) : -1;
+        rc = loco_data_open(&val, cfg.data.val, B, T, 0, 1, V);
     if (rc == 0)
-        rc = loco_data_open(&val, cfg.data.val, B, T, 0, 1, (int)cfg.model.vocab_size);
-    for (long long b = 0; b < batches && rc == 0; b++) {
-        float loss;
-        rc = loco_data_next(val, in, tg);
-        if (rc == 0)
-            rc = loco_gpt_forward(&m, in, tg, B, T, &loss);
-        sum += loss;
-        for (int64_t i = 0; rc == 0 && i < (int64_t)B * T; i++) {
-            size_t len = 1;
-            if (tok)
-                len = tg[i] == eot ? 0 : (loco_tok_token_bytes(tok, tg[i], &len), len);
-            bytes += (long long)len;
-        }
-    }
-    /* nats per byte = loss per token * tokens / bytes: comparable across
-     * vocabularies (bytes are the byte-level model's tokens) */
+        rc = loco_gpt_eval(&m, val, batches, tbytes, &r);
+    /* nats per byte: comparable across vocabularies (bytes are the
+     * byte-level model's tokens) */
     if (rc == 0 && (tok || V <= 256))
         printf("{\"val_loss\": %.6f, \"tokens\": %lld, \"bytes\": %lld, \"nats_per_byte\": "
                "%.6f}\n",
-               sum / (double)batches, batches * B * T, bytes,
-               sum / (double)batches * (double)(batches * B * T) / (double)bytes);
+               r.loss, r.tokens, r.bytes, r.nats_per_byte);
     else if (rc == 0)
-        printf("{\"val_loss\": %.6f, \"tokens\": %lld}\n", sum / (double)batches,
-               batches * B * T);
+        printf("{\"val_loss\": %.6f, \"tokens\": %lld}\n", r.loss, r.tokens);
     loco_tok_destroy(tok);
+    loco_free(tbytes);
     loco_data_close(val);
-    loco_free(in);
-    loco_free(tg);
     loco_gpt_fini(&m);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 
-/* Draws a token from logits / temperature, restricted to the top k. */
-static int sample_token(const float *logits, int V, float temperature, int top_k, loco_rng *rng,
-                        float *probs) {
-    float maxv = -INFINITY;
-    for (int v = 0; v < V; v++)
-        maxv = logits[v] > maxv ? logits[v] : maxv;
-    float cutoff = -INFINITY;
-    if (top_k > 0 && top_k < V) { /* k-th largest by repeated selection; V is small here */
-        memcpy(probs, logits, (size_t)V * sizeof(float));
-        for (int k = 0; k < top_k; k++) {
-            int best = 0;
-            for (int v = 1; v < V; v++)
-                best = probs[v] > probs[best] ? v : best;
-            cutoff = probs[best];
-            probs[best] = -INFINITY;
-        }
-    }
-    double sum = 0;
-    for (int v = 0; v < V; v++) {
-        probs[v] = logits[v] >= cutoff ? expf((logits[v] - maxv) / temperature) : 0.0f;
-        sum += probs[v];
-    }
-    double r = loco_rng_uniform_d(rng) * sum, acc = 0;
-    for (int v = 0; v < V; v++) {
-        acc += probs[v];
-        if (r < acc)
-            return v;
-    }
-    return V - 1;
+/* Prints each sampled id as text: its bytes with a tokenizer, the byte
+ * itself for a byte-level model, else " ID". */
+typedef struct {
+    const loco_tok *tok;
+    int V;
+} sample_out;
+
+static int print_token(int id, void *arg) {
+    const sample_out *o = arg;
+    size_t blen;
+    const uint8_t *b = o->tok ? loco_tok_token_bytes(o->tok, id, &blen) : NULL;
+    if (o->tok && b)
+        fwrite(b, 1, blen, stdout);
+    else if (o->V <= 256)
+        putchar(id);
+    else
+        printf(" %d", id);
+    fflush(stdout);
+    return 0;
 }
 
 int cli_sample(int argc, char **argv) {
@@ -238,15 +191,14 @@ int cli_sample(int argc, char **argv) {
     loco_set_threads((int)cfg.run.threads);
     const int T = (int)cfg.model.seq_len, V = (int)cfg.model.vocab_size;
     loco_gpt m;
-    rc = load_model(ckpt, &cfg, &m, 1, T);
+    rc = loco_gpt_load_ckpt(&m, ckpt, &cfg, 1, T);
     if (rc < 0)
         return cli_fail(rc);
     size_t plen = strlen(prompt);
     size_t cap = plen + (size_t)ntok + 1;
     int32_t *ctx = loco_alloc(cap * sizeof(int32_t));
-    float *probs = loco_alloc((size_t)V * sizeof(float));
     loco_tok *tok = NULL;
-    if (!ctx || !probs) {
+    if (!ctx) {
         rc = LOCO_ERR(LOCO_ENOMEM, "sampling buffers");
         goto out;
     }
@@ -269,30 +221,13 @@ int cli_sample(int argc, char **argv) {
     loco_rng rng;
     loco_rng_seed(&rng, (uint64_t)seed);
     fwrite(prompt, 1, plen, stdout);
-    for (long long k = 0; k < ntok; k++) {
-        size_t start = n > (size_t)T ? n - (size_t)T : 0;
-        int len = (int)(n - start);
-        rc = loco_gpt_forward(&m, ctx + start, NULL, 1, len, NULL);
-        if (rc < 0)
-            goto out;
-        int next = sample_token(m.a.logits + (size_t)(len - 1) * V, V, (float)temperature,
-                                (int)top_k, &rng, probs);
-        ctx[n++] = next;
-        size_t blen;
-        const uint8_t *b = tok ? loco_tok_token_bytes(tok, next, &blen) : NULL;
-        if (tok && b)
-            fwrite(b, 1, blen, stdout);
-        else if (V <= 256)
-            putchar(next);
-        else
-            printf(" %d", next);
-        fflush(stdout);
-    }
+    const loco_sample_opts so = {.temperature = (float)temperature, .top_k = (int)top_k};
+    sample_out po = {.tok = tok, .V = V};
+    LOCO_CHECK_GOTO(loco_gpt_generate(&m, ctx, &n, cap, ntok, &so, &rng, print_token, &po), out);
     putchar('\n');
 out:
     loco_tok_destroy(tok);
     loco_free(ctx);
-    loco_free(probs);
     loco_gpt_fini(&m);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
@@ -314,30 +249,18 @@ static int prep_bpe(const char *text, const char *prefix, const char *spec, doub
     loco_tok *t;
     LOCO_CHECK(loco_tok_load(&t, spec));
     uint8_t *data = NULL;
-    int32_t *ids = NULL, *all = NULL;
+    int32_t *ids = NULL;
     size_t len = 0, n = 0;
-    int eot = loco_tok_special_id(t, LOCO_TOK_EOT);
     int rc = 0;
-    if (eot < 0) {
-        rc = LOCO_ERR(LOCO_EINVAL, "tokenizer %s has no %s special token (needed between "
-                      "documents)", spec, LOCO_TOK_EOT);
-        goto out;
-    }
     LOCO_CHECK_GOTO(loco_file_read(text, (void **)&data, &len), out);
     double t0 = loco_now();
-    LOCO_CHECK_GOTO(loco_tok_encode_parallel(t, data, len, 1 << 20, 0, prep_progress, &t0, &ids,
-                                             &n),
+    LOCO_CHECK_GOTO(loco_tok_encode_document(t, spec, data, len, 1 << 20, 0, prep_progress, &t0,
+                                             &ids, &n),
                     out);
-    if (!(all = loco_alloc((n + 1) * sizeof *all))) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "prep %s: out of memory", text);
-        goto out;
-    }
-    all[0] = eot;
-    memcpy(all + 1, ids, n * sizeof *ids);
     fprintf(stderr, "prep: %s: %zu bytes -> %zu ids (%.3f bytes/id) in %.2f s\n", text, len,
-            n, n ? (double)len / (double)n : 0.0, loco_now() - t0);
-    LOCO_CHECK_GOTO(loco_data_prep_tokens(all, n + 1, loco_tok_vocab_size(t), text, prefix,
-                                          val_frac, shard_tokens),
+            n - 1, n > 1 ? (double)len / (double)(n - 1) : 0.0, loco_now() - t0);
+    LOCO_CHECK_GOTO(loco_data_prep_tokens(ids, n, loco_tok_vocab_size(t), text, prefix, val_frac,
+                                          shard_tokens),
                     out);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s_tokenizer.json", prefix);
@@ -345,7 +268,6 @@ static int prep_bpe(const char *text, const char *prefix, const char *spec, doub
     fprintf(stderr, "prep: wrote %s; train with data.tokenizer = %s and model.vocab_size >= %d\n",
             path, path, loco_tok_vocab_size(t));
 out:
-    loco_free(all);
     loco_free(ids);
     loco_free(data);
     loco_tok_destroy(t);

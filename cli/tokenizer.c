@@ -110,24 +110,7 @@ static int tok_codec(int encode, int argc, char **argv) {
         if (rc == 0)
             printf("\n");
     } else if (rc == 0) {
-        ids = loco_alloc((len / 2 + 1) * sizeof *ids);
-        if (!ids)
-            rc = LOCO_ERR(LOCO_ENOMEM, "out of memory");
-        char *p = (char *)data;
-        for (size_t i = 0; rc == 0 && i < len;) {
-            while (i < len && (p[i] == ' ' || p[i] == '\n' || p[i] == '\t' || p[i] == '\r'))
-                i++;
-            if (i == len)
-                break;
-            char *end;
-            long v = strtol(p + i, &end, 10);
-            if (end == p + i || v < 0 || v > INT32_MAX)
-                rc = LOCO_ERR(LOCO_EINVAL, "%s: byte %zu: expected a token id", in ? in : "stdin",
-                              i);
-            else
-                ids[n++] = (int32_t)v;
-            i = (size_t)(end - p);
-        }
+        rc = loco_tok_parse_ids((const char *)data, len, in ? in : "stdin", &ids, &n);
         if (rc == 0)
             rc = loco_tok_decode(t, ids, n, &text, &len);
         if (rc == 0)

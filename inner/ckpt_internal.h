@@ -139,4 +139,22 @@ int loco__ckpt_open_shards(loco__ckpt_manifest *mf);
 int loco__ckpt_load_resharded(const char *dir, const cJSON *j, int t_src, int pp, int ep_src,
                               const loco_gpt_stage *stages, loco_ckpt_view *v);
 
+/* Checkpoints at URLs (inner.h, "Checkpoints at a URL"). */
+/* RUN_DIR/ckpt_stage/ckpt_STEP: where a checkpoint bound for a URL is
+ * written first (every rank of a sharded save names the same one). */
+int loco_ckpt_stage_dir(const loco_config *cfg, int64_t step, char *out, size_t cap);
+/* Uploads every file of the complete checkpoint directory dir (of step
+ * `step`) under a new prefix of url, then publishes url/LATEST naming it
+ * with the previous pointer's entry inside. A failure before the pointer
+ * is put leaves the previous checkpoint the newest. */
+int loco_ckpt_upload(const char *dir, const char *url, const loco_config *cfg, int64_t step);
+/* Downloads the newest complete checkpoint of url into dir (created or
+ * replaced, through dir.tmp) after checking every file's size and XXH3
+ * against the pointer. A torn newest checkpoint (an object missing,
+ * truncated or corrupt) is refused with a warning naming the object, and
+ * the previous one is fetched instead; when both fail, LOCO_EPROTO (or the
+ * transfer's error) names both reasons. *step (may be NULL) receives the
+ * step fetched. */
+int loco_ckpt_fetch(const char *url, const loco_config *cfg, const char *dir, int64_t *step);
+
 #endif /* LOCO_CKPT_INTERNAL_H */

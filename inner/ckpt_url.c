@@ -3,7 +3,7 @@
  * put last; publishing the pointer is the atomic commit. Readers fetch the
  * pointer, download and verify every file it lists, and fall back to the
  * previous checkpoint the pointer remembers when the newest is torn. */
-#include "inner/inner.h"
+#include "inner/ckpt_internal.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>

@@ -372,8 +372,6 @@ int loco_gpt_init_par(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, uns
  * are empty, overlap, are out of order or outside the model. */
 int loco_gpt_build_stage_table(loco_ttable *tt, const loco_gpt_config *cfg,
                                const loco_gpt_stage *stage);
-/* Whether the model holds a unit (every unit of a whole model). */
-bool loco_gpt_holds_unit(const loco_gpt *m, int unit);
 /* A pipeline stage's passes, one (micro-batch, chunk) at a time in
  * activation slot `slot`; chunk indexes m->stage. Activations between
  * chunks are this rank's rows (R, C). A forward reads the tokens (chunk at
@@ -394,28 +392,13 @@ int loco_gpt_chunk_backward_weight(loco_gpt *m, int slot, int chunk, int B, int 
  * for this model's B, T, tp, sp and a recompute mode: what one block keeps
  * from its forward for its backward. */
 double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode);
-/* Whether tensor i of the model's table is replicated over tp (LayerNorms,
- * wpe, row-parallel biases) rather than split. */
-bool loco_gpt_tensor_replicated(const loco_gpt *m, int i);
 /* Bytes this rank sent for context parallelism since the model was made
  * (ring: K|V and dK|dV blocks; Ulysses: the all-to-alls' off-rank parts). */
 double loco_gpt_cp_bytes(const loco_gpt *m);
 void loco_gpt_fini(loco_gpt *m);
-int loco_gpt_num_units(const loco_gpt *m);
-/* Flat-buffer range [*lo, *hi) of a unit. */
-void loco_gpt_unit_range(const loco_gpt *m, int unit, size_t *lo, size_t *hi);
-/* Points a unit's parameter (and, if grads != NULL, gradient) views at
- * buffers laid out like the unit's flat range. */
-void loco_gpt_bind_unit(loco_gpt *m, int unit, float *params, float *grads);
-void loco_gpt_set_hooks(loco_gpt *m, const loco_gpt_hooks *hooks);
 /* GPT-2 initialisation: N(0, 0.02) weights and embeddings, residual
  * projections scaled by 1/sqrt(2 L), zero biases, unit LayerNorm weights. */
 void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng);
-/* The values loco_gpt_init_weights draws, keeping only flat indices in
- * [lo, hi) (written to dst[0 .. hi-lo)); the RNG advances as for the whole
- * model, so every shard of a ZeRO-3 run matches a single-rank init. */
-void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, size_t lo,
-                                 size_t hi);
 /* Forward pass on inputs (B, T). With targets, *mean_loss receives the mean
  * cross-entropy; without (NULL), only logits are computed (a.logits). */
 int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -446,10 +429,6 @@ void loco_adamw_fini(loco_adamw *opt);
 /* One update of every tensor of tt; weight decay only where tt says decay. */
 void loco_adamw_step(loco_adamw *opt, const loco_ttable *tt, float *params, const float *grads,
                      float lr);
-/* The same update restricted to the flat range [lo, hi): params and grads
- * point at element lo, and opt covers exactly that range (ZeRO shards). */
-void loco_adamw_step_range(loco_adamw *opt, const loco_ttable *tt, float *params,
-                           const float *grads, size_t lo, size_t hi, float lr);
 /* Learning rate of optimizer step `step` (0-based): linear warm-up to
  * train.lr, then cosine decay to train.lr * train.min_lr_frac. */
 float loco_lr_at(const loco_config *cfg, int64_t step);
@@ -673,24 +652,50 @@ int loco_ckpt_pick_resume(const char *from, char *out, size_t cap);
  * upload it and remove the staging copy; loco_ckpt_load and _load_view
  * given a URL fetch the newest complete checkpoint into
  * run.dir/ckpt_cache/ (removed after loading). Transfers use net.ca,
- * net.cert, net.key and the run.ckpt_* timeouts. */
+ * net.cert, net.key and the run.ckpt_* timeouts (inner/ckpt_internal.h). */
 
-/* RUN_DIR/ckpt_stage/ckpt_STEP: where a checkpoint bound for a URL is
- * written first (every rank of a sharded save names the same one). */
-int loco_ckpt_stage_dir(const loco_config *cfg, int64_t step, char *out, size_t cap);
-/* Uploads every file of the complete checkpoint directory dir (of step
- * `step`) under a new prefix of url, then publishes url/LATEST naming it
- * with the previous pointer's entry inside. A failure before the pointer
- * is put leaves the previous checkpoint the newest. */
-int loco_ckpt_upload(const char *dir, const char *url, const loco_config *cfg, int64_t step);
-/* Downloads the newest complete checkpoint of url into dir (created or
- * replaced, through dir.tmp) after checking every file's size and XXH3
- * against the pointer. A torn newest checkpoint (an object missing,
- * truncated or corrupt) is refused with a warning naming the object, and
- * the previous one is fetched instead; when both fail, LOCO_EPROTO (or the
- * transfer's error) names both reasons. *step (may be NULL) receives the
- * step fetched. */
-int loco_ckpt_fetch(const char *url, const loco_config *cfg, const char *dir, int64_t *step);
+/* ------------------------------------------------ evaluation and sampling */
+
+/* Initialises m for batches up to B x T and loads its weights (no
+ * optimizer) from the checkpoint dir; the caller finalises m with
+ * loco_gpt_fini. On failure m is finalised and loco_ckpt_load's error is
+ * returned. */
+int loco_gpt_load_ckpt(loco_gpt *m, const char *ckpt, const loco_config *cfg, int B, int T);
+
+typedef struct {
+    long long batches, tokens; /* tokens = batches * B * T */
+    double loss;               /* mean of the batches' mean losses */
+    long long bytes;           /* text bytes the targets stand for */
+    double nats_per_byte;      /* loss * tokens / bytes (inf when bytes is 0) */
+} loco_eval_result;
+/* Validation loss of m over the next `batches` batches of d (m->B x m->T
+ * each, as d was opened). token_bytes (vocab_size entries; NULL: one byte
+ * per id) gives the text bytes of each id, e.g. from loco_tok_text_bytes.
+ * LOCO_EINVAL when batches < 1; loader and forward errors pass through. */
+int loco_gpt_eval(loco_gpt *m, loco_data *d, long long batches, const uint32_t *token_bytes,
+                  loco_eval_result *r);
+
+/* Draws an id from softmax(logits / temperature) over the top_k largest
+ * logits (top_k <= 0 or >= V: all V; ties at the cutoff are kept), with
+ * one loco_rng_uniform_d draw. probs (V floats) is scratch. */
+int loco_sample_token(const float *logits, int V, float temperature, int top_k, loco_rng *rng,
+                      float *probs);
+
+typedef struct {
+    float temperature; /* > 0 */
+    int top_k;         /* 0: no cut */
+} loco_sample_opts;
+/* Called with each new id; a negative return stops generation with it. */
+typedef int (*loco_gen_token_fn)(int id, void *arg);
+/* Appends ntok ids sampled from m to ctx[0 .. *n) (capacity cap), each from
+ * the logits of the last position given the last m->T ids, calling
+ * on_token (may be NULL) after each. LOCO_EINVAL when *n is 0, the new ids
+ * do not fit in cap, an id of ctx is outside the vocabulary or o is out of
+ * range; forward errors pass through. Same model, ctx, opts and rng state:
+ * the same ids. */
+int loco_gpt_generate(loco_gpt *m, int32_t *ctx, size_t *n, size_t cap, long long ntok,
+                      const loco_sample_opts *o, loco_rng *rng, loco_gen_token_fn on_token,
+                      void *arg);
 
 /* ------------------------------------------- Hugging Face GPT-2 weights */
 
@@ -787,11 +792,6 @@ loco_gpt *loco_trainer_model(loco_trainer *t);
  * begin_run on; NULL when off or on other ranks): an island adds its outer
  * metrics to it. Valid while t lives. */
 loco_prom *loco_trainer_prom(loco_trainer *t);
-/* inner/train_metrics.c: starts serving the trainer's metrics when
- * run.metrics_addr is set (*out NULL otherwise), and sets them after a
- * step. */
-int loco__train_prom_start(loco_prom **out, const loco_config *c);
-void loco__train_prom_step(loco_prom *p, const loco_step_stats *s, int64_t tokens_per_step);
 
 /* Unigram (order-0) cross-entropy of a token stream in nats: the loss of a
  * model that knows only token frequencies; the baseline to beat. */

@@ -172,4 +172,29 @@ void loco__gpt_moe_fini(loco_gpt *m);
 int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
 int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
 
+/* Units (inner.h, loco_gpt_hooks): what ZeRO and the pipeline reach. */
+/* Whether the model holds a unit (every unit of a whole model). */
+bool loco_gpt_holds_unit(const loco_gpt *m, int unit);
+int loco_gpt_num_units(const loco_gpt *m);
+/* Flat-buffer range [*lo, *hi) of a unit. */
+void loco_gpt_unit_range(const loco_gpt *m, int unit, size_t *lo, size_t *hi);
+/* Points a unit's parameter (and, if grads != NULL, gradient) views at
+ * buffers laid out like the unit's flat range. */
+void loco_gpt_bind_unit(loco_gpt *m, int unit, float *params, float *grads);
+void loco_gpt_set_hooks(loco_gpt *m, const loco_gpt_hooks *hooks);
+
+/* What ZeRO (inner/parallel/zero.c) reaches of the model and optimizer. */
+/* Whether tensor i of the model's table is replicated over tp (LayerNorms,
+ * wpe, row-parallel biases) rather than split. */
+bool loco_gpt_tensor_replicated(const loco_gpt *m, int i);
+/* The values loco_gpt_init_weights draws, keeping only flat indices in
+ * [lo, hi) (written to dst[0 .. hi-lo)); the RNG advances as for the whole
+ * model, so every shard of a ZeRO-3 run matches a single-rank init. */
+void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, size_t lo,
+                                 size_t hi);
+/* loco_adamw_step restricted to the flat range [lo, hi): params and grads
+ * point at element lo, and opt covers exactly that range (ZeRO shards). */
+void loco_adamw_step_range(loco_adamw *opt, const loco_ttable *tt, float *params,
+                           const float *grads, size_t lo, size_t hi, float lr);
+
 #endif /* LOCO_MODEL_INTERNAL_H */

@@ -1,5 +1,5 @@
 /* AdamW over flat buffers, the learning-rate schedule and gradient clipping. */
-#include "inner/inner.h"
+#include "inner/model_internal.h"
 #include "kernels/kernels.h"
 
 #include <math.h>

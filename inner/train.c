@@ -2,6 +2,7 @@
  * evaluation and checkpoints; on the CPU, or (train.device = cuda) on GPUs
  * through loco_gpt_cuda (train_device.c), with the host model and
  * optimizer kept as the layouts checkpoints and the outer loop read. */
+#include "inner/ckpt_internal.h"
 #include "inner/train_internal.h"
 
 #include <errno.h>

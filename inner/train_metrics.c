@@ -1,7 +1,7 @@
 /* The trainer's live metrics (run.metrics_addr): what metrics.jsonl
  * records per step, as gauges served in Prometheus text format by rank 0
  * of `loco train` and of each island. docs/METRICS.md lists them. */
-#include "inner/inner.h"
+#include "inner/train_internal.h"
 
 #include <stdio.h>
 

@@ -1,5 +1,6 @@
 /* The trainer's pipeline stage: plans the chunks from the schedule, then
  * drives the model's chunk passes through the one executor. */
+#include "inner/model_internal.h"
 #include "inner/train_pp.h"
 
 #include <stdlib.h>

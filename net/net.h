@@ -228,6 +228,14 @@ int loco_net_new_run_id(char out[LOCO_NET_RUN_ID_MAX]);
 int loco_net_certs_run_id(const char *dir, char id[LOCO_NET_RUN_ID_MAX]);
 /* 0 when id is a valid run id, else LOCO_EINVAL with the reason. */
 int loco_net_run_id_check(const char *id);
+/* The run id of the certificates made in dir, by precedence: opt (the
+ * command line's, NULL = none), else cfg_id (net.run_id, NULL or "" =
+ * none), else the one dir/run_id holds (the run the CA in dir serves), else
+ * a new random one; *from names which ("from --run-id", "from net.run_id",
+ * "kept from DIR/run_id", "new, random"). LOCO_EINVAL for an opt or cfg_id
+ * that is no valid run id, or a dir/run_id that holds none. */
+int loco_net_pick_run_id(char id[LOCO_NET_RUN_ID_MAX], const char **from, const char *opt,
+                         const char *cfg_id, const char *dir);
 /* Revokes the current certificates dir/NAME.pem of names: adds their serial
  * numbers to dir/crl.pem (created, or extended after checking it was signed
  * by dir/ca.pem), signed by dir/ca.key, valid until the CA expires. Point

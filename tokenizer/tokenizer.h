@@ -71,6 +71,28 @@ int loco_tok_encode_parallel(const loco_tok *t, const uint8_t *text, size_t len,
  * bytes. LOCO_EINVAL names the first id outside the vocabulary. */
 int loco_tok_decode(const loco_tok *t, const int32_t *ids, size_t n, uint8_t **text, size_t *len);
 
+/* Ids written as decimal numbers separated by spaces, tabs or newlines
+ * (text need not be NUL-terminated) into a fresh array *ids (loco_free) of
+ * *n ids. LOCO_EINVAL "WHAT: byte B: expected a token id" at the first
+ * thing that is not an id in 0..INT32_MAX. */
+int loco_tok_parse_ids(const char *text, size_t len, const char *what, int32_t **ids, size_t *n);
+/* One document: <|endoftext|> then the ids of text (as
+ * loco_tok_encode_parallel, whose arguments these are), the way llm.c's
+ * preparation scripts put one before every document. A fresh array *ids
+ * (loco_free) of *n ids; LOCO_EINVAL naming `what` when t has no
+ * <|endoftext|>. */
+int loco_tok_encode_document(const loco_tok *t, const char *what, const uint8_t *text, size_t len,
+                             size_t chunk_bytes, int nthreads, loco_tok_progress_fn progress,
+                             void *arg, int32_t **ids, size_t *n);
+/* lens[id] = bytes of text id stands for, for ids 0..n-1: its bytes, 0 for
+ * <|endoftext|> (a separator, no text) and for ids outside the vocabulary
+ * (n may exceed loco_tok_vocab_size). */
+int loco_tok_text_bytes(const loco_tok *t, int n, uint32_t *lens);
+/* The tokenizer.json at path when there is one (*out NULL, 0 when there
+ * is no file: byte-level), checked to have at most max_vocab ids
+ * (LOCO_EINVAL naming path otherwise); load errors pass through. */
+int loco_tok_load_optional(loco_tok **out, const char *path, int max_vocab);
+
 /* The regex split alone (no merges), for benchmarks: *npieces gets the
  * number of pieces of text. */
 int loco_tok_split_count(const loco_tok *t, const uint8_t *text, size_t len, size_t *npieces);

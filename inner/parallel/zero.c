@@ -19,6 +19,7 @@
  * chunk's gradients are reduced as soon as its last backward ends, while
  * the rest of the pipeline drains; at stage 3 the owned shards are
  * gathered chunk by chunk when the next step first needs them. */
+#include "inner/model_internal.h"
 #include "inner/parallel/parallel.h"
 #include "kernels/kernels.h"
 
