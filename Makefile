@@ -139,6 +139,10 @@ run: deps
 # Unit and integration tests; `make test` is what CI runs.
 test: deps
 	@$(MAKE) --no-print-directory all data $(TESTBIN) $(MPI_CHECK) $(PP_CHECK)
+ifneq ($(NVCC),)
+	@echo "test: building loco without CUDA too (build-nocuda: what a machine without the toolkit compiles)"
+	@$(MAKE) --no-print-directory NVCC= BUILD=build-nocuda build-nocuda/loco
+endif
 	@bash tests/run.sh
 
 bench: deps
@@ -162,6 +166,6 @@ format:
 		-name '*.c' -o -name '*.h' -o -name '*.cu' | grep -v config_keys.h)
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-nocuda
 
 -include $(OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d)

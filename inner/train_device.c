@@ -72,58 +72,14 @@ int loco__train_check_device(const loco_config *cfg, int world) {
 
 #if !defined(LOCO_HAVE_CUDA)
 
-/* The host's state (ZeRO's layouts: parameters held, owned moments) and
- * where each piece lies in the device model's held range. */
-typedef struct {
-    float *params, *m, *v;         /* host */
-    float *dp, *dm, *dv;           /* device, at the same flat elements */
-    size_t n, on;                  /* parameters, moments */
-} host_dev;
-
-static int pair_up(loco_trainer *t, host_dev *x) {
-    size_t lo, hi, olo, ohi, ml, mh;
-    float *dp, *dm, *dv;
-    loco_zero_held_params(t->zero, &lo, &hi, &x->params);
-    loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
-    loco_gpt_cuda_state(t->dev, &dp, NULL, &dm, &dv, NULL);
-    loco_gpt_cuda_shard(t->dev, &ml, &mh, NULL, NULL);
-    if (lo < ml || hi > mh || olo < ml || ohi > mh)
-        return LOCO_ERR(LOCO_EINVAL, "host holds [%zu, %zu), the device [%zu, %zu)", lo, hi, ml,
-                        mh);
-    x->m = opt->m, x->v = opt->v;
-    x->dp = dp + (lo - ml), x->dm = dm + (olo - ml), x->dv = dv + (olo - ml);
-    x->n = hi - lo, x->on = ohi - olo;
-    return 0;
-}
-
 int loco__train_host_sync(loco_trainer *t) {
-    if (t->dev && t->host_stale) {
-        host_dev x;
-        LOCO_CHECK(pair_up(t, &x));
-        t->pcie += (x.n + 2 * x.on) * sizeof(float);
-        LOCO_CHECK(loco_cuda_copy(x.m, x.dm, x.on * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_copy(x.v, x.dv, x.on * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_copy(x.params, x.dp, x.n * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_sync(STREAM));
-    }
     t->host_stale = false;
     return 0;
 }
-
 int loco__train_device_load(loco_trainer *t, bool moments) {
-    if (!t->dev)
-        return 0;
-    host_dev x;
-    LOCO_CHECK(pair_up(t, &x));
-    if (moments) {
-        LOCO_CHECK(loco_cuda_copy(x.dm, x.m, x.on * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_copy(x.dv, x.v, x.on * sizeof(float), STREAM));
-    }
-    t->pcie += (x.n + (moments ? 2 * x.on : 0)) * sizeof(float);
-    LOCO_CHECK(loco_cuda_copy(x.dp, x.params, x.n * sizeof(float), STREAM));
-    return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the passes' weights; waits */
+    (void)t, (void)moments;
+    return 0;
 }
-
 float *loco_trainer_device_params(loco_trainer *t, size_t *lo, size_t *hi) {
     loco_zero_range(t->zero, lo, hi);
     return NULL;
@@ -566,22 +522,38 @@ void loco__train_device_destroy(loco_trainer *t) {
 
 /* ------------------------------------------------------ host <-> device */
 
+/* The host's state (ZeRO's layouts: parameters held, owned moments) and
+ * where each piece lies in the device model's held range. */
+typedef struct {
+    float *params, *m, *v;         /* host */
+    float *dp, *dm, *dv;           /* device, at the same flat elements */
+    size_t n, on;                  /* parameters, moments */
+} host_dev;
+
+static int pair_up(loco_trainer *t, host_dev *x) {
+    size_t lo, hi, olo, ohi, ml, mh;
+    float *dp, *dm, *dv;
+    loco_zero_held_params(t->zero, &lo, &hi, &x->params);
+    loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
+    loco_gpt_cuda_state(t->dev, &dp, NULL, &dm, &dv, NULL);
+    loco_gpt_cuda_shard(t->dev, &ml, &mh, NULL, NULL);
+    if (lo < ml || hi > mh || olo < ml || ohi > mh)
+        return LOCO_ERR(LOCO_EINVAL, "host holds [%zu, %zu), the device [%zu, %zu)", lo, hi, ml,
+                        mh);
+    x->m = opt->m, x->v = opt->v;
+    x->dp = dp + (lo - ml), x->dm = dm + (olo - ml), x->dv = dv + (olo - ml);
+    x->n = hi - lo, x->on = ohi - olo;
+    return 0;
+}
+
 int loco__train_host_sync(loco_trainer *t) {
     if (t->dev && t->host_stale) {
-        size_t lo, hi, olo, ohi, ml, mh;
-        float *params, *dp, *dm, *dv;
-        loco_zero_held_params(t->zero, &lo, &hi, &params);
-        loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
-        loco_gpt_cuda_state(t->dev, &dp, NULL, &dm, &dv, NULL);
-        loco_gpt_cuda_shard(t->dev, &ml, &mh, NULL, NULL);
-        if (lo < ml || hi > mh || olo < ml || ohi > mh)
-            return LOCO_ERR(LOCO_EINVAL, "host holds [%zu, %zu), the device [%zu, %zu)", lo, hi,
-                            ml, mh);
-        t->pcie += ((hi - lo) + 2 * (ohi - olo)) * sizeof(float);
-        const size_t ob = (ohi - olo) * sizeof(float);
-        LOCO_CHECK(loco_cuda_copy(opt->m, dm + (olo - ml), ob, STREAM));
-        LOCO_CHECK(loco_cuda_copy(opt->v, dv + (olo - ml), ob, STREAM));
-        LOCO_CHECK(loco_cuda_copy(params, dp + (lo - ml), (hi - lo) * sizeof(float), STREAM));
+        host_dev x;
+        LOCO_CHECK(pair_up(t, &x));
+        t->pcie += (x.n + 2 * x.on) * sizeof(float);
+        LOCO_CHECK(loco_cuda_copy(x.m, x.dm, x.on * sizeof(float), STREAM));
+        LOCO_CHECK(loco_cuda_copy(x.v, x.dv, x.on * sizeof(float), STREAM));
+        LOCO_CHECK(loco_cuda_copy(x.params, x.dp, x.n * sizeof(float), STREAM));
         LOCO_CHECK(loco_cuda_sync(STREAM));
     }
     t->host_stale = false;
@@ -591,22 +563,14 @@ int loco__train_host_sync(loco_trainer *t) {
 int loco__train_device_load(loco_trainer *t, bool moments) {
     if (!t->dev)
         return 0;
-    size_t lo, hi, olo, ohi, ml, mh;
-    float *params, *dp, *dm, *dv;
-    loco_zero_held_params(t->zero, &lo, &hi, &params);
-    loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
-    loco_gpt_cuda_state(t->dev, &dp, NULL, &dm, &dv, NULL);
-    loco_gpt_cuda_shard(t->dev, &ml, &mh, NULL, NULL);
-    if (lo < ml || hi > mh || olo < ml || ohi > mh)
-        return LOCO_ERR(LOCO_EINVAL, "host holds [%zu, %zu), the device [%zu, %zu)", lo, hi, ml,
-                        mh);
+    host_dev x;
+    LOCO_CHECK(pair_up(t, &x));
     if (moments) {
-        const size_t ob = (ohi - olo) * sizeof(float);
-        LOCO_CHECK(loco_cuda_copy(dm + (olo - ml), opt->m, ob, STREAM));
-        LOCO_CHECK(loco_cuda_copy(dv + (olo - ml), opt->v, ob, STREAM));
+        LOCO_CHECK(loco_cuda_copy(x.dm, x.m, x.on * sizeof(float), STREAM));
+        LOCO_CHECK(loco_cuda_copy(x.dv, x.v, x.on * sizeof(float), STREAM));
     }
-    t->pcie += ((hi - lo) + (moments ? 2 * (ohi - olo) : 0)) * sizeof(float);
-    LOCO_CHECK(loco_cuda_copy(dp + (lo - ml), params, (hi - lo) * sizeof(float), STREAM));
+    t->pcie += (x.n + (moments ? 2 * x.on : 0)) * sizeof(float);
+    LOCO_CHECK(loco_cuda_copy(x.dp, x.params, x.n * sizeof(float), STREAM));
     return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the passes' weights; waits */
 }
 
