@@ -102,7 +102,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
      * stay on the launcher's communicator (auto), the device's go over NCCL. */
     const bool nccl = !strcmp(cfg->parallel.backend, "nccl");
     LOCO_CHECK_GOTO(loco_comm_world(&t->world, nccl ? "auto" : cfg->parallel.backend), out_fail);
-    LOCO_CHECK_GOTO(loco__train_check_device(cfg, loco_comm_size(t->world)), out_fail);
+    LOCO_CHECK_GOTO(loco__train_check_device(cfg), out_fail);
 #if defined(LOCO_HAVE_CUDA)
     if (nccl) /* picks this rank's device: before the device model */
         LOCO_CHECK_GOTO(loco_comm_world(&t->dev_comm, "nccl"), out_fail);

@@ -25,9 +25,8 @@
 #include <math.h>
 #include <string.h>
 
-int loco__train_check_device(const loco_config *cfg, int world) {
+int loco__train_check_device(const loco_config *cfg) {
     const bool cuda = !strcmp(cfg->train.device, "cuda");
-    (void)world;
     if (!strcmp(cfg->train.dtype, "bf16") && !cuda)
         return LOCO_ERR(LOCO_EINVAL, "train.dtype = bf16 needs train.device = cuda (the CPU path "
                                      "computes in fp32)");
@@ -135,10 +134,6 @@ struct loco__train_dp {
     float *hpart;          /* staged: this rank's part of a reduced unit */
 };
 
-static void trdp_unit_range(const loco__train_dp *d, int unit, size_t *a, size_t *b) {
-    loco_gpt_cuda_unit_range(d->g, unit, a, b);
-}
-
 /* Per-rank counts of the intersection of [a, b) with each owned range,
  * times scale; returns the first owned element of [a, b) on this rank. */
 static size_t split_counts(loco__train_dp *d, size_t a, size_t b, size_t scale) {
@@ -233,7 +228,7 @@ static int start_gather(loco__train_dp *d, unit_slot *s, int unit) {
     const void *wshard;
     uint64_t version;
     loco_gpt_cuda_shard(d->g, &lo, &hi, &wshard, &version);
-    trdp_unit_range(d, unit, &a, &b);
+    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
     const size_t mine = split_counts(d, a, b, d->es); /* bytes */
     const size_t at = (mine - d->lo) * d->es;
     s->unit = unit;
@@ -311,7 +306,7 @@ static int finish_reduce(loco__train_dp *d, unit_slot *s) {
  * part goes to s->staging, then into the owned gradients. */
 static int start_reduce(loco__train_dp *d, unit_slot *s, int unit) {
     size_t a, b;
-    trdp_unit_range(d, unit, &a, &b);
+    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
     const size_t mine = split_counts(d, a, b, 1);
     s->reduce_off = mine - d->lo;
     s->reduce_len = d->counts[d->rank];
@@ -343,7 +338,7 @@ static int hook_acquire(void *ctx, int unit, bool backward) {
     unit_slot *s = slot_of(d, unit);
     LOCO_CHECK(finish_reduce(d, s));
     size_t a, b;
-    trdp_unit_range(d, unit, &a, &b);
+    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
     LOCO_CHECK(loco_cuda_zero(s->grads, (b - a) * sizeof(float), STREAM));
     return loco_gpt_cuda_bind_unit(d->g, unit, NULL, s->grads);
 }
@@ -358,7 +353,7 @@ static int hook_grads_ready(void *ctx, int unit) {
     /* Units finish from the end of the flat buffer towards its start, so
      * a bucket grows downwards and stays contiguous. */
     size_t a, b;
-    trdp_unit_range(d, unit, &a, &b);
+    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
     if (d->bhi == d->blo)
         d->bhi = b;
     d->blo = a;
@@ -396,9 +391,9 @@ static int alloc_dev(loco__train_dp *d, void **p, size_t bytes, const char *what
 /* ZeRO-3's unit buffers: device slots, and host staging under mpi. */
 static int zero3_init(loco__train_dp *d) {
     size_t e0, e1, b0, b1, f0, f1;
-    trdp_unit_range(d, 0, &e0, &e1);
-    trdp_unit_range(d, 1, &b0, &b1);
-    trdp_unit_range(d, d->L + 1, &f0, &f1);
+    loco_gpt_cuda_unit_range(d->g, 0, &e0, &e1);
+    loco_gpt_cuda_unit_range(d->g, 1, &b0, &b1);
+    loco_gpt_cuda_unit_range(d->g, d->L + 1, &f0, &f1);
     const size_t sizes[N_SLOTS] = {e1 - e0, f1 - f0, b1 - b0, b1 - b0};
     size_t most = 0, bytes = 0;
     for (int i = 0; i < N_SLOTS; i++) {

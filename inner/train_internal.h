@@ -42,7 +42,7 @@ struct loco_trainer {
 
 /* train_device.c. train.device and train.dtype against this build and the
  * mesh (every build). */
-int loco__train_check_device(const loco_config *cfg, int world);
+int loco__train_check_device(const loco_config *cfg);
 /* The host parameters and AdamW moments catch up with the device (a no-op
  * unless the device holds newer ones); the reverse, with or without the
  * moments. No-ops without a device model. */
