@@ -60,14 +60,16 @@ static int run_island(const loco_config *c, const char *site, const char *resume
     LOCO_CHECK(loco_island_create(is, c, site, loco_trainer_world(*t), &view, resume != NULL));
     LOCO_CHECK(loco_trainer_begin_run(*t));
     LOCO_CHECK(loco_island_set_prom(*is, loco_trainer_prom(*t)));
-    while (!loco_island_finished(*is) && loco_trainer_steps_done(*t) < c->train.steps) {
+    while (!loco_island_finished(*is) && loco_trainer_steps_done(*t) < loco_island_end_step(*is)) {
         loco_step_stats s;
         double t0 = loco_now();
         LOCO_CHECK(loco_trainer_step(*t, &s));
         LOCO_CHECK(loco_island_after_step(*is, s.step, loco_now() - t0));
+        /* the end as the coordinator holds it (a fault lab's open cycle) */
+        loco_trainer_set_end(*t, loco_island_end_step(*is));
         LOCO_CHECK(loco_trainer_after_step(*t, &s));
         /* With each inner checkpoint, the outer state of the same step. */
-        const bool last = s.step == c->train.steps;
+        const bool last = s.step == loco_island_end_step(*is);
         if ((c->run.ckpt_every > 0 && s.step % c->run.ckpt_every == 0) || last)
             LOCO_CHECK(loco_island_save(*is, s.step));
     }

@@ -266,7 +266,7 @@ static int launch_run(const loco_config *c, loco_launch_plan *plan, const char *
     }
     if ((rc = loco_mkdirs(cfg.run.dir)) < 0)
         return cli_fail(rc);
-    const bool with_report = loco_launch_faults_active(&cfg) && !no_baseline;
+    const bool with_report = loco_faults_active(&cfg) && !no_baseline;
     char base_dir[LOCO_PATH_MAX * 2];
     snprintf(base_dir, sizeof base_dir, "%s", baseline ? baseline : "");
     if (with_report && !baseline)
@@ -284,8 +284,12 @@ static int launch_run(const loco_config *c, loco_launch_plan *plan, const char *
         for (int k = 1; k <= K; k++)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s\"%s\"", k > 1 ? "," : "",
                                   loco_launch_plan_name(plan, k));
-        loco_event_append(events, "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld",
-                     list, config, (long long)cfg.train.seed);
+        char *planned = loco_faults_plan_json(&cfg);
+        loco_event_append(events,
+                          "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld,"
+                          "\"planned\":%s",
+                          list, config, (long long)cfg.train.seed, planned ? planned : "[]");
+        free(planned);
     }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -304,6 +308,16 @@ static int launch_run(const loco_config *c, loco_launch_plan *plan, const char *
     if (rc < 0)
         return cli_fail(rc);
     bool bad = !clean || stop_requested;
+    if (loco_faults_active(&cfg) && !with_report && !stop_requested) {
+        /* No baseline, no report: the cycles still decide (docs/FAULTS.md). */
+        int open = 0;
+        if ((rc = loco_fault_cycles_print(events, stdout, &open)) < 0)
+            return cli_fail(rc);
+        if (open)
+            printf("launch: INCOMPLETE: %d fault cycle%s did not complete\n", open,
+                   open > 1 ? "s" : "");
+        bad = bad || open;
+    }
     if (with_report && !stop_requested) {
         int ok = 0;
         rc = loco_report_write(cfg.run.dir, base_dir, cfg.run.dir, &ok);

@@ -60,7 +60,7 @@ char *loco__coord_quorum_json(loco_coord *c, int64_t outer_step, bool join, uint
                               uint64_t obs) {
     loco_quorum q = {.epoch = c->epoch, .outer_step = outer_step, .committed = c->committed,
                      .committed_hash = c->committed_hash, .join = join, .n = c->n,
-                     .members = mem, .observers = obs};
+                     .members = mem, .observers = obs, .end_step = c->end_step};
     for (int i = 0; i < c->n; i++) {
         q.m[i].id = i;
         snprintf(q.m[i].site, sizeof q.m[i].site, "%s", c->sites[i]);
@@ -131,6 +131,7 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
     int rc;
     c->cfg = *cfg;
     c->np = *np;
+    c->end_step = cfg->train.steps;
     /* Islands send small JSON: a peer claiming more is refused at the
      * header, and what a link may hold follows from that. */
     c->np.recv_max_bytes =
@@ -323,6 +324,16 @@ static int poll_island(loco_coord *c, int i, bool *busy) {
 
 int loco_coord_serve(loco_coord *c) {
     const double timeout = (double)c->cfg.faulttol.timeout_ms / 1000.0;
+    /* Restarted for a run that is over (its timeline says it finished):
+     * no island will come back to it. */
+    loco_run_progress done = {0};
+    if (c->events[0])
+        loco_run_progress_read(&done, c->events);
+    if (done.finished) {
+        loco_info("coordinator: %s says the run already finished (outer step %lld); nothing "
+                  "to coordinate", c->events, (long long)done.committed);
+        return 0;
+    }
     double last_loop = loco_now();
     for (;;) {
         bool busy = false;

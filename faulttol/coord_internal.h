@@ -60,6 +60,8 @@ struct loco_coord {
     uint64_t go_members, go_observers;
     double gather_t0;           /* first member ready for the step (straggler clock) */
     int failures;               /* failed attempts of the current step */
+    int64_t end_step;           /* the run's last inner step: train.steps, moved on while a
+                                   fault's cycle is open (faults.max_extra_steps) */
     char events[LOCO_PATH_MAX]; /* the run's timeline, "" = none */
     /* Live metrics (faulttol.metrics_addr; NULL = off) and the counts
      * only they report. */
@@ -126,6 +128,10 @@ int loco__coord_island_lost(loco_coord *c, int i, const char *reason);
 int loco__coord_island_out(loco_coord *c, int i, const char *reason);
 
 /* coord_step.c */
+/* An island says at registration that the run ends at end_step: a
+ * restarted coordinator takes the latest end it hears of, within
+ * train.steps + faults.max_extra_steps (what no island can push past). */
+void loco__coord_adopt_end(loco_coord *c, const char *site, int64_t end_step);
 /* Every member ready for outer step committed + 1: the GO (stragglers left
  * out under faulttol.straggler_policy = drop); < 0 when the run must stop. */
 int loco__coord_try_go(loco_coord *c);

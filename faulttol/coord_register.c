@@ -73,6 +73,7 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     const cJSON *je = cJSON_GetObjectItemCaseSensitive(j, "epoch");
     const cJSON *jp = cJSON_GetObjectItemCaseSensitive(j, "pending");
     const cJSON *jph = cJSON_GetObjectItemCaseSensitive(j, "pending_hash");
+    const cJSON *jes = cJSON_GetObjectItemCaseSensitive(j, "end_step");
     char why[1024] = "";
     int id = -1;
     int nr = cJSON_GetArraySize(ranks);
@@ -80,7 +81,8 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
         !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
         strlen(mesh->valuestring) >= sizeof c->ref_mesh || !loco__coord_num_in(jc, 0, 1e15) ||
         !cJSON_IsString(jh) || !loco__coord_num_in(je, 0, 1e15) ||
-        !loco__coord_num_in(jp, 0, 1e15) || !cJSON_IsString(jph)) {
+        !loco__coord_num_in(jp, 0, 1e15) || !cJSON_IsString(jph) ||
+        (jes && !loco__coord_num_in(jes, 0, 1e15))) {
         snprintf(why, sizeof why, "malformed REGISTER");
         goto refuse;
     }
@@ -120,7 +122,9 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
                                 .hash = strtoull(jh->valuestring, NULL, 16),
                                 .epoch = (uint64_t)je->valuedouble,
                                 .pending = (int64_t)jp->valuedouble,
-                                .pending_hash = strtoull(jph->valuestring, NULL, 16)};
+                                .pending_hash = strtoull(jph->valuestring, NULL, 16),
+                                .end_step = jes ? (int64_t)jes->valuedouble : 0};
+    loco__coord_adopt_end(c, site->valuestring, reg.end_step);
     if (is->link && is->inc == their_inc) {
         /* The same process lost its link and came back: keep its place. */
         loco_link_abort(is->link);

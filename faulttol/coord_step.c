@@ -213,11 +213,69 @@ int loco__coord_try_commit(loco_coord *c) {
 /* Every member ready for the step: go (with the rejoining islands that
  * hold the committed state as observers). Stragglers past the deadline
  * leave the quorum when faulttol.straggler_policy = drop. */
+void loco__coord_adopt_end(loco_coord *c, const char *site, int64_t end_step) {
+    const int64_t limit = c->cfg.train.steps + c->cfg.faults.max_extra_steps;
+    if (end_step <= c->end_step)
+        return;
+    if (end_step > limit) {
+        loco_warn("coordinator: %s says the run ends at inner step %lld, past train.steps + "
+                  "faults.max_extra_steps = %lld; not believed",
+                  site, (long long)end_step, (long long)limit);
+        return;
+    }
+    loco_info("coordinator: %s says the run was extended to inner step %lld; so it is",
+              site, (long long)end_step);
+    c->end_step = end_step;
+}
+
+/* The run does not end while a fault injected into it has an open cycle
+ * (docs/FAULTS.md): at the go of the outer step before the last, the
+ * last inner step moves on by outer.H, at most faults.max_extra_steps
+ * past train.steps. The go carries the end to every island of the step,
+ * and every QUORUM after it to the others. */
+static void hold_end(loco_coord *c, int64_t s) {
+    const loco_config *cfg = &c->cfg;
+    const int64_t F = cfg->outer.fragments > 0 ? cfg->outer.fragments : 1;
+    const int64_t P = cfg->outer.H / F, limit = cfg->train.steps + cfg->faults.max_extra_steps;
+    /* outer step s is taken at inner step s·P; only the one before the last decides */
+    if (!c->events[0] || cfg->faults.max_extra_steps <= 0 || P <= 0 ||
+        (s + 1) * P < c->end_step || s * P >= c->end_step)
+        return;
+    char why[256];
+    if (loco_fault_cycles_open(c->events, why, sizeof why) <= 0)
+        return;
+    if (c->end_step + cfg->outer.H > limit) {
+        loco_warn("coordinator: a fault's cycle is still open (%s), but the run may not go past "
+                  "inner step %lld (faults.max_extra_steps): it ends at %lld",
+                  why, (long long)limit, (long long)c->end_step);
+        return;
+    }
+    c->end_step += cfg->outer.H;
+    loco_warn("coordinator: a fault's cycle is still open (%s): the run goes on to inner step "
+              "%lld (at most %lld)", why, (long long)c->end_step, (long long)limit);
+    /* the reason quotes event fields: keep it a JSON string */
+    char esc[300];
+    size_t o = 0;
+    for (const char *p = why; *p && o + 2 < sizeof esc; p++)
+        esc[o++] = *p == '"' || *p == '\\' ? '\'' : (unsigned char)*p < 0x20 ? ' ' : *p;
+    esc[o] = '\0';
+    loco__coord_event(c,
+                      "\"kind\":\"extend\",\"end_step\":%lld,\"train_steps\":%lld,\"limit\":%lld,"
+                      "\"outer_step\":%lld,\"why\":\"%s\"",
+                      (long long)c->end_step, (long long)cfg->train.steps, (long long)limit,
+                      (long long)s, esc);
+}
+
 int loco__coord_try_go(loco_coord *c) {
     if (!c->started || c->exchanging)
         return 0;
     const int64_t s = c->committed + 1;
     uint64_t mem = loco__coord_members(c), ready = 0;
+    /* A member that said BYE trains no more: not waited for (an island
+     * that missed a held end must not hold the others). */
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].bye)
+            mem &= ~(1ull << i);
     for (int i = 0; i < c->n; i++)
         if (loco_quorum_has(mem, i) && c->isl[i].ready_step == s)
             ready |= 1ull << i;
@@ -267,6 +325,7 @@ int loco__coord_try_go(loco_coord *c) {
                           "\"why\":\"islands rejoin\"",
                           (unsigned long long)c->epoch, list, (long long)s);
     }
+    hold_end(c, s);
     c->go_members = mem;
     c->go_observers = obs;
     c->exchanging = true;

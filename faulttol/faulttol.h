@@ -38,6 +38,9 @@ typedef struct {
     int n;                   /* islands of the run (outer.sites) */
     uint64_t members;        /* bit id: contributes to this step */
     uint64_t observers;      /* bit id: joins at this step (receives, sends nothing) */
+    int64_t end_step;        /* the run's last inner step as the coordinator holds it: moved
+                                on while a fault's cycle is open (faults.max_extra_steps);
+                                0 = not said */
     loco_member m[LOCO_MAX_ISLANDS]; /* by id */
 } loco_quorum;
 
@@ -102,6 +105,7 @@ typedef struct {
     uint64_t epoch;        /* last quorum epoch it knew (0: none) */
     int64_t pending;       /* outer step done but not yet committed (0: none) */
     uint64_t pending_hash; /* θ_global hash after it */
+    int64_t end_step;      /* the run's last inner step it knows (0: train.steps) */
 } loco_island_progress;
 
 /* The coordinator's answer to a session call. */
@@ -224,6 +228,15 @@ static inline int loco_phi_samples(const loco_phi_detector *d) {
     return d->n;
 }
 
+/* What the timeline says of the run's progress, read incrementally (the
+ * caller zero-fills it and keeps it between calls). */
+typedef struct {
+    long offset;       /* bytes of the file read so far */
+    int64_t committed; /* highest outer step committed */
+    bool ended;        /* an end event was seen */
+    bool finished;     /* ... with status finished */
+} loco_run_progress;
+
 /* ------------------------------------------------------ injected faults
  * The fault lab's [faults] (docs/FAULTS.md) that concern one island:
  * parsed once, then applied after each inner step (faulttol/inject.c). */
@@ -242,6 +255,9 @@ typedef struct {
     loco_wan link_wan;
     bool link_done;
     loco_link_faults frames; /* on every island-to-island link */
+    int64_t thaw_commit;     /* faults.thaw_after_steps: thaw once this outer step committed */
+    int64_t heal_commit;     /* faults.heal_after_steps: heal once this outer step committed */
+    loco_run_progress prog;  /* the run's progress, from the timeline (LOCO_EVENTS) */
     int64_t poison_step;     /* the first outer step at or after it sends Δ × poison_factor */
     float poison_factor;     /* NaN or Inf possible */
 } loco_faults;
@@ -251,10 +267,11 @@ typedef struct {
  * (LOCO_EVENTS, set by `loco launch`). */
 int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, int id,
                       bool events);
-/* Whether the link to island `peer` is cut now. */
-bool loco_faults_partitioned(const loco_faults *f, int peer);
+/* Whether the link to island `peer` is cut now (a partition timed by the
+ * run reads its progress: f changes). */
+bool loco_faults_partitioned(loco_faults *f, int peer);
 /* Arms a (new) link to `peer` with the faults it carries now. */
-void loco_faults_arm_link(const loco_faults *f, int peer, loco_link *l);
+void loco_faults_arm_link(loco_faults *f, int peer, loco_link *l);
 /* After inner step `step` (which took step_s seconds): the faults due now
  * (kill, freeze, slow, partition and its healing, link change), applied to
  * this process and to the island's links (by island id, NULL where none);
@@ -269,6 +286,65 @@ void loco_faults_refused_event(const loco_faults *f, const char *reason);
  * inner step `step` ends (1 when none; then it is spent, recorded as an
  * event). */
 float loco_faults_poison(loco_faults *f, int64_t step);
+
+/* ------------------------------------------------------- fault cycles
+ * The one table of fault kinds (faulttol/cycle.c, docs/FAULTS.md): each
+ * injected fault has a cycle — injected, detected, recovered — read off
+ * the run's timeline. */
+#define LOCO_MAX_CYCLES 64
+
+typedef struct cJSON cJSON;
+
+/* Whether c's [faults] injects anything (every kind of the table). */
+bool loco_faults_active(const loco_config *c);
+/* The --set values that turn every fault off (the fault-free baseline):
+ * at most cap into out; their count, or LOCO_EINVAL when cap is short. */
+int loco_faults_clear_sets(const char **out, int cap);
+/* The cycle of a fault kind in words ("SIGKILL → suspected → ..."); NULL
+ * for a name that is not a kind. */
+const char *loco_fault_cycle_words(const char *fault);
+/* The faults c's [faults] plans, as a JSON array for the start event
+ * (fault, site, peer, due, detect, recover); caller frees with free();
+ * NULL when out of memory. */
+char *loco_faults_plan_json(const loco_config *c);
+
+/* One fault's cycle. Times are unix seconds, NAN where it did not happen. */
+typedef struct {
+    char fault[24];
+    char site[LOCO_NET_NAME_MAX], peer[LOCO_NET_NAME_MAX];
+    bool injected_ok; /* false: planned but never injected */
+    bool complete;
+    bool can_complete; /* incomplete, but what it waits for may still come */
+    double injected, detected, action, recovered; /* action: restart, thaw, heal */
+    char missing[200]; /* why it is not complete */
+    char notes[400];
+} loco_fault_cycle;
+
+/* The cycles of a timeline (events sorted by time, as loco_events_load
+ * gives them): one per injected fault (recovery actions belong to theirs)
+ * and one per planned fault never injected (the start event's "planned").
+ * At most cap; returns their count or LOCO_ENOMEM. */
+int loco_fault_cycles(cJSON *const *ev, int nev, loco_fault_cycle *out, int cap);
+/* Reads a timeline (events.jsonl): every object line with a time, sorted
+ * by it; lines that do not parse are skipped. LOCO_EIO naming a missing
+ * file. Free with loco_events_free. */
+int loco_events_load(const char *path, cJSON ***ev, int *nev);
+void loco_events_free(cJSON **ev, int nev);
+/* How many injected faults of the timeline at events_path have an open
+ * cycle that can still complete (0 when there is no timeline); why gets
+ * the first one's. */
+int loco_fault_cycles_open(const char *events_path, char *why, size_t cap);
+
+/* One line per cycle of the timeline at events_path on out ("faults:
+ * kill siteC at 1.20 s: cycle complete" or "...: INCOMPLETE: why"); *open
+ * gets the incomplete ones. Returns the number of cycles, or < 0 (a
+ * missing timeline: LOCO_EIO). */
+int loco_fault_cycles_print(const char *events_path, FILE *out, int *open);
+
+void loco_run_progress_read(loco_run_progress *p, const char *events_path);
+/* The outer step whose commit says the run reached inner step s (one every
+ * outer.H / outer.fragments inner steps): what "after N steps" waits for. */
+int64_t loco_faults_commit_at(const loco_config *c, int64_t s);
 
 /* ------------------------------------------- fault-experiment reports
  * The analysis of a fault run beside a fault-free baseline

@@ -72,6 +72,8 @@ int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, in
         if (!strcmp(tok, f->site) && !getenv("LOCO_RESTARTED")) {
             f->freeze_step = atoll(at + 1);
             f->freeze_ms = atoll(plus + 1);
+            if (c->faults.thaw_after_steps > 0)
+                f->thaw_commit = loco_faults_commit_at(c, f->freeze_step + c->faults.thaw_after_steps);
         }
     }
     /* poison = SITE@STEP*FACTOR: first incarnation only, like kill. */
@@ -123,6 +125,8 @@ int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, in
             f->part_peer = peer;
             f->part_step = atoll(at + 1);
             f->part_ms = atoll(plus + 1);
+            if (c->faults.heal_after_steps > 0)
+                f->heal_commit = loco_faults_commit_at(c, f->part_step + c->faults.heal_after_steps);
         } else {
             double d, j, g;
             char *colon = strchr(at + 1, ':');
@@ -155,12 +159,26 @@ float loco_faults_poison(loco_faults *f, int64_t step) {
     return f->poison_factor;
 }
 
-bool loco_faults_partitioned(const loco_faults *f, int peer) {
-    return peer == f->part_peer && f->part_until > 0 && loco_now() < f->part_until;
+/* Whether the run reached outer step `commit` (or ended), by its timeline. */
+static bool run_reached(loco_faults *f, int64_t commit) {
+    const char *path = getenv("LOCO_EVENTS");
+    if (!path)
+        return false; /* no timeline: the time bound alone */
+    loco_run_progress_read(&f->prog, path);
+    return f->prog.committed >= commit || f->prog.ended;
+}
+
+/* A partition timed by the run heals once the run got that far; MS bounds it. */
+static bool heal_due(loco_faults *f) {
+    return loco_now() >= f->part_until || (f->heal_commit > 0 && run_reached(f, f->heal_commit));
+}
+
+bool loco_faults_partitioned(loco_faults *f, int peer) {
+    return peer == f->part_peer && f->part_until > 0 && !heal_due(f);
 }
 
 /* The faults a link to `peer` carries now. */
-void loco_faults_arm_link(const loco_faults *f, int peer, loco_link *l) {
+void loco_faults_arm_link(loco_faults *f, int peer, loco_link *l) {
     if (loco_faults_partitioned(f, peer)) {
         loco_link_faults cut = {.drop = 1.0, .seed = 1};
         loco_link_set_faults(l, &cut);
@@ -189,14 +207,22 @@ void loco_faults_inject(loco_faults *f, int64_t step, double step_s, loco_link *
         f->freeze_step = 0;
         loco_warn("faults: %s freezes (SIGSTOP) for %lld ms at step %lld", f->site,
                   (long long)f->freeze_ms, (long long)step);
-        snprintf(d, sizeof d, "SIGSTOP for %lld ms at inner step %lld", (long long)f->freeze_ms,
-                 (long long)step);
+        if (f->thaw_commit > 0)
+            snprintf(d, sizeof d, "SIGSTOP at inner step %lld until outer step %lld commits (at "
+                     "most %lld ms)", (long long)step, (long long)f->thaw_commit,
+                     (long long)f->freeze_ms);
+        else
+            snprintf(d, sizeof d, "SIGSTOP for %lld ms at inner step %lld",
+                     (long long)f->freeze_ms, (long long)step);
         loco_faults_event(f, "freeze", NULL, d);
         fflush(NULL);
         pid_t parent = getpid(), waker = fork();
         if (waker == 0) {
-            struct timespec ts = {(time_t)(f->freeze_ms / 1000), (long)(f->freeze_ms % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
+            /* Timed by the run: awake once the others got thaw_after_steps
+             * further (or the run ended), MS at the most; else after MS. */
+            const double until = loco_now() + f->freeze_ms / 1e3;
+            while (loco_now() < until && !(f->thaw_commit > 0 && run_reached(f, f->thaw_commit)))
+                loco_sleep_ms(f->thaw_commit > 0 ? 20 : 5);
             kill(parent, SIGCONT);
             _exit(0);
         }
@@ -221,8 +247,7 @@ void loco_faults_inject(loco_faults *f, int64_t step, double step_s, loco_link *
         if (links[f->part_peer])
             loco_faults_arm_link(f, f->part_peer, links[f->part_peer]);
     }
-    if (f->part_peer >= 0 && f->part_until > 0 && loco_now() >= f->part_until &&
-        f->part_until != -1) {
+    if (f->part_peer >= 0 && f->part_until > 0 && f->part_until != -1 && heal_due(f)) {
         loco_warn("faults: %s and %s reconnected", f->site, q->m[f->part_peer].site);
         if (f->id < f->part_peer)
             loco_faults_event(f, "heal", q->m[f->part_peer].site, "partition over");

@@ -61,6 +61,8 @@ char *loco_quorum_to_json(const loco_quorum *q) {
     cJSON_AddStringToObject(j, "hash", hh);
     cJSON_AddBoolToObject(j, "join", q->join);
     cJSON_AddNumberToObject(j, "n", q->n);
+    if (q->end_step > 0)
+        cJSON_AddNumberToObject(j, "end_step", (double)q->end_step);
     cJSON *arr = cJSON_AddArrayToObject(j, "islands");
     for (int i = 0; i < q->n; i++) {
         const loco_member *m = &q->m[i];
@@ -93,13 +95,15 @@ int loco_quorum_from_json(loco_quorum *q, const char *json, size_t len) {
     const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
     const cJSON *jn = cJSON_GetObjectItemCaseSensitive(j, "join");
     const cJSON *nn = cJSON_GetObjectItemCaseSensitive(j, "n");
+    const cJSON *es = cJSON_GetObjectItemCaseSensitive(j, "end_step");
     int rc = 0;
     if (!cJSON_IsArray(arr) || !cJSON_IsNumber(ep) || !cJSON_IsNumber(os) ||
         !cJSON_IsNumber(cm) || !cJSON_IsString(hh) || !cJSON_IsBool(jn) || !cJSON_IsNumber(nn) ||
         nn->valueint < 1 || nn->valueint > LOCO_MAX_ISLANDS || !(os->valuedouble >= 0) ||
         !(cm->valuedouble >= 0) || !(ep->valuedouble >= 0) || os->valuedouble > 1e15 ||
         cm->valuedouble > 1e15 || ep->valuedouble > 1e15 ||
-        cJSON_GetArraySize(arr) > nn->valueint) {
+        cJSON_GetArraySize(arr) > nn->valueint ||
+        (es && !(cJSON_IsNumber(es) && es->valuedouble >= 0 && es->valuedouble <= 1e15))) {
         rc = LOCO_ERR(LOCO_EPROTO, "QUORUM: malformed JSON");
         goto out;
     }
@@ -109,6 +113,7 @@ int loco_quorum_from_json(loco_quorum *q, const char *json, size_t len) {
     q->committed_hash = strtoull(hh->valuestring, NULL, 16);
     q->join = cJSON_IsTrue(jn);
     q->n = nn->valueint;
+    q->end_step = es ? (int64_t)es->valuedouble : 0;
     for (int i = 0; i < q->n; i++)
         q->m[i].id = i;
     const cJSON *e;

@@ -18,162 +18,12 @@
 
 /* ------------------------------------------------------------- analysis */
 
-/* One row of the fault table; times are unix seconds, NAN when none. */
-typedef struct {
-    const cJSON *ev;
-    double t, detected, recovered;
-    char notes[512];
-} fault_row;
-
-static bool is_frame_fault(const char *k) {
-    return report_streq(k, "corrupt") || report_streq(k, "drop") || report_streq(k, "duplicate") || report_streq(k, "reorder");
-}
-
-static bool site_matches(const cJSON *e, const char *site, const char *peer) {
-    const char *s = report_jstr(e, "site");
-    return report_streq(s, site) || report_streq(s, peer);
-}
-
-/* First event of kind at or after t (index after `from`) for site or peer
- * (any site when both are NULL); -1 when none. */
-static int next_event(const run_data *r, int from, double t, const char *kind, const char *site,
-                      const char *peer) {
-    for (int i = from + 1; i < r->nev; i++) {
-        const cJSON *e = r->ev[i];
-        if (report_jt(e) < t || !report_jkind(e, kind))
-            continue;
-        if ((!site && !peer) || site_matches(e, site, peer))
-            return i;
-    }
-    return -1;
-}
-
-/* First join of site at or after t, else the first quorum naming it. */
-static int next_rejoin(const run_data *r, int from, double t, const char *site) {
-    int j = next_event(r, from, t, "join", site, NULL);
-    if (j >= 0)
-        return j;
-    for (int i = from + 1; i < r->nev; i++)
-        if (report_jt(r->ev[i]) >= t && report_jkind(r->ev[i], "quorum") && report_jmembers_has(r->ev[i], site))
-            return i;
-    return -1;
-}
-
-static void add_note(fault_row *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_note(fault_row *f, const char *fmt, ...) {
-    size_t n = strlen(f->notes);
-    if (n && n + 2 < sizeof f->notes) {
-        strcat(f->notes, "; ");
-        n += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(f->notes + n, sizeof f->notes - n, fmt, ap);
-    va_end(ap);
-}
-
-/* Detection and recovery of the fault at ev[i] (docs/REPORTS.md). */
-static void analyse_fault(const run_data *r, int i, fault_row *f) {
-    const cJSON *e = r->ev[i];
-    const char *kind = report_jstr(e, "fault"), *site = report_jstr(e, "site"), *peer = report_jstr(e, "peer");
-    memset(f, 0, sizeof *f);
-    f->ev = e;
-    f->t = report_jt(e);
-    f->detected = f->recovered = NAN;
-    const char *detail = report_jstr(e, "detail");
-    if (detail && detail[0])
-        add_note(f, "%s", detail);
-    if (report_streq(kind, "restart") || report_streq(kind, "heal")) {
-        /* recovery actions: the island (either side) back in */
-        int j = -1;
-        if (site)
-            j = next_rejoin(r, i, f->t, site);
-        if (report_streq(kind, "heal") && peer) {
-            int k = next_event(r, i, f->t, "join", peer, NULL);
-            if (k >= 0 && (j < 0 || !report_jkind(r->ev[j], "join") || k < j))
-                j = k;
-            if (j >= 0 && !report_jkind(r->ev[j], "join"))
-                j = -1; /* after a heal only a join says someone came back */
-        }
-        if (j >= 0) {
-            f->recovered = report_jt(r->ev[j]);
-            add_note(f, "%s %s", report_jstr(r->ev[j], "site") ? report_jstr(r->ev[j], "site") : "membership",
-                     report_jkind(r->ev[j], "join") ? "joined" : "back in the quorum");
-        }
-        return;
-    }
-    if (report_streq(kind, "kill_coordinator") || report_streq(kind, "restart_coordinator")) {
-        int q = next_event(r, i, f->t, "quorum", NULL, NULL);
-        int c = next_event(r, i, f->t, "commit", NULL, NULL);
-        int j = q < 0 ? c : c < 0 ? q : (q < c ? q : c);
-        if (j >= 0) {
-            f->recovered = report_jt(r->ev[j]);
-            add_note(f, "first %s after it", report_jstr(r->ev[j], "kind"));
-        }
-        return;
-    }
-    int d = site ? next_event(r, i, f->t, "suspect", site, peer) : -1;
-    if (d >= 0) {
-        f->detected = report_jt(r->ev[d]);
-        const char *why = report_jstr(r->ev[d], "reason");
-        add_note(f, "%s suspected%s%s%s", report_jstr(r->ev[d], "site"), why ? " (" : "", why ? why : "",
-                 why ? ")" : "");
-    } else if (is_frame_fault(kind)) {
-        int k = next_event(r, i, f->t, "refused", peer ? site : NULL, peer);
-        if (k >= 0) {
-            f->detected = report_jt(r->ev[k]);
-            const char *why = report_jstr(r->ev[k], "reason");
-            add_note(f, "frame refused by %s%s%s%s",
-                     report_jstr(r->ev[k], "site") ? report_jstr(r->ev[k], "site") : "an island", why ? " (" : "",
-                     why ? why : "", why ? ")" : "");
-            /* nothing was applied: recovered once the next outer step commits */
-            int c = next_event(r, k, f->detected, "commit", NULL, NULL);
-            if (c >= 0) {
-                f->recovered = report_jt(r->ev[c]);
-                add_note(f, "next commit");
-            }
-        }
-    }
-    if (isnan(f->detected) && !report_streq(kind, "partition"))
-        add_note(f, "not detected");
-    if (report_streq(kind, "partition")) {
-        int h = -1;
-        for (int k = i + 1; k < r->nev && h < 0; k++) {
-            const cJSON *x = r->ev[k];
-            const char *xs = report_jstr(x, "site"), *xp = report_jstr(x, "peer");
-            if (report_jkind(x, "fault") && report_streq(report_jstr(x, "fault"), "heal") &&
-                (site_matches(x, site, peer) || (!xs && !xp)) &&
-                (!xp || report_streq(xp, site) || report_streq(xp, peer)))
-                h = k;
-        }
-        if (h >= 0) {
-            f->recovered = report_jt(r->ev[h]);
-            add_note(f, "healed");
-            if (d >= 0) {
-                const char *out = report_jstr(r->ev[d], "site");
-                int j = next_rejoin(r, h, f->recovered, out);
-                if (j >= 0)
-                    add_note(f, "%s rejoined at %.2f s", out, report_jt(r->ev[j]) - r->t0);
-            }
-        } else {
-            add_note(f, "never healed");
-        }
-        return;
-    }
-    if (d >= 0) {
-        const char *out = report_jstr(r->ev[d], "site");
-        int j = next_rejoin(r, d, f->detected, out);
-        if (j >= 0)
-            f->recovered = report_jt(r->ev[j]);
-        else
-            add_note(f, "%s never came back", out);
-    }
-}
-
 /* The verdict's reasons, one per line. */
 typedef struct {
     sbuf why;
     int nfail;
+    sbuf open; /* cycles that did not complete */
+    int nopen;
 } verdict;
 
 __attribute__((format(printf, 2, 3))) static void fail(verdict *v, const char *fmt, ...) {
@@ -465,41 +315,48 @@ static void header(doc *d, const run_data *f, const run_data *b) {
     doc_table(d, false);
 }
 
-static void fault_table(doc *d, const run_data *r) {
-    static const char *const head[] = {"no.",           "fault",        "site(s)",
-                                       "injected (s)",  "detected (s)", "detection (s)",
-                                       "recovered (s)", "recovery (s)", "notes"};
+/* One row per fault's cycle (faulttol/cycle.c): injected, detected and
+ * recovered, and whether it completed; every incomplete one goes into
+ * the verdict. */
+static void fault_table(doc *d, const run_data *r, verdict *v) {
+    static const char *const head[] = {"no.",           "fault",         "site(s)",
+                                       "injected (s)",  "detected (s)",  "detection (s)",
+                                       "recovered (s)", "recovery (s)",  "cycle",
+                                       "notes"};
     doc_h(d, 2, "Faults");
-    int n = 0;
-    for (int i = 0; i < r->nev; i++)
-        n += report_jkind(r->ev[i], "fault");
-    if (!n) {
+    loco_fault_cycle cyc[LOCO_MAX_CYCLES];
+    int n = loco_fault_cycles(r->ev, r->nev, cyc, LOCO_MAX_CYCLES);
+    if (n <= 0) {
         doc_p(d, "No fault was injected.");
         return;
     }
-    doc_p(d, "Times in seconds since the start of the fault run; detection and recovery are "
-             "measured from the injection (docs/REPORTS.md says which events count).");
+    doc_p(d, "One row per injected fault and its cycle (injected → detected → recovered, "
+             "docs/FAULTS.md has each kind's); times in seconds since the start of the fault "
+             "run, detection and recovery measured from the injection.");
     doc_table(d, true);
-    doc_row(d, 9, head, true);
-    int k = 0;
-    for (int i = 0; i < r->nev; i++) {
-        if (!report_jkind(r->ev[i], "fault"))
-            continue;
-        fault_row f;
-        analyse_fault(r, i, &f);
-        char num[16], sites[2 * REPORT_SITE_MAX + 8], inj[32], det[32], dt[32], rec[32], rt[32];
-        const char *site = report_jstr(f.ev, "site"), *peer = report_jstr(f.ev, "peer");
-        const char *kind = report_jstr(f.ev, "fault");
-        snprintf(num, sizeof num, "%d", ++k);
-        snprintf(sites, sizeof sites, "%.*s%s%.*s", REPORT_SITE_MAX, site ? site : "—",
-                 peer ? ", " : "", REPORT_SITE_MAX, peer ? peer : "");
-        fmt_secs(inj, sizeof inj, f.t - r->t0);
-        fmt_secs(det, sizeof det, f.detected - r->t0);
-        fmt_secs(dt, sizeof dt, f.detected - f.t);
-        fmt_secs(rec, sizeof rec, f.recovered - r->t0);
-        fmt_secs(rt, sizeof rt, f.recovered - f.t);
-        const char *cells[9] = {num, kind ? kind : "?", sites, inj, det, dt, rec, rt, f.notes};
-        doc_row(d, 9, cells, false);
+    doc_row(d, 10, head, true);
+    for (int i = 0; i < n; i++) {
+        const loco_fault_cycle *f = &cyc[i];
+        char num[16], sites[2 * LOCO_NET_NAME_MAX + 8], inj[32], det[32], dt[32], rec[32],
+            rt[32], state[256];
+        snprintf(num, sizeof num, "%d", i + 1);
+        snprintf(sites, sizeof sites, "%s%s%s", f->site[0] ? f->site : "—", f->peer[0] ? ", " : "",
+                 f->peer);
+        fmt_secs(inj, sizeof inj, f->injected - r->t0);
+        fmt_secs(det, sizeof det, f->detected - r->t0);
+        fmt_secs(dt, sizeof dt, f->detected - f->injected);
+        fmt_secs(rec, sizeof rec, f->recovered - r->t0);
+        fmt_secs(rt, sizeof rt, f->recovered - f->injected);
+        snprintf(state, sizeof state, "%s%s", f->complete ? "complete" : "INCOMPLETE: ",
+                 f->complete ? "" : f->missing);
+        const char *cells[10] = {num, f->fault, sites, inj, det, dt, rec, rt, state, f->notes};
+        doc_row(d, 10, cells, false);
+        if (!f->complete) {
+            if (v->nopen++)
+                report_sb_puts(&v->open, "; ");
+            report_sb_printf(&v->open, "%s%s%s: %s", f->fault, f->site[0] ? " of " : "", f->site,
+                             f->missing);
+        }
     }
     doc_table(d, false);
 }
@@ -622,6 +479,18 @@ static void results(doc *d, const run_data *f, const run_data *b, const loco_rep
     fmt_util_mean(uf, sizeof uf, f);
     fmt_util_mean(ub, sizeof ub, b);
     doc_li(d, "Compute utilisation (mean over islands)", "fault run %s; baseline %s", uf, ub);
+    const cJSON *ext = NULL;
+    for (int i = 0; i < f->nev; i++)
+        if (report_jkind(f->ev[i], "extend"))
+            ext = f->ev[i];
+    if (ext)
+        doc_li(d, "Run extended", "%d time%s while a fault's cycle was open: the last inner step "
+               "moved from %.0f to %.0f (limit %.0f, faults.max_extra_steps); the last time for "
+               "%s", count_kind(f, "extend"), count_kind(f, "extend") > 1 ? "s" : "",
+               report_jnum(ext, "train_steps"), report_jnum(ext, "end_step"),
+               report_jnum(ext, "limit"), report_jstr(ext, "why") ? report_jstr(ext, "why") : "?");
+    else
+        doc_li(d, "Run extended", "no (it ended at train.steps)");
     doc_li(d, "Events of the fault run", "suspect %d, join %d, refused %d, divergence %d",
            count_kind(f, "suspect"), count_kind(f, "join"), count_kind(f, "refused"),
            count_kind(f, "divergence"));
@@ -691,20 +560,27 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
     header(&d, &f, &b);
     /* the verdict needs the analysis, but is read first: analyse into a
      * scratch document, then lay out verdict, charts and tables in order */
-    doc body = {0};
+    doc body = {0}, faults = {0};
+    fault_table(&faults, &f, &v);
     results(&body, &f, &b, &o, &v);
     if (b.end == NULL || !report_streq(report_jstr(b.end, "status"), "finished"))
         report_warn(&w, "%s: the baseline did not finish; comparisons are against a partial run",
                     baseline_dir);
-    bool ok = v.nfail == 0;
-    report_sb_printf(&d.md, "**Verdict: %s**", ok ? "PASS" : "FAIL");
-    report_sb_printf(&d.html, "<p class=\"%s\"><b>Verdict: %s</b>", ok ? "pass" : "fail",
-              ok ? "PASS" : "FAIL");
+    /* FAIL outranks INCOMPLETE: a broken run says so first. */
+    const bool ok = v.nfail == 0 && v.nopen == 0;
+    const char *word = v.nfail ? "FAIL" : v.nopen ? "INCOMPLETE" : "PASS";
+    sbuf why = {0};
+    report_sb_puts(&why, report_sb_str(&v.why));
+    if (v.nopen)
+        report_sb_printf(&why, "%sa fault's cycle did not complete: %s", v.nfail ? "; " : "",
+                         report_sb_str(&v.open));
+    report_sb_printf(&d.md, "**Verdict: %s**", word);
+    report_sb_printf(&d.html, "<p class=\"%s\"><b>Verdict: %s</b>", ok ? "pass" : "fail", word);
     if (!ok) {
         report_sb_puts(&d.md, ": ");
-        report_sb_md(&d.md, report_sb_str(&v.why));
+        report_sb_md(&d.md, report_sb_str(&why));
         report_sb_puts(&d.html, ": ");
-        report_sb_html(&d.html, report_sb_str(&v.why));
+        report_sb_html(&d.html, report_sb_str(&why));
     }
     report_sb_puts(&d.md, "\n\n");
     report_sb_puts(&d.html, "</p>\n");
@@ -716,9 +592,12 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
     doc_h(&d, 2, "Membership");
     report_chart_membership(&svg, &f);
     doc_svg(&d, &svg);
-    fault_table(&d, &f);
+    report_sb_puts(&d.md, report_sb_str(&faults.md));
+    report_sb_puts(&d.html, report_sb_str(&faults.html));
     report_sb_puts(&d.md, report_sb_str(&body.md));
     report_sb_puts(&d.html, report_sb_str(&body.html));
+    report_sb_fini(&faults.md);
+    report_sb_fini(&faults.html);
     report_sb_fini(&body.md);
     report_sb_fini(&body.html);
     utilisation_section(&d, &f, &b);
@@ -737,7 +616,8 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
     LOCO_CHECK_GOTO(report_write_file(out_dir, "report.md", &d.md), out);
     LOCO_CHECK_GOTO(report_write_file(out_dir, "report.html", &d.html), out);
     printf("report: %s/report.md, %s/report.html\n", out_dir, out_dir);
-    printf("verdict: %s%s%s\n", ok ? "PASS" : "FAIL", ok ? "" : ": ", report_sb_str(&v.why));
+    printf("verdict: %s%s%s\n", word, ok ? "" : ": ", report_sb_str(&why));
+    report_sb_fini(&why);
     if (verdict_ok)
         *verdict_ok = ok;
 out:
@@ -745,6 +625,7 @@ out:
     report_sb_fini(&d.md);
     report_sb_fini(&d.html);
     report_sb_fini(&v.why);
+    report_sb_fini(&v.open);
     report_sb_fini(&w.text);
     report_run_fini(&f);
     report_run_fini(&b);

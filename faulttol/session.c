@@ -156,6 +156,8 @@ static int connect_register(loco_session *s, int timeout_ms) {
     cJSON_AddNumberToObject(j, "pending", (double)pr->pending);
     loco_hash_hex(pr->pending_hash, hh);
     cJSON_AddStringToObject(j, "pending_hash", hh);
+    if (pr->end_step > 0)
+        cJSON_AddNumberToObject(j, "end_step", (double)pr->end_step);
     char *json = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!json) {

@@ -749,9 +749,11 @@ int loco_trainer_save(loco_trainer *t, const char *dir);
  * checkpointing as [run] says, metrics.jsonl in run.dir. */
 int loco_trainer_run(loco_trainer *t);
 int64_t loco_trainer_steps_done(const loco_trainer *t);
-/* Moves the step counter (learning-rate schedule, logs) to `step`: an
- * island that rejoined a multi-site run continues at the others' step. */
+/* Moves the step counter (learning-rate schedule, logs) to `step` (an island
+ * that rejoined continues at the others' step); set_end moves the run's last
+ * step (final eval and checkpoint) past train.steps: a fault lab hold. */
 void loco_trainer_set_step(loco_trainer *t, int64_t step);
+void loco_trainer_set_end(loco_trainer *t, int64_t end_step);
 /* The range [*lo, *hi) of the flat parameter buffer this rank owns and its
  * values (the outer loop works on it; valid between steps). */
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi);

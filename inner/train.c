@@ -94,6 +94,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         return LOCO_ERR(LOCO_ENOMEM, "trainer");
     int rc;
     t->cfg = *cfg;
+    t->end_step = cfg->train.steps;
     t->B = (int)cfg->train.batch_size;
     t->T = (int)cfg->model.seq_len;
     t->unigram = NAN;
@@ -231,6 +232,11 @@ int64_t loco_trainer_steps_done(const loco_trainer *t) { return t->step; }
 void loco_trainer_set_step(loco_trainer *t, int64_t step) {
     t->step = step;
     t->first_step = step;
+}
+
+void loco_trainer_set_end(loco_trainer *t, int64_t end_step) {
+    if (end_step > t->end_step)
+        t->end_step = end_step;
 }
 
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
@@ -607,9 +613,9 @@ static int moe_metrics(loco_trainer *t) {
 
 int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s) {
     const loco_config *c = &t->cfg;
-    bool last = t->step == c->train.steps;
+    bool last = t->step == t->end_step;
     double elapsed = loco_now() - t->t_start;
-    double eta = elapsed / (double)(t->step - t->first_step) * (double)(c->train.steps - t->step);
+    double eta = elapsed / (double)(t->step - t->first_step) * (double)(t->end_step - t->step);
     loco_metrics_begin(t->metrics);
     loco_metrics_int(t->metrics, "step", s->step);
     loco_metrics_num(t->metrics, "loss", s->loss);
@@ -625,7 +631,7 @@ int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s) {
         char e[32];
         format_eta(eta, e, sizeof e);
         loco_info("step %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
-                  (long long)s->step, (long long)c->train.steps, s->loss, s->lr, s->grad_norm,
+                  (long long)s->step, (long long)t->end_step, s->loss, s->lr, s->grad_norm,
                   s->tokens_per_s, e);
     }
     if (t->val && ((c->run.eval_every > 0 && s->step % c->run.eval_every == 0) || last))

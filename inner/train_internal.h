@@ -24,6 +24,7 @@ struct loco_trainer {
     loco_prom *prom; /* root: live metrics (run.metrics_addr), NULL = off */
     loco_rng rng;
     int64_t step; /* optimizer steps completed */
+    int64_t end_step; /* the last step: train.steps, or later (loco_trainer_set_end) */
     int B, T;
     int32_t *inputs, *targets; /* (B, T) */
     double unigram;            /* nats, NAN when unknown */

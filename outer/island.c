@@ -202,6 +202,19 @@ static int load_outer(island *is) {
     return 0;
 }
 
+/* The coordinator moved the end on (a fault's cycle is open): never back,
+ * never past what the config allows. */
+static void adopt_end(island *is) {
+    const int64_t limit = is->cfg.train.steps + is->cfg.faults.max_extra_steps;
+    const int64_t e = is->q.end_step;
+    if (e > is->end_step && e <= limit) {
+        if (is->rank == 0)
+            loco_info("island %s: the coordinator holds the end of the run: it now ends at inner "
+                      "step %lld", is->site, (long long)e);
+        is->end_step = e;
+    }
+}
+
 /* ---------------------------------------------------------------- set-up */
 
 /* outer.fragments, outer.overlap and outer.merge_alpha against outer.H. */
@@ -252,6 +265,7 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
     is->in = *inner;
     is->world = world;
     is->merge_frag = -1;
+    is->end_step = cfg->train.steps;
     is->rank = loco_comm_rank(world);
     is->ranks = loco_comm_size(world);
     LOCO_CHECK(check_streaming(c));
@@ -331,6 +345,7 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
     } else {
         LOCO_CHECK(loco__island_choose_algorithm(is));
     }
+    adopt_end(is); /* a run held past train.steps goes on for a joiner too */
     if (is->fr.F > 1 || is->overlap > 0)
         loco_info("island %d (%s) of %d: streaming, %d fragments, one synced every %lld steps, "
                   "exchange overlapping %d steps, merge alpha %g (%s)",
@@ -406,6 +421,8 @@ void loco_island_destroy(loco_island *is) {
 
 bool loco_island_finished(const loco_island *is) { return is->finished; }
 
+int64_t loco_island_end_step(const loco_island *is) { return is->end_step; }
+
 /* -------------------------------------------------------------- the schedule */
 
 /* The last inner step: the exchange in flight completes, and every
@@ -432,9 +449,11 @@ static int finish_run(island *is, int64_t s) {
 
 static int after_step(island *is, int64_t s) {
     const int64_t P = is->period;
-    const bool last = s == is->cfg.train.steps;
-    bool busy = false;
+    adopt_end(is);
     LOCO_CHECK(loco__island_check_coordinator(is));
+    adopt_end(is);
+    const bool last = s == is->end_step;
+    bool busy = false;
     /* The exchange in flight, τ steps after it began. */
     if (is->sync.active && (s >= is->sync.inner + is->overlap || last)) {
         LOCO_CHECK(loco__island_sync_finish(is));
@@ -450,6 +469,7 @@ static int after_step(island *is, int64_t s) {
     if (s % P == 0) {
         const int64_t j = s / P;
         LOCO_CHECK(loco__island_sync(is, j, s, (int)((j - 1) % is->fr.F), is->overlap > 0));
+        adopt_end(is);
         busy = true;
         /* Blocking: the merge is due now. */
         if (!is->finished && !is->sync.active && is->merge_frag >= 0 && is->merge_step <= s &&
@@ -472,6 +492,7 @@ int loco_island_after_step(loco_island *is, int64_t step, double step_s) {
     loco_faults_inject(&is->f, step, step_s, is->links, &is->q);
     is->call_t0 = loco_now();
     int rc = after_step(is, step);
+    adopt_end(is); /* what a rejoin or a go said of the end */
     is->wait_acc += loco_now() - is->call_t0;
     return rc;
 }

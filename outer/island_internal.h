@@ -68,6 +68,8 @@ struct loco_island {
     int64_t committed;          /* outer step of θ_global */
     uint64_t committed_hash;
     bool final_committed;       /* the outer step at the run's last inner step committed */
+    int64_t end_step;           /* the run's last inner step: train.steps, or later when the
+                                   coordinator holds the end for a fault's open cycle */
     loco_sync sync;             /* the outer step under way */
     int merge_frag;             /* committed, merge into θ_local due at merge_step (-1: none) */
     int64_t merge_step;

@@ -63,7 +63,8 @@ static int share(island *is, int rc, loco_verdict *v) {
 
 static loco_island_progress progress(const island *is, int64_t pending, uint64_t pending_hash) {
     return (loco_island_progress){.committed = is->committed, .hash = is->committed_hash,
-                                  .pending = pending, .pending_hash = pending_hash};
+                                  .pending = pending, .pending_hash = pending_hash,
+                                  .end_step = is->end_step};
 }
 
 /* Rank 0 registers; the first quorum reaches every rank. */
@@ -414,7 +415,7 @@ static int finish_attempt(island *is, loco_verdict *v) {
     if (rc == 0 && *v == LOCO_VERDICT_COMMIT) {
         is->committed = y->outer;
         is->committed_hash = h;
-        is->final_committed = y->inner >= is->cfg.train.steps;
+        is->final_committed = y->inner >= is->end_step;
         loco_peers_publish(is->svc, y->outer, y->inner);
         if (is->rank == 0)
             loco__island_record(is, y->outer, y->inner, y->frag, &y->st, y->sums, h,

@@ -38,13 +38,6 @@ struct loco_launch_plan {
     char *base_argv[ARGV_MAX];
 };
 
-bool loco_launch_faults_active(const loco_config *c) {
-    return c->faults.kill[0] || c->faults.freeze[0] || c->faults.partition[0] ||
-           c->faults.link[0] || c->faults.corrupt > 0 || c->faults.drop > 0 ||
-           c->faults.duplicate > 0 || c->faults.reorder > 0 || c->faults.slow[0] ||
-           c->faults.coordinator_kill_s > 0;
-}
-
 bool loco_launch_has_ckpt(const char *dir) {
     DIR *d = opendir(dir);
     if (!d)
@@ -165,18 +158,16 @@ static int plan_one(loco_launch_plan *p, plan_child *c, int k, const char *site,
 /* The baseline: `SELF launch CONFIG --set ... (faults cleared) --set
  * run.dir=DIR --no-baseline`; DIR is filled in by loco_launch_plan_baseline. */
 static int plan_baseline(loco_launch_plan *p, const loco_launch_args *a) {
-    static const char *const clear[] = {"faults.kill=",       "faults.freeze=",
-                                        "faults.partition=",  "faults.link=",
-                                        "faults.corrupt=0",   "faults.drop=0",
-                                        "faults.duplicate=0", "faults.reorder=0",
-                                        "faults.slow=",       "faults.coordinator_kill_s=0"};
+    const char *clear[32];
+    const int n_clear = loco_faults_clear_sets(clear, 32);
+    LOCO_CHECK(n_clear);
     plan_child tmp = {.name = "baseline"};
     LOCO_CHECK(push(&tmp, (char *)a->self));
     LOCO_CHECK(push(&tmp, "launch"));
     LOCO_CHECK(push(&tmp, (char *)a->config));
     for (int i = 0; i < a->nsets; i++)
         LOCO_CHECK(push_set(&tmp, a->sets[i]));
-    for (size_t i = 0; i < sizeof clear / sizeof *clear; i++)
+    for (int i = 0; i < n_clear; i++)
         LOCO_CHECK(push_set(&tmp, (char *)clear[i]));
     LOCO_CHECK(push_set(&tmp, p->base_set));
     LOCO_CHECK(push(&tmp, "--no-baseline"));

@@ -365,6 +365,9 @@ int loco_island_create(loco_island **out, const loco_config *cfg, const char *si
 int loco_island_after_step(loco_island *is, int64_t step, double step_s);
 /* The run ended while this island was in an outer step. */
 bool loco_island_finished(const loco_island *is);
+/* The run's last inner step: train.steps, or later once the coordinator
+ * held the end for a fault's open cycle (faults.max_extra_steps). */
+int64_t loco_island_end_step(const loco_island *is);
 /* The outer state next to the inner checkpoint of `step`. */
 int loco_island_save(loco_island *is, int64_t step);
 /* Tells the coordinator this island is done and waits for its word that
@@ -478,20 +481,23 @@ char *const *loco_launch_plan_baseline(loco_launch_plan *p, const char *dir);
  * stdout and stderr merged) and supervises them until all are done,
  * writing each one's lines to out as "[NAME] line" and its own notes as
  * "launch: ...". [faults] of cfg: the coordinator is SIGKILLed after
- * coordinator_kill_s and restarted after coordinator_restart_ms; an island
- * that died of SIGKILL (faults.kill) restarts after restart_ms (>= 0) with
- * LOCO_RESTARTED=1, resuming from its checkpoint
- * (loco_launch_plan_add_resume); fault events go to events. When a process
- * fails, or *stop (may be NULL; a signal handler's flag) becomes nonzero,
- * every process group gets SIGTERM. Appends the launch_end event. *ok:
+ * coordinator_kill_s, or once the run committed the outer step of
+ * coordinator_kill_step, and restarted after coordinator_restart_ms; an
+ * island that died of SIGKILL (faults.kill) restarts after restart_ms (>=
+ * 0), or once the others committed restart_after_steps past its kill
+ * step, with LOCO_RESTARTED=1, resuming from its checkpoint
+ * (loco_launch_plan_add_resume); fault events go to events, and the run's
+ * progress is read from there too. Nothing due after the run ended is
+ * done (it is said on out). Once every island has ended, the coordinator
+ * gets a few seconds to end too, then SIGTERM: launch never waits on a
+ * coordinator that has no run left. When a process fails, or *stop (may
+ * be NULL; a signal handler's flag) becomes nonzero, every process group
+ * gets SIGTERM. Appends the launch_end event. *ok:
  * every process finished cleanly (expected deaths aside) and no stop was
  * asked. A process that could not be started: its error, after the others
  * were stopped and reaped. */
 int loco_launch_supervise(loco_launch_plan *plan, const loco_config *cfg, const char *events,
                           FILE *out, volatile sig_atomic_t *stop, bool *ok);
-/* Whether the config injects any fault ([faults] other than the restart
- * delays). */
-bool loco_launch_faults_active(const loco_config *c);
 /* Whether dir holds a checkpoint ckpt_N (which one to resume from, the
  * island chooses: loco_ckpt_pick_resume). */
 bool loco_launch_has_ckpt(const char *dir);

@@ -508,6 +508,7 @@ run_cluster() {
       stopped)
         (( MS >= restore_at )) || continue
         kill -CONT "${pid[k]}"
+        ev "\"kind\":\"fault\",\"fault\":\"thaw\",\"site\":\"$s\",\"detail\":\"chaos $act: SIGCONT\""
         now_ms; resume_ms=$MS phase=recover
         log "action $act: $s continued" ;;
       coord_down)

@@ -29,6 +29,8 @@ TestSuite(report, .init = setup, .fini = teardown, .timeout = 30);
 typedef struct {
     bool divergence, end_failed, no_end, drop_commit3, malformed, bad_hash, no_metrics_c;
     bool utilisation; /* the fault run's siteA and siteB write wait_s and wall_s */
+    bool no_rejoin;   /* the killed siteB never joins again */
+    bool planned;     /* the start event plans a freeze of siteC that never happens */
     const char *detail; /* of the kill */
     double loss_scale;  /* fault run's losses against the baseline's */
 } variant;
@@ -123,7 +125,11 @@ static void write_fault(const variant *v) {
     FILE *f = open_file("fault", NULL, "events.jsonl");
 #define EV(...) fprintf(f, __VA_ARGS__)
     EV("{\"t\":2000.0,\"kind\":\"start\",\"sites\":[" ALL "],"
-       "\"config\":\"configs/faults-kill.ini\",\"seed\":1}\n");
+       "\"config\":\"configs/faults-kill.ini\",\"seed\":1%s}\n",
+       v->planned ? ",\"planned\":[{\"fault\":\"kill\",\"site\":\"siteB\",\"due\":\"inner step "
+                    "20\",\"detect\":true,\"recover\":true},{\"fault\":\"freeze\",\"site\":"
+                    "\"siteC\",\"due\":\"inner step 500\",\"detect\":true,\"recover\":true}]"
+                  : "");
     EV("{\"t\":2000.5,\"kind\":\"quorum\",\"epoch\":1,\"members\":[" ALL "],\"outer_step\":0}\n");
     commit(f, 2005, 1, ALL);
     commit(f, 2009, 2, ALL);
@@ -139,8 +145,9 @@ static void write_fault(const variant *v) {
     if (!v->drop_commit3)
         commit(f, 2014, 3, "\"siteA\",\"siteC\"");
     EV("{\"t\":2015.0,\"kind\":\"fault\",\"fault\":\"restart\",\"site\":\"siteB\"}\n");
-    EV("{\"t\":2018.25,\"kind\":\"join\",\"site\":\"siteB\",\"outer_step\":4,\"transfer_s\":0.8,"
-       "\"transfer_bytes\":5000}\n");
+    if (!v->no_rejoin)
+        EV("{\"t\":2018.25,\"kind\":\"join\",\"site\":\"siteB\",\"outer_step\":4,"
+           "\"transfer_s\":0.8,\"transfer_bytes\":5000}\n");
     EV("{\"t\":2018.3,\"kind\":\"quorum\",\"epoch\":3,\"members\":[" ALL "],\"outer_step\":4}\n");
     commit(f, 2020, 4, ALL);
     EV("{\"t\":2030.0,\"kind\":\"fault\",\"fault\":\"partition\",\"site\":\"siteA\","
@@ -220,21 +227,20 @@ Test(report, pass_with_charts_fault_table_and_bytes) {
     cr_expect(strstr(html, "http") == NULL || strstr(html, "xmlns=\"http://www.w3.org/2000/svg\""),
               "no external assets");
     cr_expect(strstr(html, "<script") == NULL);
-    /* injected, detected, detection, recovered, recovery: from the events */
-    cr_expect(strstr(md, "| 1 | kill | siteB | 10.00 | 12.50 | 2.50 | 18.25 | 8.25 | SIGKILL; "
-                         "siteB suspected (phi 9.3) |") != NULL,
+    /* one row per fault's cycle: injected, detected, detection, recovered,
+     * recovery from the events; the restart and the heal close their
+     * fault's cycle (the kill's at siteB's join, the partition's at siteC's) */
+    cr_expect(strstr(md, "| 1 | kill | siteB | 10.00 | 12.50 | 2.50 | 18.25 | 8.25 | complete | "
+                         "SIGKILL; siteB suspected (phi 9.3); siteB rejoined |") != NULL,
               "%s", md);
-    cr_expect(strstr(md, "| 2 | restart | siteB | 15.00 | — | — | 18.25 | 3.25 |") != NULL, "%s",
-              md);
-    cr_expect(strstr(md, "| 3 | partition | siteA, siteC | 30.00 | 33.00 | 3.00 | 40.50 | 10.50 "
-                         "| drop all; siteC suspected (link closed); healed; siteC rejoined at "
-                         "42.00 s |") != NULL,
+    cr_expect(strstr(md, "| 2 | partition | siteA, siteC | 30.00 | 33.00 | 3.00 | 42.00 | 12.00 "
+                         "| complete | drop all; siteC suspected (link closed); healed; siteC "
+                         "rejoined |") != NULL,
               "%s", md);
-    cr_expect(strstr(md, "| 4 | heal | siteA, siteC | 40.50 | — | — | 42.00 | 1.50 |") != NULL,
+    cr_expect(strstr(md, "| 3 | corrupt | siteA | 43.00 | 43.40 | 0.40 | 45.00 | 2.00 | complete | "
+                         "flip a byte; refused by siteB (corrupt frame) |") != NULL,
               "%s", md);
-    cr_expect(strstr(md, "| 5 | corrupt | siteA | 43.00 | 43.40 | 0.40 | 45.00 | 2.00 | flip a "
-                         "byte; frame refused by siteB (corrupt frame); next commit |") != NULL,
-              "%s", md);
+    cr_expect(strstr(md, "| restart |") == NULL && strstr(md, "| heal |") == NULL, "%s", md);
     cr_expect(strstr(html, "<td>kill</td><td>siteB</td><td>10.00</td><td>12.50</td><td>2.50</td>"
                            "<td>18.25</td><td>8.25</td>") != NULL);
     cr_expect(strstr(md, "within the tolerance of 1.00%") != NULL, "%s", md);
@@ -333,6 +339,30 @@ Test(report, out_dir_and_escaping) {
                   NULL,
               "%s", (char *)data);
     loco_free(data);
+}
+
+/* A fault whose cycle did not complete (siteB never rejoined), and one the
+ * plan had that was never injected: INCOMPLETE, with both reasons, and the
+ * exit status says so; a FAIL still outranks it. */
+Test(report, incomplete_cycle_is_not_a_pass) {
+    char out[8192];
+    variant v = {.no_rejoin = true, .planned = true};
+    cr_expect_eq(report(out, sizeof out, &v, NULL), 1, "%s", out);
+    cr_expect(strstr(out, "verdict: INCOMPLETE: a fault's cycle did not complete: kill of siteB: "
+                          "siteB never came back; freeze of siteC: not injected: due at inner "
+                          "step 500; the run ended at outer step 6") != NULL,
+              "%s", out);
+    char *md = slurp("report.md");
+    cr_expect(strstr(md, "**Verdict: INCOMPLETE**") != NULL, "%s", md);
+    cr_expect(strstr(md, "| 1 | kill | siteB | 10.00 | 12.50 | 2.50 | — | — | INCOMPLETE: siteB "
+                         "never came back |") != NULL,
+              "%s", md);
+    loco_free(md);
+    variant w = {.no_rejoin = true, .divergence = true};
+    cr_expect_eq(report(out, sizeof out, &w, NULL), 1, "%s", out);
+    cr_expect(strstr(out, "verdict: FAIL: divergence at outer step 5") &&
+                  strstr(out, "a fault's cycle did not complete: kill of siteB"),
+              "%s", out);
 }
 
 Test(report, divergence_fails) {

@@ -116,22 +116,31 @@ static int last_commit(const scenario *s, char hash[17], bool member[3]) {
     return step;
 }
 
-/* The run committed every outer step, and every island of the last quorum
- * ends there with its θ_global: bit-identical survivors. Islands still
- * catching up at the end (a loaded machine can make anyone late) are not
- * members and are not compared. */
+/* The run committed every outer step (at least outer_steps: the run goes
+ * on while a fault's cycle is open, docs/FAULTS.md), the end event names
+ * the last, and every island of the last quorum ends there with its
+ * θ_global: bit-identical survivors. Islands still catching up at the end
+ * (a loaded machine can make anyone late) are not members and are not
+ * compared. */
 static void all_agree(const scenario *s, int outer_steps) {
     static const char *const sites[] = {"siteA", "siteB", "siteC"};
     char hc[17] = "";
     bool member[3];
-    cr_assert_eq(last_commit(s, hc, member), outer_steps, "every outer step committed");
+    const int last = last_commit(s, hc, member);
+    cr_assert_geq(last, outer_steps, "every outer step committed");
+    char end[64];
+    snprintf(end, sizeof end, "run finished; θ_global agreed through outer step %d", last);
+    cr_expect(strstr(s->out, end) != NULL, "the end is the last commit (%d): %s", last, s->out);
+    if (last > outer_steps)
+        cr_expect(strstr(s->out, "goes on to inner step") != NULL,
+                  "only a held end goes past train.steps: %s", s->out);
     int n = 0;
     for (int k = 0; k < 3; k++) {
         if (!member[k])
             continue;
         char h[17] = "";
         n++;
-        cr_expect_eq(last_outer(s, sites[k], h), outer_steps, "%s", sites[k]);
+        cr_expect_eq(last_outer(s, sites[k], h), last, "%s", sites[k]);
         cr_expect_str_eq(h, hc, "%s differs from the committed θ_global", sites[k]);
     }
     cr_expect_geq(n, 2, "at least two islands in the final quorum");
@@ -227,16 +236,20 @@ Test(faults, killed_island_is_detected_rejoins_and_matches) {
 
 Test(faults, frozen_island_is_suspected_by_phi_and_rejoins) {
     scenario *s = calloc(1, sizeof *s);
-    /* 400 steps: the others must not finish the run while siteB is frozen
-     * (120 tiny steps take under 2.5 s on an idle machine). */
-    run(s, "kill", "--set faults.kill= --set faults.freeze=siteB@40+2500 --set train.steps=400");
+    /* Timed by the run: siteB sleeps until the others committed inner step
+     * 70 (60 s at most), and the run does not end before it rejoined. */
+    run(s, "kill",
+        "--set faults.kill= --set faults.freeze=siteB@40+60000 --set faults.thaw_after_steps=30");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     double fr = event_at(s, "fault", "siteB", "freeze", 0);
     double sus = event_at(s, "suspect", "siteB", NULL, fr);
     cr_assert(fr > 0 && sus > 0);
     cr_expect_lt(sus - fr, 3.0, "a silent island on a LAN is suspected within 3 s");
-    cr_expect(event_at(s, "join", "siteB", NULL, fr) > 0);
-    all_agree(s, 40);
+    const double thaw = event_at(s, "fault", "siteB", "thaw", fr);
+    cr_expect(thaw > sus && event_at(s, "join", "siteB", NULL, thaw) > 0, "%s", s->out);
+    cr_expect(strstr(s->out, "faults: freeze siteB at") && strstr(s->out, "cycle complete"), "%s",
+              s->out);
+    all_agree(s, 12);
     done(s);
     free(s);
 }
@@ -334,8 +347,8 @@ Test(faults, straggler_is_left_out_and_catches_up) {
 
 Test(faults, restarted_coordinator_loses_nothing) {
     scenario *s = calloc(1, sizeof *s);
-    /* 400 steps: the kill at 1.5 s lands mid-run even on an idle machine. */
-    run(s, "coordinator", "--set train.steps=400");
+    /* Killed once inner step 40 committed (configs/faults-coordinator.ini). */
+    run(s, "coordinator", "");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     double k = event_at(s, "fault", "coordinator", "kill_coordinator", 0);
     cr_assert(k > 0);
@@ -346,7 +359,10 @@ Test(faults, restarted_coordinator_loses_nothing) {
     if (q1 > 0 && q1 < k)
         cr_expect(strstr(s->out, "resuming the run at committed outer step") != NULL, "%s",
                   s->out);
-    all_agree(s, 40);
+    cr_expect(strstr(s->out, "faults: kill_coordinator coordinator at") &&
+                  strstr(s->out, "cycle complete"),
+              "%s", s->out);
+    all_agree(s, 12);
     done(s);
     free(s);
 }
@@ -361,6 +377,70 @@ Test(faults, islands_wait_out_a_coordinator_down_longer_than_the_timeout) {
     cr_assert_eq(s->rc, 0, "%s", s->out);
     cr_expect(strstr(s->out, "registered again with the coordinator") != NULL, "%s", s->out);
     all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+/* The run does not end while an injected fault's cycle is open: siteC,
+ * killed at step 30, comes back only once the others committed step 180,
+ * past train.steps = 120. The coordinator holds the end, outer step by
+ * outer step, until siteC rejoined; every island ends at the same step. */
+Test(faults, the_run_goes_on_while_a_faults_cycle_is_open) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill", "--set faults.kill=siteC@30 --set faults.restart_after_steps=150");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "it restarts once outer step 18 commits") != NULL, "%s", s->out);
+    const double kill = event_at(s, "fault", "siteC", "kill", 0);
+    const double join = event_at(s, "join", "siteC", NULL, kill);
+    cr_assert(kill > 0 && join > 0, "%s", s->out);
+    cr_expect(event_at(s, "extend", NULL, NULL, 0) > 0, "the end was held: %s", s->out);
+    cr_expect(strstr(s->out, "faults: kill siteC at") && strstr(s->out, ": cycle complete"), "%s",
+              s->out);
+    all_agree(s, 19);
+    done(s);
+    free(s);
+}
+
+/* A restart that can only come after the end (and no hold: max_extra_steps
+ * = 0), and a freeze due after the end: neither cycle completes, launch
+ * says INCOMPLETE with both reasons and exits non-zero. */
+Test(faults, a_cycle_that_cannot_complete_is_incomplete_not_a_pass) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill",
+        "--set faults.kill=siteC@30 --set faults.restart_after_steps=0 --set faults.restart_ms=3600000"
+        " --set faults.max_extra_steps=0"
+        " --set faults.freeze=siteB@500+1000");
+    cr_expect_neq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "launch: siteC: the run finished before it could restart") != NULL,
+              "%s", s->out);
+    cr_expect(strstr(s->out, "faults: kill siteC at") &&
+                  strstr(s->out, ": INCOMPLETE: never restarted"),
+              "%s", s->out);
+    cr_expect(strstr(s->out, "faults: freeze siteB: INCOMPLETE: not injected: due at inner step "
+                             "500; the run ended at outer step 12") != NULL,
+              "%s", s->out);
+    cr_expect(strstr(s->out, "launch: INCOMPLETE: 2 fault cycles did not complete") != NULL, "%s",
+              s->out);
+    done(s);
+    free(s);
+}
+
+/* A coordinator started for a run whose timeline says it finished ends at
+ * once, saying so, instead of waiting for islands that are gone. */
+Test(faults, a_coordinator_restarted_after_the_end_exits) {
+    scenario *s = calloc(1, sizeof *s);
+    snprintf(s->dir, sizeof s->dir, "/tmp/loco-faults-XXXXXX");
+    cr_assert(mkdtemp(s->dir));
+    s->rc = test_run(s->out, sizeof s->out,
+                     "echo '{\"t\":1,\"kind\":\"commit\",\"outer_step\":12}' > %s/events.jsonl"
+                     " && echo '{\"t\":2,\"kind\":\"end\",\"status\":\"finished\"}' >> "
+                     "%s/events.jsonl && " LOCO " coordinator configs/faults-kill.ini --set "
+                     "run.dir=%s --set net.tls=false --set faulttol.coordinator=127.0.0.1:0",
+                     s->dir, s->dir, s->dir);
+    cr_expect_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "says the run already finished (outer step 12); nothing to "
+                             "coordinate") != NULL,
+              "%s", s->out);
     done(s);
     free(s);
 }

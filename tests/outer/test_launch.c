@@ -32,7 +32,7 @@ static void teardown(void) {
     free(dir);
 }
 
-TestSuite(launch, .init = setup, .fini = teardown);
+TestSuite(launch, .init = setup, .fini = teardown, .timeout = 60);
 
 /* Asserts argv equals want (NULL-terminated), naming the first difference. */
 static void expect_argv(char *const *argv, const char *const *want, const char *who) {
@@ -113,7 +113,11 @@ Test(launch, plain_run) {
                           "--set",
                           "faults.slow=",
                           "--set",
+                          "faults.poison=",
+                          "--set",
                           "faults.coordinator_kill_s=0",
+                          "--set",
+                          "faults.coordinator_kill_step=0",
                           "--set",
                           "run.dir=/tmp/b",
                           "--no-baseline",
@@ -245,12 +249,12 @@ Test(launch, refused_arguments) {
 }
 
 Test(launch, run_directory_facts) {
-    cr_expect(!loco_launch_faults_active(&cfg));
+    cr_expect(!loco_faults_active(&cfg));
     set("faults.drop=0.1");
-    cr_expect(loco_launch_faults_active(&cfg));
+    cr_expect(loco_faults_active(&cfg));
     set("faults.drop=0");
     set("faults.kill=siteA@3");
-    cr_expect(loco_launch_faults_active(&cfg));
+    cr_expect(loco_faults_active(&cfg));
 
     cr_expect(!loco_launch_has_ckpt(dir));
     mkdir_in("ckpt_x");
@@ -394,5 +398,88 @@ Test(launch, supervise_reports_a_process_that_cannot_start) {
     cr_expect(!ok);
     expect_has(out, "exec ");
     expect_has(out, "exited with status 127");
+    loco_free(out);
+}
+
+/* Every island ended but the coordinator hangs on (restarted for a run
+ * that was over, say): launch stops it after a short grace and ends. */
+Test(launch, supervise_ends_once_every_island_ended_whatever_the_coordinator) {
+    const char *self = fake_self("coordinator() { exec sleep 60; }\nisland() { echo done; }");
+    bool ok = false;
+    const double t0 = loco_now();
+    char *out = supervise(self, NULL, 0, &ok);
+    cr_expect(ok, "%s", out);
+    cr_expect_lt(loco_now() - t0, 15, "launch waited on the coordinator");
+    expect_has(out, "launch: every island has ended; stopping the coordinator\n");
+    expect_has(out, "launch: done: every process finished cleanly\n");
+    loco_free(out);
+}
+
+/* The coordinator's kill falls due after the run's end event: it is not
+ * injected (the hang of issue 33: a coordinator killed and restarted for a
+ * run that was over, waited for by launch forever). */
+Test(launch, supervise_injects_no_coordinator_kill_after_the_end) {
+    set("faults.coordinator_kill_s=0.6");
+    set("faults.coordinator_restart_ms=0");
+    char script[2048];
+    snprintf(script, sizeof script,
+             "coordinator() { echo '{\"t\":1,\"kind\":\"end\",\"status\":\"finished\"}' >> "
+             "%s/events.jsonl; exec sleep 2; }\nisland() { exec sleep 1.5; }",
+             dir);
+    const char *self = fake_self(script);
+    bool ok = false;
+    char *out = supervise(self, NULL, 0, &ok);
+    cr_expect(ok, "%s", out);
+    expect_has(out, "launch: faults: the coordinator's kill fell due after the run ended; not "
+                    "injected\n");
+    cr_expect(strstr(out, "killing the coordinator") == NULL, "%s", out);
+    loco_free(out);
+}
+
+/* A coordinator killed while the islands run comes back only while one
+ * of them still does. */
+Test(launch, supervise_restarts_no_coordinator_once_the_islands_ended) {
+    set("faults.coordinator_kill_s=0.3");
+    set("faults.coordinator_restart_ms=60000");
+    const char *self = fake_self("coordinator() { exec sleep 30; }\nisland() { exec sleep 1; }");
+    bool ok = false;
+    const double t0 = loco_now();
+    char *out = supervise(self, NULL, 0, &ok);
+    cr_expect(ok, "%s", out);
+    cr_expect_lt(loco_now() - t0, 15);
+    expect_has(out, "launch: faults: killing the coordinator (SIGKILL)\n");
+    expect_has(out, "launch: coordinator: every island has ended; not restarted\n");
+    loco_free(out);
+}
+
+/* faults.restart_after_steps: the killed island comes back once the run
+ * committed the outer step 20 steps past its kill (H = 10: step 21 is
+ * outer step 3), not before, whatever the time. */
+Test(launch, supervise_restarts_a_killed_island_by_the_runs_progress) {
+    set("faults.kill=siteA@1");
+    set("faults.restart_after_steps=20");
+    set("outer.H=10");
+    char script[2048];
+    snprintf(script, sizeof script,
+             "coordinator() { for i in 1 2 3; do sleep 0.4; echo \"commit $i\"; "
+             "echo \"{\\\"t\\\":$i,\\\"kind\\\":\\\"commit\\\",\\\"outer_step\\\":$i}\" >> "
+             "%s/events.jsonl; done; sleep 1.5; }\n"
+             "island() { [ $site = siteA ] && [ -z \"$LOCO_RESTARTED\" ] && kill -9 $$; "
+             "echo \"$site ${LOCO_RESTARTED:-first}\"; if [ $site = siteB ]; then sleep 2.5; fi; }",
+             dir);
+    const char *self = fake_self(script);
+    bool ok = false;
+    char *out = supervise(self, NULL, 0, &ok);
+    cr_expect(ok, "%s", out);
+    expect_has(out, "launch: faults: siteA was killed; it restarts once outer step 3 commits\n");
+    char ev[700];
+    snprintf(ev, sizeof ev, "%s/events.jsonl", dir);
+    void *text;
+    size_t len;
+    cr_assert_eq(loco_file_read(ev, &text, &len), 0);
+    const char *c3 = strstr(text, "\"outer_step\":3"), *r = strstr(text, "\"fault\":\"restart\"");
+    cr_expect(c3 && r && c3 < r, "restarted after the commit of outer step 3:\n%s", (char *)text);
+    loco_free(text);
+    expect_has(out, "[siteA] siteA 1\n");
     loco_free(out);
 }
