@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define MPI_CHECK_BIN "build/tests/mpi_comm_check"
@@ -360,7 +359,8 @@ static bool on_path(const char *prog) {
     return found;
 }
 
-/* Runs the check under mpirun with np ranks; asserts exit status 0. */
+/* Runs the check under mpirun with np ranks; asserts exit status 0 (a
+ * hung rank fails the test at the harness's deadline, with the output). */
 static void run_mpi_check(int np) {
     if (!on_path("mpirun"))
         cr_skip_test("mpirun not found on PATH: the mpi backend is not exercised "
@@ -370,36 +370,13 @@ static void run_mpi_check(int np) {
               MPI_CHECK_BIN " is missing: build it with `make " MPI_CHECK_BIN "`");
     char *sessions = test_tmpdir("loco-mpi");
     test_mpi_session_dir(sessions);
-    char cmd[512];
-    /* timeout: a hung rank fails the test instead of the suite. */
-    snprintf(cmd, sizeof cmd,
-             "timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe -np %d " MPI_CHECK_BIN
-             " 2>&1",
-             np);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "popen %s", cmd);
-    /* Keep the last part of the output for the failure message. */
+    /* the last part of the output: the tally, and what failed */
     static char out[16384];
-    size_t len = 0;
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) {
-        if (len + n >= sizeof out) {
-            size_t drop = len + n - (sizeof out - 1);
-            drop = drop > len ? len : drop;
-            memmove(out, out + drop, len - drop);
-            len -= drop;
-        }
-        size_t take = n < sizeof out - 1 - len ? n : sizeof out - 1 - len;
-        memcpy(out + len, chunk + (n - take), take);
-        len += take;
-    }
-    out[len] = '\0';
-    int status = pclose(p);
+    const int rc = test_run_tail(
+        out, sizeof out, "mpirun --allow-run-as-root --oversubscribe -np %d " MPI_CHECK_BIN, np);
     loco_rmtree(sessions);
     free(sessions);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s exited with status %d:\n%s", cmd,
-              WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
+    cr_assert_eq(rc, 0, "mpirun -np %d " MPI_CHECK_BIN " exited with status %d:\n%s", np, rc, out);
     cr_assert(strstr(out, " passed, 0 failed"), "no tally from the check:\n%s", out);
 }
 

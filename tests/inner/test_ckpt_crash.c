@@ -274,7 +274,7 @@ static void teardown(void) {
     free(root);
 }
 
-TestSuite(ckpt_crash, .init = setup, .fini = teardown);
+TestSuite(ckpt_crash, .init = setup, .fini = teardown, .timeout = 60);
 
 /* Saves generation g to path in this process and loads it back. */
 static void save_and_reload(const char *path, int64_t g) {

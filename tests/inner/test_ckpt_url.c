@@ -64,7 +64,7 @@ static void teardown(void) {
     free(dir);
 }
 
-TestSuite(ckpt_url, .init = setup, .fini = teardown);
+TestSuite(ckpt_url, .init = setup, .fini = teardown, .timeout = 60);
 
 /* Saves the model at `step` with every parameter shifted by `shift`,
  * remembering the parameters in saved[slot]. */

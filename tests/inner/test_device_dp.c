@@ -53,6 +53,8 @@ static void expect_refused(const loco_config *cfg, const char *want) {
 #endif
 }
 
+TestSuite(device_dp, .timeout = 60);
+
 Test(device_dp, tensor_parallel_refused) {
     loco_config cfg;
     config(&cfg);

@@ -26,7 +26,7 @@ static void setup(void) {
     loco_log_set_level(LOCO_LOG_WARN);
 }
 
-TestSuite(hf_import, .init = setup);
+TestSuite(hf_import, .init = setup, .timeout = 60);
 
 /* The reference tokens (inputs [T], targets [T]) and a named F32 tensor. */
 static loco_st *open_ref(int32_t *inputs, int32_t *targets) {

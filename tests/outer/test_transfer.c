@@ -71,6 +71,8 @@ static int fetch(const donors *d, loco_outer *into, int64_t *step, loco_state_st
                             10000);
 }
 
+TestSuite(transfer, .timeout = 60);
+
 Test(transfer, fetched_state_is_the_donors_bits) {
     loco_log_set_level(LOCO_LOG_ERROR);
     loco_outer *src = donor_state(), *dst = empty_state();

@@ -77,6 +77,8 @@ static void check_lists(const loco_pp_schedule *s, const char *name) {
     free(f), free(b), free(w), free(bw);
 }
 
+TestSuite(schedule, .timeout = 60);
+
 Test(schedule, every_schedule_simulates) {
     for (int k = 0; k < N_NAMES; k++)
         for (int i = 0; i < 3; i++)

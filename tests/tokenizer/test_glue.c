@@ -1,6 +1,7 @@
 /* tokenizer/glue.c: ids parsed from text, a document with its
  * <|endoftext|> against loco_tok_encode, the text bytes of each id against
  * decoding it alone, and the optional tokenizer.json beside a checkpoint. */
+#include "tests/support.h"
 #include "tokenizer/tokenizer.h"
 
 #include <criterion/criterion.h>
@@ -15,6 +16,8 @@ static loco_tok *load_ok(const char *spec) {
     cr_assert_eq(loco_tok_load(&t, spec), 0, "load %s: %s", spec, loco_errmsg());
     return t;
 }
+
+TestSuite(tok_glue, .timeout = 60);
 
 Test(tok_glue, parse_ids_values_and_separators) {
     const char *s = " 1 2\n 3\t40\r\n2147483647\n";
@@ -73,11 +76,13 @@ Test(tok_glue, encode_document_is_eot_then_the_text) {
 }
 
 Test(tok_glue, encode_document_needs_endoftext) {
-    cr_assert_eq(system("python3 -c \"import json; d = json.load(open('" FIX
-                        "tiny-tokenizer.json')); d['added_tokens'] = []; "
-                        "d['model']['vocab'].pop('<|endoftext|>', None); "
-                        "json.dump(d, open('/tmp/loco-glue-noeot.json', 'w'))\""),
-                 0);
+    char out[4096];
+    cr_assert_eq(test_run(out, sizeof out,
+                          "python3 -c \"import json; d = json.load(open('" FIX
+                          "tiny-tokenizer.json')); d['added_tokens'] = []; "
+                          "d['model']['vocab'].pop('<|endoftext|>', None); "
+                          "json.dump(d, open('/tmp/loco-glue-noeot.json', 'w'))\""),
+                 0, "%s", out);
     loco_tok *t = load_ok("/tmp/loco-glue-noeot.json");
     remove("/tmp/loco-glue-noeot.json");
     cr_assert_lt(loco_tok_special_id(t, LOCO_TOK_EOT), 0);

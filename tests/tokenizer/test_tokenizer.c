@@ -10,6 +10,7 @@
  * (bpe-1k.json: `loco tokenizer train data/kjv.txt --vocab 1024`; tiny-*:
  *   python3 tests/fixtures/bpe_ref.py formats tests/fixtures/bpe-1k.json 40 \
  *       tests/fixtures/tiny) */
+#include "tests/support.h"
 #include "tokenizer/tokenizer.h"
 
 #include <criterion/criterion.h>
@@ -71,6 +72,8 @@ static void check_reference(const char *text_path, const char *ids_path) {
     loco_tok_destroy(t);
 }
 
+TestSuite(tokenizer, .timeout = 60);
+
 Test(tokenizer, python_reference_text) {
     check_reference(FIX "bpe-text.txt", FIX "bpe-text.ids");
 }
@@ -106,7 +109,8 @@ Test(tokenizer, python_reference_random) {
     snprintf(ids_path, sizeof ids_path, "%s.ids", path);
     snprintf(cmd, sizeof cmd, "python3 " FIX "bpe_ref.py encode " FIX "bpe-1k.json %s > %s", path,
              ids_path);
-    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    static char out[4096];
+    cr_assert_eq(test_run(out, sizeof out, "%s", cmd), 0, "%s\n%s", cmd, out);
     check_reference(path, ids_path);
     unlink(path);
     unlink(ids_path);
