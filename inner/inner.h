@@ -734,9 +734,8 @@ typedef struct loco_trainer loco_trainer;
 /* Builds model, optimizer and loaders from cfg; initialises weights from
  * train.seed, or continues from a checkpoint when resume_dir is not NULL. */
 int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *resume_dir);
-/* The same for island `island` of `n_islands` of a multi-site run: each
- * island reads its own disjoint windows of data.train (window index
- * island * dp + dp_rank of n_islands * dp). */
+/* The same for island `island` of `n_islands`: each reads its own windows of
+ * data.train (window index island * dp + dp_rank of n_islands * dp). */
 int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const char *resume_dir,
                                int island, int n_islands);
 void loco_trainer_destroy(loco_trainer *t);
@@ -745,8 +744,7 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats);
 /* Mean validation loss over the first `batches` sequential batches. */
 int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *tokens);
 int loco_trainer_save(loco_trainer *t, const char *dir);
-/* The whole run: steps until train.steps, logging, evaluating and
- * checkpointing as [run] says, metrics.jsonl in run.dir. */
+/* The whole run: train.steps steps, logs, evals, checkpoints, metrics.jsonl. */
 int loco_trainer_run(loco_trainer *t);
 int64_t loco_trainer_steps_done(const loco_trainer *t);
 /* Moves the step counter (learning-rate schedule, logs) to `step` (an island
