@@ -1,4 +1,8 @@
-/* The fault lab's one table of fault kinds (docs/FAULTS.md): for each kind
+/* One concept over ~600 lines: what a fault run's timeline says of its
+ * faults (the plan, the cycles, the progress read off it); split it when a
+ * second reader of the timeline needs more than these.
+ *
+ * The fault lab's one table of fault kinds (docs/FAULTS.md): for each kind
  * the [faults] key that asks for it, what turns it off for the fault-free
  * baseline, and its cycle — injected, detected, recovered — read off the
  * run's timeline (events.jsonl). `loco launch` writes the plan of faults
@@ -341,10 +345,9 @@ static void analyse(cJSON *const *ev, int nev, int i, const struct fault_kind *k
     if (k->action) {
         a = next_fault(ev, nev, i, k->action, c->site[0] ? c->site : NULL);
         if (a < 0) {
-            missing(c, "never %s", !strcmp(k->action, "restart")  ? "restarted"
-                               : !strcmp(k->action, "thaw")       ? "thawed"
-                               : !strcmp(k->action, "heal")       ? "healed"
-                                                                  : "restarted");
+            missing(c, "never %s", !strcmp(k->action, "thaw")   ? "thawed"
+                               : !strcmp(k->action, "heal") ? "healed"
+                                                            : "restarted");
             return;
         }
         c->action = jt(ev[a]);

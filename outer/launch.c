@@ -55,16 +55,9 @@ bool loco_launch_has_ckpt(const char *dir) {
 bool loco_launch_run_finished(const char *dir) {
     char path[LOCO_PATH_MAX * 2 + 32];
     snprintf(path, sizeof path, "%s/events.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    char line[2048];
-    bool ok = false;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, "\"kind\":\"end\"") && strstr(line, "\"status\":\"finished\""))
-            ok = true;
-    fclose(f);
-    return ok;
+    loco_run_progress p = {0};
+    loco_run_progress_read(&p, path);
+    return p.finished;
 }
 
 int loco_launch_free_port(int *port) {

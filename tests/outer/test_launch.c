@@ -404,6 +404,7 @@ Test(launch, supervise_reports_a_process_that_cannot_start) {
 /* Every island ended but the coordinator hangs on (restarted for a run
  * that was over, say): launch stops it after a short grace and ends. */
 Test(launch, supervise_ends_once_every_island_ended_whatever_the_coordinator) {
+    /* the sleep is the hung coordinator's whole life, not a wait for an event */
     const char *self = fake_self("coordinator() { exec sleep 60; }\nisland() { echo done; }");
     bool ok = false;
     const double t0 = loco_now();
@@ -419,6 +420,8 @@ Test(launch, supervise_ends_once_every_island_ended_whatever_the_coordinator) {
  * injected (the hang of issue 33: a coordinator killed and restarted for a
  * run that was over, waited for by launch forever). */
 Test(launch, supervise_injects_no_coordinator_kill_after_the_end) {
+    /* the sleeps only keep the fakes alive past the kill's due time (0.6 s):
+     * the end event is written before it, so no timing makes this wrong */
     set("faults.coordinator_kill_s=0.6");
     set("faults.coordinator_restart_ms=0");
     char script[2048];
@@ -441,7 +444,10 @@ Test(launch, supervise_injects_no_coordinator_kill_after_the_end) {
 Test(launch, supervise_restarts_no_coordinator_once_the_islands_ended) {
     set("faults.coordinator_kill_s=0.3");
     set("faults.coordinator_restart_ms=60000");
-    const char *self = fake_self("coordinator() { exec sleep 30; }\nisland() { exec sleep 1; }");
+    /* the islands live 3 s, ten times the kill's due time, so the kill lands
+     * while they run even on a loaded machine; the coordinator's sleep is
+     * only its life */
+    const char *self = fake_self("coordinator() { exec sleep 30; }\nisland() { exec sleep 3; }");
     bool ok = false;
     const double t0 = loco_now();
     char *out = supervise(self, NULL, 0, &ok);
@@ -456,6 +462,8 @@ Test(launch, supervise_restarts_no_coordinator_once_the_islands_ended) {
  * committed the outer step 20 steps past its kill (H = 10: step 21 is
  * outer step 3), not before, whatever the time. */
 Test(launch, supervise_restarts_a_killed_island_by_the_runs_progress) {
+    /* the sleeps pace the fake coordinator's commits; the test checks the
+     * order on the timeline (restart after commit 3), which no pace changes */
     set("faults.kill=siteA@1");
     set("faults.restart_after_steps=20");
     set("outer.H=10");
