@@ -13,6 +13,9 @@
  * heuristic's algorithm are built once per GEMM key and cached in the
  * handle (plan_get). */
 #include <cublasLt.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +70,72 @@ struct loco_blas {
     uint64_t tick, hits, misses;
 };
 
+/* cuBLASLt is opened on first use (dlopen), not linked: loading it runs
+ * ~0.4 s of initialisation in every process that links it, and most loco
+ * processes (CPU runs, coordinators, every test's child) never multiply
+ * on a GPU. The kernel emulator (tests/gpu/emu) defines
+ * LOCO_CUBLASLT_LINKED and binds its reference functions directly. */
+#define LT_FUNCS(X)                                                                      \
+    X(Create, cublasLtCreate) \
+    X(Destroy, cublasLtDestroy) \
+    X(Matmul, cublasLtMatmul) \
+    X(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic) \
+    X(MatmulDescCreate, cublasLtMatmulDescCreate) \
+    X(MatmulDescDestroy, cublasLtMatmulDescDestroy) \
+    X(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute) \
+    X(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate) \
+    X(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy) \
+    X(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute) \
+    X(MatrixLayoutCreate, cublasLtMatrixLayoutCreate) \
+    X(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy)
+
+#define LT_FIELD(f, name) decltype(&name) f;
+static struct {
+    LT_FUNCS(LT_FIELD)
+} lt;
+#undef LT_FIELD
+
+#if defined(LOCO_CUBLASLT_LINKED)
+static int lt_load(void) {
+#define LT_BIND(f, name) lt.f = name;
+    LT_FUNCS(LT_BIND)
+#undef LT_BIND
+    return 0;
+}
+#else
+#define LT_STR2(x) #x
+#define LT_STR(x) LT_STR2(x)
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+static char lt_why[256];
+
+static void lt_open(void) {
+    const char *names[] = {"libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+    void *so = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !so; i++)
+        so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        snprintf(lt_why, sizeof lt_why, "cannot open libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR)
+                 ": %s", dlerror());
+        return;
+    }
+#define LT_BIND(f, name)                                                                 \
+    if (!(lt.f = (decltype(&name))dlsym(so, #name))) {                                   \
+        snprintf(lt_why, sizeof lt_why, "libcublasLt has no %s", #name);                \
+        return;                                                                          \
+    }
+    LT_FUNCS(LT_BIND)
+#undef LT_BIND
+}
+
+/* 0 once every function is bound; the reason otherwise (every call). */
+static int lt_load(void) {
+    pthread_once(&lt_once, lt_open);
+    if (lt_why[0])
+        return LOCO_ERR(LOCO_ECUDA, "cuBLASLt: %s", lt_why);
+    return 0;
+}
+#endif
+
 #define LT_CHECK(call)                                                                   \
     do {                                                                                 \
         cublasStatus_t st_ = (call);                                                     \
@@ -78,29 +147,32 @@ struct loco_blas {
 
 static void plan_free(plan *p) {
     if (p->ld)
-        cublasLtMatrixLayoutDestroy(p->ld);
+        lt.MatrixLayoutDestroy(p->ld);
     if (p->lb)
-        cublasLtMatrixLayoutDestroy(p->lb);
+        lt.MatrixLayoutDestroy(p->lb);
     if (p->la)
-        cublasLtMatrixLayoutDestroy(p->la);
+        lt.MatrixLayoutDestroy(p->la);
     if (p->op)
-        cublasLtMatmulDescDestroy(p->op);
+        lt.MatmulDescDestroy(p->op);
     memset(p, 0, sizeof *p);
 }
 
 extern "C" int loco_blas_create(loco_blas **out) {
     *out = NULL;
+    const int rc = lt_load();
+    if (rc)
+        return rc;
     loco_blas *h = (loco_blas *)calloc(1, sizeof *h);
     if (!h)
         return LOCO_ERR(LOCO_ENOMEM, "cuBLASLt handle");
-    const cublasStatus_t st = cublasLtCreate(&h->lt);
+    const cublasStatus_t st = lt.Create(&h->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(h);
         return LOCO_ERR(LOCO_ECUDA, "cublasLtCreate: cuBLAS status %d", (int)st);
     }
     const cudaError_t e = cudaMalloc(&h->workspace, BLAS_WORKSPACE);
     if (e != cudaSuccess) {
-        cublasLtDestroy(h->lt);
+        lt.Destroy(h->lt);
         free(h);
         return LOCO_ERR(LOCO_ECUDA, "cuBLASLt workspace: cudaMalloc says %s",
                         cudaGetErrorString(e));
@@ -115,7 +187,7 @@ extern "C" void loco_blas_destroy(loco_blas *h) {
     for (int i = 0; i < PLAN_SLOTS; i++)
         plan_free(&h->plans[i]);
     cudaFree(h->workspace);
-    cublasLtDestroy(h->lt);
+    lt.Destroy(h->lt);
     free(h);
 }
 
@@ -188,43 +260,43 @@ static int plan_build(loco_blas *h, plan *p, const plan_key *key, const gemm_arg
     const uint32_t al_c = key->al_d; /* C is D */
 
     memset(&heur, 0, sizeof heur);
-    LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_CHECK(lt.MatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (g->epi != CUBLASLT_EPILOGUE_DEFAULT) {
-        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi,
+        LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi,
                                                 sizeof g->epi));
     }
     /* the heuristic reads the bias and aux pointers' alignment from here */
     if (g->bias) {
-        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                 &g->bias, sizeof g->bias));
     }
     if (g->aux) {
         const int64_t ldaux = g->ldaux;
-        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+        LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &g->aux, sizeof g->aux));
-        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+        LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                 &ldaux, sizeof ldaux));
     }
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, g->ab, g->ta ? g->k : g->m, g->ta ? g->m : g->k,
+    LT_CHECK(lt.MatrixLayoutCreate(&p->la, g->ab, g->ta ? g->k : g->m, g->ta ? g->m : g->k,
                                         g->lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, g->ab, g->tb ? g->n : g->k, g->tb ? g->k : g->n,
+    LT_CHECK(lt.MatrixLayoutCreate(&p->lb, g->ab, g->tb ? g->n : g->k, g->tb ? g->k : g->n,
                                         g->ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->ld, g->dt, g->m, g->n, g->ldd));
-    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    LT_CHECK(lt.MatrixLayoutCreate(&p->ld, g->dt, g->m, g->n, g->ldd));
+    LT_CHECK(lt.MatmulPreferenceCreate(&pref));
+    LT_CHECK(lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof ws));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    LT_CHECK(lt.MatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al_a, sizeof key->al_a));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    LT_CHECK(lt.MatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al_b, sizeof key->al_b));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    LT_CHECK(lt.MatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    LT_CHECK(lt.MatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al_d, sizeof key->al_d));
     h->misses++;
-    hst = cublasLtMatmulAlgoGetHeuristic(h->lt, p->op, p->la, p->lb, p->ld, p->ld, pref, 1, &heur,
+    hst = lt.MatmulAlgoGetHeuristic(h->lt, p->op, p->la, p->lb, p->ld, p->ld, pref, 1, &heur,
                                          &found);
     /* A status other than success (NOT_SUPPORTED: no heuristic for this
      * configuration) is, as found == 0, no algorithm: remembered, and
@@ -235,7 +307,7 @@ static int plan_build(loco_blas *h, plan *p, const plan_key *key, const gemm_arg
     p->algo = heur.algo;
 out:
     if (pref)
-        cublasLtMatmulPreferenceDestroy(pref);
+        lt.MatmulPreferenceDestroy(pref);
     if (rc < 0)
         plan_free(p);
     return rc;
@@ -276,14 +348,14 @@ static int gemm(loco_blas *h, const gemm_args *g, loco_stream s) {
     /* this call's pointers on the cached descriptor (its key fixed their
      * presence and alignment) */
     if (g->bias) {
-        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                 &g->bias, sizeof g->bias));
     }
     if (g->aux) {
-        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+        LT_CHECK(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &g->aux, sizeof g->aux));
     }
-    LT_CHECK(cublasLtMatmul(h->lt, p->op, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->ld,
+    LT_CHECK(lt.Matmul(h->lt, p->op, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->ld,
                             g->D, p->ld, &p->algo, h->workspace, GEMM_WORKSPACE, s));
 out:
     return rc;

@@ -67,7 +67,7 @@ def main():
     common = open(f"{repo}/kernels/cuda/common.cuh").read()
     i = common.index("template <typename T> __device__ __forceinline__ T warp_sum")
     j = common.rindex("#endif")
-    out = ['#include "tests/gpu/emu/emu.h"\n#include "tests/gpu/emu/fake_cublaslt.h"\n',
+    out = ['#define LOCO_CUBLASLT_LINKED 1\n#include "tests/gpu/emu/emu.h"\n#include "tests/gpu/emu/fake_cublaslt.h"\n',
            common[i:j].replace("__device__ __forceinline__", "static inline").replace("__device__", "static inline")]
     for f in FILES:
         s = open(f"{repo}/kernels/cuda/{f}.cu").read()
