@@ -1,6 +1,9 @@
 /* The codec handle: chunk framing, the zstd stage, error-feedback state,
  * parallel encode and checked decode-accumulate. The element loops are the
- * kernels of kernels/cpu/quant.c; the wire format is docs/COMPRESS.md. */
+ * kernels of kernels/cpu/quant.c; the wire format is docs/COMPRESS.md.
+ *
+ * Why one file: the handle is one object whose encoder and checked decoder
+ * read the same framing and error-feedback state; they change together. */
 #include "compress/compress.h"
 
 #include <math.h>

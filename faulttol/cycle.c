@@ -1,4 +1,4 @@
-/* One concept over ~600 lines: what a fault run's timeline says of its
+/* Why one file: one concept, what a fault run's timeline says of its
  * faults (the plan, the cycles, the progress read off it); split it when a
  * second reader of the timeline needs more than these.
  *

@@ -2,7 +2,10 @@
  * The session survives the coordinator: when its link breaks, the next
  * call reconnects and registers again with what the island holds
  * (loco_island_progress), under the same incarnation, so a restarted
- * coordinator can rebuild the run and a live one keeps the membership. */
+ * coordinator can rebuild the run and a live one keeps the membership.
+ *
+ * Why one file: one state machine (connect, register, heartbeat, reconnect)
+ * whose transitions share the session's lock and link. */
 #include "faulttol/faulttol.h"
 
 #include <cjson/cJSON.h>

@@ -1,7 +1,10 @@
 /* The coordinator's protocol around an island's outer steps: joining,
  * one outer step from ready to commit (its exchange in the background
  * under outer.overlap), redos in new quorum epochs, rejoin by state
- * transfer, and the exchange algorithm's choice. */
+ * transfer, and the exchange algorithm's choice.
+ *
+ * Why one file: these steps are one protocol with the coordinator; each
+ * reads and moves the same attempt state, and splitting it hides the order. */
 #include "outer/island_internal.h"
 
 #include <math.h>

@@ -99,6 +99,10 @@ struct loco_outer {
 #define SAMPLE_PIECE 4096
 #define SAMPLE_N (SAMPLE_PIECES * SAMPLE_PIECE)
 
+/* The host mirrors of the device mode are caches that a const state may
+ * refresh (theta, mom: which); a failed copy is logged (outer.c). */
+void loco__outer_mirror(const loco_outer *o, bool theta, bool mom);
+
 /* Device mode (outer_device.c); without CUDA, the mirrors are always
  * current and the rest is never called (o->on_dev stays false). */
 int loco__outer_sync_ef(loco_outer *o);

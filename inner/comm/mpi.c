@@ -6,7 +6,10 @@
  * displacements MPI reads until completion.
  *
  * Compiled in when <mpi.h> is on the include path (mpicc -showme:compile);
- * -DLOCO_HAVE_MPI=0 leaves it out, and then "mpi" is LOCO_ENOTSUP. */
+ * -DLOCO_HAVE_MPI=0 leaves it out, and then "mpi" is LOCO_ENOTSUP.
+ *
+ * Why one file: one backend fills one ops table, each op a short
+ * translation of MPI's call and status. */
 #include "inner/comm/internal.h"
 
 #ifndef LOCO_HAVE_MPI

@@ -11,7 +11,10 @@
  * a weight gradient, or where cuBLASLt offers no such epilogue, from a
  * column sum of our own. The descriptors, layouts and the
  * heuristic's algorithm are built once per GEMM key and cached in the
- * handle (plan_get). */
+ * handle (plan_get).
+ *
+ * Why one file: the cuBLASLt library, its handle, the plan cache and the
+ * GEMMs that use them are one thing; the emulator translates it whole. */
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <pthread.h>

@@ -2,7 +2,9 @@
  * xoshiro256** written here from the published algorithm, XXH3, allocation
  * with failure injection, files and atomic directory commits, tensor tables,
  * safetensors (round trip, an independent JSON parse, a file written by
- * Python, and every kind of damage refused), and JSONL metrics. */
+ * Python, and every kind of damage refused), and JSONL metrics.
+ *
+ * Why one file: core/'s small pieces, a few tests each, share the fixtures. */
 #include "core/core.h"
 
 #include <cjson/cJSON.h>

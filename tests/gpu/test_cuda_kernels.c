@@ -1,7 +1,10 @@
 /* kernels/cuda against their CPU twins (kernels/cpu) on random inputs of
  * awkward sizes: fp32 twins within 1e-5 relative, bf16 twins within 1e-2
  * (the CPU twin run on the same bf16-rounded inputs). Every test skips,
- * with the reason, where there is no device or no CUDA build. */
+ * with the reason, where there is no device or no CUDA build.
+ *
+ * Why one file: one twin per test over shared input generators and bounds;
+ * the kernel emulator (tests/gpu/emu) compiles it unchanged. */
 #include <criterion/criterion.h>
 
 #ifndef LOCO_HAVE_CUDA

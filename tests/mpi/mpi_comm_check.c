@@ -8,6 +8,8 @@
  * errors that must come back (bad root, INT_MAX overflow, short and
  * truncated messages), and "auto" picking mpi under mpirun.
  *
+ * Why one file: one mpirun program, every rank running every check.
+ *
  * Not a Criterion test: a plain program. Each rank prints its own failures
  * to stderr; rank 0 prints "N passed, N failed" over all ranks; the exit
  * status is 0 only when nothing failed anywhere.
