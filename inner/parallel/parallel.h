@@ -191,7 +191,8 @@ typedef struct {
      * unit's gradients. */
     int (*fresh_grads)(void *ctx, int slot, int unit);
     /* Stage 3: the unit's parameters all-gathered from every rank's owned
-     * part into slot; binds them as the unit's. */
+     * part into slot; then, once complete, bind_params binds the slot as
+     * the unit's. */
     int (*all_gather_unit)(void *ctx, int slot, int unit, loco_comm_req **req);
     int (*bind_params)(void *ctx, int slot, int unit);
     /* Stage 3: changes whenever the owned parameters change; a slot
