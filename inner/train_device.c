@@ -3,8 +3,10 @@
  * ranks (docs/DECISIONS.md, "GPU data parallel").
  *
  * Over dp > 1 (or the nccl backend on one rank) the device model's hooks
- * drive the collectives while its backward runs, as zero.c does on the
- * CPU (same buckets, same order, same results):
+ * drive the collectives while its backward runs: this file is the device
+ * executor of the ZeRO plan (inner/parallel/zero_plan.c) that zero.c
+ * executes on the CPU, walked by the same code (zero_exec.c), so the
+ * buckets and their order are the host's:
  *   ZeRO 0-2: on the last micro-step each unit's finished gradients join
  *   a bucket of contiguous flat range, all-reduced (0-1) or
  *   reduce-scattered into the owned range (2) once it holds
@@ -95,17 +97,11 @@ int loco_trainer_device_written(loco_trainer *t) {
 /* Where the device model's kernels run: the trainer's copies go there too. */
 #define STREAM loco_cuda_compute_stream()
 
-/* ZeRO-3: a unit's device buffers. */
+/* A unit buffer (ZeRO-3; the walker keeps its state). */
 typedef struct {
-    void *w;                        /* unit-sized, the passes' type: gathered weights */
-    float *grads, *staging;         /* unit-sized fp32; staging: this rank's reduced part */
-    int unit;                       /* whose weights w holds, -1 none */
-    uint64_t version;               /* the model's weights version they were gathered from */
-    loco_comm_req *gather, *reduce; /* nccl: in flight */
-    size_t reduce_off, reduce_len;  /* where staging adds into the owned gradients */
+    void *w;                /* unit-sized, the passes' type: gathered weights */
+    float *grads, *staging; /* unit-sized fp32; staging: this rank's reduced part */
 } unit_slot;
-
-enum { SLOT_EMBED, SLOT_LNF, SLOT_BLOCK0, SLOT_BLOCK1, N_SLOTS };
 
 struct loco__train_dp {
     loco_trainer *t;
@@ -115,62 +111,30 @@ struct loco__train_dp {
     bool staged;        /* mpi: the collectives move pinned host copies */
     int stage, n, rank, L;
     size_t P, lo, hi, es;
-    size_t *own_lo;     /* (n + 1) every rank's owned boundaries */
+    loco_zero_plan plan;  /* the buckets and ranges, as zero.c plans them */
+    loco_zero_exec *exec; /* its walker, driven by the device model's hooks */
     size_t *counts;     /* (n) scratch: v-collective counts */
     loco_cuda_slab *slab;
     /* ZeRO 0-2 */
     float *hstage;      /* staged: flat gradients, then parameters (P) */
     float *hown;        /* staged, ZeRO-2: the owned reduced gradients */
     float *down;        /* nccl, ZeRO-2: the owned reduced gradients */
-    loco_comm_req **reqs;
-    int nreq, max_req;
-    size_t blo, bhi, bucket_elems; /* the open bucket */
-    bool last_micro;
     /* ZeRO-3 */
-    unit_slot slot[N_SLOTS];
+    unit_slot slot[LOCO_ZERO_SLOTS];
     unsigned char *hunit;  /* staged: one unit (fp32 bytes) */
     unsigned char *hshard; /* staged: the owned weights, as of hshard_version */
     uint64_t hshard_version;
     float *hpart;          /* staged: this rank's part of a reduced unit */
 };
 
-/* Per-rank counts of the intersection of [a, b) with each owned range,
- * times scale; returns the first owned element of [a, b) on this rank. */
-static size_t split_counts(loco__train_dp *d, size_t a, size_t b, size_t scale) {
-    for (int r = 0; r < d->n; r++) {
-        const size_t x = a > d->own_lo[r] ? a : d->own_lo[r];
-        const size_t y = b < d->own_lo[r + 1] ? b : d->own_lo[r + 1];
-        d->counts[r] = (y > x ? y - x : 0) * scale;
-    }
-    const size_t mine = a > d->lo ? a : d->lo;
-    return mine < d->hi ? mine : d->hi;
-}
+/* ------------------------------------------ the device executor's ops */
 
-/* MPI moves non-blocking collectives forward only inside MPI calls:
- * testing the pending ones from every hook lets them progress. */
-static int progress(loco__train_dp *d) {
-    bool done;
-    for (int i = 0; i < d->nreq; i++)
-        LOCO_CHECK(loco_comm_test(d->reqs[i], &done));
-    for (int i = 0; i < N_SLOTS; i++) {
-        if (d->slot[i].gather)
-            LOCO_CHECK(loco_comm_test(d->slot[i].gather, &done));
-        if (d->slot[i].reduce)
-            LOCO_CHECK(loco_comm_test(d->slot[i].reduce, &done));
-    }
-    return 0;
-}
-
-/* ----------------------------------------------------- ZeRO 0-2: buckets */
-
-/* Starts the reduction of the gradients of flat range [blo, bhi). */
-static int launch_bucket(loco__train_dp *d) {
-    const size_t blo = d->blo, bhi = d->bhi;
-    d->blo = d->bhi = 0;
+/* ZeRO 0-2: the bucket's gradients all-reduced, or reduce-scattered into
+ * the owned range (2). */
+static int reduce_whole(loco__train_dp *d, int b, loco_comm_req **req) {
+    const size_t blo = d->plan.buckets[b].lo, bhi = d->plan.buckets[b].hi;
     if (bhi == blo)
         return 0;
-    if (d->nreq == d->max_req)
-        return LOCO_ERR(LOCO_EINVAL, "more than %d gradient buckets in a step", d->max_req);
     float *grads;
     loco_gpt_cuda_state(d->g, NULL, &grads, NULL, NULL, NULL);
     float *g = grads;
@@ -180,26 +144,112 @@ static int launch_bucket(loco__train_dp *d) {
         LOCO_CHECK(loco_cuda_sync(STREAM));
         g = d->hstage;
     }
-    loco_comm_req **req = &d->reqs[d->nreq];
-    if (d->stage < 2) {
-        LOCO_CHECK(loco_comm_iallreduce(d->c, g + blo, bhi - blo, LOCO_DT_F32, LOCO_OP_AVG, req));
-    } else {
-        const size_t mine = split_counts(d, blo, bhi, 1);
-        float *own = d->staged ? d->hown : d->down;
-        float *dst = own + (d->counts[d->rank] ? mine - d->lo : 0);
-        LOCO_CHECK(loco_comm_ireduce_scatter(d->c, g + blo, dst, d->counts, LOCO_DT_F32,
-                                             LOCO_OP_AVG, req));
-    }
-    d->nreq++;
-    return 0;
+    if (!d->plan.scatter)
+        return loco_comm_iallreduce(d->c, g + blo, bhi - blo, LOCO_DT_F32, LOCO_OP_AVG, req);
+    size_t len;
+    float *dst = (d->staged ? d->hown : d->down) + loco_zero_plan_mine(&d->plan, b, &len);
+    return loco_comm_ireduce_scatter(d->c, g + blo, dst, loco_zero_plan_counts(&d->plan, b),
+                                     LOCO_DT_F32, LOCO_OP_AVG, req);
 }
 
-/* The bucketed reductions done; the reduced gradients back in the device
- * model's buffer (ZeRO-2: its owned range). */
-static int finish_buckets(loco__train_dp *d) {
-    const int rc = loco_comm_waitall(d->reqs, d->nreq);
-    d->nreq = 0;
-    LOCO_CHECK(rc);
+/* Adds a slot's reduced part of bucket b into the owned gradients (after
+ * its reduce-scatter; the compute stream is ordered after it). */
+static int op_reduced(void *ctx, int b, int slot) {
+    loco__train_dp *d = ctx;
+    float *grads;
+    loco_gpt_cuda_state(d->g, NULL, &grads, NULL, NULL, NULL);
+    size_t len;
+    const size_t off = loco_zero_plan_mine(&d->plan, b, &len);
+    if (!len)
+        return 0;
+    return loco_cuda_add_clear(grads + off, d->slot[slot].staging, len, STREAM);
+}
+
+/* ZeRO-3: reduce-scatters (AVG) a unit's gradients of this micro-step:
+ * this rank's part goes to the slot's staging, then into the owned
+ * gradients (staged: all of it here, *req left NULL). */
+static int op_reduce_bucket(void *ctx, int b, int slot, loco_comm_req **req) {
+    loco__train_dp *d = ctx;
+    if (slot < 0)
+        return reduce_whole(d, b, req);
+    unit_slot *s = &d->slot[slot];
+    const size_t *counts = loco_zero_plan_counts(&d->plan, b);
+    if (!d->staged)
+        return loco_comm_ireduce_scatter(d->c, s->grads, s->staging, counts, LOCO_DT_F32,
+                                         LOCO_OP_AVG, req);
+    size_t len;
+    (void)loco_zero_plan_mine(&d->plan, b, &len);
+    const size_t elems = d->plan.buckets[b].hi - d->plan.buckets[b].lo;
+    LOCO_CHECK(loco_cuda_copy(d->hunit, s->grads, elems * sizeof(float), STREAM));
+    LOCO_CHECK(loco_cuda_sync(STREAM));
+    LOCO_CHECK(loco_comm_reduce_scatter(d->c, d->hunit, d->hpart, counts, LOCO_DT_F32,
+                                        LOCO_OP_AVG));
+    LOCO_CHECK(loco_cuda_copy(s->staging, d->hpart, len * sizeof(float), STREAM));
+    LOCO_CHECK(op_reduced(d, b, slot));
+    return loco_cuda_sync(STREAM); /* hunit and hpart are reused */
+}
+
+static int op_fresh_grads(void *ctx, int slot, int unit) {
+    loco__train_dp *d = ctx;
+    size_t a, b;
+    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
+    LOCO_CHECK(loco_cuda_zero(d->slot[slot].grads, (b - a) * sizeof(float), STREAM));
+    return loco_gpt_cuda_bind_unit(d->g, unit, NULL, d->slot[slot].grads);
+}
+
+/* Starts (nccl) or does (staged) the all-gather of a unit's weights into
+ * the slot from every rank's owned part (bytes: the passes' type). */
+static int op_all_gather_unit(void *ctx, int slot, int unit, loco_comm_req **req) {
+    loco__train_dp *d = ctx;
+    size_t lo, hi, len;
+    const void *wshard;
+    uint64_t version;
+    loco_gpt_cuda_shard(d->g, &lo, &hi, &wshard, &version);
+    const int b = d->plan.unit_bucket[unit]; /* per unit: the unit's own range */
+    const size_t at = loco_zero_plan_mine(&d->plan, b, &len) * d->es;
+    const size_t *elems = loco_zero_plan_counts(&d->plan, b);
+    for (int r = 0; r < d->n; r++)
+        d->counts[r] = elems[r] * d->es;
+    void *w = d->slot[slot].w;
+    if (!d->staged)
+        return loco_comm_iallgather(d->c, (const unsigned char *)wshard + at, w, d->counts,
+                                    LOCO_DT_U8, req);
+    if (d->hshard_version != version) { /* the owned weights to the host, once per version */
+        LOCO_CHECK(loco_cuda_copy(d->hshard, wshard, (d->hi - d->lo) * d->es, STREAM));
+        LOCO_CHECK(loco_cuda_sync(STREAM));
+        d->hshard_version = version;
+    }
+    LOCO_CHECK(loco_comm_allgather(d->c, d->hshard + at, d->hunit, d->counts, LOCO_DT_U8));
+    const size_t bytes = (d->plan.buckets[b].hi - d->plan.buckets[b].lo) * d->es;
+    LOCO_CHECK(loco_cuda_copy(w, d->hunit, bytes, STREAM));
+    return loco_cuda_sync(STREAM); /* hunit is reused by the next gather */
+}
+
+static int op_bind_params(void *ctx, int slot, int unit) {
+    loco__train_dp *d = ctx;
+    return loco_gpt_cuda_bind_unit(d->g, unit, d->slot[slot].w, NULL);
+}
+
+static uint64_t op_params_version(void *ctx) {
+    loco__train_dp *d = ctx;
+    uint64_t version;
+    size_t lo, hi;
+    loco_gpt_cuda_shard(d->g, &lo, &hi, NULL, &version);
+    return version;
+}
+
+static const loco_zero_exec_ops device_ops = {
+    .reduce_bucket = op_reduce_bucket,
+    .reduced = op_reduced,
+    .fresh_grads = op_fresh_grads,
+    .all_gather_unit = op_all_gather_unit,
+    .bind_params = op_bind_params,
+    .params_version = op_params_version,
+};
+
+/* The bucketed reductions done (loco_zero_exec_finish): the reduced
+ * gradients back in the device model's buffer (ZeRO-2: its owned range). */
+static int copy_back(loco__train_dp *d) {
     float *grads;
     loco_gpt_cuda_state(d->g, NULL, &grads, NULL, NULL, NULL);
     const size_t own = d->hi - d->lo;
@@ -211,155 +261,12 @@ static int finish_buckets(loco__train_dp *d) {
     return 0;
 }
 
-/* ------------------------------------------- ZeRO-3: gathers and reduces */
-
-static unit_slot *slot_of(loco__train_dp *d, int unit) {
-    if (unit == 0)
-        return &d->slot[SLOT_EMBED];
-    if (unit == d->L + 1)
-        return &d->slot[SLOT_LNF];
-    return &d->slot[SLOT_BLOCK0 + unit % 2];
-}
-
-/* Starts (nccl) or does (staged) the all-gather of a unit's weights into
- * s->w from every rank's owned part. */
-static int start_gather(loco__train_dp *d, unit_slot *s, int unit) {
-    size_t a, b, lo, hi;
-    const void *wshard;
-    uint64_t version;
-    loco_gpt_cuda_shard(d->g, &lo, &hi, &wshard, &version);
-    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
-    const size_t mine = split_counts(d, a, b, d->es); /* bytes */
-    const size_t at = (mine - d->lo) * d->es;
-    s->unit = unit;
-    s->version = version;
-    if (!d->staged)
-        return loco_comm_iallgather(d->c, (const unsigned char *)wshard + at, s->w, d->counts,
-                                    LOCO_DT_U8, &s->gather);
-    if (d->hshard_version != version) { /* the owned weights to the host, once per version */
-        LOCO_CHECK(loco_cuda_copy(d->hshard, wshard, (d->hi - d->lo) * d->es, STREAM));
-        LOCO_CHECK(loco_cuda_sync(STREAM));
-        d->hshard_version = version;
-    }
-    LOCO_CHECK(loco_comm_allgather(d->c, d->hshard + at, d->hunit, d->counts, LOCO_DT_U8));
-    LOCO_CHECK(loco_cuda_copy(s->w, d->hunit, (b - a) * d->es, STREAM));
-    return loco_cuda_sync(STREAM); /* hunit is reused by the next gather */
-}
-
-static int finish_gather(unit_slot *s) {
-    if (!s->gather)
-        return 0;
-    const int rc = loco_comm_wait(s->gather);
-    s->gather = NULL;
-    return rc;
-}
-
-static bool holds(const loco__train_dp *d, const unit_slot *s, int unit) {
-    uint64_t version;
-    size_t lo, hi;
-    loco_gpt_cuda_shard(d->g, &lo, &hi, NULL, &version);
-    return s->unit == unit && s->version == version;
-}
-
-/* A unit's weights in its slot and bound; the compute stream waits. */
-static int ensure_weights(loco__train_dp *d, int unit) {
-    unit_slot *s = slot_of(d, unit);
-    if (!holds(d, s, unit)) {
-        LOCO_CHECK(finish_gather(s)); /* a prefetch of another unit */
-        LOCO_CHECK(start_gather(d, s, unit));
-    }
-    LOCO_CHECK(finish_gather(s));
-    return loco_gpt_cuda_bind_unit(d->g, unit, s->w, NULL);
-}
-
-/* nccl: the next block's gather starts now, behind the kernels queued. */
-static int prefetch(loco__train_dp *d, int unit) {
-    if (d->staged || unit < 1 || unit > d->L)
-        return 0;
-    unit_slot *s = slot_of(d, unit);
-    if (holds(d, s, unit))
-        return 0;
-    LOCO_CHECK(finish_gather(s));
-    return start_gather(d, s, unit);
-}
-
-/* Adds a slot's reduced part into the owned gradients (after its
- * reduce-scatter; the compute stream is ordered after it). */
-static int add_reduced(loco__train_dp *d, unit_slot *s) {
-    float *grads;
-    loco_gpt_cuda_state(d->g, NULL, &grads, NULL, NULL, NULL);
-    if (!s->reduce_len)
-        return 0;
-    return loco_cuda_add_clear(grads + s->reduce_off, s->staging, s->reduce_len, STREAM);
-}
-
-static int finish_reduce(loco__train_dp *d, unit_slot *s) {
-    if (!s->reduce)
-        return 0;
-    const int rc = loco_comm_wait(s->reduce);
-    s->reduce = NULL;
-    LOCO_CHECK(rc);
-    return add_reduced(d, s);
-}
-
-/* Reduce-scatters (AVG) a unit's gradients of this micro-step: this rank's
- * part goes to s->staging, then into the owned gradients. */
-static int start_reduce(loco__train_dp *d, unit_slot *s, int unit) {
-    size_t a, b;
-    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
-    const size_t mine = split_counts(d, a, b, 1);
-    s->reduce_off = mine - d->lo;
-    s->reduce_len = d->counts[d->rank];
-    if (!d->staged)
-        return loco_comm_ireduce_scatter(d->c, s->grads, s->staging, d->counts, LOCO_DT_F32,
-                                         LOCO_OP_AVG, &s->reduce);
-    LOCO_CHECK(loco_cuda_copy(d->hunit, s->grads, (b - a) * sizeof(float), STREAM));
-    LOCO_CHECK(loco_cuda_sync(STREAM));
-    LOCO_CHECK(loco_comm_reduce_scatter(d->c, d->hunit, d->hpart, d->counts, LOCO_DT_F32,
-                                        LOCO_OP_AVG));
-    LOCO_CHECK(loco_cuda_copy(s->staging, d->hpart, s->reduce_len * sizeof(float), STREAM));
-    LOCO_CHECK(add_reduced(d, s));
-    return loco_cuda_sync(STREAM); /* hunit and hpart are reused */
-}
-
-/* ---------------------------------------------------------------- hooks */
-
 static int hook_acquire(void *ctx, int unit, bool backward) {
-    loco__train_dp *d = ctx;
-    LOCO_CHECK(progress(d));
-    if (d->stage < 3)
-        return 0;
-    LOCO_CHECK(ensure_weights(d, unit));
-    if (unit >= 1 && unit <= d->L)
-        LOCO_CHECK(prefetch(d, backward ? unit - 1 : unit + 1));
-    if (!backward)
-        return 0;
-    /* a fresh gradient buffer for this unit's backward */
-    unit_slot *s = slot_of(d, unit);
-    LOCO_CHECK(finish_reduce(d, s));
-    size_t a, b;
-    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
-    LOCO_CHECK(loco_cuda_zero(s->grads, (b - a) * sizeof(float), STREAM));
-    return loco_gpt_cuda_bind_unit(d->g, unit, NULL, s->grads);
+    return loco_zero_exec_acquire(((loco__train_dp *)ctx)->exec, unit, backward);
 }
 
 static int hook_grads_ready(void *ctx, int unit) {
-    loco__train_dp *d = ctx;
-    LOCO_CHECK(progress(d));
-    if (d->stage >= 3)
-        return start_reduce(d, slot_of(d, unit), unit);
-    if (!d->last_micro)
-        return 0; /* accumulate locally; reduce once per step */
-    /* Units finish from the end of the flat buffer towards its start, so
-     * a bucket grows downwards and stays contiguous. */
-    size_t a, b;
-    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
-    if (d->bhi == d->blo)
-        d->bhi = b;
-    d->blo = a;
-    if (d->bhi - d->blo >= d->bucket_elems || unit == 0)
-        LOCO_CHECK(launch_bucket(d));
-    return 0;
+    return loco_zero_exec_grads_ready(((loco__train_dp *)ctx)->exec, unit);
 }
 
 /* ----------------------------------------------------------- life cycle */
@@ -394,16 +301,15 @@ static int zero3_init(loco__train_dp *d) {
     loco_gpt_cuda_unit_range(d->g, 0, &e0, &e1);
     loco_gpt_cuda_unit_range(d->g, 1, &b0, &b1);
     loco_gpt_cuda_unit_range(d->g, d->L + 1, &f0, &f1);
-    const size_t sizes[N_SLOTS] = {e1 - e0, f1 - f0, b1 - b0, b1 - b0};
+    const size_t sizes[LOCO_ZERO_SLOTS] = {e1 - e0, f1 - f0, b1 - b0, b1 - b0};
     size_t most = 0, bytes = 0;
-    for (int i = 0; i < N_SLOTS; i++) {
+    for (int i = 0; i < LOCO_ZERO_SLOTS; i++) {
         most = sizes[i] > most ? sizes[i] : most;
         bytes += sizes[i] * (d->es + 8) + 3 * 512;
     }
     LOCO_CHECK(loco_cuda_slab_create(&d->slab, bytes));
-    for (int i = 0; i < N_SLOTS; i++) {
+    for (int i = 0; i < LOCO_ZERO_SLOTS; i++) {
         unit_slot *s = &d->slot[i];
-        s->unit = -1;
         LOCO_CHECK(alloc_dev(d, &s->w, sizes[i] * d->es, "ZeRO-3 gathered weights"));
         LOCO_CHECK(alloc_dev(d, (void **)&s->grads, sizes[i] * 4, "ZeRO-3 unit gradients"));
         LOCO_CHECK(alloc_dev(d, (void **)&s->staging, sizes[i] * 4, "ZeRO-3 reduced part"));
@@ -415,6 +321,34 @@ static int zero3_init(loco__train_dp *d) {
     LOCO_CHECK(loco_cuda_host_alloc((void **)&d->hshard, own * d->es + 4));
     LOCO_CHECK(loco_cuda_host_alloc((void **)&d->hpart, own * 4 + 4));
     d->hshard_version = UINT64_MAX;
+    return 0;
+}
+
+/* The plan of the device model's units: zero.c's, except that ZeRO-2
+ * keeps a whole gradient buffer here and so reduces in buckets. */
+static int plan(loco__train_dp *d) {
+    const int n_units = d->L + 2;
+    size_t *bounds = loco_alloc(((size_t)n_units + 1) * sizeof(size_t));
+    if (!bounds)
+        return LOCO_ERR(LOCO_ENOMEM, "device ZeRO unit table");
+    size_t a, b;
+    for (int u = 0; u < n_units; u++) {
+        loco_gpt_cuda_unit_range(d->g, u, &a, &b);
+        bounds[u] = a;
+        bounds[u + 1] = b;
+    }
+    const double elems = d->t->cfg.parallel.bucket_mb * 1024 * 1024 / sizeof(float);
+    const loco_zero_plan_spec spec = {
+        .n_params = d->P, .n_units = n_units, .unit_lo = bounds, .dp = d->n, .rank = d->rank,
+        .stage = d->stage, .bucket_elems = (size_t)elems, .unit_buffers = d->stage >= 3};
+    int rc = loco_zero_plan_init(&d->plan, &spec);
+    loco_free(bounds);
+    LOCO_CHECK(rc);
+    /* where both keep the same buffers, the host's plan is this one */
+    const loco_zero_plan *host = loco_zero_plan_of(d->t->zero);
+    if (d->stage != 2 && d->stage == host->stage && !loco_zero_plan_equal(&d->plan, host))
+        return LOCO_ERR(LOCO_EINVAL, "device ZeRO-%d plan differs from the host's (units or "
+                        "sizes of the device model)", d->stage);
     return 0;
 }
 
@@ -455,16 +389,10 @@ int loco__train_device_dp_init(loco_trainer *t) {
     if (d->stage >= 3 && (hl != d->lo || hh != d->hi))
         return LOCO_ERR(LOCO_EINVAL, "device model holds [%zu, %zu), ZeRO owns [%zu, %zu)", hl,
                         hh, d->lo, d->hi);
-    d->bucket_elems = (size_t)(t->cfg.parallel.bucket_mb * 1024 * 1024 / sizeof(float));
-    d->bucket_elems = d->bucket_elems ? d->bucket_elems : 1;
-    d->max_req = d->L + 2; /* at most one bucket per unit */
-    d->own_lo = loco_alloc(((size_t)n + 1) * sizeof(size_t));
     d->counts = loco_alloc((size_t)n * sizeof(size_t));
-    d->reqs = loco_alloc((size_t)d->max_req * sizeof(loco_comm_req *));
-    if (!d->own_lo || !d->counts || !d->reqs)
+    if (!d->counts)
         return LOCO_ERR(LOCO_ENOMEM, "data-parallel tables");
-    for (int r = 0; r <= n; r++)
-        d->own_lo[r] = d->P * (size_t)r / (size_t)n;
+    LOCO_CHECK(plan(d));
     const size_t own = d->hi - d->lo;
     if (d->stage >= 3) {
         LOCO_CHECK(zero3_init(d));
@@ -478,6 +406,8 @@ int loco__train_device_dp_init(loco_trainer *t) {
         LOCO_CHECK(alloc_dev(d, (void **)&d->down, own * sizeof(float),
                              "owned reduced gradients"));
     }
+    /* staged gathers block: a prefetch would not overlap anything */
+    LOCO_CHECK(loco_zero_exec_create(&d->exec, &d->plan, &device_ops, d, !d->staged));
     loco_gpt_cuda_hooks h = {.ctx = d, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
     loco_gpt_cuda_set_hooks(t->dev, &h);
     return 0;
@@ -487,12 +417,7 @@ void loco__train_device_destroy(loco_trainer *t) {
     loco__train_dp *d = t->ddp;
     if (d) {
         /* nothing in flight may outlive the buffers it moves */
-        (void)loco_comm_waitall(d->reqs, d->nreq);
-        for (int i = 0; i < N_SLOTS; i++) {
-            (void)finish_gather(&d->slot[i]);
-            if (d->slot[i].reduce)
-                (void)loco_comm_wait(d->slot[i].reduce);
-        }
+        loco_zero_exec_destroy(d->exec);
         if (t->dev) {
             (void)loco_cuda_sync(STREAM);
             loco_gpt_cuda_set_hooks(t->dev, NULL);
@@ -503,9 +428,8 @@ void loco__train_device_destroy(loco_trainer *t) {
         loco_cuda_host_free(d->hunit);
         loco_cuda_host_free(d->hshard);
         loco_cuda_host_free(d->hpart);
-        loco_free(d->own_lo);
+        loco_zero_plan_fini(&d->plan);
         loco_free(d->counts);
-        loco_free(d->reqs);
         loco_free(d);
         t->ddp = NULL;
     }
@@ -621,12 +545,12 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
         return loco_gpt_cuda_upload(d->g, NULL, NULL, NULL);
     if (!d->staged) { /* in place: this rank's block is params + lo */
         for (int r = 0; r < d->n; r++)
-            d->counts[r] = d->own_lo[r + 1] - d->own_lo[r];
+            d->counts[r] = d->plan.own[r + 1] - d->plan.own[r];
         LOCO_CHECK(loco_comm_allgather(d->c, params + d->lo, params, d->counts, LOCO_DT_F32));
         return loco_gpt_cuda_upload(d->g, NULL, NULL, NULL); /* the bf16 copy */
     }
     for (int r = 0; r < d->n; r++)
-        d->counts[r] = d->own_lo[r + 1] - d->own_lo[r];
+        d->counts[r] = d->plan.own[r + 1] - d->plan.own[r];
     LOCO_CHECK(loco_cuda_copy(d->hstage + d->lo, params + d->lo, own * sizeof(float), STREAM));
     LOCO_CHECK(loco_cuda_sync(STREAM));
     LOCO_CHECK(loco_comm_allgather(d->c, d->hstage + d->lo, d->hstage, d->counts, LOCO_DT_F32));
@@ -640,18 +564,16 @@ int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double 
     for (int micro = 0; micro < accum; micro++) {
         LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));
         if (d)
-            d->last_micro = micro == accum - 1;
+            loco_zero_exec_micro(d->exec, micro == accum - 1);
         /* no wait: the micro-steps' mean losses add up on the device, the
          * hooks start the reductions */
         LOCO_CHECK(loco_gpt_cuda_forward_backward(t->dev, t->inputs, t->targets, t->B, t->T,
                                                   1.0f / (float)accum, NULL));
     }
     if (d) {
-        if (d->stage >= 3)
-            for (int i = 0; i < N_SLOTS; i++)
-                LOCO_CHECK(finish_reduce(d, &d->slot[i]));
-        else
-            LOCO_CHECK(finish_buckets(d));
+        LOCO_CHECK(loco_zero_exec_finish(d->exec));
+        if (d->stage < 3)
+            LOCO_CHECK(copy_back(d));
         LOCO_CHECK(loco_gpt_cuda_loss_sum(t->dev, loss_sum));
         return finish_dp(d, lr, norm);
     }

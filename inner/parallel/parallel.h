@@ -105,6 +105,123 @@ int loco_zero_sync_replicas(loco_zero *z);
  * (16P for DDP, 8P + 8P/N, 4P + 12P/N, 16P/N), excluding unit buffers. */
 double loco_zero_formula_bytes(int stage, size_t n_params, int dp);
 
+/* ============================================================ ZeRO plan
+ * What a step's ZeRO collectives are, planned once from the unit layout
+ * (docs/ZERO.md): the owned ranges, the buckets (contiguous flat ranges
+ * reduced together, in launch order) and each bucket's per-rank counts.
+ * Plain data: the host (zero.c) and the device (train_device.c) execute
+ * the same plan through the walker below, so they reduce the same ranges
+ * in the same order. Units are the model's hook units (0 the embeddings,
+ * 1..L the blocks, L+1 ln_f), contiguous and in order in the flat buffer;
+ * backward makes their gradients ready from the last to the first. */
+
+typedef struct {
+    size_t lo, hi;   /* flat range */
+    int first, last; /* its units: order[first..last] */
+} loco_zero_bucket;
+
+typedef struct {
+    int dp, rank, stage;
+    size_t n_params, bucket_elems;
+    bool per_unit;      /* each unit reduced alone at every micro-batch, out of a
+                         * unit buffer; else buckets on the last micro-batch */
+    bool scatter;       /* reduce-scatter into the owned range (stages 2-3);
+                         * else all-reduce */
+    size_t *own;        /* (dp + 1) rank r owns [own[r], own[r+1]): loco_zero_owned */
+    int n_units;        /* 0: no hooks (a pipeline stage reports ranges) */
+    size_t *unit_lo;    /* (n_units + 1) unit u is [unit_lo[u], unit_lo[u+1]) */
+    int *order;         /* (n_units) units in the order their gradients get ready */
+    int *unit_bucket;   /* (n_units) the bucket each unit joins */
+    int n_buckets;
+    loco_zero_bucket *buckets; /* (n_buckets) in launch order */
+    size_t *counts;     /* (n_buckets * dp) elements of bucket b owned by rank r */
+} loco_zero_plan;
+
+typedef struct {
+    size_t n_params;
+    int n_units;
+    const size_t *unit_lo; /* (n_units + 1) boundaries */
+    int dp, rank, stage;
+    size_t bucket_elems;   /* 0 counts as 1 */
+    bool unit_buffers;     /* gradients live in unit buffers (no whole gradient
+                            * buffer): stage >= 2 then reduces per unit */
+} loco_zero_plan_spec;
+
+/* Fills *p (release with loco_zero_plan_fini). LOCO_EINVAL for ranks or a
+ * stage out of range, units that do not tile [0, n_params) in order, or
+ * stage 3 without unit buffers; LOCO_ENOMEM. *p is zeroed on failure. */
+int loco_zero_plan_init(loco_zero_plan *p, const loco_zero_plan_spec *s);
+void loco_zero_plan_fini(loco_zero_plan *p); /* accepts NULL and a zeroed plan */
+/* counts[r] = elements of [a, b) in rank r's owned range; returns where
+ * this rank's part starts in its owned range (0 when it has none). */
+size_t loco_zero_plan_split(const loco_zero_plan *p, size_t a, size_t b, size_t *counts);
+/* Bucket b's per-rank counts, and this rank's part of it: *len elements
+ * from the returned offset in its owned range. */
+static inline const size_t *loco_zero_plan_counts(const loco_zero_plan *p, int b) {
+    return p->counts + (size_t)b * (size_t)p->dp;
+}
+size_t loco_zero_plan_mine(const loco_zero_plan *p, int b, size_t *len);
+bool loco_zero_plan_equal(const loco_zero_plan *a, const loco_zero_plan *b);
+void loco_zero_plan_print(const loco_zero_plan *p, FILE *f);
+
+/* The plan z executes (valid until loco_zero_destroy). */
+const loco_zero_plan *loco_zero_plan_of(const loco_zero *z);
+
+/* Unit buffers: the embeddings and the last unit keep a slot through the
+ * step, blocks alternate between two. */
+enum { LOCO_ZERO_SLOT_EMBED, LOCO_ZERO_SLOT_LAST, LOCO_ZERO_SLOT_BLOCK0, LOCO_ZERO_SLOT_BLOCK1,
+       LOCO_ZERO_SLOTS };
+int loco_zero_plan_slot(const loco_zero_plan *p, int unit);
+
+/* What an executor does with the plan's data (one static table per
+ * executor; ctx is the executor's, given to loco_zero_exec_create). Started
+ * operations hand back a loco_comm request that the walker tests, waits
+ * and frees; an executor that completes one at once (the device staged
+ * through host buffers) leaves *req NULL. */
+typedef struct {
+    /* Bucket b's gradients averaged over dp: all-reduced in place, or
+     * reduce-scattered so this rank's part lands in its owned range (per
+     * unit: from slot `slot`'s unit buffer into a staging part; else
+     * slot is -1). */
+    int (*reduce_bucket)(void *ctx, int b, int slot, loco_comm_req **req);
+    /* Per unit, after slot's reduce-scatter of bucket b completed: adds the
+     * staged part into the owned gradients. */
+    int (*reduced)(void *ctx, int b, int slot);
+    /* Per unit, backward: slot's gradient buffer zeroed and bound as the
+     * unit's gradients. */
+    int (*fresh_grads)(void *ctx, int slot, int unit);
+    /* Stage 3: the unit's parameters all-gathered from every rank's owned
+     * part into slot; then, once complete, bind_params binds the slot as
+     * the unit's. */
+    int (*all_gather_unit)(void *ctx, int slot, int unit, loco_comm_req **req);
+    int (*bind_params)(void *ctx, int slot, int unit);
+    /* Stage 3: changes whenever the owned parameters change; a slot
+     * gathered at another version is stale. */
+    uint64_t (*params_version)(void *ctx);
+    /* May be NULL: before a unit's gradients join their reduction. */
+    int (*prepare_unit)(void *ctx, int unit);
+} loco_zero_exec_ops;
+
+typedef struct loco_zero_exec loco_zero_exec;
+
+/* The plan walker: hook acquisition, bucket launch once its last unit's
+ * gradients are ready, completion. plan, ops and ctx are not owned and
+ * must outlive it; prefetch: start the next block's gather at once
+ * (stage 3). LOCO_ENOMEM. */
+int loco_zero_exec_create(loco_zero_exec **out, const loco_zero_plan *plan,
+                          const loco_zero_exec_ops *ops, void *ctx, bool prefetch);
+/* Accepts NULL; waits (ignoring failures) for everything in flight. */
+void loco_zero_exec_destroy(loco_zero_exec *x);
+/* Before each micro-batch's forward-backward; last: the step's final one. */
+void loco_zero_exec_micro(loco_zero_exec *x, bool last);
+/* The model's hooks: a unit's pass starts, a unit's gradients are final.
+ * grads_ready refuses (LOCO_EINVAL) a unit out of the planned order. */
+int loco_zero_exec_acquire(loco_zero_exec *x, int unit, bool backward);
+int loco_zero_exec_grads_ready(loco_zero_exec *x, int unit);
+/* Step end: every started reduction and gather complete (per unit: the
+ * staged parts added). */
+int loco_zero_exec_finish(loco_zero_exec *x);
+
 /* ============================================================ pipeline
  * Pipeline schedules as data (DESIGN.md; docs/PIPELINE.md): a generator
  * writes, for p ranks holding v chunks each and m micro-batches, one

@@ -18,7 +18,11 @@
  * through the step) and reports ranges instead of calling hooks: each
  * chunk's gradients are reduced as soon as its last backward ends, while
  * the rest of the pipeline drains; at stage 3 the owned shards are
- * gathered chunk by chunk when the next step first needs them. */
+ * gathered chunk by chunk when the next step first needs them.
+ *
+ * Which ranges form a bucket, and when each starts, is the ZeRO plan's
+ * (zero_plan.c), walked by zero_exec.c for the hooks; this file is the
+ * host executor: its ops move host buffers over the dp communicator. */
 #include "inner/model_internal.h"
 #include "inner/parallel/parallel.h"
 #include "kernels/kernels.h"
@@ -26,19 +30,15 @@
 #include <math.h>
 #include <string.h>
 
-#define MAX_BUCKETS 4096
+#define MAX_RANGES 4096
 #define MAX_GATHERS (2 * LOCO_GPT_MAX_CHUNKS + 2)
 
-/* A unit's buffers at stages 2-3: gradients, reduce-scatter staging and,
- * at stage 3, gathered parameters. */
+/* A unit buffer at stages 2-3 (the walker keeps its state): gradients,
+ * reduce-scatter staging and, at stage 3, gathered parameters. */
 typedef struct {
-    float *params;       /* unit-sized (stage 3) */
-    float *grads;        /* unit-sized */
-    float *staging;      /* receives this rank's part of the reduced unit */
-    int param_unit;      /* unit whose parameters `params` holds, -1 none */
-    loco_comm_req *gather;  /* in-flight all-gather into params */
-    loco_comm_req *reduce;  /* in-flight reduce-scatter out of grads */
-    size_t reduce_off, reduce_len; /* where staging lands in the owned shard */
+    float *params;  /* unit-sized (stage 3) */
+    float *grads;   /* unit-sized */
+    float *staging; /* receives this rank's part of the reduced unit */
 } slot;
 
 struct loco_zero {
@@ -47,19 +47,17 @@ struct loco_zero {
     int stage, rank, n;
     size_t P;        /* parameters */
     size_t lo, hi;   /* owned range */
-    size_t *own_lo;  /* (n + 1) owned boundaries of every rank */
+    loco_zero_plan plan;
+    loco_zero_exec *exec; /* the plan's walker, driven by the model's hooks */
     size_t *counts;  /* (n) scratch for v-collective counts */
     loco_adamw opt;
     size_t opt_lo, opt_hi;
     float *pshard;   /* stage 3: owned parameters */
     float *gshard;   /* stages 2-3: owned gradients */
-    slot blocks[2];  /* stages 2-3: block units alternate */
-    slot embed, lnf; /* stages 2-3: units 0 and L+1 */
-    size_t bucket_elems;
-    size_t bucket_lo, bucket_hi; /* open bucket (stages 0-1), empty when equal */
-    loco_comm_req *buckets[MAX_BUCKETS];
-    int n_buckets;
-    bool last_micro, first_micro;
+    slot slots[LOCO_ZERO_SLOTS]; /* stages 2-3 */
+    uint64_t version; /* of the owned parameters (stage 3's gathered slots) */
+    loco_comm_req *ranges[MAX_RANGES]; /* pipeline: reductions in flight */
+    int n_ranges;
     size_t gathered_bytes;
     float *rep_buf;  /* tp: the replicated pieces of the owned range */
     size_t n_rep;
@@ -90,6 +88,8 @@ unsigned loco_zero_model_flags(int stage) {
 
 int loco_zero_stage(const loco_zero *z) { return z->stage; }
 
+const loco_zero_plan *loco_zero_plan_of(const loco_zero *z) { return &z->plan; }
+
 void loco_zero_range(const loco_zero *z, size_t *lo, size_t *hi) {
     *lo = z->lo;
     *hi = z->hi;
@@ -113,146 +113,6 @@ loco_adamw *loco_zero_optimizer(loco_zero *z, size_t *lo, size_t *hi) {
     if (hi)
         *hi = z->opt_hi;
     return &z->opt;
-}
-
-/* Per-rank counts of the intersection of [a, b) with each owned range. */
-static void split_counts(loco_zero *z, size_t a, size_t b) {
-    for (int r = 0; r < z->n; r++) {
-        size_t x = a > z->own_lo[r] ? a : z->own_lo[r];
-        size_t y = b < z->own_lo[r + 1] ? b : z->own_lo[r + 1];
-        z->counts[r] = y > x ? y - x : 0;
-    }
-}
-
-/* Completes a slot's reduce-scatter and adds its part into the shard. */
-static int finish_reduce(loco_zero *z, slot *s) {
-    if (!s->reduce)
-        return 0;
-    int rc = loco_comm_wait(s->reduce);
-    s->reduce = NULL;
-    LOCO_CHECK(rc);
-    float *dst = z->gshard + s->reduce_off;
-    for (size_t i = 0; i < s->reduce_len; i++)
-        dst[i] += s->staging[i];
-    return 0;
-}
-
-static int start_reduce(loco_zero *z, slot *s, int unit) {
-    size_t a, b;
-    loco_gpt_unit_range(z->m, unit, &a, &b);
-    split_counts(z, a, b);
-    size_t mine_lo = a > z->lo ? a : z->lo;
-    s->reduce_off = mine_lo - z->lo;
-    s->reduce_len = z->counts[z->rank];
-    return loco_comm_ireduce_scatter(z->dp, s->grads, s->staging, z->counts, LOCO_DT_F32,
-                                     LOCO_OP_AVG, &s->reduce);
-}
-
-/* Starts gathering a unit's parameters into a slot (stage 3). */
-static int start_gather(loco_zero *z, slot *s, int unit) {
-    size_t a, b;
-    loco_gpt_unit_range(z->m, unit, &a, &b);
-    split_counts(z, a, b);
-    size_t mine_lo = a > z->lo ? a : z->lo;
-    s->param_unit = unit;
-    return loco_comm_iallgather(z->dp, z->pshard + (mine_lo - z->lo), s->params, z->counts,
-                                LOCO_DT_F32, &s->gather);
-}
-
-static int finish_gather(slot *s) {
-    if (!s->gather)
-        return 0;
-    int rc = loco_comm_wait(s->gather);
-    s->gather = NULL;
-    return rc;
-}
-
-static slot *unit_slot(loco_zero *z, int unit) {
-    const int L = z->m->cfg.n_layer;
-    if (unit == 0)
-        return &z->embed;
-    if (unit == L + 1)
-        return &z->lnf;
-    return &z->blocks[unit % 2];
-}
-
-/* Makes a unit's parameters present in its slot (stage 3). */
-static int ensure_params(loco_zero *z, int unit) {
-    slot *s = unit_slot(z, unit);
-    if (s->param_unit != unit) {
-        LOCO_CHECK(finish_gather(s)); /* a prefetch of another unit */
-        LOCO_CHECK(start_gather(z, s, unit));
-    }
-    LOCO_CHECK(finish_gather(s));
-    loco_gpt_bind_unit(z->m, unit, s->params, NULL);
-    return 0;
-}
-
-static int prefetch(loco_zero *z, int unit) {
-    const int L = z->m->cfg.n_layer;
-    if (unit < 1 || unit > L)
-        return 0;
-    slot *s = unit_slot(z, unit);
-    if (s->param_unit == unit)
-        return 0;
-    LOCO_CHECK(finish_gather(s));
-    return start_gather(z, s, unit);
-}
-
-/* MPI moves non-blocking collectives forward only inside MPI calls; testing
- * the pending requests from every hook lets them progress while backward
- * computes the next unit. */
-static int progress(loco_zero *z) {
-    bool done;
-    for (int i = 0; i < z->n_buckets; i++)
-        LOCO_CHECK(loco_comm_test(z->buckets[i], &done));
-    slot *all[4] = {&z->blocks[0], &z->blocks[1], &z->embed, &z->lnf};
-    for (int i = 0; i < 4; i++) {
-        if (all[i]->reduce)
-            LOCO_CHECK(loco_comm_test(all[i]->reduce, &done));
-        if (all[i]->gather)
-            LOCO_CHECK(loco_comm_test(all[i]->gather, &done));
-    }
-    return 0;
-}
-
-static int hook_acquire(void *ctx, loco_gpt *m, int unit, bool backward) {
-    loco_zero *z = ctx;
-    LOCO_CHECK(progress(z));
-    const int L = m->cfg.n_layer;
-    if (z->stage >= 3) {
-        if (unit == 0 || unit == L + 1) {
-            LOCO_CHECK(ensure_params(z, unit));
-        } else {
-            LOCO_CHECK(ensure_params(z, unit));
-            LOCO_CHECK(prefetch(z, backward ? unit - 1 : unit + 1));
-        }
-    }
-    if (z->stage >= 2 && backward) {
-        /* Fresh gradient buffer for this unit's backward. */
-        slot *s = unit_slot(z, unit);
-        LOCO_CHECK(finish_reduce(z, s));
-        size_t a, b;
-        loco_gpt_unit_range(m, unit, &a, &b);
-        memset(s->grads, 0, (b - a) * sizeof(float));
-        /* Stage 3 bound the slot's parameters above; stage 2's are whole. */
-        loco_gpt_bind_unit(m, unit, z->stage >= 3 ? s->params : m->params + a, s->grads);
-    }
-    return 0;
-}
-
-static int launch_bucket(loco_zero *z) {
-    if (z->bucket_hi == z->bucket_lo)
-        return 0;
-    if (z->n_buckets == MAX_BUCKETS)
-        return LOCO_ERR(LOCO_EINVAL, "more than %d gradient buckets: raise parallel.bucket_mb",
-                        MAX_BUCKETS);
-    LOCO_CHECK(loco_comm_iallreduce(z->dp, z->m->grads + z->bucket_lo,
-                                    z->bucket_hi - z->bucket_lo, LOCO_DT_F32, LOCO_OP_AVG,
-                                    &z->buckets[z->n_buckets]));
-    z->n_buckets++;
-    z->bucket_lo = z->bucket_hi = 0;
-    return 0;
 }
 
 /* Expert parallelism, before a unit's gradients (g holds the unit) go to
@@ -282,47 +142,100 @@ static int ep_prereduce_range(loco_zero *z, size_t a, size_t b, float *g) {
     return 0;
 }
 
-static int ep_prereduce(loco_zero *z, int unit, float *g) {
-    size_t a, b;
-    loco_gpt_unit_range(z->m, unit, &a, &b);
-    return ep_prereduce_range(z, a, b, g);
+/* ------------------------------------------ the host executor's ops */
+
+static int op_reduce_bucket(void *ctx, int b, int slot_i, loco_comm_req **req) {
+    loco_zero *z = ctx;
+    const loco_zero_bucket *k = &z->plan.buckets[b];
+    if (slot_i >= 0) /* a unit buffer into its staging part */
+        return loco_comm_ireduce_scatter(z->dp, z->slots[slot_i].grads, z->slots[slot_i].staging,
+                                         loco_zero_plan_counts(&z->plan, b), LOCO_DT_F32,
+                                         LOCO_OP_AVG, req);
+    if (z->plan.scatter)
+        return LOCO_ERR(LOCO_EINVAL, "host ZeRO-%d reduces from unit buffers", z->stage);
+    if (z->n == 1 || k->hi == k->lo)
+        return 0; /* one rank: the average is the gradient */
+    return loco_comm_iallreduce(z->dp, z->m->grads + k->lo, k->hi - k->lo, LOCO_DT_F32,
+                                LOCO_OP_AVG, req);
 }
 
-static int hook_grads_ready(void *ctx, loco_gpt *m, int unit) {
+static int op_reduced(void *ctx, int b, int slot_i) {
     loco_zero *z = ctx;
-    if (z->n == 1 && z->stage < 2 && !z->ep)
-        return 0;
-    LOCO_CHECK(progress(z));
-    if (z->ep && (z->stage >= 2 || z->last_micro)) {
-        size_t a, b;
-        loco_gpt_unit_range(m, unit, &a, &b);
-        LOCO_CHECK(ep_prereduce(z, unit, z->stage >= 2 ? unit_slot(z, unit)->grads : m->grads + a));
-    }
-    if (z->stage >= 2)
-        return start_reduce(z, unit_slot(z, unit), unit);
-    if (!z->last_micro || z->n == 1)
-        return 0; /* accumulate locally; reduce once per step */
-    size_t a, b;
-    loco_gpt_unit_range(m, unit, &a, &b);
-    /* Units finish from the end of the flat buffer towards its start, so
-     * a bucket grows downwards and stays contiguous. */
-    if (z->bucket_hi == z->bucket_lo)
-        z->bucket_hi = b;
-    z->bucket_lo = a;
-    if (z->bucket_hi - z->bucket_lo >= z->bucket_elems || unit == 0)
-        LOCO_CHECK(launch_bucket(z));
+    size_t len;
+    float *dst = z->gshard + loco_zero_plan_mine(&z->plan, b, &len);
+    const float *src = z->slots[slot_i].staging;
+    for (size_t i = 0; i < len; i++)
+        dst[i] += src[i];
     return 0;
 }
 
+static int op_fresh_grads(void *ctx, int slot_i, int unit) {
+    loco_zero *z = ctx;
+    slot *s = &z->slots[slot_i];
+    size_t a, b;
+    loco_gpt_unit_range(z->m, unit, &a, &b);
+    memset(s->grads, 0, (b - a) * sizeof(float));
+    /* Stage 3 bound the slot's parameters already; stage 2's are whole. */
+    loco_gpt_bind_unit(z->m, unit, z->stage >= 3 ? s->params : z->m->params + a, s->grads);
+    return 0;
+}
+
+static int op_all_gather_unit(void *ctx, int slot_i, int unit, loco_comm_req **req) {
+    loco_zero *z = ctx;
+    const int b = z->plan.unit_bucket[unit]; /* per unit: the unit's own range */
+    size_t len;
+    const size_t at = loco_zero_plan_mine(&z->plan, b, &len);
+    return loco_comm_iallgather(z->dp, z->pshard + at, z->slots[slot_i].params,
+                                loco_zero_plan_counts(&z->plan, b), LOCO_DT_F32, req);
+}
+
+static int op_bind_params(void *ctx, int slot_i, int unit) {
+    loco_zero *z = ctx;
+    loco_gpt_bind_unit(z->m, unit, z->slots[slot_i].params, NULL);
+    return 0;
+}
+
+static uint64_t op_params_version(void *ctx) { return ((loco_zero *)ctx)->version; }
+
+static int op_prepare_unit(void *ctx, int unit) {
+    loco_zero *z = ctx;
+    if (!z->ep)
+        return 0;
+    size_t a, b;
+    loco_gpt_unit_range(z->m, unit, &a, &b);
+    float *g = z->stage >= 2 ? z->slots[loco_zero_plan_slot(&z->plan, unit)].grads
+                             : z->m->grads + a;
+    return ep_prereduce_range(z, a, b, g);
+}
+
+static const loco_zero_exec_ops host_ops = {
+    .reduce_bucket = op_reduce_bucket,
+    .reduced = op_reduced,
+    .fresh_grads = op_fresh_grads,
+    .all_gather_unit = op_all_gather_unit,
+    .bind_params = op_bind_params,
+    .params_version = op_params_version,
+    .prepare_unit = op_prepare_unit,
+};
+
+static int hook_acquire(void *ctx, loco_gpt *m, int unit, bool backward) {
+    (void)m;
+    return loco_zero_exec_acquire(((loco_zero *)ctx)->exec, unit, backward);
+}
+
+static int hook_grads_ready(void *ctx, loco_gpt *m, int unit) {
+    (void)m;
+    return loco_zero_exec_grads_ready(((loco_zero *)ctx)->exec, unit);
+}
+
 void loco_zero_micro_begin(loco_zero *z, bool first, bool last) {
-    z->first_micro = first;
-    z->last_micro = last;
+    if (z->exec)
+        loco_zero_exec_micro(z->exec, last);
     if (first && z->gshard)
         memset(z->gshard, 0, (z->hi - z->lo) * sizeof(float));
 }
 
 static int alloc_slot(loco_zero *z, slot *s, size_t elems, bool with_params) {
-    s->param_unit = -1;
     s->grads = loco_alloc(elems * sizeof(float));
     s->staging = loco_alloc(elems * sizeof(float));
     if (with_params)
@@ -334,8 +247,6 @@ static int alloc_slot(loco_zero *z, slot *s, size_t elems, bool with_params) {
 }
 
 static void free_slot(slot *s) {
-    loco_comm_wait(s->gather);
-    loco_comm_wait(s->reduce);
     loco_free(s->params);
     loco_free(s->grads);
     loco_free(s->staging);
@@ -345,16 +256,15 @@ static void free_slot(slot *s) {
 void loco_zero_destroy(loco_zero *z) {
     if (!z)
         return;
-    loco_comm_waitall(z->buckets, z->n_buckets);
+    loco_comm_waitall(z->ranges, z->n_ranges);
+    loco_zero_exec_destroy(z->exec); /* waits for what reads the slots */
     loco_gpt_set_hooks(z->m, NULL);
-    free_slot(&z->blocks[0]);
-    free_slot(&z->blocks[1]);
-    free_slot(&z->embed);
-    free_slot(&z->lnf);
+    for (int i = 0; i < LOCO_ZERO_SLOTS; i++)
+        free_slot(&z->slots[i]);
     loco_adamw_fini(&z->opt);
     loco_free(z->pshard);
     loco_free(z->gshard);
-    loco_free(z->own_lo);
+    loco_zero_plan_fini(&z->plan);
     loco_free(z->counts);
     loco_free(z->rep_buf);
     loco_free(z->expert);
@@ -422,6 +332,34 @@ int loco_zero_sync_replicas(loco_zero *z) {
     return 0;
 }
 
+/* The plan of this rank's reductions: units only when hooks drive them
+ * (a pipeline stage reports ranges instead). */
+static int plan(loco_zero *z, const loco_config *cfg) {
+    loco_gpt *m = z->m;
+    const int n = m->staged ? 0 : loco_gpt_num_units(m);
+    size_t *bounds = loco_alloc(((size_t)n + 1) * sizeof(size_t));
+    if (!bounds)
+        return LOCO_ERR(LOCO_ENOMEM, "ZeRO unit table");
+    for (int u = 0; u < n; u++) {
+        size_t a, b;
+        loco_gpt_unit_range(m, u, &a, &b);
+        if (u > 0 && a != bounds[u]) {
+            loco_free(bounds);
+            return LOCO_ERR(LOCO_EINVAL, "ZeRO: unit %d starts at %zu, unit %d ends at %zu", u,
+                            a, u - 1, bounds[u]);
+        }
+        bounds[u] = a;
+        bounds[u + 1] = b;
+    }
+    const double elems = cfg->parallel.bucket_mb * 1024 * 1024 / sizeof(float);
+    const loco_zero_plan_spec spec = {
+        .n_params = z->P, .n_units = n, .unit_lo = bounds, .dp = z->n, .rank = z->rank,
+        .stage = z->stage, .bucket_elems = (size_t)elems, .unit_buffers = z->stage >= 2};
+    const int rc = loco_zero_plan_init(&z->plan, &spec);
+    loco_free(bounds);
+    return rc;
+}
+
 int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_config *cfg) {
     *out = NULL;
     const int stage = (int)cfg->parallel.zero_stage;
@@ -440,18 +378,14 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
     z->rank = loco_comm_rank(dp);
     z->n = loco_comm_size(dp);
     z->P = m->n_params;
-    z->bucket_elems = (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / sizeof(float));
-    if (z->bucket_elems == 0)
-        z->bucket_elems = 1;
-    z->own_lo = loco_alloc(((size_t)z->n + 1) * sizeof(size_t));
     z->counts = loco_alloc((size_t)z->n * sizeof(size_t));
-    if (!z->own_lo || !z->counts) {
+    if (!z->counts) {
         rc = LOCO_ERR(LOCO_ENOMEM, "ZeRO ranges");
         goto out_fail;
     }
-    for (int r = 0; r <= z->n; r++)
-        z->own_lo[r] = z->P * (size_t)r / (size_t)z->n;
-    loco_zero_owned(z->P, z->rank, z->n, &z->lo, &z->hi);
+    LOCO_CHECK_GOTO(plan(z, cfg), out_fail);
+    z->lo = z->plan.own[z->rank];
+    z->hi = z->plan.own[z->rank + 1];
     const size_t own = z->hi - z->lo;
     z->opt_lo = stage == 0 ? 0 : z->lo;
     z->opt_hi = stage == 0 ? z->P : z->hi;
@@ -473,14 +407,16 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
         loco_gpt_unit_range(m, 1, &b0, &b1);
         loco_gpt_unit_range(m, L + 1, &a, &b);
         bool p3 = stage >= 3;
-        LOCO_CHECK_GOTO(alloc_slot(z, &z->embed, e1 - e0, p3), out_fail);
-        LOCO_CHECK_GOTO(alloc_slot(z, &z->lnf, b - a, p3), out_fail);
-        LOCO_CHECK_GOTO(alloc_slot(z, &z->blocks[0], b1 - b0, p3), out_fail);
-        LOCO_CHECK_GOTO(alloc_slot(z, &z->blocks[1], b1 - b0, p3), out_fail);
+        slot *sl = z->slots;
+        LOCO_CHECK_GOTO(alloc_slot(z, &sl[LOCO_ZERO_SLOT_EMBED], e1 - e0, p3), out_fail);
+        LOCO_CHECK_GOTO(alloc_slot(z, &sl[LOCO_ZERO_SLOT_LAST], b - a, p3), out_fail);
+        LOCO_CHECK_GOTO(alloc_slot(z, &sl[LOCO_ZERO_SLOT_BLOCK0], b1 - b0, p3), out_fail);
+        LOCO_CHECK_GOTO(alloc_slot(z, &sl[LOCO_ZERO_SLOT_BLOCK1], b1 - b0, p3), out_fail);
         if (stage == 2) /* parameters are whole; gradients bound per unit */
             for (int u = 0; u < loco_gpt_num_units(m); u++) {
                 loco_gpt_unit_range(m, u, &a, &b);
-                loco_gpt_bind_unit(m, u, m->params + a, unit_slot(z, u)->grads);
+                loco_gpt_bind_unit(m, u, m->params + a,
+                                   z->slots[loco_zero_plan_slot(&z->plan, u)].grads);
             }
     }
     if (m->par.tp) {
@@ -492,6 +428,7 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
         }
     }
     if (!m->staged) {
+        LOCO_CHECK_GOTO(loco_zero_exec_create(&z->exec, &z->plan, &host_ops, z, true), out_fail);
         loco_gpt_hooks h = {.ctx = z, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
         loco_gpt_set_hooks(m, &h);
     }
@@ -507,12 +444,6 @@ void loco_zero_init_weights(loco_zero *z, loco_rng *rng) {
     float *data;
     loco_zero_held_params(z, &lo, &hi, &data);
     loco_gpt_init_weights_range(z->m, rng, data, lo, hi);
-}
-
-/* Parameters changed: a stage-3 slot's gathered copy is stale. */
-static void invalidate_slots(loco_zero *z) {
-    z->blocks[0].param_unit = z->blocks[1].param_unit = -1;
-    z->embed.param_unit = z->lnf.param_unit = -1;
 }
 
 void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp) { z->pp = pp; }
@@ -545,29 +476,25 @@ int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi) {
     if (z->stage < 2) {
         if (z->n == 1)
             return 0;
-        if (z->n_buckets == MAX_BUCKETS)
-            return LOCO_ERR(LOCO_EINVAL, "more than %d gradient ranges in flight", MAX_BUCKETS);
+        if (z->n_ranges == MAX_RANGES)
+            return LOCO_ERR(LOCO_EINVAL, "more than %d gradient ranges in flight", MAX_RANGES);
         return loco_comm_iallreduce(z->dp, g, hi - lo, LOCO_DT_F32, LOCO_OP_AVG,
-                                    &z->buckets[z->n_buckets++]);
+                                    &z->ranges[z->n_ranges++]);
     }
     /* Reduce-scatter: this rank's part of the range lands in its shard. */
-    split_counts(z, lo, hi);
-    const size_t mine = lo > z->lo ? lo : z->lo;
-    float *dst = z->gshard + (z->counts[z->rank] ? mine - z->lo : 0);
+    float *dst = z->gshard + loco_zero_plan_split(&z->plan, lo, hi, z->counts);
     if (z->n == 1) {
         memcpy(dst, g, (hi - lo) * sizeof(float));
         return 0;
     }
-    if (z->n_buckets == MAX_BUCKETS)
-        return LOCO_ERR(LOCO_EINVAL, "more than %d gradient ranges in flight", MAX_BUCKETS);
+    if (z->n_ranges == MAX_RANGES)
+        return LOCO_ERR(LOCO_EINVAL, "more than %d gradient ranges in flight", MAX_RANGES);
     return loco_comm_ireduce_scatter(z->dp, g, dst, z->counts, LOCO_DT_F32, LOCO_OP_AVG,
-                                     &z->buckets[z->n_buckets++]);
+                                     &z->ranges[z->n_ranges++]);
 }
 
 static int start_range_gather(loco_zero *z, size_t lo, size_t hi, loco_comm_req **req) {
-    split_counts(z, lo, hi);
-    const size_t mine = lo > z->lo ? lo : z->lo;
-    const float *src = z->pshard + (z->counts[z->rank] ? mine - z->lo : 0);
+    const float *src = z->pshard + loco_zero_plan_split(&z->plan, lo, hi, z->counts);
     return loco_comm_iallgather(z->dp, src, z->m->params + lo, z->counts, LOCO_DT_F32, req);
 }
 
@@ -635,15 +562,11 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
                             ready, z->P);
     }
     /* Everything still in flight lands first. */
-    LOCO_CHECK(launch_bucket(z));
-    int rc = loco_comm_waitall(z->buckets, z->n_buckets);
-    z->n_buckets = 0;
+    int rc = loco_comm_waitall(z->ranges, z->n_ranges);
+    z->n_ranges = 0;
     LOCO_CHECK(rc);
-    slot *all[4] = {&z->blocks[0], &z->blocks[1], &z->embed, &z->lnf};
-    for (int i = 0; i < 4; i++) {
-        LOCO_CHECK(finish_reduce(z, all[i]));
-        LOCO_CHECK(finish_gather(all[i]));
-    }
+    if (z->exec)
+        LOCO_CHECK(loco_zero_exec_finish(z->exec));
     /* Global gradient norm and clipping. */
     float *grads;      /* gradients of the range this rank updates */
     size_t ulo, uhi;   /* that range */
@@ -683,14 +606,14 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
 
 int loco_zero_sync_params(loco_zero *z) {
     if (z->stage >= 3) {
-        invalidate_slots(z);
+        z->version++; /* a slot's gathered copy is stale */
         z->stale = z->m->staged;
         return 0;
     }
     if (z->n == 1)
         return 0;
     for (int r = 0; r < z->n; r++)
-        z->counts[r] = z->own_lo[r + 1] - z->own_lo[r];
+        z->counts[r] = z->plan.own[r + 1] - z->plan.own[r];
     return loco_comm_allgather(z->dp, z->m->params + z->lo, z->m->params, z->counts,
                                LOCO_DT_F32);
 }

@@ -12,6 +12,10 @@
  *     refreshed (and their version bumped).
  *   refusals: a pass with no binding, the whole-model clip on a shard,
  *     ranges outside the held one, binding on a whole model.
+ *   the ZeRO plan: the device model's units plan the same buckets,
+ *     counts and owned ranges as the CPU model's (the host executor's),
+ *     ZeRO 0, 1 and 3 over dp 1-4, and a shard made for a plan's owned
+ *     range holds it (what train_device.c executes and checks at start).
  *
  * Without a device or a CUDA build the tests skip with the reason. */
 #include <criterion/criterion.h>
@@ -27,6 +31,8 @@ Test(gpu_sharded, skipped) {
 #else
 
 #include "inner/gpt_cuda_internal.h"
+#include "inner/model_internal.h"
+#include "inner/parallel/parallel.h"
 #include "tests/gpu/gpu_test.h"
 
 static const loco_gpt_config cfg = {
@@ -186,6 +192,63 @@ static void check_passes(bool bf16) {
     loco_gpt_cuda_destroy(whole);
     loco_gpt_cuda_destroy(shard);
     gpu_env_fini(&env);
+    loco_gpt_fini(&cpu);
+}
+
+/* The plan of a model's units (unit_range: the CPU's or the device's). */
+static void plan_of(loco_zero_plan *p, size_t P, const size_t *bounds, int dp, int rank,
+                    int stage, size_t bucket) {
+    const loco_zero_plan_spec s = {.n_params = P, .n_units = cfg.n_layer + 2, .unit_lo = bounds,
+                                   .dp = dp, .rank = rank, .stage = stage,
+                                   .bucket_elems = bucket, .unit_buffers = stage >= 2};
+    cr_assert_eq(loco_zero_plan_init(p, &s), 0, "%s", loco_errmsg());
+}
+
+Test(gpu_sharded, device_units_plan_as_the_host, .timeout = 240) {
+    gpu_require();
+    loco_gpt cpu;
+    cr_assert_eq(loco_gpt_init(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
+    loco_gpt_cuda *whole;
+    GPU_OK(loco_gpt_cuda_create(&whole, &cfg, B, T, false));
+    const int n = cfg.n_layer + 2;
+    size_t hb[8], db[8], a, b, P; /* n <= 4 units */
+    loco_gpt_cuda_state(whole, NULL, NULL, NULL, NULL, &P);
+    cr_assert_eq(P, cpu.n_params);
+    for (int u = 0; u < n; u++) {
+        loco_gpt_unit_range(&cpu, u, &a, &b);
+        hb[u] = a, hb[u + 1] = b;
+        loco_gpt_cuda_unit_range(whole, u, &a, &b);
+        db[u] = a, db[u + 1] = b;
+    }
+    static const int stages[] = {0, 1, 3};
+    static const size_t buckets[] = {1, 500, 3000, 1u << 20};
+    for (int dp = 1; dp <= 4; dp++)
+        for (int si = 0; si < 3; si++)
+            for (int bi = 0; bi < 4; bi++) {
+                const int rank = dp - 1;
+                loco_zero_plan host, dev;
+                plan_of(&host, P, hb, dp, rank, stages[si], buckets[bi]);
+                plan_of(&dev, P, db, dp, rank, stages[si], buckets[bi]);
+                if (!loco_zero_plan_equal(&host, &dev)) {
+                    loco_zero_plan_print(&host, stderr);
+                    loco_zero_plan_print(&dev, stderr);
+                    cr_expect_fail("dp %d ZeRO-%d bucket %zu: the plans differ", dp, stages[si],
+                                   buckets[bi]);
+                }
+                if (stages[si] == 3 && dp > 1) { /* the shard train_device.c makes */
+                    loco_gpt_cuda *shard;
+                    const size_t lo = dev.own[rank], hi = dev.own[rank + 1];
+                    GPU_OK(loco_gpt_cuda_create_sharded(&shard, &cfg, B, T, false, lo, hi));
+                    size_t hl, hh;
+                    loco_gpt_cuda_shard(shard, &hl, &hh, NULL, NULL);
+                    cr_expect(hl == lo && hh == hi, "holds [%zu, %zu), planned [%zu, %zu)", hl,
+                              hh, lo, hi);
+                    loco_gpt_cuda_destroy(shard);
+                }
+                loco_zero_plan_fini(&host);
+                loco_zero_plan_fini(&dev);
+            }
+    loco_gpt_cuda_destroy(whole);
     loco_gpt_fini(&cpu);
 }
 
