@@ -76,13 +76,13 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
         if (!strcmp(c->sites[i], m.site))
             id = i;
     if (id < 0) {
-        snprintf(why, sizeof why, "site '%.64s' is not in this run's outer.sites (%.300s)",
-                 m.site, c->cfg.outer.sites);
+        snprintf(why, sizeof why, "site '%.64s' is not in this run's outer.sites (%.300s)", m.site,
+                 c->cfg.outer.sites);
         goto refuse;
     }
     if (strcmp(loco_link_peer_name(l), m.site)) {
-        snprintf(why, sizeof why, "site '%.64s' registered with the certificate of '%.64s'",
-                 m.site, loco_link_peer_name(l));
+        snprintf(why, sizeof why, "site '%.64s' registered with the certificate of '%.64s'", m.site,
+                 loco_link_peer_name(l));
         goto refuse;
     }
     const uint64_t model_hash = m.model_hash;

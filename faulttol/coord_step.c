@@ -417,8 +417,8 @@ int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const ch
     const uint64_t epoch = m.epoch;
     if (s != c->committed + 1 || epoch != c->epoch || !c->exchanging ||
         !loco_quorum_has(c->go_members | c->go_observers, i)) {
-        loco_debug("coordinator: stale %s from %s (step %lld epoch %llu)", m.phase,
-                   c->sites[i], (long long)s, (unsigned long long)epoch);
+        loco_debug("coordinator: stale %s from %s (step %lld epoch %llu)", m.phase, c->sites[i],
+                   (long long)s, (unsigned long long)epoch);
         goto out;
     }
     is->done_step = s;

@@ -24,8 +24,8 @@ static int fuzz_ckpt_write(const char *dir) {
     loco_rng_seed(&rng, 3);
     loco_gpt_init_weights(&m, &rng);
     static const char *const sec[] = {"model", NULL};
-    const loco_ckpt_state st = {.step = 5, .data = {1, 64, 0}, .rng = rng,
-                                .model_hash = loco_config_hash(&cfg, sec)};
+    const loco_ckpt_state st = {
+        .step = 5, .data = {1, 64, 0}, .rng = rng, .model_hash = loco_config_hash(&cfg, sec)};
     rc = loco_ckpt_save(dir, &cfg, &m, &opt, &st);
     loco_adamw_fini(&opt);
     loco_gpt_fini(&m);

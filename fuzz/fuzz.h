@@ -12,7 +12,9 @@
 
 static char fuzz_dir_[64];
 
-static void fuzz_rm_dir_(void) { loco_rmtree(fuzz_dir_); }
+static void fuzz_rm_dir_(void) {
+    loco_rmtree(fuzz_dir_);
+}
 
 /* The scratch directory, made on first use. */
 static const char *fuzz_dir(void) {
@@ -30,8 +32,8 @@ static const char *fuzz_dir(void) {
 
 /* Writes bytes to dir/name (dir NULL: the scratch directory); the path goes
  * to out. */
-static void fuzz_write(const char *dir, const char *name, const void *data, size_t size,
-                       char *out, size_t cap) {
+static void fuzz_write(const char *dir, const char *name, const void *data, size_t size, char *out,
+                       size_t cap) {
     snprintf(out, cap, "%s/%s", dir ? dir : fuzz_dir(), name);
     FILE *f = fopen(out, "wb");
     if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f))

@@ -57,8 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* verify checks the optimizer only when state.json lists it; load
      * with an optimizer needs it: load may refuse what verify passed. */
     if ((lrc == 0 && rc != 0) || (same && lrc != 0)) {
-        fprintf(stderr, "fuzz_ckpt: verify %d (%s), load %d (%s)\n", rc, why, lrc,
-                loco_errmsg());
+        fprintf(stderr, "fuzz_ckpt: verify %d (%s), load %d (%s)\n", rc, why, lrc, loco_errmsg());
         abort(); /* load took what verify refused */
     }
     if (lrc != 0 && (memcmp(m.params, before, bytes) || memcmp(opt.m, before + m.n_params, bytes) ||

@@ -36,9 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         loco__outer_msg m;
         rc = loco__coord_outer_parse(&m, json, size);
-        if (rc == 0 && ((strcmp(m.phase, "ready") && strcmp(m.phase, "done") &&
-                         strcmp(m.phase, "failed")) ||
-                        m.outer_step < 0 || m.have < 0 || m.epoch > (uint64_t)1e15))
+        if (rc == 0 &&
+            ((strcmp(m.phase, "ready") && strcmp(m.phase, "done") && strcmp(m.phase, "failed")) ||
+             m.outer_step < 0 || m.have < 0 || m.epoch > (uint64_t)1e15))
             abort();
     }
     if (rc != 0 && rc != LOCO_EPROTO)

@@ -34,7 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!tt.n) {
         loco_ttable_init(&tt);
         const int64_t s1[] = {3, 5}, s2[] = {7};
-        if (loco_ttable_add(&tt, "a", 2, s1, -1, true) || loco_ttable_add(&tt, "b.w", 1, s2, -1, false))
+        if (loco_ttable_add(&tt, "a", 2, s1, -1, true) ||
+            loco_ttable_add(&tt, "b.w", 1, s2, -1, false))
             abort();
     }
     char path[128];

@@ -15,7 +15,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const char sample[] = "Hello, world! It's 2024:\n  tabs\tand <|endoftext|> caf\xc3\xa9 \xff\xfe";
+static const char sample[] =
+    "Hello, world! It's 2024:\n  tabs\tand <|endoftext|> caf\xc3\xa9 \xff\xfe";
 
 /* The ids of sample; aborts unless they decode back to it. */
 static int32_t *encode_checked(const loco_tok *t, size_t *n) {

@@ -19,8 +19,7 @@
 #include "fuzz/ckpt_seed.h"
 #include "tokenizer/tokenizer.h"
 
-static int put(const char *root, const char *sub, const char *name, const void *data,
-               size_t len) {
+static int put(const char *root, const char *sub, const char *name, const void *data, size_t len) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", root, sub);
     mkdir(path, 0755);
