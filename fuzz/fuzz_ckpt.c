@@ -31,10 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             abort();
         snprintf(path, sizeof path, "%s/config.ini", ck);
         loco_config_defaults(&cfg);
-        const loco_gpt_config mc = (loco_config_load(&cfg, path), loco_gpt_config_from(&cfg));
+        if (loco_config_load(&cfg, path))
+            abort();
+        const loco_gpt_config mc = loco_gpt_config_from(&cfg);
         if (loco_gpt_init(&m, &mc, 1, 4) || loco_adamw_init(&opt, m.n_params, &cfg))
             abort();
         before = malloc(3 * m.n_params * sizeof *before);
+        if (!before)
+            abort();
         for (size_t i = 0; i < 3 * m.n_params; i++)
             before[i] = (float)i;
     }
