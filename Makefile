@@ -53,7 +53,7 @@ LIB     := $(BUILD)/libloco.a
 BIN     := $(BUILD)/loco
 TESTBIN := $(BUILD)/tests/loco_tests
 
-.PHONY: all run test bench asan tsan clean format deps data data-bpe cuda fuzz
+.PHONY: all run test bench asan tsan clean format deps data data-bpe cuda fuzz print-ldlibs
 all: $(BIN) cuda
 
 # V=1 shows full commands.
@@ -123,6 +123,11 @@ $(PP_CHECK): tests/mpi/pipeline_exec_check.c tests/mpi/mpi_check.h inner/paralle
 FUZZ_SECONDS ?= 60
 fuzz:
 	BUILD=$(BUILD) bash fuzz/run.sh $(FUZZ_SECONDS)
+
+# The link libraries, for scripts that build the library their own way
+# (fuzz/run.sh builds $(LIB) with clang and links its targets with these).
+print-ldlibs:
+	@echo $(LDLIBS)
 
 deps:
 	@bash scripts/install-deps.sh

@@ -143,6 +143,14 @@ int loco__coord_try_commit(loco_coord *c);
  * sent_epoch; < 0 only when the run must stop. */
 int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const char *json,
                              size_t len);
+/* An OUTER payload, checked: phase one of ready, done, failed. */
+typedef struct {
+    char phase[8];
+    int64_t outer_step, have;
+    uint64_t epoch, hash, suspects;
+} loco__outer_msg;
+/* Parses an OUTER payload: 0, or LOCO_EPROTO when malformed. */
+int loco__coord_outer_parse(loco__outer_msg *m, const char *json, size_t len);
 
 /* coord_metrics.c */
 /* Starts serving live metrics when faulttol.metrics_addr is set (the
@@ -152,6 +160,18 @@ int loco__coord_metrics_start(loco_coord *c);
 void loco__coord_metrics_update(loco_coord *c);
 
 /* coord_register.c */
+/* A REGISTER, checked: every field present and in range. The strings and
+ * ranks point into root, which the caller deletes (also after an error). */
+typedef struct {
+    cJSON *root;
+    const char *site, *mesh; /* mesh shorter than loco_coord's ref_mesh */
+    uint64_t model_hash, inc;
+    const cJSON *ranks; /* n_ranks items in [1, LOCO_MAX_ISLAND_RANKS] */
+    int n_ranks;
+    loco_island_progress reg;
+} loco__register_msg;
+/* Parses a REGISTER payload: 0, or LOCO_EPROTO when malformed. */
+int loco__coord_register_parse(loco__register_msg *m, const char *json, size_t len);
 /* Takes links from the listener while there is room for them. */
 void loco__coord_accept_pending(loco_coord *c, bool *busy);
 /* One frame from each pending link: a REGISTER, or the link goes; < 0 only

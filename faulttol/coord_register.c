@@ -62,69 +62,50 @@ static void not_believed(loco_coord *c, int i, int64_t step) {
  * stop. */
 static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len,
                            char *why_out, size_t why_cap) {
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    const cJSON *site = cJSON_GetObjectItemCaseSensitive(j, "site");
-    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
-    const cJSON *mh = cJSON_GetObjectItemCaseSensitive(j, "model_hash");
-    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(j, "inc");
-    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(j, "ranks");
-    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "committed");
-    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
-    const cJSON *je = cJSON_GetObjectItemCaseSensitive(j, "epoch");
-    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(j, "pending");
-    const cJSON *jph = cJSON_GetObjectItemCaseSensitive(j, "pending_hash");
-    const cJSON *jes = cJSON_GetObjectItemCaseSensitive(j, "end_step");
+    loco__register_msg m;
+    const int prc = loco__coord_register_parse(&m, json, len);
+    cJSON *j = m.root;
     char why[1024] = "";
     int id = -1;
-    int nr = cJSON_GetArraySize(ranks);
-    if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
-        !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
-        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !loco__coord_num_in(jc, 0, 1e15) ||
-        !cJSON_IsString(jh) || !loco__coord_num_in(je, 0, 1e15) ||
-        !loco__coord_num_in(jp, 0, 1e15) || !cJSON_IsString(jph) ||
-        (jes && !loco__coord_num_in(jes, 0, 1e15))) {
+    const int nr = m.n_ranks;
+    if (prc < 0) {
         snprintf(why, sizeof why, "malformed REGISTER");
         goto refuse;
     }
     for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->sites[i], site->valuestring))
+        if (!strcmp(c->sites[i], m.site))
             id = i;
     if (id < 0) {
-        snprintf(why, sizeof why, "site '%.64s' is not in this run's outer.sites (%.300s)",
-                 site->valuestring, c->cfg.outer.sites);
+        snprintf(why, sizeof why, "site '%.64s' is not in this run's outer.sites (%.300s)", m.site,
+                 c->cfg.outer.sites);
         goto refuse;
     }
-    if (strcmp(loco_link_peer_name(l), site->valuestring)) {
-        snprintf(why, sizeof why, "site '%.64s' registered with the certificate of '%.64s'",
-                 site->valuestring, loco_link_peer_name(l));
+    if (strcmp(loco_link_peer_name(l), m.site)) {
+        snprintf(why, sizeof why, "site '%.64s' registered with the certificate of '%.64s'", m.site,
+                 loco_link_peer_name(l));
         goto refuse;
     }
-    uint64_t model_hash = strtoull(mh->valuestring, NULL, 16);
+    const uint64_t model_hash = m.model_hash;
     if (c->have_ref) {
-        if (strcmp(c->ref_mesh, mesh->valuestring) || c->ref_ranks != nr) {
+        if (strcmp(c->ref_mesh, m.mesh) || c->ref_ranks != nr) {
             snprintf(why, sizeof why,
                      "mesh of '%.64s' (%.150s, %d ranks) differs from the run's (%.150s, %d "
                      "ranks); islands of one run need the same mesh",
-                     site->valuestring, mesh->valuestring, nr, c->ref_mesh, c->ref_ranks);
+                     m.site, m.mesh, nr, c->ref_mesh, c->ref_ranks);
             goto refuse;
         }
         if (c->ref_model != model_hash) {
             snprintf(why, sizeof why,
                      "'%.64s' has another [model]/[outer]/[compress] configuration than the "
                      "islands before it",
-                     site->valuestring);
+                     m.site);
             goto refuse;
         }
     }
     island *is = &c->isl[id];
-    const uint64_t their_inc = strtoull(inc->valuestring, NULL, 16);
-    loco_island_progress reg = {.committed = (int64_t)jc->valuedouble,
-                                .hash = strtoull(jh->valuestring, NULL, 16),
-                                .epoch = (uint64_t)je->valuedouble,
-                                .pending = (int64_t)jp->valuedouble,
-                                .pending_hash = strtoull(jph->valuestring, NULL, 16),
-                                .end_step = jes ? (int64_t)jes->valuedouble : 0};
-    loco__coord_adopt_end(c, site->valuestring, reg.end_step);
+    const uint64_t their_inc = m.inc;
+    loco_island_progress reg = m.reg;
+    loco__coord_adopt_end(c, m.site, reg.end_step);
     if (is->link && is->inc == their_inc) {
         /* The same process lost its link and came back: keep its place. */
         loco_link_abort(is->link);
@@ -177,7 +158,7 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
         goto refuse;
     }
     for (int r = 0; r < nr; r++) {
-        const cJSON *a = cJSON_GetArrayItem(ranks, r);
+        const cJSON *a = cJSON_GetArrayItem(m.ranks, r);
         snprintf(addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
     }
     if (is->link) {
@@ -202,7 +183,7 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     c->n_registrations++;
     if (!c->have_ref) {
         c->have_ref = true;
-        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", mesh->valuestring);
+        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", m.mesh);
         c->ref_ranks = nr;
         c->ref_model = model_hash;
     }
@@ -426,5 +407,42 @@ int loco__coord_read_pending(loco_coord *c, bool *busy) {
         else
             return rc;
     }
+    return 0;
+}
+
+int loco__coord_register_parse(loco__register_msg *m, const char *json, size_t len) {
+    *m = (loco__register_msg){.root = cJSON_ParseWithLength(json, len)};
+    const cJSON *j = m->root;
+    const cJSON *site = cJSON_GetObjectItemCaseSensitive(j, "site");
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
+    const cJSON *mh = cJSON_GetObjectItemCaseSensitive(j, "model_hash");
+    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(j, "inc");
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(j, "ranks");
+    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "committed");
+    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+    const cJSON *je = cJSON_GetObjectItemCaseSensitive(j, "epoch");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(j, "pending");
+    const cJSON *jph = cJSON_GetObjectItemCaseSensitive(j, "pending_hash");
+    const cJSON *jes = cJSON_GetObjectItemCaseSensitive(j, "end_step");
+    const int nr = cJSON_GetArraySize(ranks);
+    if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
+        !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
+        strlen(mesh->valuestring) >= sizeof((loco_coord *)0)->ref_mesh ||
+        !loco__coord_num_in(jc, 0, 1e15) || !cJSON_IsString(jh) ||
+        !loco__coord_num_in(je, 0, 1e15) || !loco__coord_num_in(jp, 0, 1e15) ||
+        !cJSON_IsString(jph) || (jes && !loco__coord_num_in(jes, 0, 1e15)))
+        return LOCO_ERR(LOCO_EPROTO, "malformed REGISTER");
+    m->site = site->valuestring;
+    m->mesh = mesh->valuestring;
+    m->model_hash = strtoull(mh->valuestring, NULL, 16);
+    m->inc = strtoull(inc->valuestring, NULL, 16);
+    m->ranks = ranks;
+    m->n_ranks = nr;
+    m->reg = (loco_island_progress){.committed = (int64_t)jc->valuedouble,
+                                    .hash = strtoull(jh->valuestring, NULL, 16),
+                                    .epoch = (uint64_t)je->valuedouble,
+                                    .pending = (int64_t)jp->valuedouble,
+                                    .pending_hash = strtoull(jph->valuestring, NULL, 16),
+                                    .end_step = jes ? (int64_t)jes->valuedouble : 0};
     return 0;
 }

@@ -384,24 +384,14 @@ static int judge_refusal(loco_coord *c, int64_t s) {
 int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const char *json,
                              size_t len) {
     island *is = &c->isl[i];
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(j, "phase");
-    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
-    const cJSON *hv = cJSON_GetObjectItemCaseSensitive(j, "have");
-    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(j, "epoch");
-    const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
-    const cJSON *su = cJSON_GetObjectItemCaseSensitive(j, "suspects");
+    loco__outer_msg m;
     int rc = 0;
-    if (!cJSON_IsString(ph) || !loco__coord_num_in(os, 0, 1e15) ||
-        !loco__coord_num_in(hv, 0, 1e15) || !loco__coord_num_in(ep, 0, 1e15) ||
-        !cJSON_IsString(hh) || !cJSON_IsString(su) ||
-        (strcmp(ph->valuestring, "ready") && strcmp(ph->valuestring, "done") &&
-         strcmp(ph->valuestring, "failed"))) {
+    if (loco__coord_outer_parse(&m, json, len) < 0) {
         loco_warn("coordinator: malformed OUTER from %s: ignored", c->sites[i]);
         goto out;
     }
-    const int64_t s = (int64_t)os->valuedouble;
-    if (!strcmp(ph->valuestring, "ready")) {
+    const int64_t s = m.outer_step;
+    if (!strcmp(m.phase, "ready")) {
         /* A member's READY from before the epoch now (a replay, or one the
          * announcement of this epoch overtook: that announcement makes it
          * say ready again) does not count for this epoch. */
@@ -411,7 +401,7 @@ int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const ch
             goto out;
         }
         is->ready_step = s;
-        is->ready_have = (int64_t)hv->valuedouble;
+        is->ready_have = m.have;
         /* Outside the quorum, or behind it: fetch the state first. A member
          * that says so leaves the quorum (a new epoch). */
         if (c->started && (is->status == OUT || s != c->committed + 1) &&
@@ -424,18 +414,18 @@ int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const ch
         goto out;
     }
     /* DONE and FAILED count from the islands of the go, in its epoch. */
-    const uint64_t epoch = (uint64_t)ep->valuedouble;
+    const uint64_t epoch = m.epoch;
     if (s != c->committed + 1 || epoch != c->epoch || !c->exchanging ||
         !loco_quorum_has(c->go_members | c->go_observers, i)) {
-        loco_debug("coordinator: stale %s from %s (step %lld epoch %llu)", ph->valuestring,
-                   c->sites[i], (long long)s, (unsigned long long)epoch);
+        loco_debug("coordinator: stale %s from %s (step %lld epoch %llu)", m.phase, c->sites[i],
+                   (long long)s, (unsigned long long)epoch);
         goto out;
     }
     is->done_step = s;
     is->done_epoch = epoch;
-    is->done_ok = !strcmp(ph->valuestring, "done");
-    is->done_hash = strtoull(hh->valuestring, NULL, 16);
-    is->suspects = strtoull(su->valuestring, NULL, 16);
+    is->done_ok = !strcmp(m.phase, "done");
+    is->done_hash = m.hash;
+    is->suspects = m.suspects;
     if (is->done_ok) {
         rc = loco__coord_try_commit(c);
         goto out;
@@ -480,6 +470,33 @@ int loco__coord_handle_outer(loco_coord *c, int i, uint64_t sent_epoch, const ch
     }
     rc = loco__coord_new_epoch(c, why);
 out:
-    cJSON_Delete(j);
     return rc < 0 ? rc : 0;
+}
+
+int loco__coord_outer_parse(loco__outer_msg *m, const char *json, size_t len) {
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(j, "phase");
+    const cJSON *os = cJSON_GetObjectItemCaseSensitive(j, "outer_step");
+    const cJSON *hv = cJSON_GetObjectItemCaseSensitive(j, "have");
+    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(j, "epoch");
+    const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
+    const cJSON *su = cJSON_GetObjectItemCaseSensitive(j, "suspects");
+    int rc = 0;
+    if (!cJSON_IsString(ph) || !loco__coord_num_in(os, 0, 1e15) ||
+        !loco__coord_num_in(hv, 0, 1e15) || !loco__coord_num_in(ep, 0, 1e15) ||
+        !cJSON_IsString(hh) || !cJSON_IsString(su) ||
+        (strcmp(ph->valuestring, "ready") && strcmp(ph->valuestring, "done") &&
+         strcmp(ph->valuestring, "failed"))) {
+        rc = LOCO_ERR(LOCO_EPROTO, "malformed OUTER");
+        goto out;
+    }
+    *m = (loco__outer_msg){.outer_step = (int64_t)os->valuedouble,
+                           .have = (int64_t)hv->valuedouble,
+                           .epoch = (uint64_t)ep->valuedouble,
+                           .hash = strtoull(hh->valuestring, NULL, 16),
+                           .suspects = strtoull(su->valuestring, NULL, 16)};
+    snprintf(m->phase, sizeof m->phase, "%s", ph->valuestring);
+out:
+    cJSON_Delete(j);
+    return rc;
 }
