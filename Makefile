@@ -17,7 +17,7 @@ LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lmicrohttpd -lpcre2
 LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.
-ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer
+ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer report launch
 SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)
