@@ -2,6 +2,7 @@
  * commands around `loco island`. */
 #include "cli/cli.h"
 #include "faulttol/faulttol.h"
+#include "report/report.h"
 #include "launch/launch.h"
 #include "net/net.h"
 #include "outer/outer.h"
