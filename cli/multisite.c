@@ -60,8 +60,13 @@ int cli_coordinator(int argc, char **argv) {
     loco_coord *c = NULL;
     if (rc == 0)
         rc = loco_coord_create(&c, &cfg, &np, NULL, 0, events);
+    cli_metrics *metrics = NULL;
+    if (rc == 0)
+        rc = cli_metrics_serve_run(&metrics, loco_coord_prom(c), cfg.faulttol.metrics_addr,
+                                   "faulttol.metrics_addr", cfg.run.dir);
     if (rc == 0)
         rc = loco_coord_serve(c);
+    cli_metrics_stop(metrics); /* before the registry it serves goes */
     loco_coord_destroy(c);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

@@ -68,6 +68,9 @@ typedef struct loco_coord loco_coord;
 int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_params *np,
                       const char *host, int port, const char *events_path);
 int loco_coord_port(const loco_coord *c);
+/* The coordinator's live metrics registry (faulttol.metrics_addr set;
+ * else NULL), for its caller to serve; valid while c lives. */
+loco_prom *loco_coord_prom(loco_coord *c);
 /* Serves until every member said BYE (0) or the run must stop. Islands
  * lost or suspected leave the quorum (new epoch; the survivors redo the
  * step without them); a restarted island or a dropped straggler rejoins
