@@ -82,10 +82,10 @@ GPU_BENCH := $(BUILD)/loco-gpu-bench
 cuda: $(CU_OBJS) $(GPU_BENCH)
 	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
 # GPT-2 training steps on one GPU (scripts/gpu-check.sh).
-$(GPU_BENCH): bench/gpu/gpt2_gpu.c kernels/kernels.h inner/inner.h core/core.h $(LIB)
+$(GPU_BENCH): bench/gpu/gpt2_gpu.c kernels/kernels.h kernels/device.h inner/inner.h core/core.h $(LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
-$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h compress/compress.h core/core.h \
+$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h kernels/device.h core/core.h \
             inner/comm/internal.h inner/comm/comm.h
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
