@@ -261,7 +261,8 @@ static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *le
     for (size_t i = 0; i < *nc; i++) {
         const size_t first = i * ce, m = b->n - first < ce ? b->n - first : ce;
         len[i] = loco_quant_payload_bytes(loco_codec_format(p.codec), m, p.block);
-        if (loco_quant(loco_codec_format(p.codec), b->raw + i * *stride, b->x + first, NULL, m, &qa) < 0) {
+        if (loco_quant(loco_codec_format(p.codec), b->raw + i * *stride, b->x + first, NULL, m,
+                       &qa) < 0) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -364,7 +365,8 @@ int loco_bench_compress(int argc, char **argv) {
     worst.chunk_bytes = (size_t)o.chunk_mb << 20;
     b.enc_cap = loco_compress_bound(b.n, &worst);
     const size_t nc = loco_compress_chunk_count(b.n, &worst);
-    b.raw_cap = nc * loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE), worst.chunk_bytes / 4, 32);
+    b.raw_cap = nc * loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE),
+                                              worst.chunk_bytes / 4, 32);
     b.zraw_cap = nc * ZSTD_compressBound(worst.chunk_bytes);
     b.x = loco_alloc(b.n * sizeof(float));
     b.y = loco_alloc(b.n * sizeof(float));

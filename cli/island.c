@@ -45,8 +45,8 @@ static int pick_resume(const char **resume, char *ck, size_t cap) {
     return 0;
 }
 
-static int run_island(const loco_config *c, const char *site, const char *resume,
-                      loco_trainer **t, loco_island **is, cli_metrics **metrics) {
+static int run_island(const loco_config *c, const char *site, const char *resume, loco_trainer **t,
+                      loco_island **is, cli_metrics **metrics) {
     int id, K;
     char ck[PATH_MAX];
     LOCO_CHECK(loco_site_id(c, site, &id, &K));

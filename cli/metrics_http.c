@@ -146,12 +146,13 @@ int cli_metrics_serve(cli_metrics **out, loco_prom *p, const char *addr, const c
         loco_free(m);
         return rc;
     }
-    m->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                                 on_request, p, MHD_OPTION_LISTEN_SOCKET, fd,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)CLI_METRICS_MAX_CONNECTIONS,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CLI_METRICS_TIMEOUT_S,
-                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CLI_METRICS_CONN_MEMORY,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL, MHD_OPTION_END);
+    m->daemon = MHD_start_daemon(
+        MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, p,
+        MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)CLI_METRICS_MAX_CONNECTIONS,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CLI_METRICS_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CLI_METRICS_CONN_MEMORY,
+        MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL, MHD_OPTION_END);
     if (!m->daemon) {
         close(fd);
         loco_free(m);

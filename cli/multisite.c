@@ -2,10 +2,10 @@
  * commands around `loco island`. */
 #include "cli/cli.h"
 #include "faulttol/faulttol.h"
-#include "report/report.h"
 #include "launch/launch.h"
 #include "net/net.h"
 #include "outer/outer.h"
+#include "report/report.h"
 
 #include <errno.h>
 #include <limits.h>

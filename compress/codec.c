@@ -175,7 +175,8 @@ int loco_codec_create(loco_codec **out, const loco_codec_params *p) {
     const size_t piece =
         (size_t)p->block *
         (SAMPLE_PIECE / (size_t)p->block > 0 ? SAMPLE_PIECE / (size_t)p->block : 1);
-    c->sample_raw_cap = loco_quant_payload_bytes(loco_codec_format(p->codec), SAMPLE_PIECES * piece, p->block);
+    c->sample_raw_cap =
+        loco_quant_payload_bytes(loco_codec_format(p->codec), SAMPLE_PIECES * piece, p->block);
     c->sample_z_cap = ZSTD_compressBound(c->sample_raw_cap);
     c->plan_cctx = ZSTD_createCCtx();
     c->sample_x = loco_alloc(SAMPLE_PIECES * piece * sizeof(float));
@@ -387,7 +388,8 @@ int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_pl
     worker_ws *w = &c->ws[worker];
     uint32_t flags = planes ? FLAG_PLANES : 0;
     size_t enc_len = raw_len;
-    if (loco_quant(loco_codec_format(p->codec), plan->zstd ? w->raw : payload, x, ef, count, &qa) < 0)
+    if (loco_quant(loco_codec_format(p->codec), plan->zstd ? w->raw : payload, x, ef, count, &qa) <
+        0)
         return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
                         first + count);
     if (plan->zstd) {
@@ -461,7 +463,8 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
     if (first > UINT64_MAX - count)
         return LOCO_ERR(LOCO_EPROTO, "chunk: first element %llu overflows",
                         (unsigned long long)first);
-    const uint64_t want = loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count, (int)block);
+    const uint64_t want =
+        loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count, (int)block);
     if (raw_len != want)
         return LOCO_ERR(LOCO_EPROTO, "chunk: raw payload %llu bytes, %s of %llu needs %llu",
                         (unsigned long long)raw_len, loco_codec_name((loco_codec_kind)codec),
@@ -504,7 +507,8 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
     if (loco_hash64(payload, info->enc_len) != loco_get_le64((const uint8_t *)src + 48) &&
         CHECKSUMS_ENFORCED)
         return LOCO_ERR(LOCO_EPROTO, "chunk %u: payload checksum mismatch", info->chunk_index);
-    if (!info->zstd && !loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block))
+    if (!info->zstd &&
+        !loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block))
         return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                         info->chunk_index);
     return 0;
@@ -534,7 +538,8 @@ static int unpack_payload(loco_codec *c, int worker, const void *src,
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd: %s", info->chunk_index,
                             ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
         payload = w->raw;
-        if (!loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block))
+        if (!loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count,
+                                   info->block))
             return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                             info->chunk_index);
     }
@@ -547,8 +552,8 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
                        const loco_chunk_info *info) {
     const uint8_t *payload = NULL;
     LOCO_CHECK(unpack_payload(c, worker, src, info, &payload));
-    loco_dequant_acc(loco_codec_format(info->codec), dst + info->first, payload, info->count, info->block,
-                     info->planes, weight);
+    loco_dequant_acc(loco_codec_format(info->codec), dst + info->first, payload, info->count,
+                     info->block, info->planes, weight);
     return 0;
 }
 

@@ -115,7 +115,8 @@ size_t loco_compress_chunk_count(size_t n, const loco_codec_params *p) {
 }
 
 size_t loco_compress_slot_bytes(const loco_codec_params *p) {
-    const size_t raw = loco_quant_payload_bytes(loco_codec_format(p->codec), loco_compress_chunk_elems(p), p->block);
+    const size_t raw = loco_quant_payload_bytes(loco_codec_format(p->codec),
+                                                loco_compress_chunk_elems(p), p->block);
     return (LOCO_CHUNK_HEADER_BYTES + raw + 63) & ~(size_t)63;
 }
 

@@ -121,7 +121,7 @@ static int site_summary(trun *r, tsite *s, warnings *w) {
         return LOCO_ERR(LOCO_ENOMEM, "report: %d outer lines", in->no);
     for (int i = 0; i < in->no; i++) {
         const report_oline *o = &in->o[i];
-        s->xp[s->nxp++] = (xpoint){o->outer_step,        o->step,   o->bytes_sent / 1e6,
+        s->xp[s->nxp++] = (xpoint){o->outer_step,           o->step,   o->bytes_sent / 1e6,
                                    o->bytes_received / 1e6, o->wall_s, NAN};
     }
     double sum = 0;
@@ -166,8 +166,7 @@ static int site_summary(trun *r, tsite *s, warnings *w) {
 
 static int load_run(trun *r, const char *dir, bool multi, warnings *w) {
     r->multi = multi;
-    LOCO_CHECK(
-        report_rundir_load(&r->rd, dir, multi ? REPORT_RUN_MULTI : REPORT_RUN_SINGLE, w));
+    LOCO_CHECK(report_rundir_load(&r->rd, dir, multi ? REPORT_RUN_MULTI : REPORT_RUN_SINGLE, w));
     r->sites = loco_alloc((size_t)r->rd.nsites * sizeof(tsite));
     if (!r->sites)
         return LOCO_ERR(LOCO_ENOMEM, "report: sites");
@@ -313,7 +312,8 @@ static void summary(sbuf *b, const trun *r) {
     kv(b, "training time", "%.1f s (sum of step_s%s; evaluation and checkpoints excluded)", train_s,
        r->multi ? ", the slowest island" : "");
     if (r->multi) {
-        double t0 = r->rd.start ? report_jt(r->rd.start) : NAN, t1 = r->rd.end ? report_jt(r->rd.end) : NAN;
+        double t0 = r->rd.start ? report_jt(r->rd.start) : NAN,
+               t1 = r->rd.end ? report_jt(r->rd.end) : NAN;
         if (isfinite(t0) && isfinite(t1))
             kv(b, "wall time", "%.1f s (start to end event)", t1 - t0);
         else
@@ -407,12 +407,12 @@ static void charts(sbuf *b, const trun *r, series_set *set) {
     bool any_val = false;
     for (int i = 0; i < r->nsites; i++) {
         const tsite *s = &r->sites[i];
-        add_series(set, s, "training loss", &s->tp[0].step, &s->tp[0].loss, sizeof(report_mline), s->ntp,
-                   r->multi ? i : 0, REPORT_SOLID);
+        add_series(set, s, "training loss", &s->tp[0].step, &s->tp[0].loss, sizeof(report_mline),
+                   s->ntp, r->multi ? i : 0, REPORT_SOLID);
         if (s->nvp) {
             any_val = true;
-            add_series(set, s, "validation loss", &s->vp[0].step, &s->vp[0].val_loss, sizeof(report_mline),
-                       s->nvp, r->multi ? i : 1, REPORT_DASHED);
+            add_series(set, s, "validation loss", &s->vp[0].step, &s->vp[0].val_loss,
+                       sizeof(report_mline), s->nvp, r->multi ? i : 1, REPORT_DASHED);
         }
     }
     figure(b, "Loss against step", "step", "loss", false, set, "no loss values");
@@ -422,8 +422,8 @@ static void charts(sbuf *b, const trun *r, series_set *set) {
     step_chart(b, r, set, offsetof(report_mline, lr), "Learning rate against step", "learning rate",
                "learning rate", false);
     h2(b, "Gradient norm");
-    step_chart(b, r, set, offsetof(report_mline, grad_norm), "Gradient norm against step (log scale)",
-               "grad norm", "grad norm", true);
+    step_chart(b, r, set, offsetof(report_mline, grad_norm),
+               "Gradient norm against step (log scale)", "grad norm", "grad norm", true);
     h2(b, "Throughput");
     step_chart(b, r, set, offsetof(report_mline, tokens_per_s), "Tokens per second against step",
                "tokens/s", "tokens/s", false);

@@ -299,7 +299,8 @@ static int time_codec(int which, loco_codec_kind k, const opts *o, uint8_t *pay,
             else if (which == 1)
                 rc = loco_cuda_quant(loco_codec_format(k), pay, x, ef, n, &qa, NULL, NULL);
             else
-                rc = loco_cuda_dequant_acc(loco_codec_format(k), dst, pay, n, 128, false, 1e-3f, NULL);
+                rc = loco_cuda_dequant_acc(loco_codec_format(k), dst, pay, n, 128, false, 1e-3f,
+                                           NULL);
         }
         if (rc == 0)
             rc = loco_cuda_sync(NULL);
@@ -313,7 +314,8 @@ static int time_codec(int which, loco_codec_kind k, const opts *o, uint8_t *pay,
 static int bench_codecs(const opts *o) {
     static const loco_codec_kind kinds[] = {LOCO_CODEC_BF16, LOCO_CODEC_INT8, LOCO_CODEC_INT4,
                                             LOCO_CODEC_FP8, LOCO_CODEC_FP4};
-    const size_t n = o->elems, fb = n * 4, pb = loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE), n, 128);
+    const size_t n = o->elems, fb = n * 4,
+                 pb = loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE), n, 128);
     loco_cuda_slab *slab = NULL;
     float *x, *ef, *dst;
     uint8_t *pay;

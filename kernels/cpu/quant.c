@@ -345,7 +345,7 @@ ALWAYS_INLINE int quant_blocks(loco_quant_format k, uint8_t *restrict payload,
 #define QUANT_VARIANTS(K)                                                                          \
     static int quant_##K(uint8_t *payload, const float *x, float *ef, size_t n,                    \
                          const loco_quant_args *a) {                                               \
-        const loco_quant_format k = LOCO_QFMT_##K;                                                  \
+        const loco_quant_format k = LOCO_QFMT_##K;                                                 \
         if (ef && a->stochastic)                                                                   \
             return quant_blocks(k, payload, x, ef, n, a, true, true);                              \
         if (ef)                                                                                    \
@@ -495,7 +495,7 @@ bool loco_quant_payload_ok(loco_quant_format k, const uint8_t *payload, size_t n
     const double qmax = k == LOCO_QFMT_INT8   ? 127
                         : k == LOCO_QFMT_INT4 ? 7
                         : k == LOCO_QFMT_FP8  ? 448
-                                               : 6;
+                                              : 6;
     const uint32_t max_bits = max_scale_bits(qmax);
     const size_t nb = div_up(n, (size_t)block);
     uint32_t bad = 0;

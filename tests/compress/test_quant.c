@@ -166,10 +166,14 @@ static double rel_err(loco_codec_kind k, const float *x, size_t n, int block) {
 Test(compress_quant, payload_bytes) {
     cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE), 1000, 128), 4000);
     cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_BF16), 1000, 128), 2000);
-    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT8), 1000, 128), 8 * 4 + 1000);
-    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_FP8), 1000, 128), 8 * 4 + 1000);
-    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT4), 1001, 128), 8 * 4 + 501);
-    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_FP4), 1001, 32), 32 * 4 + 501);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT8), 1000, 128),
+                 8 * 4 + 1000);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_FP8), 1000, 128),
+                 8 * 4 + 1000);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT4), 1001, 128),
+                 8 * 4 + 501);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_FP4), 1001, 32),
+                 32 * 4 + 501);
 }
 
 /* ---- nearest rounding = the nearest grid point, by brute force ---- */
@@ -326,7 +330,8 @@ Test(compress_quant, dequant_acc_matches_double) {
             memcpy(dst0, dst, n * sizeof *dst);
             uint8_t *p = quantize((loco_codec_kind)k, x, NULL, n, block, false, 0);
             /* the reference reads the plain layout: quantize it again without planes */
-            const size_t bytes = loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)k), n, block);
+            const size_t bytes =
+                loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)k), n, block);
             uint8_t *pp = malloc(bytes);
             loco_quant_args a = {.block = block, .planes = planes};
             cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), pp, x, NULL, n, &a), 0);
@@ -390,11 +395,11 @@ Test(compress_quant, non_finite_input_refused) {
     for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
         loco_quant_args a = {.block = 128};
         x[257] = NAN;
-        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), LOCO_EINVAL, "%s NaN",
-                     loco_codec_name((loco_codec_kind)k));
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a),
+                     LOCO_EINVAL, "%s NaN", loco_codec_name((loco_codec_kind)k));
         x[257] = -INFINITY;
-        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), LOCO_EINVAL, "%s inf",
-                     loco_codec_name((loco_codec_kind)k));
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a),
+                     LOCO_EINVAL, "%s inf", loco_codec_name((loco_codec_kind)k));
         x[257] = 1.0f;
         cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), 0);
     }
@@ -583,8 +588,8 @@ Test(compress_quant, payload_ok_rejects_bad_scales_and_nan_codes) {
             float keep;
             memcpy(&keep, p + 4, 4);
             memcpy(p + 4, &bad[j], 4);
-            cr_assert_not(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 256, 128), "%s scale %g",
-                          loco_codec_name((loco_codec_kind)k), (double)bad[j]);
+            cr_assert_not(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 256, 128),
+                          "%s scale %g", loco_codec_name((loco_codec_kind)k), (double)bad[j]);
             memcpy(p + 4, &keep, 4);
         }
         free(p);

@@ -123,12 +123,14 @@ Test(gpu_codecs, nonfinite_is_flagged)
     uint32_t *d_bad = dalloc(&e, 4);
     for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
         uint32_t bad = 0;
-        GPU_OK(loco_cuda_quant(loco_codec_format((loco_codec_kind)k), d_pay, d_x, NULL, n, &a, d_bad, NULL));
+        GPU_OK(loco_cuda_quant(loco_codec_format((loco_codec_kind)k), d_pay, d_x, NULL, n, &a,
+                               d_bad, NULL));
         to_host(&bad, d_bad, 4);
         cr_expect_eq(bad, 1, "%s: infinity not flagged", loco_codec_name((loco_codec_kind)k));
     }
-    cr_expect_eq(loco_cuda_quant(loco_codec_format(LOCO_CODEC_COUNT), d_pay, d_x, NULL, n, &a, d_bad, NULL),
-                 LOCO_EINVAL);
+    cr_expect_eq(
+        loco_cuda_quant(loco_codec_format(LOCO_CODEC_COUNT), d_pay, d_x, NULL, n, &a, d_bad, NULL),
+        LOCO_EINVAL);
     gpu_env_fini(&e);
 }
 

@@ -74,8 +74,8 @@ static void frame_vs_encode(loco_codec_kind k, loco_zstd_mode z, bool stochastic
                          loco_errmsg());
             cr_assert_eq(info.first, first);
             cr_assert_eq(info.raw_len, raw_len);
-            loco_dequant_acc(loco_codec_format(info.codec), rb + info.first, p, info.count, info.block, info.planes,
-                             0.5f);
+            loco_dequant_acc(loco_codec_format(info.codec), rb + info.first, p, info.count,
+                             info.block, info.planes, 0.5f);
         }
     }
     cr_expect_eq(memcmp(ra, rb, sizeof ra), 0, "%s: decoded values differ", loco_codec_name(k));
