@@ -3,7 +3,9 @@
  * that `loco launch` leaves (events.jsonl, <site>/metrics.jsonl,
  * <site>/outer.jsonl; docs/REPORTS.md is the contract), and writes
  * report.md and report.html with inline SVG charts, the fault table, bytes
- * on the wire, compute utilisation and a PASS/FAIL verdict. */
+ * on the wire, compute utilisation and a PASS/FAIL verdict.
+ * One file: the verdict's checks and the document's sections share the
+ * doc writer and read the same analysis. */
 #include "report/report_internal.h"
 
 #include <dirent.h>

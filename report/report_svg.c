@@ -1,6 +1,7 @@
 /* The reports' charts: inline SVG of the fault experiment's loss curves,
  * of the islands' membership over time and of compute utilisation, and the
- * line charts of a training run's report. */
+ * line charts of a training run's report. One file: every chart draws with
+ * the same frame, axes, ticks and legend helpers. */
 #include "report/report_internal.h"
 
 #include <dirent.h>
