@@ -17,7 +17,7 @@ LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lmicrohttpd -lpcre2
 LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.
-ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer
+ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer report launch
 SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)
@@ -25,6 +25,8 @@ CLI_OBJS:= $(CLI_SRCS:%.c=$(BUILD)/%.o)
 # tests/mpi/ holds programs run under mpirun by Criterion tests, not tests.
 TEST_SRCS := $(filter-out tests/mpi/%,$(wildcard tests/*/*.c))
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
+# The tests of serving metrics link cli/'s server (the rest of cli/ has main).
+TEST_CLI_OBJS := $(BUILD)/cli/metrics_http.o
 CU_SRCS := $(wildcard kernels/cuda/*.cu inner/comm/*.cu)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
 NVFLAGS ?= -O3 -std=c++17 -I. -Werror all-warnings -gencode arch=compute_90,code=sm_90 \
@@ -82,10 +84,10 @@ GPU_BENCH := $(BUILD)/loco-gpu-bench
 cuda: $(CU_OBJS) $(GPU_BENCH)
 	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
 # GPT-2 training steps on one GPU (scripts/gpu-check.sh).
-$(GPU_BENCH): bench/gpu/gpt2_gpu.c kernels/kernels.h inner/inner.h core/core.h $(LIB)
+$(GPU_BENCH): bench/gpu/gpt2_gpu.c kernels/kernels.h kernels/device.h inner/inner.h core/core.h $(LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS) -lcublasLt
-$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h compress/compress.h core/core.h \
+$(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h kernels/device.h core/core.h \
             inner/comm/internal.h inner/comm/comm.h
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -95,13 +97,13 @@ endif
 
 # One Criterion binary over every tests/<room>/*.c; per-room binaries
 # (build/tests/test_core, ...) for quick iteration.
-$(TESTBIN): $(TEST_OBJS) $(LIB)
+$(TESTBIN): $(TEST_OBJS) $(TEST_CLI_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(TEST_OBJS) $(LIB) $(LDLIBS) -lcriterion
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(TEST_OBJS) $(TEST_CLI_OBJS) $(LIB) $(LDLIBS) -lcriterion
 
 .SECONDEXPANSION:
-$(BUILD)/tests/test_%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename $$(wildcard tests/$$*/*.c))))
+$(BUILD)/tests/test_%: $(LIB) $(TEST_CLI_OBJS) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename $$(wildcard tests/$$*/*.c))))
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS) -lcriterion
 
@@ -169,7 +171,7 @@ tsan:
 		LDFLAGS="-fopenmp -fsanitize=thread" build-tsan/loco build-tsan/tests/loco_tests
 
 format:
-	clang-format -i $$(find core kernels inner compress net faulttol outer cli tests bench \
+	clang-format -i $$(find core kernels inner compress net faulttol outer report launch cli tests bench \
 		-name '*.c' -o -name '*.h' -o -name '*.cu' | grep -v config_keys.h)
 
 clean:

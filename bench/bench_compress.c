@@ -253,15 +253,16 @@ static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *le
     loco_codec_params p = row_params(cfg, o, 1, b->n);
     const size_t ce = loco_compress_chunk_elems(&p);
     *nc = loco_compress_chunk_count(b->n, &p);
-    *stride = loco_quant_payload_bytes(p.codec, ce, p.block);
+    *stride = loco_quant_payload_bytes(loco_codec_format(p.codec), ce, p.block);
     const loco_quant_args qa = {.block = p.block,
                                 .planes = p.codec == LOCO_CODEC_NONE || p.codec == LOCO_CODEC_BF16};
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < *nc; i++) {
         const size_t first = i * ce, m = b->n - first < ce ? b->n - first : ce;
-        len[i] = loco_quant_payload_bytes(p.codec, m, p.block);
-        if (loco_quant(p.codec, b->raw + i * *stride, b->x + first, NULL, m, &qa) < 0) {
+        len[i] = loco_quant_payload_bytes(loco_codec_format(p.codec), m, p.block);
+        if (loco_quant(loco_codec_format(p.codec), b->raw + i * *stride, b->x + first, NULL, m,
+                       &qa) < 0) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -364,7 +365,8 @@ int loco_bench_compress(int argc, char **argv) {
     worst.chunk_bytes = (size_t)o.chunk_mb << 20;
     b.enc_cap = loco_compress_bound(b.n, &worst);
     const size_t nc = loco_compress_chunk_count(b.n, &worst);
-    b.raw_cap = nc * loco_quant_payload_bytes(LOCO_CODEC_NONE, worst.chunk_bytes / 4, 32);
+    b.raw_cap = nc * loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE),
+                                              worst.chunk_bytes / 4, 32);
     b.zraw_cap = nc * ZSTD_compressBound(worst.chunk_bytes);
     b.x = loco_alloc(b.n * sizeof(float));
     b.y = loco_alloc(b.n * sizeof(float));

@@ -30,4 +30,39 @@ int cli_report(int argc, char **argv);
 int cli_pipeline(int argc, char **argv);
 int cli_tokenizer(int argc, char **argv);
 
+/* ------------------------------------------------- metrics over HTTP
+ * cli/metrics_http.c: a registry the library keeps (loco_prom: the
+ * trainer's, the coordinator's) served on GET /metrics by a thread of
+ * GNU libmicrohttpd; 404 elsewhere, 405 for other methods. */
+typedef struct cli_metrics cli_metrics;
+
+/* What a scraper may take of the process: connections at once (more are
+ * refused by the library), seconds an idle or slow connection is kept,
+ * bytes of request a connection may hold, queued connections. */
+#define CLI_METRICS_MAX_CONNECTIONS 16
+#define CLI_METRICS_TIMEOUT_S 10
+#define CLI_METRICS_CONN_MEMORY (32 * 1024)
+#define CLI_METRICS_BACKLOG 16
+
+/* Serves p on addr "HOST:PORT" ("[v6]:PORT"; port 0: a free one), bound
+ * to that host only; p must outlive the server. `what` names the setting
+ * in errors ("faulttol.metrics_addr"). When port_file is not NULL,
+ * "HOST:PORT\n" with the port bound is written there (atomically) for
+ * scrapers to find, and removed by cli_metrics_stop. LOCO_EINVAL on a
+ * malformed address, LOCO_EIO when it cannot listen there. */
+int cli_metrics_serve(cli_metrics **out, loco_prom *p, const char *addr, const char *what,
+                      const char *port_file);
+/* The same for a run: nothing (*out NULL) when p is NULL or addr empty
+ * (metrics off, or a rank that does not serve), else the port file is
+ * RUN_DIR/metrics_addr (run_dir created when missing). */
+int cli_metrics_serve_run(cli_metrics **out, loco_prom *p, const char *addr, const char *what,
+                          const char *run_dir);
+/* The port served; 0 for NULL. */
+int cli_metrics_port(const cli_metrics *m);
+/* Connections the server holds open now (0 for NULL). */
+int cli_metrics_connections(const cli_metrics *m);
+/* Stops serving (waits for the library's thread, closes the socket,
+ * removes the port file) and frees m. Accepts NULL. */
+void cli_metrics_stop(cli_metrics *m);
+
 #endif /* LOCO_CLI_H */

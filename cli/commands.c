@@ -62,7 +62,12 @@ int cli_train(int argc, char **argv) {
     rc = loco_trainer_create(&t, &cfg, resume ? ck : NULL);
     if (rc < 0)
         return cli_fail(rc);
-    rc = loco_trainer_run(t);
+    cli_metrics *metrics = NULL;
+    rc = cli_metrics_serve_run(&metrics, loco_trainer_prom(t), cfg.run.metrics_addr,
+                               "run.metrics_addr", cfg.run.dir);
+    if (rc == 0)
+        rc = loco_trainer_run(t);
+    cli_metrics_stop(metrics); /* before the registry it serves goes */
     loco_trainer_destroy(t);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

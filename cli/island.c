@@ -45,13 +45,15 @@ static int pick_resume(const char **resume, char *ck, size_t cap) {
     return 0;
 }
 
-static int run_island(const loco_config *c, const char *site, const char *resume,
-                      loco_trainer **t, loco_island **is) {
+static int run_island(const loco_config *c, const char *site, const char *resume, loco_trainer **t,
+                      loco_island **is, cli_metrics **metrics) {
     int id, K;
     char ck[PATH_MAX];
     LOCO_CHECK(loco_site_id(c, site, &id, &K));
     LOCO_CHECK(pick_resume(&resume, ck, sizeof ck));
     LOCO_CHECK(loco_trainer_create_island(t, c, resume, id, K));
+    LOCO_CHECK(cli_metrics_serve_run(metrics, loco_trainer_prom(*t), c->run.metrics_addr,
+                                     "run.metrics_addr", c->run.dir));
     const loco_inner_view view = {.ctx = *t, .owned = owned, .table = table,
                                   .sync = sync_params, .set_step = set_step,
                                   .steps_done = steps_done, .device_owned = device_owned,
@@ -101,9 +103,10 @@ int cli_island(int argc, char **argv) {
     loco_config cfg;
     loco_trainer *t = NULL;
     loco_island *is = NULL;
+    cli_metrics *metrics = NULL;
     int rc = cli_load_config(&cfg, config, nsets, sets);
     if (rc == 0)
-        rc = run_island(&cfg, site, resume, &t, &is);
+        rc = run_island(&cfg, site, resume, &t, &is, &metrics);
     if (rc < 0) {
         cli_fail(rc);
         /* A failed rank must not leave the others waiting in a collective. */
@@ -111,6 +114,7 @@ int cli_island(int argc, char **argv) {
         if (world && loco_comm_size(world) > 1)
             loco_comm_abort(world, CLI_FAIL);
     }
+    cli_metrics_stop(metrics); /* before the registry it serves goes */
     loco_island_destroy(is);
     loco_trainer_destroy(t);
     return rc < 0 ? CLI_FAIL : CLI_OK;

@@ -2,8 +2,10 @@
  * commands around `loco island`. */
 #include "cli/cli.h"
 #include "faulttol/faulttol.h"
+#include "launch/launch.h"
 #include "net/net.h"
 #include "outer/outer.h"
+#include "report/report.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -58,8 +60,13 @@ int cli_coordinator(int argc, char **argv) {
     loco_coord *c = NULL;
     if (rc == 0)
         rc = loco_coord_create(&c, &cfg, &np, NULL, 0, events);
+    cli_metrics *metrics = NULL;
+    if (rc == 0)
+        rc = cli_metrics_serve_run(&metrics, loco_coord_prom(c), cfg.faulttol.metrics_addr,
+                                   "faulttol.metrics_addr", cfg.run.dir);
     if (rc == 0)
         rc = loco_coord_serve(c);
+    cli_metrics_stop(metrics); /* before the registry it serves goes */
     loco_coord_destroy(c);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

@@ -2,10 +2,10 @@
  * [--strict-loss]` and `loco report RUN_DIR [--out DIR]`: the arguments,
  * and which report a lone RUN_DIR gets (a training run's, or a fault
  * experiment's against RUN_DIR/baseline); the reports themselves are
- * faulttol/'s (loco_report_write_opts, loco_report_train_write,
+ * report/'s (loco_report_write_opts, loco_report_train_write,
  * docs/REPORTS.md). */
 #include "cli/cli.h"
-#include "faulttol/faulttol.h"
+#include "report/report.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -178,7 +178,8 @@ int loco_codec_create(loco_codec **out, const loco_codec_params *p) {
     const size_t piece =
         (size_t)p->block *
         (SAMPLE_PIECE / (size_t)p->block > 0 ? SAMPLE_PIECE / (size_t)p->block : 1);
-    c->sample_raw_cap = loco_quant_payload_bytes(p->codec, SAMPLE_PIECES * piece, p->block);
+    c->sample_raw_cap =
+        loco_quant_payload_bytes(loco_codec_format(p->codec), SAMPLE_PIECES * piece, p->block);
     c->sample_z_cap = ZSTD_compressBound(c->sample_raw_cap);
     c->plan_cctx = ZSTD_createCCtx();
     c->sample_x = loco_alloc(SAMPLE_PIECES * piece * sizeof(float));
@@ -245,9 +246,9 @@ static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio,
         xs = c->sample_x;
         m = SAMPLE_PIECES * piece;
     }
-    if (loco_quant(p->codec, c->sample_raw, xs, NULL, m, &qa) < 0)
+    if (loco_quant(loco_codec_format(p->codec), c->sample_raw, xs, NULL, m, &qa) < 0)
         return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in the zstd sample");
-    const size_t raw = loco_quant_payload_bytes(p->codec, m, p->block);
+    const size_t raw = loco_quant_payload_bytes(loco_codec_format(p->codec), m, p->block);
     /* Byte planes are compressed one by one: in a real chunk each zstd block
      * (128 KiB) holds one plane, and a small sample must not mix them. */
     const size_t segs = !qa.planes ? 1 : p->codec == LOCO_CODEC_NONE ? 4 : 2;
@@ -374,7 +375,7 @@ int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_pl
         return LOCO_ERR(LOCO_EINVAL, "compress: chunk index %zu exceeds 32 bits", chunk);
     const size_t first = chunk * c->chunk_elems;
     const size_t count = plan->n - first < c->chunk_elems ? plan->n - first : c->chunk_elems;
-    const size_t raw_len = loco_quant_payload_bytes(p->codec, count, p->block);
+    const size_t raw_len = loco_quant_payload_bytes(loco_codec_format(p->codec), count, p->block);
     if (dst_cap < HDR + raw_len)
         return LOCO_ERR(LOCO_EINVAL, "compress: %zu bytes of output for a chunk of up to %zu",
                         dst_cap, HDR + raw_len);
@@ -390,7 +391,8 @@ int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_pl
     worker_ws *w = &c->ws[worker];
     uint32_t flags = planes ? FLAG_PLANES : 0;
     size_t enc_len = raw_len;
-    if (loco_quant(p->codec, plan->zstd ? w->raw : payload, x, ef, count, &qa) < 0)
+    if (loco_quant(loco_codec_format(p->codec), plan->zstd ? w->raw : payload, x, ef, count, &qa) <
+        0)
         return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
                         first + count);
     if (plan->zstd) {
@@ -464,7 +466,8 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
     if (first > UINT64_MAX - count)
         return LOCO_ERR(LOCO_EPROTO, "chunk: first element %llu overflows",
                         (unsigned long long)first);
-    const uint64_t want = loco_quant_payload_bytes((loco_codec_kind)codec, count, (int)block);
+    const uint64_t want =
+        loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count, (int)block);
     if (raw_len != want)
         return LOCO_ERR(LOCO_EPROTO, "chunk: raw payload %llu bytes, %s of %llu needs %llu",
                         (unsigned long long)raw_len, loco_codec_name((loco_codec_kind)codec),
@@ -507,7 +510,8 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
     if (loco_hash64(payload, info->enc_len) != loco_get_le64((const uint8_t *)src + 48) &&
         CHECKSUMS_ENFORCED)
         return LOCO_ERR(LOCO_EPROTO, "chunk %u: payload checksum mismatch", info->chunk_index);
-    if (!info->zstd && !loco_quant_payload_ok(info->codec, payload, info->count, info->block))
+    if (!info->zstd &&
+        !loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block))
         return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                         info->chunk_index);
     return 0;
@@ -537,7 +541,8 @@ static int unpack_payload(loco_codec *c, int worker, const void *src,
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd: %s", info->chunk_index,
                             ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
         payload = w->raw;
-        if (!loco_quant_payload_ok(info->codec, payload, info->count, info->block))
+        if (!loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count,
+                                   info->block))
             return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
                             info->chunk_index);
     }
@@ -550,8 +555,8 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
                        const loco_chunk_info *info) {
     const uint8_t *payload = NULL;
     LOCO_CHECK(unpack_payload(c, worker, src, info, &payload));
-    loco_dequant_acc(info->codec, dst + info->first, payload, info->count, info->block,
-                     info->planes, weight);
+    loco_dequant_acc(loco_codec_format(info->codec), dst + info->first, payload, info->count,
+                     info->block, info->planes, weight);
     return 0;
 }
 
@@ -637,7 +642,7 @@ int loco_codec_chunk_quant(const loco_codec *c, const loco_encode_plan *plan, si
                         plan->n_chunks);
     *first = chunk * c->chunk_elems;
     *count = plan->n - *first < c->chunk_elems ? plan->n - *first : c->chunk_elems;
-    *raw_len = loco_quant_payload_bytes(p->codec, *count, p->block);
+    *raw_len = loco_quant_payload_bytes(loco_codec_format(p->codec), *count, p->block);
     *qa = (loco_quant_args){
         .block = p->block,
         .stochastic = p->stochastic,

@@ -25,7 +25,21 @@
 
 /* --------------------------------------------------------------- codecs */
 
-/* loco_codec_kind (the block quantizers) is kernels/kernels.h's. */
+/* The codecs, with the numbers a chunk header carries (part of the wire
+ * format: never renumbered). */
+typedef enum {
+    LOCO_CODEC_NONE = 0, /* fp32 as is */
+    LOCO_CODEC_BF16 = 1, /* bfloat16, round to nearest even or stochastic */
+    LOCO_CODEC_INT8 = 2, /* int8 in [-127, 127], one absmax scale per block */
+    LOCO_CODEC_INT4 = 3, /* int4 in [-7, 7], two per byte, block scale */
+    LOCO_CODEC_FP8 = 4,  /* fp8 e4m3 (OCP "fn", max 448), block scale */
+    LOCO_CODEC_FP4 = 5,  /* fp4 e2m1 (max 6), two per byte, block scale */
+    LOCO_CODEC_COUNT
+} loco_codec_kind;
+
+/* The quantizers' format of codec k (kernels/kernels.h's element loops);
+ * LOCO_QFMT_COUNT, which they refuse, for a k that is no codec. */
+loco_quant_format loco_codec_format(loco_codec_kind k);
 
 typedef enum {
     LOCO_ZSTD_OFF = 0,

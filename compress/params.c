@@ -15,6 +15,18 @@ const char *loco_codec_name(loco_codec_kind k) {
     return (unsigned)k < LOCO_CODEC_COUNT ? codec_names[k] : "?";
 }
 
+loco_quant_format loco_codec_format(loco_codec_kind k) {
+    switch (k) {
+    case LOCO_CODEC_NONE: return LOCO_QFMT_NONE;
+    case LOCO_CODEC_BF16: return LOCO_QFMT_BF16;
+    case LOCO_CODEC_INT8: return LOCO_QFMT_INT8;
+    case LOCO_CODEC_INT4: return LOCO_QFMT_INT4;
+    case LOCO_CODEC_FP8: return LOCO_QFMT_FP8;
+    case LOCO_CODEC_FP4: return LOCO_QFMT_FP4;
+    default: return LOCO_QFMT_COUNT;
+    }
+}
+
 int loco_codec_parse(const char *name, loco_codec_kind *out) {
     for (int k = 0; k < LOCO_CODEC_COUNT; k++)
         if (name && !strcmp(name, codec_names[k])) {
@@ -103,7 +115,8 @@ size_t loco_compress_chunk_count(size_t n, const loco_codec_params *p) {
 }
 
 size_t loco_compress_slot_bytes(const loco_codec_params *p) {
-    const size_t raw = loco_quant_payload_bytes(p->codec, loco_compress_chunk_elems(p), p->block);
+    const size_t raw = loco_quant_payload_bytes(loco_codec_format(p->codec),
+                                                loco_compress_chunk_elems(p), p->block);
     return (LOCO_CHUNK_HEADER_BYTES + raw + 63) & ~(size_t)63;
 }
 

@@ -259,11 +259,11 @@ int loco_event_append(const char *path, const char *fields_fmt, ...)
 
 /* ---------------------------------------------------------- live metrics */
 
-/* Live metrics over HTTP in the Prometheus text exposition format 0.0.4
- * (core/metrics_http.c, GNU libmicrohttpd; docs/METRICS.md lists them): a
- * registry of gauges and counters, each sample with at most one label,
- * updated by the owning thread under a mutex and rendered on each
- * GET /metrics by the library's thread (404 elsewhere). A NULL handle
+/* Live metrics in the Prometheus text exposition format 0.0.4
+ * (core/prom.c; docs/METRICS.md lists them): a registry of gauges and
+ * counters, each sample with at most one label, updated by the owning
+ * thread under a mutex and rendered for a scraper on another thread (the
+ * `loco` program serves it over HTTP: cli/metrics_http.c). A NULL handle
  * makes every update a no-op (metrics off). */
 typedef struct loco_prom loco_prom;
 typedef enum { LOCO_PROM_GAUGE = 0, LOCO_PROM_COUNTER } loco_prom_type;
@@ -271,18 +271,10 @@ typedef enum { LOCO_PROM_GAUGE = 0, LOCO_PROM_COUNTER } loco_prom_type;
 #define LOCO_PROM_NAME_MAX 96      /* metric and label names, NUL included */
 #define LOCO_PROM_MAX_FAMILIES 64  /* metrics per registry */
 #define LOCO_PROM_VALUE_MAX 32     /* a formatted sample value */
-/* What a scraper may take of the process: connections at once (more are
- * refused by the library), seconds an idle or slow connection is kept,
- * bytes of request a connection may hold, queued connections. */
-#define LOCO_PROM_MAX_CONNECTIONS 16
-#define LOCO_PROM_TIMEOUT_S 10
-#define LOCO_PROM_CONN_MEMORY (32 * 1024)
-#define LOCO_PROM_BACKLOG 16
 
-/* An empty registry, not serving (caller destroys it). */
+/* An empty registry (caller destroys it). */
 int loco_prom_create(loco_prom **out);
-/* Stops serving (waits for the library's thread, closes the socket,
- * removes the port file) and frees everything. Accepts NULL. */
+/* Frees everything; whoever serves p stops first. Accepts NULL. */
 void loco_prom_destroy(loco_prom *p);
 /* Declares metric `name` ([a-zA-Z_:][a-zA-Z0-9_:]*) with its HELP text;
  * `label`: the name of its one label, or NULL for none. LOCO_EINVAL on a
@@ -306,15 +298,6 @@ int loco_prom_render(loco_prom *p, char **text, size_t *len);
 /* A sample value as the format writes it (the shortest of %.15g and %.17g
  * that reads back exactly; NaN, +Inf, -Inf). */
 void loco_prom_format_value(double v, char out[LOCO_PROM_VALUE_MAX]);
-/* Serves GET /metrics on addr "HOST:PORT" ("[v6]:PORT"; port 0: a free
- * one), bound to that host only. `what` names the setting in errors
- * ("faulttol.metrics_addr"). When port_file is not NULL, "HOST:PORT\n" with
- * the port bound is written there (atomically) for scrapers to find, and
- * removed by destroy. LOCO_EINVAL on a malformed address, LOCO_EIO when it
- * cannot listen there. */
-int loco_prom_serve(loco_prom *p, const char *addr, const char *what, const char *port_file);
-/* The port served (0 when not serving). */
-int loco_prom_port(const loco_prom *p);
 
 /* ---------------------------------------------------------------- config */
 

@@ -1,6 +1,6 @@
 /* The coordinator's live metrics (faulttol.metrics_addr): what it knows of
- * the run, set from its one thread and served in Prometheus text format
- * (core's loco_prom). docs/METRICS.md lists them. */
+ * the run, set from its one thread in core's registry (loco_prom), which
+ * the `loco` program serves. docs/METRICS.md lists them. */
 #include "faulttol/coord_internal.h"
 
 #include <stdio.h>
@@ -49,14 +49,13 @@ int loco__coord_metrics_start(loco_coord *c) {
     for (size_t i = 0; i < sizeof metrics / sizeof *metrics; i++)
         LOCO_CHECK(loco_prom_declare(c->prom, metrics[i].name, metrics[i].type, metrics[i].label,
                                      metrics[i].help));
-    char file[LOCO_PATH_MAX + 16];
-    snprintf(file, sizeof file, "%s/metrics_addr", c->cfg.run.dir);
-    LOCO_CHECK(loco_mkdirs(c->cfg.run.dir));
-    LOCO_CHECK(
-        loco_prom_serve(c->prom, c->cfg.faulttol.metrics_addr, "faulttol.metrics_addr", file));
     c->prom_t = 0;
     loco__coord_metrics_update(c);
     return 0;
+}
+
+loco_prom *loco_coord_prom(loco_coord *c) {
+    return c->prom;
 }
 
 void loco__coord_metrics_update(loco_coord *c) {

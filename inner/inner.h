@@ -788,9 +788,9 @@ struct loco_comm *loco_trainer_world(loco_trainer *t);
 int loco_trainer_rank(const loco_trainer *t);
 int loco_trainer_ranks(const loco_trainer *t);
 loco_gpt *loco_trainer_model(loco_trainer *t);
-/* Rank 0's live metrics registry (run.metrics_addr, served from
- * begin_run on; NULL when off or on other ranks): an island adds its outer
- * metrics to it. Valid while t lives. */
+/* Rank 0's live metrics registry (run.metrics_addr, made by create; NULL
+ * when off or on other ranks), for the caller to serve: an island adds its
+ * outer metrics to it. Valid while t lives. */
 loco_prom *loco_trainer_prom(loco_trainer *t);
 
 /* Unigram (order-0) cross-entropy of a token stream in nats: the loss of a

@@ -221,6 +221,8 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
             LOCO_CHECK_GOTO(init_from_hf(t), out_fail);
     }
     LOCO_CHECK_GOTO(loco__train_device_load(t, true), out_fail);
+    if (t->root) /* made here so that the caller can serve it before the run */
+        LOCO_CHECK_GOTO(loco__train_prom_create(&t->prom, cfg), out_fail);
     *out = t;
     return 0;
 out_fail:
@@ -534,8 +536,6 @@ int loco_trainer_begin_run(loco_trainer *t) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", c->run.dir);
     if (t->root && !t->metrics)
         LOCO_CHECK(loco_metrics_open(&t->metrics, path, t->step > 0));
-    if (t->root && !t->prom)
-        LOCO_CHECK(loco__train_prom_start(&t->prom, c));
     if (t->root && t->val && c->data.val[0])
         if (loco_data_unigram_entropy(c->data.val, (int)c->model.vocab_size, &t->unigram) < 0)
             t->unigram = NAN;

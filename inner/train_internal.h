@@ -61,10 +61,10 @@ void loco__train_device_destroy(loco_trainer *t);
 int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double *norm);
 #endif
 
-/* inner/train_metrics.c: starts serving the trainer's metrics when
- * run.metrics_addr is set (*out NULL otherwise), and sets them after a
+/* inner/train_metrics.c: the trainer's metrics registry when
+ * run.metrics_addr is set (*out NULL otherwise), and its values after a
  * step. */
-int loco__train_prom_start(loco_prom **out, const loco_config *c);
+int loco__train_prom_create(loco_prom **out, const loco_config *c);
 void loco__train_prom_step(loco_prom *p, const loco_step_stats *s, int64_t tokens_per_step);
 
 #endif

@@ -1,6 +1,7 @@
 /* The trainer's live metrics (run.metrics_addr): what metrics.jsonl
- * records per step, as gauges served in Prometheus text format by rank 0
- * of `loco train` and of each island. docs/METRICS.md lists them. */
+ * records per step, as gauges in core's registry on rank 0 of `loco train`
+ * and of each island, which the `loco` program serves. docs/METRICS.md
+ * lists them. */
 #include "inner/train_internal.h"
 
 #include <stdio.h>
@@ -24,7 +25,7 @@ static const struct {
      "tokens trained on since step 0 (steps x batch x seq_len x grad_accum x dp)"},
 };
 
-int loco__train_prom_start(loco_prom **out, const loco_config *c) {
+int loco__train_prom_create(loco_prom **out, const loco_config *c) {
     *out = NULL;
     if (!c->run.metrics_addr[0])
         return 0;
@@ -33,10 +34,6 @@ int loco__train_prom_start(loco_prom **out, const loco_config *c) {
     int rc = 0;
     for (size_t i = 0; i < sizeof metrics / sizeof *metrics && rc == 0; i++)
         rc = loco_prom_declare(p, metrics[i].name, metrics[i].type, NULL, metrics[i].help);
-    char file[LOCO_PATH_MAX + 16];
-    snprintf(file, sizeof file, "%s/metrics_addr", c->run.dir);
-    if (rc == 0)
-        rc = loco_prom_serve(p, c->run.metrics_addr, "run.metrics_addr", file);
     if (rc < 0) {
         loco_prom_destroy(p);
         return rc;

@@ -221,21 +221,22 @@ void loco_scale(float *x, float s, size_t n);
 #define LOCO_QUANT_BLOCK_MIN 32
 #define LOCO_QUANT_BLOCK_MAX 4096
 
-/* The block codecs. */
+/* The element formats of the block quantizers (compress/'s codecs map
+ * onto them: loco_codec_format). */
 typedef enum {
-    LOCO_CODEC_NONE = 0, /* fp32 as is */
-    LOCO_CODEC_BF16 = 1, /* bfloat16, round to nearest even or stochastic */
-    LOCO_CODEC_INT8 = 2, /* int8 in [-127, 127], one absmax scale per block */
-    LOCO_CODEC_INT4 = 3, /* int4 in [-7, 7], two per byte, block scale */
-    LOCO_CODEC_FP8 = 4,  /* fp8 e4m3 (OCP "fn", max 448), block scale */
-    LOCO_CODEC_FP4 = 5,  /* fp4 e2m1 (max 6), two per byte, block scale */
-    LOCO_CODEC_COUNT
-} loco_codec_kind;
+    LOCO_QFMT_NONE = 0, /* fp32 as is */
+    LOCO_QFMT_BF16,     /* bfloat16, round to nearest even or stochastic */
+    LOCO_QFMT_INT8,     /* int8 in [-127, 127], one absmax scale per block */
+    LOCO_QFMT_INT4,     /* int4 in [-7, 7], two per byte, block scale */
+    LOCO_QFMT_FP8,      /* fp8 e4m3 (OCP "fn", max 448), block scale */
+    LOCO_QFMT_FP4,      /* fp4 e2m1 (max 6), two per byte, block scale */
+    LOCO_QFMT_COUNT
+} loco_quant_format;
 
 /* ------------------------------------------- pseudo-gradient quantizers
  * The block codecs of compress/ (compress.h says how they are used).
  * The element loops, in kernels/cpu/quant.c (a CUDA twin takes the same
- * arguments plus a stream). A payload of n elements is, per codec:
+ * arguments plus a stream). A payload of n elements is, per format:
  *   none  n fp32                       (planes: 4 byte planes)
  *   bf16  n bf16                       (planes: low bytes, then high bytes)
  *   int8  ceil(n/block) fp32 scales, then n int8 codes
@@ -255,20 +256,20 @@ typedef struct {
 } loco_quant_args;
 
 /* Payload bytes of n elements. */
-size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block);
+size_t loco_quant_payload_bytes(loco_quant_format k, size_t n, int block);
 /* Quantizes x[0, n) (plus ef when not NULL, which then receives what this
  * rounding lost) into payload. Returns 0, or LOCO_EINVAL when x (+ ef) holds
  * a non-finite value (nothing is recorded; the caller reports). */
-int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+int loco_quant(loco_quant_format k, uint8_t *payload, const float *x, float *ef, size_t n,
                const loco_quant_args *a);
 /* dst[i] = fmaf(value_i, weight * scale_of_block(i), dst[i]) for a payload of
  * n elements (none/bf16: fmaf(value_i, weight, dst[i])). */
-void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n, int block,
+void loco_dequant_acc(loco_quant_format k, float *dst, const uint8_t *payload, size_t n, int block,
                       bool planes, float weight);
 /* True when the payload can be decoded safely: every scale in
  * [0, FLT_MAX / qmax] (so nothing decodes to infinity or NaN), no fp8 NaN
  * code. (none/bf16 values are not checked.) */
-bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block);
+bool loco_quant_payload_ok(loco_quant_format k, const uint8_t *payload, size_t n, int block);
 
 /* The outer step's element loops (outer/outer.c; CUDA twins below). */
 /* out = a - b (the pseudo-gradient θ_global - θ_local). */
@@ -305,81 +306,7 @@ void loco_outer_update(float *theta_out, float *mom_out, float *theta_local, con
  * reduction in fp32). Differences from the CPU twin are stated below. */
 #if defined(LOCO_HAVE_CUDA) || defined(__CUDACC__)
 
-/* A CUDA stream (the same type as cudaStream_t; NULL = legacy stream). */
-typedef struct CUstream_st *loco_stream;
-/* bfloat16 bits (the upper half of an fp32). */
-typedef uint16_t loco_bf16;
-
-/* Number of usable devices; on failure LOCO_ECUDA with cudaGetDeviceCount's
- * reason recorded ("no CUDA device: cudaGetDeviceCount says ..."). */
-int loco_cuda_device_count(int *n);
-/* Which GPU this process uses, chosen and made current for the calling
- * thread: its local rank modulo the device count, the local rank read from
- * the first launcher variable set of OMPI_COMM_WORLD_LOCAL_RANK,
- * MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK, else fallback_rank (the
- * world rank: right for a job on one host; 0 for one process). *device
- * receives it (logged at debug level). LOCO_EINVAL when the variable is not
- * an integer >= 0 (naming it), LOCO_ECUDA when there is no device or it
- * cannot be made current. Call it before anything else touches the GPU:
- * the streams and allocations made afterwards belong to this device. */
-int loco_cuda_select_local_device(int fallback_rank, int *device);
-/* The calling thread's current device (cudaGetDevice / cudaSetDevice).
- * CUDA's current device is per thread and a new thread starts on device
- * 0: a thread that enqueues work for state made on another thread sets
- * that state's device first (cheap when it is already current). */
-int loco_cuda_get_device(int *device);
-int loco_cuda_set_device(int device);
-/* The stream the device model (inner/gpt_cuda.c) and the callers of the
- * twins enqueue their work on: created on first use for the process's
- * current device (a blocking stream, so work still put on the legacy
- * stream NULL stays ordered with it; NULL if creation failed). A stream
- * of its own (the nccl comm backend's, non-blocking) is not ordered
- * against it implicitly and orders itself with events on this one. */
-loco_stream loco_cuda_compute_stream(void);
-/* The stream host-to-device copies of inputs go on (created on first use,
- * as the compute stream), ordered against compute with events. */
-loco_stream loco_cuda_copy_stream(void);
-/* Events (cudaEvent_t, timing disabled) for ordering streams. */
-typedef struct CUevent_st *loco_event;
-int loco_cuda_event_create(loco_event *e);
-void loco_cuda_event_destroy(loco_event e); /* accepts NULL */
-int loco_cuda_event_record(loco_event e, loco_stream s);
-/* Work enqueued on s after this waits for e's last recording. */
-int loco_cuda_stream_wait(loco_stream s, loco_event e);
-/* The host waits for e's last recording. */
-int loco_cuda_event_sync(loco_event e);
-/* CUDA graphs (cudaGraphExec_t): capture_begin puts s in capture mode
- * (this thread's calls only); capture_end ends it and instantiates what was
- * enqueued meanwhile (nothing ran) into *out, or fails with LOCO_ECUDA
- * (the capture is then abandoned, *out NULL). */
-typedef struct CUgraphExec_st *loco_graph;
-int loco_cuda_capture_begin(loco_stream s);
-int loco_cuda_capture_end(loco_stream s, loco_graph *out);
-int loco_cuda_graph_launch(loco_graph g, loco_stream s);
-void loco_cuda_graph_destroy(loco_graph g); /* accepts NULL */
-/* Page-locked host memory (asynchronous copies), and its release. */
-int loco_cuda_host_alloc(void **p, size_t bytes);
-void loco_cuda_host_free(void *p); /* accepts NULL */
-/* Waits for s; LOCO_ECUDA naming the first failed kernel's error. */
-int loco_cuda_sync(loco_stream s);
-/* Asynchronous copy in any direction (cudaMemcpyDefault). */
-int loco_cuda_copy(void *dst, const void *src, size_t bytes, loco_stream s);
-/* dst = 0 on the device (bytes), asynchronous. */
-int loco_cuda_zero(void *dst, size_t bytes, loco_stream s);
-
-/* Device memory for a whole run from one cudaMalloc, carved front to back
- * into named ranges (256-byte aligned); nothing is freed before the slab. */
-typedef struct loco_cuda_slab loco_cuda_slab;
-/* LOCO_ENOMEM (with the CUDA reason) when the device cannot hold bytes. */
-int loco_cuda_slab_create(loco_cuda_slab **out, size_t bytes);
-/* Accepts NULL; frees on the device the slab was made on, from any thread,
- * leaving the caller's current device as it was. */
-void loco_cuda_slab_destroy(loco_cuda_slab *s);
-/* Next bytes of the slab, for `name` (named in the error when full):
- * LOCO_ENOMEM when the rest is too small. The memory is not cleared. */
-int loco_cuda_slab_alloc(loco_cuda_slab *s, void **out, size_t bytes, const char *name);
-size_t loco_cuda_slab_used(const loco_cuda_slab *s);
-size_t loco_cuda_slab_size(const loco_cuda_slab *s);
+#include "kernels/device.h" /* loco_stream, loco_bf16, loco_blas */
 
 /* dst (n) = bf16 of src rounded to nearest even: the bf16 weight copy of
  * the fp32 master weights. */
@@ -408,19 +335,6 @@ int loco_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
 int loco_cuda_layernorm_bwd_bf16(loco_bf16 *dinp, float *dw, float *db, const loco_bf16 *dout,
                                  const loco_bf16 *inp, const loco_bf16 *w, const float *mean,
                                  const float *rstd, int N, int C, loco_stream s);
-
-/* cuBLASLt: one handle and its workspace, used by one stream at a time. */
-typedef struct loco_blas loco_blas;
-/* LOCO_ECUDA when cuBLASLt or the workspace allocation fails. */
-int loco_blas_create(loco_blas **out);
-void loco_blas_destroy(loco_blas *h); /* accepts NULL */
-/* The handle's plan cache: the matmuls keep cuBLASLt's descriptor,
- * layouts and chosen algorithm per GEMM key (shape, ops, leading
- * dimensions, types, epilogue, pointer alignments; not the pointers), 64
- * of them, the least recently used evicted. hits: GEMMs that reused a
- * plan; misses: GEMMs that built one (the only ones that run cuBLASLt's
- * heuristic). Counted since loco_blas_create. */
-void loco_blas_plan_stats(const loco_blas *h, uint64_t *hits, uint64_t *misses);
 
 /* The matmuls take the handle first. fp32 computes in full fp32 (no TF32);
  * bf16 multiplies bf16 operands with fp32 accumulation. The bias is added
@@ -629,11 +543,11 @@ int loco_cuda_add_clear(float *dst, float *src, size_t n, loco_stream s);
  * returned without waiting, so loco_cuda_quant clears the device word
  * *nonfinite (when not NULL) and sets it to 1 when x (+ ef) holds a
  * non-finite value (payload and EF are then unspecified, as on the CPU).
- * 0, or LOCO_EINVAL for a bad codec or block, LOCO_ECUDA when the launch
+ * 0, or LOCO_EINVAL for a bad format or block, LOCO_ECUDA when the launch
  * failed. */
-int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+int loco_cuda_quant(loco_quant_format k, uint8_t *payload, const float *x, float *ef, size_t n,
                     const loco_quant_args *a, uint32_t *nonfinite, loco_stream s);
-int loco_cuda_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n,
+int loco_cuda_dequant_acc(loco_quant_format k, float *dst, const uint8_t *payload, size_t n,
                           int block, bool planes, float weight, loco_stream s);
 /* The outer step's loops (kernels/cuda/quant.cu): the CPU twins' bits.
  * loco_cuda_share_sumsq writes the sum to out[0] (out: 1 +

@@ -61,7 +61,7 @@ int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
     const loco_codec_params *c = loco_codec_get_params(o->codec);
     const size_t per = loco_compress_chunk_elems(c), nn = n ? n : 1;
     const size_t parts = (per + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
-    d->raw_cap = loco_quant_payload_bytes(c->codec, per, c->block);
+    d->raw_cap = loco_quant_payload_bytes(loco_codec_format(c->codec), per, c->block);
     const size_t slab = 6 * nn * sizeof(float) + 2 * per * sizeof(float) +
                         SAMPLE_N * sizeof(float) + d->raw_cap + 2 * sizeof(uint32_t) +
                         (1 + parts) * sizeof(double) + 16 * 256;
@@ -202,11 +202,12 @@ int loco__outer_dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t
     int rc = 0;
     DEV_ENTER(d);
     DEV(loco_cuda_sub(d->delta, d->theta + first, o->theta_local + first, count, d->s));
-    DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, d->ef ? d->ef + first : NULL, count, &qa,
-                        d->bad, d->s));
+    DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta,
+                        d->ef ? d->ef + first : NULL, count, &qa, d->bad, d->s));
     if (o->poison != 1.0f) {
         DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
-        DEV(loco_cuda_quant(cp->codec, d->pay, d->delta, NULL, count, &qa2, d->bad + 1, d->s));
+        DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta, NULL, count, &qa2,
+                            d->bad + 1, d->s));
     }
     DEV(dev_copy(o, host, d->pay, raw_len, true));
     DEV(dev_copy(o, bad, d->bad, sizeof bad, true));
@@ -245,8 +246,8 @@ int loco__outer_dev_add_chunk(loco_outer *o, int worker, int island, size_t c, c
     }
     DEV(dev_copy(o, d->prev, d->avg + lo, cnt * sizeof(float), false));
     DEV(dev_copy(o, d->pay, raw, (size_t)info.raw_len, true));
-    DEV(loco_cuda_dequant_acc(info.codec, d->avg + lo, d->pay, cnt, info.block, info.planes,
-                              1.0f / (float)o->expect, d->s));
+    DEV(loco_cuda_dequant_acc(loco_codec_format(info.codec), d->avg + lo, d->pay, cnt, info.block,
+                              info.planes, 1.0f / (float)o->expect, d->s));
     DEV(loco_cuda_share_sumsq(d->ss, d->avg + lo, d->prev, cnt, (double)o->expect, d->bad, d->s));
     DEV(dev_copy(o, &ss, d->ss, sizeof ss, true));
     DEV(dev_copy(o, &bad, d->bad, sizeof bad, true));

@@ -4,7 +4,7 @@
 # nginx: the tests of checkpoints at https:// URLs start their own server
 # on a free loopback port with their own nginx.conf (Debian's nginx has the
 # WebDAV module, PUT DELETE MKCOL, built in); a system nginx is not used.
-# chromium: tests/cli/test_report_train.c renders `loco report`'s page
+# chromium: tests/report/test_report_train.c renders `loco report`'s page
 # headless (--dump-dom, --screenshot); without it that test skips.
 set -euo pipefail
 

@@ -297,9 +297,10 @@ static int time_codec(int which, loco_codec_kind k, const opts *o, uint8_t *pay,
             if (which == 0)
                 rc = loco_cuda_copy(dst, x, n * 4, NULL);
             else if (which == 1)
-                rc = loco_cuda_quant(k, pay, x, ef, n, &qa, NULL, NULL);
+                rc = loco_cuda_quant(loco_codec_format(k), pay, x, ef, n, &qa, NULL, NULL);
             else
-                rc = loco_cuda_dequant_acc(k, dst, pay, n, 128, false, 1e-3f, NULL);
+                rc = loco_cuda_dequant_acc(loco_codec_format(k), dst, pay, n, 128, false, 1e-3f,
+                                           NULL);
         }
         if (rc == 0)
             rc = loco_cuda_sync(NULL);
@@ -313,7 +314,8 @@ static int time_codec(int which, loco_codec_kind k, const opts *o, uint8_t *pay,
 static int bench_codecs(const opts *o) {
     static const loco_codec_kind kinds[] = {LOCO_CODEC_BF16, LOCO_CODEC_INT8, LOCO_CODEC_INT4,
                                             LOCO_CODEC_FP8, LOCO_CODEC_FP4};
-    const size_t n = o->elems, fb = n * 4, pb = loco_quant_payload_bytes(LOCO_CODEC_NONE, n, 128);
+    const size_t n = o->elems, fb = n * 4,
+                 pb = loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE), n, 128);
     loco_cuda_slab *slab = NULL;
     float *x, *ef, *dst;
     uint8_t *pay;
@@ -342,7 +344,7 @@ static int bench_codecs(const opts *o) {
                "\"ms\": %.3f, \"gbps\": %.1f}\n",
                n, 1e3 * s, 2.0 * (double)fb / s / 1e9);
     for (size_t c = 0; rc == 0 && c < sizeof kinds / sizeof *kinds; c++) {
-        const size_t p = loco_quant_payload_bytes(kinds[c], n, 128);
+        const size_t p = loco_quant_payload_bytes(loco_codec_format(kinds[c]), n, 128);
         /* encode reads x and ef, writes ef and the payload; decode reads
          * the payload and dst, writes dst */
         const double bytes[3] = {0, 3.0 * (double)fb + (double)p, 2.0 * (double)fb + (double)p};

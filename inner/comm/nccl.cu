@@ -36,7 +36,7 @@
 
 extern "C" {
 #include "inner/comm/internal.h"
-#include "kernels/kernels.h"
+#include "kernels/device.h"
 }
 
 #define NCCL_CHECK(call)                                                                   \

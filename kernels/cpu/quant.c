@@ -76,15 +76,15 @@ static size_t div_up(size_t a, size_t b) {
     return (a + b - 1) / b;
 }
 
-size_t loco_quant_payload_bytes(loco_codec_kind k, size_t n, int block) {
+size_t loco_quant_payload_bytes(loco_quant_format k, size_t n, int block) {
     const size_t scales = 4 * div_up(n, (size_t)block);
     switch (k) {
-    case LOCO_CODEC_NONE: return 4 * n;
-    case LOCO_CODEC_BF16: return 2 * n;
-    case LOCO_CODEC_INT8:
-    case LOCO_CODEC_FP8: return scales + n;
-    case LOCO_CODEC_INT4:
-    case LOCO_CODEC_FP4: return scales + div_up(n, 2);
+    case LOCO_QFMT_NONE: return 4 * n;
+    case LOCO_QFMT_BF16: return 2 * n;
+    case LOCO_QFMT_INT8:
+    case LOCO_QFMT_FP8: return scales + n;
+    case LOCO_QFMT_INT4:
+    case LOCO_QFMT_FP4: return scales + div_up(n, 2);
     default: return 0;
     }
 }
@@ -286,7 +286,7 @@ static void pack4(uint8_t *restrict out, const int8_t *restrict tmp, size_t m) {
 
 /* Quantizes all blocks of one block-scaled codec with the variant fixed at
  * compile time (the four calls below let GCC specialise each loop). */
-ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
+ALWAYS_INLINE int quant_blocks(loco_quant_format k, uint8_t *restrict payload,
                                const float *restrict x, float *restrict ef, size_t n,
                                const loco_quant_args *a, const bool has_ef, const bool stochastic) {
     const size_t B = (size_t)a->block, nb = div_up(n, B);
@@ -294,11 +294,11 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
     uint8_t *codes = payload + 4 * nb;
     const uint32_t k0 = (uint32_t)a->key, k1 = (uint32_t)(a->key >> 32);
     float qmax = 127.0f;
-    if (k == LOCO_CODEC_INT4)
+    if (k == LOCO_QFMT_INT4)
         qmax = 7.0f;
-    else if (k == LOCO_CODEC_FP8)
+    else if (k == LOCO_QFMT_FP8)
         qmax = 448.0f;
-    else if (k == LOCO_CODEC_FP4)
+    else if (k == LOCO_QFMT_FP4)
         qmax = 6.0f;
     int8_t tmp[LOCO_QUANT_BLOCK_MAX];
     for (size_t b = 0; b < nb; b++) {
@@ -321,18 +321,18 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
         store_f32(scales + 4 * b, scale);
         const uint32_t base = (uint32_t)s;
         switch (k) {
-        case LOCO_CODEC_INT8:
+        case LOCO_QFMT_INT8:
             int_block((int8_t *)codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef,
                       stochastic, 127);
             break;
-        case LOCO_CODEC_FP8:
+        case LOCO_QFMT_FP8:
             fp8_block(codes + s, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
             break;
-        case LOCO_CODEC_INT4:
+        case LOCO_QFMT_INT4:
             int_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic, 7);
             pack4(codes + s / 2, tmp, m);
             break;
-        case LOCO_CODEC_FP4:
+        case LOCO_QFMT_FP4:
             fp4_block(tmp, xb, eb, m, inv, scale, k0, k1, base, has_ef, stochastic);
             pack4(codes + s / 2, tmp, m);
             break;
@@ -345,7 +345,7 @@ ALWAYS_INLINE int quant_blocks(loco_codec_kind k, uint8_t *restrict payload,
 #define QUANT_VARIANTS(K)                                                                          \
     static int quant_##K(uint8_t *payload, const float *x, float *ef, size_t n,                    \
                          const loco_quant_args *a) {                                               \
-        const loco_codec_kind k = LOCO_CODEC_##K;                                                  \
+        const loco_quant_format k = LOCO_QFMT_##K;                                                 \
         if (ef && a->stochastic)                                                                   \
             return quant_blocks(k, payload, x, ef, n, a, true, true);                              \
         if (ef)                                                                                    \
@@ -360,15 +360,15 @@ QUANT_VARIANTS(FP8)
 QUANT_VARIANTS(FP4)
 #undef QUANT_VARIANTS
 
-int loco_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+int loco_quant(loco_quant_format k, uint8_t *payload, const float *x, float *ef, size_t n,
                const loco_quant_args *a) {
     switch (k) {
-    case LOCO_CODEC_NONE: return quant_f32(payload, x, n, a->planes);
-    case LOCO_CODEC_BF16: return quant_bf16(payload, x, ef, n, a);
-    case LOCO_CODEC_INT8: return quant_INT8(payload, x, ef, n, a);
-    case LOCO_CODEC_INT4: return quant_INT4(payload, x, ef, n, a);
-    case LOCO_CODEC_FP8: return quant_FP8(payload, x, ef, n, a);
-    case LOCO_CODEC_FP4: return quant_FP4(payload, x, ef, n, a);
+    case LOCO_QFMT_NONE: return quant_f32(payload, x, n, a->planes);
+    case LOCO_QFMT_BF16: return quant_bf16(payload, x, ef, n, a);
+    case LOCO_QFMT_INT8: return quant_INT8(payload, x, ef, n, a);
+    case LOCO_QFMT_INT4: return quant_INT4(payload, x, ef, n, a);
+    case LOCO_QFMT_FP8: return quant_FP8(payload, x, ef, n, a);
+    case LOCO_QFMT_FP4: return quant_FP4(payload, x, ef, n, a);
     default: return LOCO_EINVAL;
     }
 }
@@ -415,7 +415,7 @@ ALWAYS_INLINE float fp4_decode(uint32_t c) {
     return u2f(f2u(v) | (c & 0x8U) << 28);
 }
 
-static void deq_blocks(loco_codec_kind k, float *restrict dst, const uint8_t *restrict payload,
+static void deq_blocks(loco_quant_format k, float *restrict dst, const uint8_t *restrict payload,
                        size_t n, int block, float w) {
     const size_t B = (size_t)block, nb = div_up(n, B);
     const uint8_t *codes = payload + 4 * nb;
@@ -424,19 +424,19 @@ static void deq_blocks(loco_codec_kind k, float *restrict dst, const uint8_t *re
         const float ws = w * load_f32(payload + 4 * b);
         float *restrict d = dst + s;
         switch (k) {
-        case LOCO_CODEC_INT8: {
+        case LOCO_QFMT_INT8: {
             const int8_t *q = (const int8_t *)codes + s;
             for (size_t i = 0; i < m; i++)
                 d[i] = fmaf((float)q[i], ws, d[i]);
             break;
         }
-        case LOCO_CODEC_FP8: {
+        case LOCO_QFMT_FP8: {
             const uint8_t *q = codes + s;
             for (size_t i = 0; i < m; i++)
                 d[i] = fmaf(fp8_decode(q[i]), ws, d[i]);
             break;
         }
-        case LOCO_CODEC_INT4: {
+        case LOCO_QFMT_INT4: {
             const uint8_t *q = codes + s / 2;
             for (size_t j = 0; j < m / 2; j++) {
                 const int32_t lo = (int32_t)((q[j] & 0xfU) ^ 8U) - 8;
@@ -448,7 +448,7 @@ static void deq_blocks(loco_codec_kind k, float *restrict dst, const uint8_t *re
                 d[m - 1] = fmaf((float)((int32_t)((q[m / 2] & 0xfU) ^ 8U) - 8), ws, d[m - 1]);
             break;
         }
-        case LOCO_CODEC_FP4: {
+        case LOCO_QFMT_FP4: {
             const uint8_t *q = codes + s / 2;
             for (size_t j = 0; j < m / 2; j++) {
                 d[2 * j] = fmaf(fp4_decode(q[j] & 0xfU), ws, d[2 * j]);
@@ -463,15 +463,15 @@ static void deq_blocks(loco_codec_kind k, float *restrict dst, const uint8_t *re
     }
 }
 
-void loco_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n, int block,
+void loco_dequant_acc(loco_quant_format k, float *dst, const uint8_t *payload, size_t n, int block,
                       bool planes, float weight) {
     switch (k) {
-    case LOCO_CODEC_NONE: deq_f32(dst, payload, n, planes, weight); return;
-    case LOCO_CODEC_BF16: deq_bf16(dst, payload, n, planes, weight); return;
-    case LOCO_CODEC_INT8: /* fallthrough */
-    case LOCO_CODEC_INT4:
-    case LOCO_CODEC_FP8:
-    case LOCO_CODEC_FP4: deq_blocks(k, dst, payload, n, block, weight); return;
+    case LOCO_QFMT_NONE: deq_f32(dst, payload, n, planes, weight); return;
+    case LOCO_QFMT_BF16: deq_bf16(dst, payload, n, planes, weight); return;
+    case LOCO_QFMT_INT8: /* fallthrough */
+    case LOCO_QFMT_INT4:
+    case LOCO_QFMT_FP8:
+    case LOCO_QFMT_FP4: deq_blocks(k, dst, payload, n, block, weight); return;
     default: return;
     }
 }
@@ -487,15 +487,15 @@ static uint32_t max_scale_bits(double qmax) {
     return f2u(s);
 }
 
-bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, int block) {
-    if (k == LOCO_CODEC_NONE || k == LOCO_CODEC_BF16)
+bool loco_quant_payload_ok(loco_quant_format k, const uint8_t *payload, size_t n, int block) {
+    if (k == LOCO_QFMT_NONE || k == LOCO_QFMT_BF16)
         return true;
-    if (k >= LOCO_CODEC_COUNT || block <= 0)
+    if (k >= LOCO_QFMT_COUNT || block <= 0)
         return false;
-    const double qmax = k == LOCO_CODEC_INT8   ? 127
-                        : k == LOCO_CODEC_INT4 ? 7
-                        : k == LOCO_CODEC_FP8  ? 448
-                                               : 6;
+    const double qmax = k == LOCO_QFMT_INT8   ? 127
+                        : k == LOCO_QFMT_INT4 ? 7
+                        : k == LOCO_QFMT_FP8  ? 448
+                                              : 6;
     const uint32_t max_bits = max_scale_bits(qmax);
     const size_t nb = div_up(n, (size_t)block);
     uint32_t bad = 0;
@@ -504,7 +504,7 @@ bool loco_quant_payload_ok(loco_codec_kind k, const uint8_t *payload, size_t n, 
         memcpy(&u, payload + 4 * b, 4);
         bad |= u > max_bits;
     }
-    if (k == LOCO_CODEC_FP8) {
+    if (k == LOCO_QFMT_FP8) {
         const uint8_t *q = payload + 4 * nb;
         for (size_t i = 0; i < n; i++)
             bad |= (q[i] & 0x7fU) == 0x7fU;

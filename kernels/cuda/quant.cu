@@ -138,11 +138,11 @@ struct code_out {
     float dec;     /* its decoded value before the scale */
 };
 
-__device__ __forceinline__ code_out encode_one(loco_codec_kind k, float y, uint32_t r,
+__device__ __forceinline__ code_out encode_one(loco_quant_format k, float y, uint32_t r,
                                                bool stochastic) {
     code_out o;
-    if (k == LOCO_CODEC_INT8 || k == LOCO_CODEC_INT4) {
-        const int32_t lim = k == LOCO_CODEC_INT8 ? 127 : 7;
+    if (k == LOCO_QFMT_INT8 || k == LOCO_QFMT_INT4) {
+        const int32_t lim = k == LOCO_QFMT_INT8 ? 127 : 7;
         int32_t q;
         if (stochastic)
             q = (int32_t)__fadd_rn(__fadd_rn(y, (float)(lim + 1)), sr_unit(r)) - (lim + 1);
@@ -154,7 +154,7 @@ __device__ __forceinline__ code_out encode_one(loco_codec_kind k, float y, uint3
         o.dec = (float)q;
         return o;
     }
-    const bool fp8 = k == LOCO_CODEC_FP8;
+    const bool fp8 = k == LOCO_QFMT_FP8;
     const int M = fp8 ? FP8_M : FP4_M, BIAS = fp8 ? FP8_BIAS : FP4_BIAS;
     const uint32_t sign = f2u(y) & 0x80000000U;
     const uint32_t c = minifloat_code(u2f(f2u(y) & 0x7fffffffU), r, M, BIAS,
@@ -165,7 +165,7 @@ __device__ __forceinline__ code_out encode_one(loco_codec_kind k, float y, uint3
 }
 
 __global__ void __launch_bounds__(Q_THREADS)
-    quant_blocks_kernel(loco_codec_kind k, uint8_t *payload, const float *x, float *ef, size_t n,
+    quant_blocks_kernel(loco_quant_format k, uint8_t *payload, const float *x, float *ef, size_t n,
                         int block, uint32_t k0, uint32_t k1, bool stochastic, float qmax,
                         uint32_t *nonfinite) {
     __shared__ uint32_t wmax[Q_THREADS / 32];
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(Q_THREADS)
     }
     if (threadIdx.x == 0)
         store_u32(payload + 4 * b, f2u(scale));
-    const bool packed = k == LOCO_CODEC_INT4 || k == LOCO_CODEC_FP4;
+    const bool packed = k == LOCO_QFMT_INT4 || k == LOCO_QFMT_FP4;
     if (!packed) {
         for (size_t i = threadIdx.x; i < m; i += blockDim.x) {
             const size_t e = s + i;
@@ -233,12 +233,12 @@ __global__ void __launch_bounds__(Q_THREADS)
     }
 }
 
-extern "C" int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float *x, float *ef,
+extern "C" int loco_cuda_quant(loco_quant_format k, uint8_t *payload, const float *x, float *ef,
                                size_t n, const loco_quant_args *a, uint32_t *nonfinite,
                                loco_stream s) {
-    if (k < LOCO_CODEC_NONE || k >= LOCO_CODEC_COUNT)
-        return LOCO_ERR(LOCO_EINVAL, "cuda quant: codec %d", (int)k);
-    if (k != LOCO_CODEC_NONE && k != LOCO_CODEC_BF16 &&
+    if (k < LOCO_QFMT_NONE || k >= LOCO_QFMT_COUNT)
+        return LOCO_ERR(LOCO_EINVAL, "cuda quant: format %d", (int)k);
+    if (k != LOCO_QFMT_NONE && k != LOCO_QFMT_BF16 &&
         (a->block < 8 || a->block > LOCO_QUANT_BLOCK_MAX || a->block % 8))
         return LOCO_ERR(LOCO_EINVAL, "cuda quant: block %d", a->block);
     if (nonfinite)
@@ -247,17 +247,17 @@ extern "C" int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float 
         return 0;
     const uint32_t k0 = (uint32_t)a->key, k1 = (uint32_t)(a->key >> 32);
     switch (k) {
-    case LOCO_CODEC_NONE:
+    case LOCO_QFMT_NONE:
         quant_f32_kernel<<<grid_for(n, EW), EW, 0, s>>>(payload, x, n, a->planes, nonfinite);
         break;
-    case LOCO_CODEC_BF16:
+    case LOCO_QFMT_BF16:
         quant_bf16_kernel<<<grid_for(n, EW), EW, 0, s>>>(payload, x, ef, n, a->planes, k0, k1,
                                                          a->stochastic, nonfinite);
         break;
     default: {
-        const float qmax = k == LOCO_CODEC_INT8   ? 127.0f
-                           : k == LOCO_CODEC_INT4 ? 7.0f
-                           : k == LOCO_CODEC_FP8  ? 448.0f
+        const float qmax = k == LOCO_QFMT_INT8   ? 127.0f
+                           : k == LOCO_QFMT_INT4 ? 7.0f
+                           : k == LOCO_QFMT_FP8  ? 448.0f
                                                   : 6.0f;
         const size_t nb = (n + (size_t)a->block - 1) / (size_t)a->block;
         if (nb > 0x7fffffffU)
@@ -272,7 +272,7 @@ extern "C" int loco_cuda_quant(loco_codec_kind k, uint8_t *payload, const float 
 
 /* ------------------------------------------------------ dequantize + acc */
 
-__global__ void dequant_kernel(loco_codec_kind k, float *dst, const uint8_t *payload, size_t n,
+__global__ void dequant_kernel(loco_quant_format k, float *dst, const uint8_t *payload, size_t n,
                                int block, bool planes, float w) {
     const size_t nb = (n + (size_t)block - 1) / (size_t)block;
     const uint8_t *codes = payload + 4 * nb;
@@ -280,13 +280,13 @@ __global__ void dequant_kernel(loco_codec_kind k, float *dst, const uint8_t *pay
          i += (size_t)gridDim.x * blockDim.x) {
         float val, ws = w;
         switch (k) {
-        case LOCO_CODEC_NONE:
+        case LOCO_QFMT_NONE:
             val = planes ? u2f((uint32_t)payload[i] | (uint32_t)payload[n + i] << 8 |
                                (uint32_t)payload[2 * n + i] << 16 |
                                (uint32_t)payload[3 * n + i] << 24)
                          : load_f32(payload + 4 * i);
             break;
-        case LOCO_CODEC_BF16: {
+        case LOCO_QFMT_BF16: {
             const uint32_t h = planes ? (uint32_t)payload[i] | (uint32_t)payload[n + i] << 8
                                       : (uint32_t)payload[2 * i] | (uint32_t)payload[2 * i + 1] << 8;
             val = u2f(h << 16);
@@ -294,14 +294,14 @@ __global__ void dequant_kernel(loco_codec_kind k, float *dst, const uint8_t *pay
         }
         default: {
             ws = __fmul_rn(w, load_f32(payload + 4 * (i / (size_t)block)));
-            if (k == LOCO_CODEC_INT8) {
+            if (k == LOCO_QFMT_INT8) {
                 val = (float)(int8_t)codes[i];
-            } else if (k == LOCO_CODEC_FP8) {
+            } else if (k == LOCO_QFMT_FP8) {
                 const uint32_t b = codes[i];
                 val = u2f(f2u(minifloat_value(b & 0x7fU, FP8_M, FP8_BIAS)) | (b & 0x80U) << 24);
             } else {
                 const uint32_t c = (codes[i / 2] >> (4 * (i & 1))) & 0xfU;
-                if (k == LOCO_CODEC_INT4)
+                if (k == LOCO_QFMT_INT4)
                     val = (float)((int32_t)(c ^ 8U) - 8);
                 else
                     val = u2f(f2u(minifloat_value(c & 0x7U, FP4_M, FP4_BIAS)) | (c & 0x8U) << 28);
@@ -312,11 +312,11 @@ __global__ void dequant_kernel(loco_codec_kind k, float *dst, const uint8_t *pay
     }
 }
 
-extern "C" int loco_cuda_dequant_acc(loco_codec_kind k, float *dst, const uint8_t *payload,
+extern "C" int loco_cuda_dequant_acc(loco_quant_format k, float *dst, const uint8_t *payload,
                                      size_t n, int block, bool planes, float weight,
                                      loco_stream s) {
-    if (k < LOCO_CODEC_NONE || k >= LOCO_CODEC_COUNT || block <= 0)
-        return LOCO_ERR(LOCO_EINVAL, "cuda dequant: codec %d, block %d", (int)k, block);
+    if (k < LOCO_QFMT_NONE || k >= LOCO_QFMT_COUNT || block <= 0)
+        return LOCO_ERR(LOCO_EINVAL, "cuda dequant: format %d, block %d", (int)k, block);
     if (n == 0)
         return 0;
     dequant_kernel<<<grid_for(n, EW), EW, 0, s>>>(k, dst, payload, n, block, planes, weight);

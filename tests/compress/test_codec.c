@@ -105,7 +105,8 @@ Test(compress_codec, roundtrip_every_codec_and_zstd_mode) {
             size_t raw = 0;
             for (size_t i = 0; i < e.plan.n_chunks; i++) {
                 const size_t cn = i + 1 < e.plan.n_chunks ? 65536 : n - 65536 * i;
-                raw += LOCO_CHUNK_HEADER_BYTES + loco_quant_payload_bytes(k, cn, 128);
+                raw += LOCO_CHUNK_HEADER_BYTES +
+                       loco_quant_payload_bytes(loco_codec_format(k), cn, 128);
             }
             if (z == LOCO_ZSTD_OFF)
                 cr_assert_eq(wire_bytes(&e), raw);

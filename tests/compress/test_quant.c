@@ -141,11 +141,11 @@ static int grid_of(loco_codec_kind k, double *g) {
 
 static uint8_t *quantize(loco_codec_kind k, const float *x, float *ef, size_t n, int block,
                          bool stochastic, uint64_t key) {
-    const size_t bytes = loco_quant_payload_bytes(k, n, block);
+    const size_t bytes = loco_quant_payload_bytes(loco_codec_format(k), n, block);
     uint8_t *p = malloc(bytes + 1);
     cr_assert(p);
     loco_quant_args a = {.block = block, .stochastic = stochastic, .key = key};
-    cr_assert_eq(loco_quant(k, p, x, ef, n, &a), 0);
+    cr_assert_eq(loco_quant(loco_codec_format(k), p, x, ef, n, &a), 0);
     return p;
 }
 
@@ -164,12 +164,16 @@ static double rel_err(loco_codec_kind k, const float *x, size_t n, int block) {
 /* ---- payload sizes ---- */
 
 Test(compress_quant, payload_bytes) {
-    cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_NONE, 1000, 128), 4000);
-    cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_BF16, 1000, 128), 2000);
-    cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_INT8, 1000, 128), 8 * 4 + 1000);
-    cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_FP8, 1000, 128), 8 * 4 + 1000);
-    cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_INT4, 1001, 128), 8 * 4 + 501);
-    cr_assert_eq(loco_quant_payload_bytes(LOCO_CODEC_FP4, 1001, 32), 32 * 4 + 501);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_NONE), 1000, 128), 4000);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_BF16), 1000, 128), 2000);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT8), 1000, 128),
+                 8 * 4 + 1000);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_FP8), 1000, 128),
+                 8 * 4 + 1000);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT4), 1001, 128),
+                 8 * 4 + 501);
+    cr_assert_eq(loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_FP4), 1001, 32),
+                 32 * 4 + 501);
 }
 
 /* ---- nearest rounding = the nearest grid point, by brute force ---- */
@@ -334,12 +338,13 @@ Test(compress_quant, dequant_acc_matches_double) {
             memcpy(dst0, dst, n * sizeof *dst);
             uint8_t *p = quantize((loco_codec_kind)k, x, NULL, n, block, false, 0);
             /* the reference reads the plain layout: quantize it again without planes */
-            const size_t bytes = loco_quant_payload_bytes((loco_codec_kind)k, n, block);
+            const size_t bytes =
+                loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)k), n, block);
             uint8_t *pp = malloc(bytes);
             loco_quant_args a = {.block = block, .planes = planes};
-            cr_assert_eq(loco_quant((loco_codec_kind)k, pp, x, NULL, n, &a), 0);
+            cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), pp, x, NULL, n, &a), 0);
             const float w = 0.3f;
-            loco_dequant_acc((loco_codec_kind)k, dst, pp, n, block, planes, w);
+            loco_dequant_acc(loco_codec_format((loco_codec_kind)k), dst, pp, n, block, planes, w);
             for (size_t i = 0; i < n; i++) {
                 const double v = ref_value((loco_codec_kind)k, p, n, block, i);
                 const double want = (double)dst0[i] + (double)w * v;
@@ -407,19 +412,19 @@ Test(compress_quant, non_finite_input_refused) {
     for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
         loco_quant_args a = {.block = 128};
         x[257] = NAN;
-        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), LOCO_EINVAL, "%s NaN",
-                     loco_codec_name((loco_codec_kind)k));
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a),
+                     LOCO_EINVAL, "%s NaN", loco_codec_name((loco_codec_kind)k));
         x[257] = -INFINITY;
-        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), LOCO_EINVAL, "%s inf",
-                     loco_codec_name((loco_codec_kind)k));
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a),
+                     LOCO_EINVAL, "%s inf", loco_codec_name((loco_codec_kind)k));
         x[257] = 1.0f;
-        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), 0);
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), 0);
     }
     /* FLT_MAX would round to inf in bf16: saturates at the largest bf16 */
     x[0] = FLT_MAX;
     x[1] = -FLT_MAX;
     loco_quant_args a = {.block = 128};
-    cr_assert_eq(loco_quant(LOCO_CODEC_BF16, p, x, NULL, 300, &a), 0);
+    cr_assert_eq(loco_quant(loco_codec_format(LOCO_CODEC_BF16), p, x, NULL, 300, &a), 0);
     cr_assert_eq(p[1], 0x7f);
     cr_assert_eq(p[0], 0x7f);
     cr_assert_eq(p[3], 0xff);
@@ -429,10 +434,10 @@ Test(compress_quant, non_finite_input_refused) {
     for (int i = 0; i < 300; i++)
         x[i] = (i & 1) ? -FLT_MAX : FLT_MAX / (float)(1 + i % 5);
     for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
-        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), 0);
-        cr_assert(loco_quant_payload_ok((loco_codec_kind)k, p, 300, 128));
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), 0);
+        cr_assert(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 300, 128));
         float y[300] = {0};
-        loco_dequant_acc((loco_codec_kind)k, y, p, 300, 128, false, 1.0f);
+        loco_dequant_acc(loco_codec_format((loco_codec_kind)k), y, p, 300, 128, false, 1.0f);
         for (int i = 0; i < 300; i++)
             cr_assert(isfinite(y[i]), "%s element %d", loco_codec_name((loco_codec_kind)k), i);
     }
@@ -440,10 +445,10 @@ Test(compress_quant, non_finite_input_refused) {
     for (int i = 0; i < 300; i++)
         x[i] = (i & 1) ? 1e-45f : 0.0f;
     for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
-        cr_assert_eq(loco_quant((loco_codec_kind)k, p, x, NULL, 300, &a), 0);
-        cr_assert(loco_quant_payload_ok((loco_codec_kind)k, p, 300, 128));
+        cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), 0);
+        cr_assert(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 300, 128));
         float y[300] = {0};
-        loco_dequant_acc((loco_codec_kind)k, y, p, 300, 128, false, 1.0f);
+        loco_dequant_acc(loco_codec_format((loco_codec_kind)k), y, p, 300, 128, false, 1.0f);
         for (int i = 0; i < 300; i++) /* flushed: qmax / amax overflows */
             cr_assert(y[i] == 0.0f, "%s element %d: %g", loco_codec_name((loco_codec_kind)k), i,
                       (double)y[i]);
@@ -562,7 +567,7 @@ Test(compress_quant, stochastic_depends_on_key_only) {
     uint8_t *a = quantize(LOCO_CODEC_INT8, x, NULL, n, 128, true, 42);
     uint8_t *b = quantize(LOCO_CODEC_INT8, x, NULL, n, 128, true, 42);
     uint8_t *c = quantize(LOCO_CODEC_INT8, x, NULL, n, 128, true, 43);
-    const size_t bytes = loco_quant_payload_bytes(LOCO_CODEC_INT8, n, 128);
+    const size_t bytes = loco_quant_payload_bytes(loco_codec_format(LOCO_CODEC_INT8), n, 128);
     cr_assert_eq(memcmp(a, b, bytes), 0);
     cr_assert_neq(memcmp(a, c, bytes), 0);
     free(a);
@@ -607,22 +612,22 @@ Test(compress_quant, payload_ok_rejects_bad_scales_and_nan_codes) {
         x[i] = (float)i - 100.0f;
     for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
         uint8_t *p = quantize((loco_codec_kind)k, x, NULL, 256, 128, false, 0);
-        cr_assert(loco_quant_payload_ok((loco_codec_kind)k, p, 256, 128));
+        cr_assert(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 256, 128));
         const float bad[] = {NAN, INFINITY, -1.0f, FLT_MAX, FLT_MAX / 5.9f};
         for (int j = 0; j < 5; j++) {
             float keep;
             memcpy(&keep, p + 4, 4);
             memcpy(p + 4, &bad[j], 4);
-            cr_assert_not(loco_quant_payload_ok((loco_codec_kind)k, p, 256, 128), "%s scale %g",
-                          loco_codec_name((loco_codec_kind)k), (double)bad[j]);
+            cr_assert_not(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 256, 128),
+                          "%s scale %g", loco_codec_name((loco_codec_kind)k), (double)bad[j]);
             memcpy(p + 4, &keep, 4);
         }
         free(p);
     }
     uint8_t *p = quantize(LOCO_CODEC_FP8, x, NULL, 256, 128, false, 0);
     p[8 + 200] = 0xff;
-    cr_assert_not(loco_quant_payload_ok(LOCO_CODEC_FP8, p, 256, 128));
+    cr_assert_not(loco_quant_payload_ok(loco_codec_format(LOCO_CODEC_FP8), p, 256, 128));
     p[8 + 200] = 0x7f;
-    cr_assert_not(loco_quant_payload_ok(LOCO_CODEC_FP8, p, 256, 128));
+    cr_assert_not(loco_quant_payload_ok(loco_codec_format(LOCO_CODEC_FP8), p, 256, 128));
     free(p);
 }

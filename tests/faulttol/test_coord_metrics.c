@@ -2,6 +2,7 @@
  * this process, plain TCP on loopback) made happen: siteB registers and
  * vanishes, siteA commits three outer steps alone with θ hashes it chose;
  * a scrape after the third commit must show exactly that. */
+#include "cli/cli.h"
 #include "faulttol/faulttol.h"
 #include "tests/prom_check.h"
 
@@ -95,6 +96,10 @@ Test(coord_metrics, a_scrape_shows_what_the_islands_did, .timeout = 30) {
     loco_log_set_level(LOCO_LOG_ERROR);
     cr_assert_eq(loco_coord_create(&coord, &cfg, &np, "127.0.0.1", 0, NULL), 0, "%s",
                  loco_errmsg());
+    cli_metrics *srv; /* as `loco coordinator` serves it */
+    cr_assert_eq(cli_metrics_serve_run(&srv, loco_coord_prom(coord), cfg.faulttol.metrics_addr,
+                                       "faulttol.metrics_addr", cfg.run.dir),
+                 0, "%s", loco_errmsg());
     cr_assert_gt(metrics_port(), 0, "no %s/metrics_addr", dir);
     snprintf(cfg.faulttol.coordinator, sizeof cfg.faulttol.coordinator, "127.0.0.1:%d",
              loco_coord_port(coord));
@@ -106,6 +111,7 @@ Test(coord_metrics, a_scrape_shows_what_the_islands_did, .timeout = 30) {
     pthread_join(tb, NULL);
     pthread_join(ta, NULL);
     pthread_join(ts, NULL);
+    cli_metrics_stop(srv);
     loco_coord_destroy(coord);
     cr_assert_eq(serve_rc, 0, "%s", loco_errmsg());
     cr_assert_eq(a.rc, 0, "siteA: %s", loco_errmsg());
@@ -146,7 +152,7 @@ Test(coord_metrics, a_scrape_shows_what_the_islands_did, .timeout = 30) {
     char path[600];
     snprintf(path, sizeof path, "%s/metrics_addr", dir);
     FILE *f = fopen(path, "r");
-    cr_expect_null(f, "the address file outlives the coordinator");
+    cr_expect_null(f, "the address file outlives the server");
     if (f)
         fclose(f);
     loco_rmtree(dir);

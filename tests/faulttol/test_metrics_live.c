@@ -8,6 +8,7 @@
  * training steps and a finite loss. Garbage and a bad path sent to both
  * ports meanwhile do not stop the run, which ends cleanly and takes its
  * endpoints (and address files) with it. */
+#include "cli/cli.h"
 #include "tests/prom_check.h"
 #include "tests/support.h"
 
@@ -220,18 +221,20 @@ Test(metrics_live, coordinator_and_island_scraped_during_a_run) {
 Test(metrics_live, coordinator_refuses_a_taken_port) {
     loco_log_set_level(LOCO_LOG_ERROR);
     loco_prom *p;
+    cli_metrics *srv;
     cr_assert_eq(loco_prom_create(&p), 0);
-    cr_assert_eq(loco_prom_serve(p, "127.0.0.1:0", "x", NULL), 0);
+    cr_assert_eq(cli_metrics_serve(&srv, p, "127.0.0.1:0", "x", NULL), 0);
     char *dir = test_tmpdir("loco-metrics-taken");
     static char out[1 << 16];
     const int rc = test_run(out, sizeof out,
                             "timeout 20 " LOCO " coordinator configs/multisite-2.ini --set "
                             "net.tls=false --set faulttol.coordinator=127.0.0.1:0 --set "
                             "run.dir=%s --set faulttol.metrics_addr=127.0.0.1:%d",
-                            dir, loco_prom_port(p));
+                            dir, cli_metrics_port(srv));
     cr_expect_neq(rc, 0, "%s", out);
     cr_expect_neq(rc, 124, "the coordinator kept running: %s", out);
     cr_expect(strstr(out, "faulttol.metrics_addr") && strstr(out, "in use"), "%s", out);
+    cli_metrics_stop(srv);
     loco_prom_destroy(p);
     loco_rmtree(dir);
     free(dir);

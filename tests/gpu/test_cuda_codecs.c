@@ -44,9 +44,9 @@ static void check_codec(loco_codec_kind k, size_t n, int block, bool stochastic,
     float *ef_gpu = use_ef ? copy_f(ef, n) : NULL;
     const loco_quant_args a = {.block = block, .stochastic = stochastic, .planes = planes,
                                .key = 0x0123456789abcdefull ^ seed};
-    const size_t pb = loco_quant_payload_bytes(k, n, block);
+    const size_t pb = loco_quant_payload_bytes(loco_codec_format(k), n, block);
     uint8_t *want = calloc(pb + 1, 1), *got = calloc(pb + 1, 1);
-    const int rc = loco_quant(k, want, x, ef, n, &a);
+    const int rc = loco_quant(loco_codec_format(k), want, x, ef, n, &a);
     cr_assert_eq(rc, 0, "CPU quant %s: %s", loco_codec_name(k), loco_errmsg());
 
     void *d_x = dup_to_dev(&e, x, n * 4);
@@ -54,7 +54,7 @@ static void check_codec(loco_codec_kind k, size_t n, int block, bool stochastic,
     uint8_t *d_pay = dalloc(&e, pb + 1);
     uint32_t *d_bad = dalloc(&e, 4), bad = 7;
     /* odd address: payloads have any alignment */
-    GPU_OK(loco_cuda_quant(k, d_pay + 1, d_x, d_ef, n, &a, d_bad, NULL));
+    GPU_OK(loco_cuda_quant(loco_codec_format(k), d_pay + 1, d_x, d_ef, n, &a, d_bad, NULL));
     to_host(got, d_pay + 1, pb);
     to_host(&bad, d_bad, 4);
     cr_expect_eq(bad, 0, "finite input flagged");
@@ -79,8 +79,8 @@ static void check_codec(loco_codec_kind k, size_t n, int block, bool stochastic,
     float *dst = rand_f(&s, n, 1.0);
     void *d_dst = dup_to_dev(&e, dst, n * 4);
     uint8_t *d_in = dup_to_dev(&e, want, pb + 1);
-    GPU_OK(loco_cuda_dequant_acc(k, d_dst, d_in, n, block, planes, 0.37f, NULL));
-    loco_dequant_acc(k, dst, want, n, block, planes, 0.37f);
+    GPU_OK(loco_cuda_dequant_acc(loco_codec_format(k), d_dst, d_in, n, block, planes, 0.37f, NULL));
+    loco_dequant_acc(loco_codec_format(k), dst, want, n, block, planes, 0.37f);
     float *gdst = malloc(n * 4);
     to_host(gdst, d_dst, n * 4);
     cr_expect_eq(memcmp(gdst, dst, n * 4), 0, "%s n=%zu block=%d: dequant-acc differs", what, n,
@@ -123,12 +123,14 @@ Test(gpu_codecs, nonfinite_is_flagged)
     uint32_t *d_bad = dalloc(&e, 4);
     for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
         uint32_t bad = 0;
-        GPU_OK(loco_cuda_quant((loco_codec_kind)k, d_pay, d_x, NULL, n, &a, d_bad, NULL));
+        GPU_OK(loco_cuda_quant(loco_codec_format((loco_codec_kind)k), d_pay, d_x, NULL, n, &a,
+                               d_bad, NULL));
         to_host(&bad, d_bad, 4);
         cr_expect_eq(bad, 1, "%s: infinity not flagged", loco_codec_name((loco_codec_kind)k));
     }
-    cr_expect_eq(loco_cuda_quant(LOCO_CODEC_COUNT, d_pay, d_x, NULL, n, &a, d_bad, NULL),
-                 LOCO_EINVAL);
+    cr_expect_eq(
+        loco_cuda_quant(loco_codec_format(LOCO_CODEC_COUNT), d_pay, d_x, NULL, n, &a, d_bad, NULL),
+        LOCO_EINVAL);
     gpu_env_fini(&e);
 }
 

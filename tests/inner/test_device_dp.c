@@ -10,7 +10,7 @@
 #include "tests/support.h"
 
 #if defined(LOCO_HAVE_CUDA)
-#include "kernels/kernels.h"
+#include "kernels/device.h"
 #endif
 
 #include <criterion/criterion.h>

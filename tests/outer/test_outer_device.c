@@ -57,9 +57,9 @@ static void frame_vs_encode(loco_codec_kind k, loco_zstd_mode z, bool stochastic
             cr_assert_eq(loco_codec_chunk_quant(b, &pb, c, &qa, &first, &count, &raw_len), 0);
             cr_assert_eq(first, c * 1024);
             cr_assert_eq(count, c == 2 ? N - 2048 : 1024);
-            cr_assert_eq(raw_len, loco_quant_payload_bytes(k, count, 32));
+            cr_assert_eq(raw_len, loco_quant_payload_bytes(loco_codec_format(k), count, 32));
             float *ef = k == LOCO_CODEC_NONE ? NULL : loco_codec_ef(b) + first;
-            cr_assert_eq(loco_quant(k, raw, x + first, ef, count, &qa), 0);
+            cr_assert_eq(loco_quant(loco_codec_format(k), raw, x + first, ef, count, &qa), 0);
             cr_assert_eq(loco_codec_frame_chunk(b, 0, &pb, eb, slot, &lb, raw, c), 0, "%s",
                          loco_errmsg());
             cr_expect_eq(lb, la, "%s zstd=%d chunk %zu: %zu bytes framed, %zu encoded",
@@ -74,8 +74,8 @@ static void frame_vs_encode(loco_codec_kind k, loco_zstd_mode z, bool stochastic
                          loco_errmsg());
             cr_assert_eq(info.first, first);
             cr_assert_eq(info.raw_len, raw_len);
-            loco_dequant_acc(info.codec, rb + info.first, p, info.count, info.block, info.planes,
-                             0.5f);
+            loco_dequant_acc(loco_codec_format(info.codec), rb + info.first, p, info.count,
+                             info.block, info.planes, 0.5f);
         }
     }
     cr_expect_eq(memcmp(ra, rb, sizeof ra), 0, "%s: decoded values differ", loco_codec_name(k));

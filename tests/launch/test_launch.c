@@ -1,7 +1,8 @@
-/* The plan of `loco launch` (outer/launch.c): every process's argv written
+/* The plan of `loco launch` (launch/launch.c): every process's argv written
  * out here in full for plain, TLS + metrics, mpirun and resume runs; the
  * baseline's argv; the run-directory facts; and refused arguments. */
-#include "outer/outer.h"
+#include "faulttol/faulttol.h"
+#include "launch/launch.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

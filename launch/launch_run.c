@@ -1,8 +1,11 @@
-/* Supervising the processes of a launch plan (outer/launch.c): each started
+/* Supervising the processes of a launch plan (launch/launch.c): each started
  * in a process group of its own with its output merged, line by line, into
  * one stream under its name; [faults] kills and restarts as the config
  * says; every process stopped when one fails or a stop is requested. */
-#include "outer/outer.h"
+#include "launch/launch.h"
+
+#include "faulttol/faulttol.h"
+#include "net/net.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -1,11 +1,14 @@
-/* The fault-experiment report's pieces shared by faulttol/report.c (the
- * analysis and the document), report_runs.c (growing buffers, the run
- * directories read) and report_svg.c (the charts). Not for use outside
- * them; the public entry points are in faulttol/faulttol.h. */
+/* The reports' pieces shared by report/rundir.c (the one reader of run
+ * directories), report_runs.c (growing buffers, the fault report's runs),
+ * report.c (its analysis and document), report_svg.c (the charts) and
+ * report_train.c (the training report). Not for use outside report/; the
+ * public entry points are in report/report.h. */
 #ifndef LOCO_REPORT_INTERNAL_H
 #define LOCO_REPORT_INTERNAL_H
 
+#include "core/core.h"
 #include "faulttol/faulttol.h"
+#include "report/report.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -47,6 +50,53 @@ typedef struct {
     int n;                 /* records counted */
 } utilisation;
 
+/* ---------------------------------------------- the run-directory reader
+ * report/rundir.c: what `loco train` and `loco launch` leave in a run
+ * directory (docs/REPORTS.md), read once for both reports. */
+
+/* One metrics.jsonl line with a step. Fields are NAN where absent, null or
+ * (warned about) not a number. */
+typedef struct {
+    double step; /* first: the training report's dedupe reads it there */
+    double loss, val_loss, lr, grad_norm, tokens_per_s, step_s;
+    bool has_loss, has_val; /* the line names "loss" / "val_loss" (maybe null) */
+    int seq;                /* line order, so the last value of a step wins */
+} report_mline;
+
+/* One outer.jsonl line with an outer_step. */
+typedef struct {
+    double outer_step, step, bytes_sent, bytes_received, wait_s, wall_s;
+    int lineno;    /* for warnings about the line */
+    char hash[40]; /* theta_hash; "" when absent */
+} report_oline;
+
+typedef struct {
+    char name[REPORT_SITE_MAX]; /* "" for a single-site run */
+    char dir[LOCO_PATH_MAX + REPORT_SITE_MAX];
+    report_mline *m; /* file order */
+    int nm, capm;
+    report_oline *o; /* file order */
+    int no, capo;
+    bool has_outer; /* outer.jsonl exists (its absence is warned about) */
+} report_site;
+
+typedef enum {
+    REPORT_RUN_SINGLE,   /* `loco train`: DIR/metrics.jsonl, one unnamed site */
+    REPORT_RUN_MULTI,    /* `loco launch`: events.jsonl (missing: a warning), sites */
+    REPORT_RUN_TIMELINE, /* the same, events.jsonl required and not empty */
+} report_run_kind;
+
+typedef struct {
+    const char *dir;
+    cJSON **ev; /* the timeline, sorted by t (file order among equal times) */
+    int nev, capev;
+    const cJSON *start, *end; /* the first start, the last end; owned by ev[] */
+    report_site *sites;       /* a multi-site run's: sorted by name unless the
+                                 start event listed them */
+    int nsites;
+} report_rundir;
+
+/* An island of the fault report, from its report_site. */
 typedef struct {
     char name[REPORT_SITE_MAX];
     mpoint *m; /* after load: one point per step, ascending */
@@ -64,21 +114,18 @@ typedef struct {
     int n, cap;
 } series;
 
+/* A run of the fault report: what the reader found and its analysis. */
 typedef struct {
-    const char *dir;
+    report_rundir rd;  /* dir, timeline, start and end events */
     const char *label; /* "fault run" / "baseline" */
-    cJSON **ev;        /* events, sorted by t */
-    int nev, capev;
-    site_data *sites;
+    site_data *sites;  /* (nsites) as rd.sites */
     int nsites;
-    const cJSON *start, *end; /* owned by ev[] */
-    double t0, t1;            /* first and last time of the run */
+    double t0, t1; /* first and last time of the run */
     series mean;
     double bytes_sent, transfer_bytes;
     int64_t *commits; /* committed outer steps, ascending, unique */
     int ncommits, capcommits;
     bool commits_from_events;
-    int malformed;
     double util_mean;   /* mean over the islands with a utilisation; NAN: none */
     int util_sites;     /* islands with a utilisation */
     int64_t *util_step; /* (nutil) outer steps with a utilisation, ascending */
@@ -92,6 +139,21 @@ typedef struct {
     int n;
 } warnings;
 
+/* rundir.c: a run directory read (kind says which); warnings for what was
+ * skipped or missing. LOCO_EIO naming a missing metrics.jsonl (or
+ * events.jsonl for REPORT_RUN_TIMELINE), LOCO_EPROTO for a timeline without
+ * events. Free with report_rundir_fini, also after a failed load. */
+int report_rundir_load(report_rundir *r, const char *dir, report_run_kind kind, warnings *w);
+void report_rundir_fini(report_rundir *r);
+/* ... JSON fields of a timeline event or record (NAN / NULL when absent)
+ * and NULL-safe string equality. */
+const char *report_jstr(const cJSON *o, const char *key);
+double report_jnum(const cJSON *o, const char *key);
+bool report_jkind(const cJSON *e, const char *kind);
+double report_jt(const cJSON *e);
+bool report_jmembers_has(const cJSON *e, const char *site);
+bool report_streq(const char *a, const char *b);
+
 /* report_runs.c: text buffers (appended to, escaped for HTML or a
  * Markdown table cell, read back as one string, freed) ... */
 void report_sb_puts(sbuf *b, const char *s);
@@ -102,32 +164,16 @@ const char *report_sb_str(const sbuf *b);
 void report_sb_fini(sbuf *b);
 /* Writes DIR/NAME through a synced temporary and a rename. */
 int report_write_file(const char *dir, const char *name, const sbuf *text);
-/* ... JSON fields of a timeline event or record (NAN / NULL when absent)
- * and NULL-safe string equality ... */
-const char *report_jstr(const cJSON *o, const char *key);
-double report_jnum(const cJSON *o, const char *key);
-bool report_jkind(const cJSON *e, const char *kind);
-double report_jt(const cJSON *e);
-bool report_jmembers_has(const cJSON *e, const char *site);
-bool report_streq(const char *a, const char *b);
 /* ... an array grown (elements of size elem) to hold need; LOCO_ENOMEM ...
- * ... a JSONL file read: line(ctx, path, lineno, obj) for each JSON
- * object line, malformed lines warned about with file:line, counted in
- * *malformed (may be NULL) and skipped; the callback owns obj when it
- * returns 1, else it is freed, and a negative return stops the read with
- * that code. A missing file is LOCO_EIO naming it ... a site name checked
- * as a path component (where names the file for the message) ... */
+ * ... a warning shown in the report and logged ... */
 int report_grow(void **p, int *cap, int need, size_t elem);
-typedef int (*report_line_fn)(void *ctx, const char *path, int lineno, cJSON *obj);
-int report_read_jsonl(const char *path, report_line_fn fn, void *ctx, warnings *w, int *malformed);
-int report_check_site_name(const char *name, const char *where);
-/* ... a run directory read (warnings for what was skipped), whether it has
- * validation losses, freed; a warning shown in the report and logged. */
+__attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *fmt, ...);
+/* ... a fault report's run read and analysed (warnings for what was
+ * skipped), whether it has validation losses, freed ... */
 int report_load_run(run_data *r, const char *dir, const char *label, warnings *w);
 bool report_has_val(const run_data *r);
 void report_run_fini(run_data *r);
-__attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *fmt, ...);
-/* qsort / bsearch order of int64_t. */
+/* ... and the qsort / bsearch order of int64_t. */
 int report_cmp_i64(const void *a, const void *b);
 
 /* report_svg.c: the loss chart (fault run beside the baseline), the

@@ -448,7 +448,7 @@ Test(report, missing_inputs_are_clear_errors) {
 Test(report, usage_errors_exit_2) {
     static char out[4096];
     cr_expect_eq(test_run(out, sizeof out, LOCO " report"), 2);
-    /* one directory is a training run's (tests/cli/test_report_train.c):
+    /* one directory is a training run's (tests/report/test_report_train.c):
      * a missing one is an input error naming it, not a usage error */
     cr_expect_eq(test_run(out, sizeof out, LOCO " report /nonexistent-run-dir"), 1);
     cr_expect(strstr(out, "/nonexistent-run-dir"), "%s", out);

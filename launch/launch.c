@@ -5,7 +5,10 @@
  * run-directory facts the supervisor needs (a checkpoint to resume from, a
  * finished run, a free port). The supervision itself (spawning, merged
  * output, injected kills and restarts) is the front end's. */
-#include "outer/outer.h"
+#include "launch/launch.h"
+
+#include "faulttol/faulttol.h"
+#include "net/net.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

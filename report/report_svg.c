@@ -1,7 +1,8 @@
 /* The reports' charts: inline SVG of the fault experiment's loss curves,
  * of the islands' membership over time and of compute utilisation, and the
- * line charts of a training run's report. */
-#include "faulttol/report_internal.h"
+ * line charts of a training run's report. One file: every chart draws with
+ * the same frame, axes, ticks and legend helpers. */
+#include "report/report_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -325,8 +326,8 @@ void report_chart_membership(sbuf *b, const run_data *r) {
     bool in[REPORT_MAX_SITES];
     for (int i = 0; i < r->nsites; i++)
         in[i] = true, since[i] = r->t0;
-    for (int e = 0; e <= r->nev; e++) {
-        const cJSON *ev = e < r->nev ? r->ev[e] : NULL;
+    for (int e = 0; e <= r->rd.nev; e++) {
+        const cJSON *ev = e < r->rd.nev ? r->rd.ev[e] : NULL;
         double t = ev ? report_jt(ev) : r->t1;
         bool quorum = ev && report_jkind(ev, "quorum");
         for (int i = 0; i < r->nsites; i++) {
@@ -357,8 +358,8 @@ void report_chart_membership(sbuf *b, const run_data *r) {
         if (!ev || report_jkind(ev, "end"))
             break;
     }
-    for (int e = 0; e < r->nev; e++) {
-        const cJSON *ev = r->ev[e];
+    for (int e = 0; e < r->rd.nev; e++) {
+        const cJSON *ev = r->rd.ev[e];
         double t = report_jt(ev) - r->t0, X = px(&fr, t);
         const char *site = report_jstr(ev, "site");
         int row = site ? site_row(r, site) : -1;

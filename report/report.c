@@ -3,8 +3,10 @@
  * that `loco launch` leaves (events.jsonl, <site>/metrics.jsonl,
  * <site>/outer.jsonl; docs/REPORTS.md is the contract), and writes
  * report.md and report.html with inline SVG charts, the fault table, bytes
- * on the wire, compute utilisation and a PASS/FAIL verdict. */
-#include "faulttol/report_internal.h"
+ * on the wire, compute utilisation and a PASS/FAIL verdict.
+ * One file: the verdict's checks and the document's sections share the
+ * doc writer and read the same analysis. */
+#include "report/report_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -48,9 +50,9 @@ static const opoint *outer_at(const site_data *s, int64_t step) {
  * (against the commit's own hash) and at their last outer.jsonl lines. */
 static void check_hashes(const run_data *r, verdict *v) {
     const cJSON *last = NULL;
-    for (int i = 0; i < r->nev; i++)
-        if (report_jkind(r->ev[i], "commit"))
-            last = r->ev[i];
+    for (int i = 0; i < r->rd.nev; i++)
+        if (report_jkind(r->rd.ev[i], "commit"))
+            last = r->rd.ev[i];
     const site_data *mem[REPORT_MAX_SITES];
     int nm = 0;
     for (int i = 0; i < r->nsites; i++)
@@ -269,11 +271,11 @@ static void fmt_bytes(char *buf, size_t cap, double b) {
 }
 
 static void run_status(const run_data *r, char *buf, size_t cap) {
-    if (!r->end) {
+    if (!r->rd.end) {
         snprintf(buf, cap, "did not finish (no end event)");
         return;
     }
-    const char *st = report_jstr(r->end, "status"), *why = report_jstr(r->end, "reason");
+    const char *st = report_jstr(r->rd.end, "status"), *why = report_jstr(r->rd.end, "reason");
     snprintf(buf, cap, "%s%s%s%s", st ? st : "unknown", why && why[0] ? " (" : "",
              why && why[0] ? why : "", why && why[0] ? ")" : "");
 }
@@ -284,12 +286,12 @@ static void header(doc *d, const run_data *f, const run_data *b) {
     const run_data *runs[2] = {f, b};
     for (int k = 0; k < 2; k++) {
         const run_data *r = runs[k];
-        const char *cfg = r->start ? report_jstr(r->start, "config") : NULL;
-        double seed = r->start ? report_jnum(r->start, "seed") : NAN;
+        const char *cfg = r->rd.start ? report_jstr(r->rd.start, "config") : NULL;
+        double seed = r->rd.start ? report_jnum(r->rd.start, "seed") : NAN;
         sbuf sites = {0};
         for (int i = 0; i < r->nsites; i++)
             report_sb_printf(&sites, "%s%s", i ? ", " : "", r->sites[i].name);
-        snprintf(cell[k][0], LOCO_PATH_MAX, "%s", r->dir);
+        snprintf(cell[k][0], LOCO_PATH_MAX, "%s", r->rd.dir);
         snprintf(cell[k][1], LOCO_PATH_MAX, "%s", cfg ? cfg : "unknown");
         if (isfinite(seed))
             snprintf(cell[k][2], LOCO_PATH_MAX, "%.0f", seed);
@@ -325,7 +327,7 @@ static void fault_table(doc *d, const run_data *r, verdict *v) {
                                        "notes"};
     doc_h(d, 2, "Faults");
     loco_fault_cycle cyc[LOCO_MAX_CYCLES];
-    int n = loco_fault_cycles(r->ev, r->nev, cyc, LOCO_MAX_CYCLES);
+    int n = loco_fault_cycles(r->rd.ev, r->rd.nev, cyc, LOCO_MAX_CYCLES);
     if (n <= 0) {
         doc_p(d, "No fault was injected.");
         return;
@@ -425,8 +427,8 @@ static void utilisation_section(doc *d, const run_data *f, const run_data *b) {
 
 static int count_kind(const run_data *r, const char *kind) {
     int n = 0;
-    for (int i = 0; i < r->nev; i++)
-        n += report_jkind(r->ev[i], kind);
+    for (int i = 0; i < r->rd.nev; i++)
+        n += report_jkind(r->rd.ev[i], kind);
     return n;
 }
 
@@ -480,9 +482,9 @@ static void results(doc *d, const run_data *f, const run_data *b, const loco_rep
     fmt_util_mean(ub, sizeof ub, b);
     doc_li(d, "Compute utilisation (mean over islands)", "fault run %s; baseline %s", uf, ub);
     const cJSON *ext = NULL;
-    for (int i = 0; i < f->nev; i++)
-        if (report_jkind(f->ev[i], "extend"))
-            ext = f->ev[i];
+    for (int i = 0; i < f->rd.nev; i++)
+        if (report_jkind(f->rd.ev[i], "extend"))
+            ext = f->rd.ev[i];
     if (ext)
         doc_li(d, "Run extended", "%d time%s while a fault's cycle was open: the last inner step "
                "moved from %.0f to %.0f (limit %.0f, faults.max_extra_steps); the last time for "
@@ -498,30 +500,18 @@ static void results(doc *d, const run_data *f, const run_data *b, const loco_rep
 
     char st[600];
     run_status(f, st, sizeof st);
-    if (!f->end)
+    if (!f->rd.end)
         fail(v, "the fault run did not finish (no end event)");
-    else if (!report_streq(report_jstr(f->end, "status"), "finished"))
+    else if (!report_streq(report_jstr(f->rd.end, "status"), "finished"))
         fail(v, "the fault run ended with status %s", st);
-    for (int i = 0; i < f->nev; i++)
-        if (report_jkind(f->ev[i], "divergence")) {
-            const char *det = report_jstr(f->ev[i], "detail");
-            fail(v, "divergence at outer step %.0f%s%s", report_jnum(f->ev[i], "outer_step"),
+    for (int i = 0; i < f->rd.nev; i++)
+        if (report_jkind(f->rd.ev[i], "divergence")) {
+            const char *det = report_jstr(f->rd.ev[i], "detail");
+            fail(v, "divergence at outer step %.0f%s%s", report_jnum(f->rd.ev[i], "outer_step"),
                  det ? ": " : "", det ? det : "");
         }
     check_hashes(f, v);
     check_lost_updates(f, b, v);
-}
-
-int report_write_file(const char *dir, const char *name, const sbuf *text) {
-    char path[LOCO_PATH_MAX + 32], tmp[LOCO_PATH_MAX + 40];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (text->oom)
-        return LOCO_ERR(LOCO_ENOMEM, "%s: out of memory building the report", path);
-    LOCO_CHECK(loco_file_write_sync(tmp, report_sb_str(text), text->n));
-    if (rename(tmp, path) != 0)
-        return LOCO_ERR(LOCO_EIO, "%s: cannot rename: %s", path, strerror(errno));
-    return 0;
 }
 
 static const char HTML_STYLE[] =
@@ -555,7 +545,7 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
 
     report_sb_puts(&d.html, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                      "<title>loco report: ");
-    report_sb_html(&d.html, f.start && report_jstr(f.start, "config") ? report_jstr(f.start, "config") : fault_dir);
+    report_sb_html(&d.html, f.rd.start && report_jstr(f.rd.start, "config") ? report_jstr(f.rd.start, "config") : fault_dir);
     report_sb_printf(&d.html, "</title>\n<style>%s</style>\n</head>\n<body>\n", HTML_STYLE);
     header(&d, &f, &b);
     /* the verdict needs the analysis, but is read first: analyse into a
@@ -563,7 +553,7 @@ int loco_report_write_opts(const char *fault_dir, const char *baseline_dir, cons
     doc body = {0}, faults = {0};
     fault_table(&faults, &f, &v);
     results(&body, &f, &b, &o, &v);
-    if (b.end == NULL || !report_streq(report_jstr(b.end, "status"), "finished"))
+    if (b.rd.end == NULL || !report_streq(report_jstr(b.rd.end, "status"), "finished"))
         report_warn(&w, "%s: the baseline did not finish; comparisons are against a partial run",
                     baseline_dir);
     /* FAIL outranks INCOMPLETE: a broken run says so first. */

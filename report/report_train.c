@@ -1,8 +1,8 @@
 /* The report of an ordinary training run: `loco train`'s run directory
  * (metrics.jsonl) or `loco launch`'s (events.jsonl, <site>/metrics.jsonl,
- * <site>/outer.jsonl), as one self-contained report.html with inline SVG
- * charts and a summary table (docs/REPORTS.md). */
-#include "faulttol/report_internal.h"
+ * <site>/outer.jsonl), read by rundir.c, as one self-contained report.html
+ * with inline SVG charts and a summary table (docs/REPORTS.md). */
+#include "report/report_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -14,19 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* One training line of metrics.jsonl; NAN where a field is missing. */
-typedef struct {
-    double step, loss, lr, grad_norm, tokens_per_s, step_s;
-    int seq; /* line order: of repeated steps, the last wins */
-} tpoint;
-
-/* One validation line. */
-typedef struct {
-    double step, val;
-    int seq;
-} vpoint;
-
-/* One line of outer.jsonl. */
+/* One line of outer.jsonl, for the charts. */
 typedef struct {
     double outer_step, step;
     double sent_mb, recv_mb; /* bytes_sent, bytes_received / 1e6 */
@@ -34,16 +22,15 @@ typedef struct {
     double t; /* seconds of training at its end: the sum of wall_s so far */
 } xpoint;
 
+/* An island: what the reader found, one point per step, and its summary. */
 typedef struct {
-    char name[REPORT_SITE_MAX]; /* "" for a single-site run */
-    char dir[LOCO_PATH_MAX + REPORT_SITE_MAX];
-    tpoint *tp;
-    int ntp, captp;
-    vpoint *vp;
-    int nvp, capvp;
+    const report_site *in; /* name ("" for a single-site run), dir, has_outer */
+    report_mline *tp;      /* training lines (with "loss"), one per step */
+    int ntp;
+    report_mline *vp; /* validation lines (with "val_loss"), one per step */
+    int nvp;
     xpoint *xp;
-    int nxp, capxp;
-    bool has_outer;
+    int nxp;
     /* summary */
     double final_loss; /* mean of the last REPORT_FINAL_WINDOW losses */
     double final_val, final_val_step;
@@ -51,132 +38,49 @@ typedef struct {
 } tsite;
 
 typedef struct {
-    const char *dir;
+    report_rundir rd; /* dir, timeline (multi-site), the islands read */
     bool multi;
-    tsite *sites;
+    tsite *sites; /* (nsites) as rd.sites */
     int nsites;
-    cJSON **ev; /* events.jsonl of a multi-site run, in file order */
-    int nev, capev;
-    const cJSON *start, *end;
-    int malformed;
     bool has_cfg;
     loco_config cfg; /* the first island's newest checkpoint's config.ini */
 } trun;
 
 static const char *site_label(const tsite *s, const char *what, char *buf, size_t cap) {
-    if (s->name[0])
-        snprintf(buf, cap, "%s %s", s->name, what);
+    if (s->in->name[0])
+        snprintf(buf, cap, "%s %s", s->in->name, what);
     else
         snprintf(buf, cap, "%s", what);
     return buf;
 }
 
-/* ------------------------------------------------------------- reading */
+/* ------------------------------------------------------------ the islands */
 
-typedef struct {
-    tsite *s;
-    warnings *w;
-    int *malformed;
-} tctx;
-
-/* A number field: NAN when absent or null (a non-finite value is written
- * as null); a field of another type is warned about and counts as absent. */
-static double num_field(tctx *c, const cJSON *obj, const char *key, const char *path, int lineno) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v || cJSON_IsNull(v))
-        return NAN;
-    if (!cJSON_IsNumber(v)) {
-        report_warn(c->w, "%s:%d: \"%s\" is not a number; taken as missing", path, lineno, key);
-        (*c->malformed)++;
-        return NAN;
-    }
-    return v->valuedouble;
-}
-
-static int metrics_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    tctx *c = ctx;
-    tsite *s = c->s;
-    double step = num_field(c, obj, "step", path, lineno);
-    if (!isfinite(step) || step < 0) {
-        report_warn(c->w, "%s:%d: metrics line without a \"step\" skipped", path, lineno);
-        (*c->malformed)++;
-        return 0;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(obj, "val_loss")) {
-        vpoint v = {step, num_field(c, obj, "val_loss", path, lineno), s->nvp};
-        LOCO_CHECK(report_grow((void **)&s->vp, &s->capvp, s->nvp + 1, sizeof v));
-        s->vp[s->nvp++] = v;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(obj, "loss")) {
-        tpoint t = {step,
-                    num_field(c, obj, "loss", path, lineno),
-                    num_field(c, obj, "lr", path, lineno),
-                    num_field(c, obj, "grad_norm", path, lineno),
-                    num_field(c, obj, "tokens_per_s", path, lineno),
-                    num_field(c, obj, "step_s", path, lineno),
-                    s->ntp};
-        LOCO_CHECK(report_grow((void **)&s->tp, &s->captp, s->ntp + 1, sizeof t));
-        s->tp[s->ntp++] = t;
-    }
-    return 0;
-}
-
-static int outer_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    tctx *c = ctx;
-    tsite *s = c->s;
-    double os = num_field(c, obj, "outer_step", path, lineno);
-    if (!isfinite(os)) {
-        report_warn(c->w, "%s:%d: outer line without an \"outer_step\" skipped", path, lineno);
-        (*c->malformed)++;
-        return 0;
-    }
-    xpoint x = {os,
-                num_field(c, obj, "step", path, lineno),
-                num_field(c, obj, "bytes_sent", path, lineno) / 1e6,
-                num_field(c, obj, "bytes_received", path, lineno) / 1e6,
-                num_field(c, obj, "wall_s", path, lineno),
-                NAN};
-    LOCO_CHECK(report_grow((void **)&s->xp, &s->capxp, s->nxp + 1, sizeof x));
-    s->xp[s->nxp++] = x;
-    return 0;
-}
-
-static int event_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    (void)path, (void)lineno;
-    trun *r = ctx;
-    LOCO_CHECK(report_grow((void **)&r->ev, &r->capev, r->nev + 1, sizeof(cJSON *)));
-    r->ev[r->nev++] = obj;
-    return 1;
-}
-
-static int cmp_tpoint(const void *a, const void *b) {
-    const tpoint *x = a, *y = b;
+static int cmp_mline(const void *a, const void *b) {
+    const report_mline *x = a, *y = b;
     if (x->step != y->step)
         return x->step < y->step ? -1 : 1;
     return x->seq - y->seq;
 }
 
-static int cmp_vpoint(const void *a, const void *b) {
-    const vpoint *x = a, *y = b;
-    if (x->step != y->step)
-        return x->step < y->step ? -1 : 1;
-    return x->seq - y->seq;
-}
-
-/* Sorted by step, one point per step: the last one written (a resumed run
- * appends to the same file, so steps may repeat). The elements begin with
- * their step, a double. */
-static void dedupe(void *p, int *n, size_t elem, int (*cmp)(const void *, const void *)) {
-    qsort(p, (size_t)*n, elem, cmp);
-    char *a = p;
-    int out = 0;
-    for (int i = 0; i < *n; i++) {
-        bool last = i + 1 == *n ||
-                    *(double *)(a + (size_t)(i + 1) * elem) != *(double *)(a + (size_t)i * elem);
-        if (last)
-            memmove(a + (size_t)out++ * elem, a + (size_t)i * elem, elem);
-    }
-    *n = out;
+/* The lines of in that name "loss" (val false) or "val_loss" (val true),
+ * sorted by step, one per step: the last one written (a resumed run
+ * appends to the same file, so steps may repeat). */
+static int step_lines(const report_site *in, bool val, report_mline **out, int *n) {
+    *out = loco_alloc((size_t)(in->nm > 0 ? in->nm : 1) * sizeof(report_mline));
+    if (!*out)
+        return LOCO_ERR(LOCO_ENOMEM, "report: %d metrics lines", in->nm);
+    int k = 0;
+    for (int i = 0; i < in->nm; i++)
+        if (val ? in->m[i].has_val : in->m[i].has_loss)
+            (*out)[k++] = in->m[i];
+    qsort(*out, (size_t)k, sizeof(report_mline), cmp_mline);
+    int kept = 0;
+    for (int i = 0; i < k; i++)
+        if (i + 1 == k || (*out)[i + 1].step != (*out)[i].step)
+            (*out)[kept++] = (*out)[i];
+    *n = kept;
+    return 0;
 }
 
 /* The newest ckpt_<step>/config.ini of a directory ("" when none). */
@@ -203,27 +107,23 @@ static void newest_config(const char *dir, char *path, size_t cap) {
     closedir(d);
 }
 
-static int load_site(trun *r, tsite *s, warnings *w) {
+static int site_summary(trun *r, tsite *s, warnings *w) {
+    const report_site *in = s->in;
     char path[LOCO_PATH_MAX + 2 * REPORT_SITE_MAX + 320];
-    struct stat st;
-    tctx c = {s, w, &r->malformed};
-    snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
-    LOCO_CHECK(report_read_jsonl(path, metrics_line, &c, w, &r->malformed));
+    LOCO_CHECK(step_lines(in, false, &s->tp, &s->ntp));
     if (s->ntp == 0)
-        return LOCO_ERR(LOCO_EPROTO, "%s: no training lines (objects with \"step\" and \"loss\")",
-                        path);
-    dedupe(s->tp, &s->ntp, sizeof(tpoint), cmp_tpoint);
-    dedupe(s->vp, &s->nvp, sizeof(vpoint), cmp_vpoint);
-    if (r->multi) {
-        snprintf(path, sizeof path, "%s/outer.jsonl", s->dir);
-        if (stat(path, &st) != 0) {
-            report_warn(w, "%s: missing; no outer steps or bytes for island %s", path, s->name);
-        } else {
-            s->has_outer = true;
-            LOCO_CHECK(report_read_jsonl(path, outer_line, &c, w, &r->malformed));
-        }
+        return LOCO_ERR(LOCO_EPROTO,
+                        "%s/metrics.jsonl: no training lines (objects with \"step\" and \"loss\")",
+                        in->dir);
+    LOCO_CHECK(step_lines(in, true, &s->vp, &s->nvp));
+    s->xp = loco_alloc((size_t)(in->no > 0 ? in->no : 1) * sizeof(xpoint));
+    if (!s->xp)
+        return LOCO_ERR(LOCO_ENOMEM, "report: %d outer lines", in->no);
+    for (int i = 0; i < in->no; i++) {
+        const report_oline *o = &in->o[i];
+        s->xp[s->nxp++] = (xpoint){o->outer_step,           o->step,   o->bytes_sent / 1e6,
+                                   o->bytes_received / 1e6, o->wall_s, NAN};
     }
-    /* the summary */
     double sum = 0;
     int n = 0;
     for (int i = s->ntp - 1; i >= 0 && n < REPORT_FINAL_WINDOW; i--)
@@ -232,8 +132,8 @@ static int load_site(trun *r, tsite *s, warnings *w) {
     s->final_loss = n ? sum / n : NAN;
     s->final_val = s->final_val_step = NAN;
     for (int i = s->nvp - 1; i >= 0 && isnan(s->final_val); i--)
-        if (isfinite(s->vp[i].val))
-            s->final_val = s->vp[i].val, s->final_val_step = s->vp[i].step;
+        if (isfinite(s->vp[i].val_loss))
+            s->final_val = s->vp[i].val_loss, s->final_val_step = s->vp[i].step;
     for (int i = 0; i < s->ntp; i++)
         if (isfinite(s->tp[i].tokens_per_s) && isfinite(s->tp[i].step_s)) {
             s->tokens += round(s->tp[i].tokens_per_s * s->tp[i].step_s);
@@ -250,7 +150,7 @@ static int load_site(trun *r, tsite *s, warnings *w) {
         s->sent += isfinite(x->sent_mb) ? x->sent_mb * 1e6 : 0;
         s->recv += isfinite(x->recv_mb) ? x->recv_mb * 1e6 : 0;
     }
-    newest_config(s->dir, path, sizeof path);
+    newest_config(in->dir, path, sizeof path);
     if (path[0] && !r->has_cfg) {
         loco_config_defaults(&r->cfg);
         if (loco_config_load(&r->cfg, path) == 0) {
@@ -264,146 +164,30 @@ static int load_site(trun *r, tsite *s, warnings *w) {
     return 0;
 }
 
-static int add_site(trun *r, const char *name, const char *where) {
-    LOCO_CHECK(report_check_site_name(name, where));
-    for (int i = 0; i < r->nsites; i++)
-        if (!strcmp(r->sites[i].name, name))
-            return 0;
-    if (r->nsites >= REPORT_MAX_SITES)
-        return LOCO_ERR(LOCO_EINVAL, "%s: more than %d sites", where, REPORT_MAX_SITES);
-    tsite *s = &r->sites[r->nsites++];
-    snprintf(s->name, sizeof s->name, "%s", name);
-    snprintf(s->dir, sizeof s->dir, "%s/%s", r->dir, name);
-    return 0;
-}
-
-static int cmp_site(const void *a, const void *b) {
-    return strcmp(((const tsite *)a)->name, ((const tsite *)b)->name);
-}
-
-/* The islands: those of the start event, or else the subdirectories that
- * hold a metrics.jsonl. */
-static int find_sites(trun *r, const char *events, warnings *w) {
-    const cJSON *list = r->start ? cJSON_GetObjectItemCaseSensitive(r->start, "sites") : NULL;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, list) {
-        if (cJSON_IsString(x))
-            LOCO_CHECK(add_site(r, x->valuestring, events));
-    }
-    if (r->nsites > 0)
-        return 0;
-    if (r->nev)
-        report_warn(w,
-                    "%s: no start event with \"sites\"; the islands are the subdirectories "
-                    "holding a metrics.jsonl",
-                    events);
-    DIR *d = opendir(r->dir);
-    if (!d)
-        return LOCO_ERR(LOCO_EIO, "%s: cannot list: %s", r->dir, strerror(errno));
-    struct dirent *de;
-    int rc = 0;
-    while ((de = readdir(d)) && rc == 0) {
-        char path[LOCO_PATH_MAX + 300];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%s/metrics.jsonl", r->dir, de->d_name);
-        if (de->d_name[0] != '.' && strlen(de->d_name) < REPORT_SITE_MAX && stat(path, &st) == 0)
-            rc = add_site(r, de->d_name, r->dir);
-    }
-    closedir(d);
-    if (rc < 0)
-        return rc;
-    if (r->nsites == 0)
-        return LOCO_ERR(LOCO_EIO,
-                        "%s: no islands: no start event naming them and no "
-                        "<site>/metrics.jsonl",
-                        r->dir);
-    qsort(r->sites, (size_t)r->nsites, sizeof(tsite), cmp_site);
-    return 0;
-}
-
 static int load_run(trun *r, const char *dir, bool multi, warnings *w) {
-    r->dir = dir;
     r->multi = multi;
-    r->sites = loco_alloc(REPORT_MAX_SITES * sizeof(tsite));
+    LOCO_CHECK(report_rundir_load(&r->rd, dir, multi ? REPORT_RUN_MULTI : REPORT_RUN_SINGLE, w));
+    r->sites = loco_alloc((size_t)r->rd.nsites * sizeof(tsite));
     if (!r->sites)
         return LOCO_ERR(LOCO_ENOMEM, "report: sites");
-    memset(r->sites, 0, REPORT_MAX_SITES * sizeof(tsite));
-    if (!multi) {
-        r->nsites = 1;
-        snprintf(r->sites[0].dir, sizeof r->sites[0].dir, "%s", dir);
-        return load_site(r, &r->sites[0], w);
+    memset(r->sites, 0, (size_t)r->rd.nsites * sizeof(tsite));
+    r->nsites = r->rd.nsites;
+    for (int i = 0; i < r->nsites; i++) {
+        r->sites[i].in = &r->rd.sites[i];
+        LOCO_CHECK(site_summary(r, &r->sites[i], w));
     }
-    char events[LOCO_PATH_MAX + 32];
-    struct stat st;
-    snprintf(events, sizeof events, "%s/events.jsonl", dir);
-    if (stat(events, &st) == 0) {
-        LOCO_CHECK(report_read_jsonl(events, event_line, r, w, &r->malformed));
-        for (int i = 0; i < r->nev; i++) {
-            if (!r->start && report_jkind(r->ev[i], "start"))
-                r->start = r->ev[i];
-            if (report_jkind(r->ev[i], "end"))
-                r->end = r->ev[i];
-        }
-    } else {
-        report_warn(w, "%s: missing; no wall time, config or commits from the timeline", events);
-    }
-    LOCO_CHECK(find_sites(r, events, w));
-    for (int i = 0; i < r->nsites; i++)
-        LOCO_CHECK(load_site(r, &r->sites[i], w));
     return 0;
 }
 
 static void run_fini(trun *r) {
-    for (int i = 0; i < r->nsites; i++) {
+    for (int i = 0; r->sites && i < r->nsites; i++) {
         loco_free(r->sites[i].tp);
         loco_free(r->sites[i].vp);
         loco_free(r->sites[i].xp);
     }
     loco_free(r->sites);
-    for (int i = 0; i < r->nev; i++)
-        cJSON_Delete(r->ev[i]);
-    loco_free(r->ev);
+    report_rundir_fini(&r->rd);
     memset(r, 0, sizeof *r);
-}
-
-int loco_report_kind(const char *run_dir, loco_rundir_kind *kind, char *baseline, size_t cap) {
-    struct stat st;
-    char p[LOCO_PATH_MAX + 64];
-    if (stat(run_dir, &st) != 0)
-        return LOCO_ERR(LOCO_EIO, "run directory %s: %s", run_dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return LOCO_ERR(LOCO_EIO, "run directory %s: not a directory", run_dir);
-    snprintf(p, sizeof p, "%s/baseline/events.jsonl", run_dir);
-    bool has_base = stat(p, &st) == 0;
-    snprintf(p, sizeof p, "%s/events.jsonl", run_dir);
-    bool has_events = stat(p, &st) == 0;
-    if (has_base && has_events) {
-        *kind = LOCO_RUNDIR_FAULT;
-        if (baseline)
-            snprintf(baseline, cap, "%s/baseline", run_dir);
-        return 0;
-    }
-    snprintf(p, sizeof p, "%s/metrics.jsonl", run_dir);
-    if (stat(p, &st) == 0) {
-        *kind = LOCO_RUNDIR_SINGLE;
-        return 0;
-    }
-    bool sites = has_events;
-    DIR *d = opendir(run_dir);
-    struct dirent *de;
-    while (d && !sites && (de = readdir(d))) {
-        snprintf(p, sizeof p, "%s/%.*s/metrics.jsonl", run_dir, REPORT_SITE_MAX, de->d_name);
-        sites = de->d_name[0] != '.' && stat(p, &st) == 0;
-    }
-    if (d)
-        closedir(d);
-    if (!sites)
-        return LOCO_ERR(LOCO_EIO,
-                        "%s: not a run directory: no metrics.jsonl (loco train), no events.jsonl "
-                        "or <site>/metrics.jsonl (loco launch)",
-                        run_dir);
-    *kind = LOCO_RUNDIR_MULTI;
-    return 0;
 }
 
 /* ------------------------------------------------------------- the page */
@@ -488,14 +272,14 @@ static void config_rows(sbuf *b, const trun *r) {
 static void summary(sbuf *b, const trun *r) {
     h2(b, "Summary");
     report_sb_puts(b, "<table>\n");
-    kv(b, "directory", "%s", r->dir);
+    kv(b, "directory", "%s", r->rd.dir);
     if (r->multi) {
         sbuf names = {0};
         for (int i = 0; i < r->nsites; i++)
-            report_sb_printf(&names, "%s%s", i ? ", " : "", r->sites[i].name);
+            report_sb_printf(&names, "%s%s", i ? ", " : "", r->sites[i].in->name);
         kv(b, "kind", "multi-site (%d islands: %s)", r->nsites, report_sb_str(&names));
         report_sb_fini(&names);
-        const char *cfg = r->start ? report_jstr(r->start, "config") : NULL;
+        const char *cfg = r->rd.start ? report_jstr(r->rd.start, "config") : NULL;
         if (cfg)
             kv(b, "config", "%s", cfg);
     } else {
@@ -528,21 +312,22 @@ static void summary(sbuf *b, const trun *r) {
     kv(b, "training time", "%.1f s (sum of step_s%s; evaluation and checkpoints excluded)", train_s,
        r->multi ? ", the slowest island" : "");
     if (r->multi) {
-        double t0 = r->start ? report_jt(r->start) : NAN, t1 = r->end ? report_jt(r->end) : NAN;
+        double t0 = r->rd.start ? report_jt(r->rd.start) : NAN,
+               t1 = r->rd.end ? report_jt(r->rd.end) : NAN;
         if (isfinite(t0) && isfinite(t1))
             kv(b, "wall time", "%.1f s (start to end event)", t1 - t0);
         else
             kv(b, "wall time", "unknown (no start or end event)");
-        const char *st = r->end ? report_jstr(r->end, "status") : NULL;
+        const char *st = r->rd.end ? report_jstr(r->rd.end, "status") : NULL;
         kv(b, "status", "%s", st ? st : "did not finish (no end event)");
         char ss[32], rs[32];
         fmt_mb(ss, sizeof ss, sent);
         fmt_mb(rs, sizeof rs, recv);
         kv(b, "bytes on the wire", "%s sent, %s received (all islands)", ss, rs);
         int commits = 0;
-        for (int i = 0; i < r->nev; i++)
-            commits += report_jkind(r->ev[i], "commit");
-        if (r->nev)
+        for (int i = 0; i < r->rd.nev; i++)
+            commits += report_jkind(r->rd.ev[i], "commit");
+        if (r->rd.nev)
             kv(b, "outer steps committed", "%d", commits);
         else
             kv(b, "outer steps committed", "unknown (no events.jsonl)");
@@ -567,7 +352,7 @@ static void summary(sbuf *b, const trun *r) {
         }
         snprintf(tok, sizeof tok, "%.0f", s->tokens);
         snprintf(tr, sizeof tr, "%.1f", s->train_s);
-        if (s->has_outer) {
+        if (s->in->has_outer) {
             snprintf(os, sizeof os, "%d", s->nxp);
             fmt_mb(se, sizeof se, s->sent);
             fmt_mb(re, sizeof re, s->recv);
@@ -576,7 +361,7 @@ static void summary(sbuf *b, const trun *r) {
             snprintf(se, sizeof se, "—");
             snprintf(re, sizeof re, "—");
         }
-        const char *cells[9] = {s->name, steps, fl, fv, tok, tr, os, se, re};
+        const char *cells[9] = {s->in->name, steps, fl, fv, tok, tr, os, se, re};
         row(b, 9, cells, false);
     }
     report_sb_puts(b, "</table>\n");
@@ -611,7 +396,7 @@ static void step_chart(sbuf *b, const trun *r, series_set *set, size_t field, co
     for (int i = 0; i < r->nsites; i++) {
         const tsite *s = &r->sites[i];
         add_series(set, s, what, &s->tp[0].step, (const double *)((const char *)s->tp + field),
-                   sizeof(tpoint), s->ntp, i, REPORT_SOLID);
+                   sizeof(report_mline), s->ntp, i, REPORT_SOLID);
     }
     figure(b, title, "step", ylabel, log_y, set, "no values recorded");
 }
@@ -622,25 +407,25 @@ static void charts(sbuf *b, const trun *r, series_set *set) {
     bool any_val = false;
     for (int i = 0; i < r->nsites; i++) {
         const tsite *s = &r->sites[i];
-        add_series(set, s, "training loss", &s->tp[0].step, &s->tp[0].loss, sizeof(tpoint), s->ntp,
-                   r->multi ? i : 0, REPORT_SOLID);
+        add_series(set, s, "training loss", &s->tp[0].step, &s->tp[0].loss, sizeof(report_mline),
+                   s->ntp, r->multi ? i : 0, REPORT_SOLID);
         if (s->nvp) {
             any_val = true;
-            add_series(set, s, "validation loss", &s->vp[0].step, &s->vp[0].val, sizeof(vpoint),
-                       s->nvp, r->multi ? i : 1, REPORT_DASHED);
+            add_series(set, s, "validation loss", &s->vp[0].step, &s->vp[0].val_loss,
+                       sizeof(report_mline), s->nvp, r->multi ? i : 1, REPORT_DASHED);
         }
     }
     figure(b, "Loss against step", "step", "loss", false, set, "no loss values");
     if (!any_val)
         note(b, "No validation loss recorded (run.eval_every, data.val).");
     h2(b, "Learning rate");
-    step_chart(b, r, set, offsetof(tpoint, lr), "Learning rate against step", "learning rate",
+    step_chart(b, r, set, offsetof(report_mline, lr), "Learning rate against step", "learning rate",
                "learning rate", false);
     h2(b, "Gradient norm");
-    step_chart(b, r, set, offsetof(tpoint, grad_norm), "Gradient norm against step (log scale)",
-               "grad norm", "grad norm", true);
+    step_chart(b, r, set, offsetof(report_mline, grad_norm),
+               "Gradient norm against step (log scale)", "grad norm", "grad norm", true);
     h2(b, "Throughput");
-    step_chart(b, r, set, offsetof(tpoint, tokens_per_s), "Tokens per second against step",
+    step_chart(b, r, set, offsetof(report_mline, tokens_per_s), "Tokens per second against step",
                "tokens/s", "tokens/s", false);
     if (!r->multi)
         return;
@@ -649,7 +434,7 @@ static void charts(sbuf *b, const trun *r, series_set *set) {
     bool any_outer = false, any_t = false;
     for (int i = 0; i < r->nsites; i++) {
         const tsite *s = &r->sites[i];
-        if (!s->has_outer || !s->nxp)
+        if (!s->in->has_outer || !s->nxp)
             continue;
         any_outer = true;
         add_series(set, s, "sent", &s->xp[0].outer_step, &s->xp[0].sent_mb, sizeof(xpoint), s->nxp,
@@ -667,7 +452,7 @@ static void charts(sbuf *b, const trun *r, series_set *set) {
     set->n = 0;
     for (int i = 0; i < r->nsites; i++) {
         const tsite *s = &r->sites[i];
-        if (s->has_outer && s->nxp)
+        if (s->in->has_outer && s->nxp)
             add_series(set, s, "outer step", &s->xp[0].t, &s->xp[0].outer_step, sizeof(xpoint),
                        s->nxp, i, REPORT_SOLID);
     }

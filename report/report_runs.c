@@ -1,7 +1,7 @@
-/* The fault-experiment report: growing buffers and the run directories
- * `loco launch` leaves (events.jsonl, <site>/metrics.jsonl,
- * <site>/outer.jsonl; docs/REPORTS.md is the contract), read and checked. */
-#include "faulttol/report_internal.h"
+/* The reports' growing buffers, and the fault-experiment report's runs:
+ * what rundir.c read, turned into per-island points, the mean over the
+ * islands, the committed outer steps and the compute utilisation. */
+#include "report/report_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -130,6 +130,18 @@ void report_sb_md(sbuf *b, const char *s) {
     }
 }
 
+int report_write_file(const char *dir, const char *name, const sbuf *text) {
+    char path[LOCO_PATH_MAX + 32], tmp[LOCO_PATH_MAX + 40];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (text->oom)
+        return LOCO_ERR(LOCO_ENOMEM, "%s: out of memory building the report", path);
+    LOCO_CHECK(loco_file_write_sync(tmp, report_sb_str(text), text->n));
+    if (rename(tmp, path) != 0)
+        return LOCO_ERR(LOCO_EIO, "%s: cannot rename: %s", path, strerror(errno));
+    return 0;
+}
+
 /* ---------------------------------------------------------- run content */
 
 __attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *fmt, ...) {
@@ -145,9 +157,7 @@ __attribute__((format(printf, 2, 3))) void report_warn(warnings *w, const char *
 }
 
 void report_run_fini(run_data *r) {
-    for (int i = 0; i < r->nev; i++)
-        cJSON_Delete(r->ev[i]);
-    loco_free(r->ev);
+    report_rundir_fini(&r->rd);
     for (int i = 0; i < r->nsites; i++) {
         loco_free(r->sites[i].m);
         loco_free(r->sites[i].o);
@@ -162,167 +172,6 @@ void report_run_fini(run_data *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* ------------------------------------------------------------ JSON help */
-
-const char *report_jstr(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-double report_jnum(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
-}
-
-bool report_jkind(const cJSON *e, const char *kind) {
-    const char *k = report_jstr(e, "kind");
-    return k && !strcmp(k, kind);
-}
-
-double report_jt(const cJSON *e) {
-    return report_jnum(e, "t");
-}
-
-/* True when the event's "members" array names site. */
-bool report_jmembers_has(const cJSON *e, const char *site) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "members");
-    const cJSON *x;
-    cJSON_ArrayForEach(x, m) {
-        if (cJSON_IsString(x) && !strcmp(x->valuestring, site))
-            return true;
-    }
-    return false;
-}
-
-bool report_streq(const char *a, const char *b) {
-    return a && b && !strcmp(a, b);
-}
-
-int report_read_jsonl(const char *path, report_line_fn fn, void *ctx, warnings *w,
-                      int *malformed) {
-    void *data;
-    size_t len;
-    LOCO_CHECK(loco_file_read(path, &data, &len));
-    const char *s = data, *end = s + len;
-    int lineno = 0, rc = 0;
-    while (s < end && rc >= 0) {
-        const char *nl = memchr(s, '\n', (size_t)(end - s));
-        const char *e = nl ? nl : end;
-        lineno++;
-        const char *p = s;
-        while (p < e && (*p == ' ' || *p == '\t' || *p == '\r'))
-            p++;
-        if (p < e) {
-            cJSON *obj = cJSON_ParseWithLength(s, (size_t)(e - s));
-            if (!cJSON_IsObject(obj)) {
-                report_warn(w, "%s:%d: malformed line skipped (not a JSON object)", path, lineno);
-                if (malformed)
-                    (*malformed)++;
-                cJSON_Delete(obj);
-            } else {
-                rc = fn(ctx, path, lineno, obj);
-                if (rc != 1)
-                    cJSON_Delete(obj);
-            }
-        }
-        s = e + 1;
-    }
-    loco_free(data);
-    return rc < 0 ? rc : 0;
-}
-
-/* ------------------------------------------------------------- loading */
-
-typedef struct {
-    run_data *r;
-    warnings *w;
-} load_ctx;
-
-static int event_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    load_ctx *c = ctx;
-    if (!isfinite(report_jt(obj)) || !report_jstr(obj, "kind")) {
-        report_warn(c->w, "%s:%d: event without a numeric \"t\" and a \"kind\" skipped", path,
-                    lineno);
-        c->r->malformed++;
-        return 0;
-    }
-    LOCO_CHECK(report_grow((void **)&c->r->ev, &c->r->capev, c->r->nev + 1, sizeof(cJSON *)));
-    c->r->ev[c->r->nev++] = obj;
-    return 1;
-}
-
-typedef struct {
-    site_data *s;
-    warnings *w;
-    int *malformed;
-} site_ctx;
-
-static int metrics_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    site_ctx *c = ctx;
-    double step = report_jnum(obj, "step");
-    if (!isfinite(step) || step < 0) {
-        report_warn(c->w, "%s:%d: metrics line without a \"step\" skipped", path, lineno);
-        (*c->malformed)++;
-        return 0;
-    }
-    mpoint p = {(int64_t)step, report_jnum(obj, "loss"), report_jnum(obj, "val_loss"), c->s->nm};
-    if (isnan(p.loss) && isnan(p.val))
-        return 0; /* nothing this report draws */
-    LOCO_CHECK(report_grow((void **)&c->s->m, &c->s->capm, c->s->nm + 1, sizeof(mpoint)));
-    c->s->m[c->s->nm++] = p;
-    return 0;
-}
-
-static int outer_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    site_ctx *c = ctx;
-    double os = report_jnum(obj, "outer_step");
-    if (!isfinite(os)) {
-        report_warn(c->w, "%s:%d: outer line without an \"outer_step\" skipped", path, lineno);
-        (*c->malformed)++;
-        return 0;
-    }
-    opoint p = {(int64_t)os, report_jnum(obj, "bytes_sent"), report_jnum(obj, "wait_s"),
-                report_jnum(obj, "wall_s"), NAN, ""};
-    bool any = !isnan(p.wait_s) || !isnan(p.wall_s);
-    if (any && !(p.wall_s > 0 && p.wait_s >= 0 && p.wait_s <= p.wall_s && isfinite(p.wall_s))) {
-        report_warn(c->w,
-                    "%s:%d: \"wait_s\" and \"wall_s\" not usable (need 0 <= wait_s <= wall_s, "
-                    "wall_s > 0); left out of the utilisation",
-                    path, lineno);
-        p.wait_s = p.wall_s = NAN;
-    } else if (any) {
-        p.util = 1 - p.wait_s / p.wall_s;
-    }
-    const char *h = report_jstr(obj, "theta_hash");
-    snprintf(p.hash, sizeof p.hash, "%s", h ? h : "");
-    LOCO_CHECK(report_grow((void **)&c->s->o, &c->s->capo, c->s->no + 1, sizeof(opoint)));
-    c->s->o[c->s->no++] = p;
-    return 0;
-}
-
-/* Sorts events by time, keeping the file order of events of equal time (a
- * fault and what it caused may share a timestamp): a merge sort. */
-static int sort_events(cJSON **ev, int n) {
-    cJSON **tmp = loco_alloc((size_t)(n > 0 ? n : 1) * sizeof(cJSON *));
-    if (!tmp)
-        return LOCO_ERR(LOCO_ENOMEM, "report: sorting %d events", n);
-    for (int w = 1; w < n; w *= 2) {
-        for (int lo = 0; lo < n; lo += 2 * w) {
-            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                tmp[k++] = report_jt(ev[j]) < report_jt(ev[i]) ? ev[j++] : ev[i++];
-            while (i < mid)
-                tmp[k++] = ev[i++];
-            while (j < hi)
-                tmp[k++] = ev[j++];
-        }
-        memcpy(ev, tmp, (size_t)n * sizeof(cJSON *));
-    }
-    loco_free(tmp);
-    return 0;
-}
-
 static int cmp_mpoint(const void *a, const void *b) {
     const mpoint *x = a, *y = b;
     if (x->step != y->step)
@@ -333,73 +182,6 @@ static int cmp_mpoint(const void *a, const void *b) {
 int report_cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return x < y ? -1 : x > y;
-}
-
-/* A site name becomes a path component: no separators, no dot files. */
-int report_check_site_name(const char *name, const char *where) {
-    if (!name[0] || name[0] == '.' || strchr(name, '/') || strlen(name) >= REPORT_SITE_MAX)
-        return LOCO_ERR(LOCO_EPROTO, "%s: bad site name '%s'", where, name);
-    return 0;
-}
-
-static int add_site(run_data *r, const char *name, const char *where) {
-    LOCO_CHECK(report_check_site_name(name, where));
-    for (int i = 0; i < r->nsites; i++)
-        if (!strcmp(r->sites[i].name, name))
-            return 0;
-    if (r->nsites >= REPORT_MAX_SITES)
-        return LOCO_ERR(LOCO_EINVAL, "%s: more than %d sites", where, REPORT_MAX_SITES);
-    snprintf(r->sites[r->nsites++].name, REPORT_SITE_MAX, "%s", name);
-    return 0;
-}
-
-static int cmp_name(const void *a, const void *b) {
-    return strcmp(((const site_data *)a)->name, ((const site_data *)b)->name);
-}
-
-/* The sites of a run: those of its start event, or else the subdirectories
- * that hold a metrics.jsonl. */
-static int find_sites(run_data *r, const char *events_path, warnings *w) {
-    r->sites = loco_alloc(REPORT_MAX_SITES * sizeof(site_data));
-    if (!r->sites)
-        return LOCO_ERR(LOCO_ENOMEM, "report: sites");
-    const cJSON *list = r->start ? cJSON_GetObjectItemCaseSensitive(r->start, "sites") : NULL;
-    if (cJSON_IsArray(list)) {
-        const cJSON *x;
-        cJSON_ArrayForEach(x, list) {
-            if (cJSON_IsString(x))
-                LOCO_CHECK(add_site(r, x->valuestring, events_path));
-        }
-        if (r->nsites > 0)
-            return 0;
-    }
-    report_warn(w,
-                "%s: no start event with \"sites\"; using the subdirectories of %s that hold a "
-                "metrics.jsonl",
-                events_path, r->dir);
-    DIR *d = opendir(r->dir);
-    if (!d)
-        return LOCO_ERR(LOCO_EIO, "%s: cannot list: %s", r->dir, strerror(errno));
-    struct dirent *de;
-    int rc = 0;
-    while ((de = readdir(d)) && rc == 0) {
-        if (de->d_name[0] == '.')
-            continue;
-        char path[LOCO_PATH_MAX + 2 * REPORT_SITE_MAX];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%.*s/metrics.jsonl", r->dir, REPORT_SITE_MAX - 1,
-                 de->d_name);
-        if (strlen(de->d_name) < REPORT_SITE_MAX && stat(path, &st) == 0)
-            rc = add_site(r, de->d_name, r->dir);
-    }
-    closedir(d);
-    if (rc < 0)
-        return rc;
-    if (r->nsites == 0)
-        return LOCO_ERR(LOCO_EIO, "%s: no sites: no start event and no <site>/metrics.jsonl",
-                        r->dir);
-    qsort(r->sites, (size_t)r->nsites, sizeof(site_data), cmp_name);
-    return 0;
 }
 
 /* Sorts one island's points by step and keeps one per step: the last loss
@@ -479,9 +261,9 @@ static int add_commit(run_data *r, int64_t step) {
 /* Committed outer steps: the commit events, or where a run has none (an
  * older coordinator), every outer step an island wrote to outer.jsonl. */
 static int collect_commits(run_data *r) {
-    for (int i = 0; i < r->nev; i++) {
-        double s = report_jnum(r->ev[i], "outer_step");
-        if (report_jkind(r->ev[i], "commit") && isfinite(s))
+    for (int i = 0; i < r->rd.nev; i++) {
+        double s = report_jnum(r->rd.ev[i], "outer_step");
+        if (report_jkind(r->rd.ev[i], "commit") && isfinite(s))
             LOCO_CHECK(add_commit(r, (int64_t)s));
     }
     r->commits_from_events = r->ncommits > 0;
@@ -568,49 +350,65 @@ static int run_utilisation(run_data *r) {
     return 0;
 }
 
+/* An island's points: the metrics lines with a loss or a validation loss,
+ * and its outer.jsonl records (wait_s and wall_s checked for the
+ * utilisation). */
+static int site_points(site_data *s, const report_site *in, warnings *w) {
+    snprintf(s->name, sizeof s->name, "%s", in->name);
+    for (int i = 0; i < in->nm; i++) {
+        const report_mline *l = &in->m[i];
+        if (isnan(l->loss) && isnan(l->val_loss))
+            continue; /* nothing this report draws */
+        LOCO_CHECK(report_grow((void **)&s->m, &s->capm, s->nm + 1, sizeof(mpoint)));
+        s->m[s->nm] = (mpoint){(int64_t)l->step, l->loss, l->val_loss, s->nm};
+        s->nm++;
+    }
+    dedupe_steps(s);
+    s->has_outer = in->has_outer;
+    for (int i = 0; i < in->no; i++) {
+        const report_oline *l = &in->o[i];
+        opoint p = {(int64_t)l->outer_step, l->bytes_sent, l->wait_s, l->wall_s, NAN, ""};
+        bool any = !isnan(p.wait_s) || !isnan(p.wall_s);
+        if (any && !(p.wall_s > 0 && p.wait_s >= 0 && p.wait_s <= p.wall_s && isfinite(p.wall_s))) {
+            report_warn(w,
+                        "%s/outer.jsonl:%d: \"wait_s\" and \"wall_s\" not usable (need 0 <= "
+                        "wait_s <= wall_s, wall_s > 0); left out of the utilisation",
+                        in->dir, l->lineno);
+            p.wait_s = p.wall_s = NAN;
+        } else if (any) {
+            p.util = 1 - p.wait_s / p.wall_s;
+        }
+        snprintf(p.hash, sizeof p.hash, "%s", l->hash);
+        LOCO_CHECK(report_grow((void **)&s->o, &s->capo, s->no + 1, sizeof(opoint)));
+        s->o[s->no++] = p;
+    }
+    return 0;
+}
+
 int report_load_run(run_data *r, const char *dir, const char *label, warnings *w) {
     struct stat st;
-    r->dir = dir;
     r->label = label;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return LOCO_ERR(LOCO_EIO, "%s run directory %s: %s", label, dir,
                         errno ? strerror(errno) : "not a directory");
-    char path[LOCO_PATH_MAX + 2 * REPORT_SITE_MAX];
-    snprintf(path, sizeof path, "%s/events.jsonl", dir);
-    load_ctx lc = {r, w};
-    LOCO_CHECK(report_read_jsonl(path, event_line, &lc, w, &r->malformed));
-    if (r->nev == 0)
-        return LOCO_ERR(LOCO_EPROTO, "%s: no events", path);
-    LOCO_CHECK(sort_events(r->ev, r->nev));
-    for (int i = 0; i < r->nev; i++) {
-        if (!r->start && report_jkind(r->ev[i], "start"))
-            r->start = r->ev[i];
-        if (report_jkind(r->ev[i], "end"))
-            r->end = r->ev[i];
-    }
-    r->t0 = r->start ? report_jt(r->start) : report_jt(r->ev[0]);
-    r->t1 = r->end ? report_jt(r->end) : report_jt(r->ev[r->nev - 1]);
-    LOCO_CHECK(find_sites(r, path, w));
+    LOCO_CHECK(report_rundir_load(&r->rd, dir, REPORT_RUN_TIMELINE, w));
+    r->t0 = r->rd.start ? report_jt(r->rd.start) : report_jt(r->rd.ev[0]);
+    r->t1 = r->rd.end ? report_jt(r->rd.end) : report_jt(r->rd.ev[r->rd.nev - 1]);
+    r->sites = loco_alloc((size_t)r->rd.nsites * sizeof(site_data));
+    if (!r->sites)
+        return LOCO_ERR(LOCO_ENOMEM, "report: sites");
+    memset(r->sites, 0, (size_t)r->rd.nsites * sizeof(site_data));
+    r->nsites = r->rd.nsites;
     for (int i = 0; i < r->nsites; i++) {
         site_data *s = &r->sites[i];
-        site_ctx sc = {s, w, &r->malformed};
-        snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, s->name);
-        LOCO_CHECK(report_read_jsonl(path, metrics_line, &sc, w, &r->malformed));
-        dedupe_steps(s);
-        snprintf(path, sizeof path, "%s/%s/outer.jsonl", dir, s->name);
-        if (stat(path, &st) != 0) {
-            report_warn(w, "%s: missing; island %s counted as sending nothing", path, s->name);
-            continue;
-        }
-        s->has_outer = true;
-        LOCO_CHECK(report_read_jsonl(path, outer_line, &sc, w, &r->malformed));
+        LOCO_CHECK(site_points(s, &r->rd.sites[i], w));
         for (int j = 0; j < s->no; j++)
             if (isfinite(s->o[j].bytes_sent))
                 r->bytes_sent += s->o[j].bytes_sent;
     }
-    for (int i = 0; i < r->nev; i++) {
-        double b = report_jnum(r->ev[i], "transfer_bytes");
-        if (report_jkind(r->ev[i], "join") && isfinite(b))
+    for (int i = 0; i < r->rd.nev; i++) {
+        double b = report_jnum(r->rd.ev[i], "transfer_bytes");
+        if (report_jkind(r->rd.ev[i], "join") && isfinite(b))
             r->transfer_bytes += b;
     }
     LOCO_CHECK(build_mean(r));
@@ -618,7 +416,6 @@ int report_load_run(run_data *r, const char *dir, const char *label, warnings *w
     LOCO_CHECK(run_utilisation(r));
     return 0;
 }
-
 
 bool report_has_val(const run_data *r) {
     for (int i = 0; i < r->mean.n; i++)
