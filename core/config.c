@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,6 +149,15 @@ void loco_config_defaults(loco_config *cfg) {
         bool ok = parse_value(cfg, &keys[i], d);
         (void)ok; /* defaults are checked by tests/core/test_config.c */
     }
+}
+
+static loco_config default_cfg;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static void default_init(void) { loco_config_defaults(&default_cfg); }
+
+const loco_config *loco_config_default(void) {
+    pthread_once(&default_once, default_init);
+    return &default_cfg;
 }
 
 /* Applies one key; `where` is "file:line" or "--set". */

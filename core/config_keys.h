@@ -96,6 +96,7 @@ LOCO_KEY_INT(faulttol, heartbeat_ms, 100, 1, 3600000, "interval of island heartb
 LOCO_KEY_NUM(faulttol, phi, 8, 0.5, 1000, "phi-accrual threshold over heartbeat intervals (8: 1e-8 false suspicion)")
 LOCO_KEY_INT(faulttol, phi_pause_ms, 1000, 0, 3600000, "silence accepted on top of the usual heartbeat interval before phi rises (scheduling hiccups, GC, long steps)")
 LOCO_KEY_INT(faulttol, timeout_ms, 60000, 1, 86400000, "hard bound: an island silent this long is dead (it leaves the quorum); also the limit on any wait for a peer or the coordinator")
+LOCO_KEY_INT(faulttol, reconnect_ms, 2000, 1, 3600000, "while training: how long one attempt to register again with a lost coordinator (TCP, TLS, REGISTER) may hold the island's step, ms; the first registration has net.connect_timeout_ms")
 LOCO_KEY_NUM(faulttol, coordinator_grace_s, 600, 0, 1e7, "islands without a coordinator keep training and keep trying to register again (capped exponential back-off) this long before they give up")
 LOCO_KEY_ENUM(faulttol, straggler_policy, "wait", "wait|drop", "an island not ready for an outer step: wait for it, or drop it from that step after straggler_ms (it catches up through a state transfer)")
 LOCO_KEY_INT(faulttol, straggler_ms, 30000, 1, 86400000, "with straggler_policy = drop: how long the ready islands wait for the others")

@@ -399,7 +399,7 @@ int loco_coord_serve(loco_coord *c) {
                     continue;
                 loco_frame_hdr h = {.type = LOCO_FRAME_BYE, .epoch = c->epoch};
                 if (loco_link_send(c->isl[i].link, &h, NULL, 0) == 0)
-                    loco_link_flush(c->isl[i].link, 2000);
+                    loco_link_flush(c->isl[i].link, LOCO_LINK_FAREWELL_MS);
             }
             loco_info("coordinator: run finished; θ_global agreed through outer step %lld",
                       (long long)c->committed);

@@ -79,10 +79,10 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     int nr = cJSON_GetArraySize(ranks);
     if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
         !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
-        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !loco__coord_num_in(jc, 0, 1e15) ||
-        !cJSON_IsString(jh) || !loco__coord_num_in(je, 0, 1e15) ||
-        !loco__coord_num_in(jp, 0, 1e15) || !cJSON_IsString(jph) ||
-        (jes && !loco__coord_num_in(jes, 0, 1e15))) {
+        strlen(mesh->valuestring) >= sizeof c->ref_mesh || !loco__coord_num_in(jc, 0, LOCO_JSON_NUM_MAX) ||
+        !cJSON_IsString(jh) || !loco__coord_num_in(je, 0, LOCO_JSON_NUM_MAX) ||
+        !loco__coord_num_in(jp, 0, LOCO_JSON_NUM_MAX) || !cJSON_IsString(jph) ||
+        (jes && !loco__coord_num_in(jes, 0, LOCO_JSON_NUM_MAX))) {
         snprintf(why, sizeof why, "malformed REGISTER");
         goto refuse;
     }
@@ -171,7 +171,7 @@ static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t
     loco_phi_detector phi = {0};
     const double beat = (double)c->cfg.faulttol.heartbeat_ms;
     if (!addrs ||
-        loco_phi_init(&phi, 1000, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat) < 0) {
+        loco_phi_init(&phi, LOCO_PHI_WINDOW, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat) < 0) {
         loco_free(addrs);
         snprintf(why, sizeof why, "the coordinator is out of memory");
         goto refuse;
