@@ -160,6 +160,18 @@ const loco_config *loco_config_default(void) {
     return &default_cfg;
 }
 
+/* Keys a user sets once: parallel.microbatches given alone sets
+ * train.grad_accum too (under pipeline parallelism both count the
+ * micro-batches of one optimizer step). Once both were given they stay as
+ * given; inner/train.c refuses them if they differ under parallel.pp > 1. */
+static void follow(loco_config *cfg, const key_desc *k) {
+    if (k->offset == offsetof(loco_config, train.grad_accum))
+        cfg->given.grad_accum = true;
+    else if (k->offset == offsetof(loco_config, parallel.microbatches) &&
+             cfg->parallel.microbatches > 0 && !cfg->given.grad_accum)
+        cfg->train.grad_accum = cfg->parallel.microbatches;
+}
+
 /* Applies one key; `where` is "file:line" or "--set". */
 static int set_key(loco_config *cfg, const char *where, const char *section, const char *key,
                    const char *value) {
@@ -179,6 +191,7 @@ static int set_key(loco_config *cfg, const char *where, const char *section, con
         return LOCO_ERR(LOCO_EINVAL, "%s: key '%s.%s': expected %s, got '%s'", where, section, key,
                         exp, value);
     }
+    follow(cfg, k);
     return 0;
 }
 

@@ -340,6 +340,11 @@ typedef struct {
 #undef LOCO_KEY_BOOL
 #undef LOCO_KEY_STR
 #undef LOCO_KEY_ENUM
+    /* Keys a file or --set gave, for keys that follow another until both
+     * are given (core/config.c, follow()). */
+    struct {
+        bool grad_accum;
+    } given;
 } loco_config;
 
 /* Fills every key with its default. */
