@@ -70,8 +70,8 @@ typedef struct {
     size_t n_state;        /* elements of error-feedback state (the shard) */
 } loco_codec_params;
 
-/* Defaults: int8, block 128, nearest, error feedback on, zstd auto at level
- * 1, 4 MiB chunks, min ratio 1.1, unknown link, all threads, seed 0. */
+/* Defaults: the [compress] keys of core/config_keys.h (int8, block 128,
+ * nearest, error feedback on, zstd auto, ...), all threads, seed 0. */
 void loco_codec_params_default(loco_codec_params *p);
 /* Fills p from the [compress] section (threads falling back to run.threads,
  * seed from train.seed). n_state is left 0: the caller sets it. */

@@ -37,25 +37,9 @@ int loco_codec_parse(const char *name, loco_codec_kind *out) {
                     name ? name : "(null)");
 }
 
-void loco_codec_params_default(loco_codec_params *p) {
-    *p = (loco_codec_params){
-        .codec = LOCO_CODEC_INT8,
-        .block = 128,
-        .stochastic = false,
-        .error_feedback = true,
-        .zstd = LOCO_ZSTD_AUTO,
-        .zstd_level = 1,
-        .chunk_bytes = (size_t)4 << 20,
-        .auto_min_ratio = 1.1,
-        .link_gbps = 0,
-        .threads = 0,
-        .seed = 0,
-        .n_state = 0,
-    };
-}
-
-int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg) {
-    loco_codec_params_default(p);
+/* The [compress] section, run.threads and train.seed into p, unchecked. */
+static int fill(loco_codec_params *p, const loco_config *cfg) {
+    *p = (loco_codec_params){0};
     LOCO_CHECK(loco_codec_parse(cfg->compress.codec, &p->codec));
     p->block = (int)cfg->compress.block;
     p->stochastic = !strcmp(cfg->compress.rounding, "stochastic");
@@ -72,6 +56,17 @@ int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg) 
     p->link_gbps = cfg->compress.link_gbps;
     p->threads = (int)(cfg->compress.threads > 0 ? cfg->compress.threads : cfg->run.threads);
     p->seed = (uint64_t)cfg->train.seed;
+    return 0;
+}
+
+void loco_codec_params_default(loco_codec_params *p) {
+    int rc = fill(p, loco_config_default());
+    (void)rc; /* cannot fail: the key's choices are codec_names */
+    p->seed = 0; /* callers without a config draw from seed 0, as they always did */
+}
+
+int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg) {
+    LOCO_CHECK(fill(p, cfg));
     LOCO_CHECK(loco_codec_params_check(p));
     return 0;
 }

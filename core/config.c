@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,6 +151,27 @@ void loco_config_defaults(loco_config *cfg) {
     }
 }
 
+static loco_config default_cfg;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static void default_init(void) { loco_config_defaults(&default_cfg); }
+
+const loco_config *loco_config_default(void) {
+    pthread_once(&default_once, default_init);
+    return &default_cfg;
+}
+
+/* Keys a user sets once: parallel.microbatches given alone sets
+ * train.grad_accum too (under pipeline parallelism both count the
+ * micro-batches of one optimizer step). Once both were given they stay as
+ * given; inner/train.c refuses them if they differ under parallel.pp > 1. */
+static void follow(loco_config *cfg, const key_desc *k) {
+    if (k->offset == offsetof(loco_config, train.grad_accum))
+        cfg->given.grad_accum = true;
+    else if (k->offset == offsetof(loco_config, parallel.microbatches) &&
+             cfg->parallel.microbatches > 0 && !cfg->given.grad_accum)
+        cfg->train.grad_accum = cfg->parallel.microbatches;
+}
+
 /* Applies one key; `where` is "file:line" or "--set". */
 static int set_key(loco_config *cfg, const char *where, const char *section, const char *key,
                    const char *value) {
@@ -169,6 +191,7 @@ static int set_key(loco_config *cfg, const char *where, const char *section, con
         return LOCO_ERR(LOCO_EINVAL, "%s: key '%s.%s': expected %s, got '%s'", where, section, key,
                         exp, value);
     }
+    follow(cfg, k);
     return 0;
 }
 

@@ -323,10 +323,19 @@ typedef struct {
 #undef LOCO_KEY_BOOL
 #undef LOCO_KEY_STR
 #undef LOCO_KEY_ENUM
+    /* Keys a file or --set gave, for keys that follow another until both
+     * are given (core/config.c, follow()). */
+    struct {
+        bool grad_accum;
+    } given;
 } loco_config;
 
 /* Fills every key with its default. */
 void loco_config_defaults(loco_config *cfg);
+/* The key table's defaults, built once and shared (read-only, thread-safe):
+ * what a module's *_default() reads so that a default lives only in
+ * core/config_keys.h. */
+const loco_config *loco_config_default(void);
 /* Reads an INI file over cfg. Errors name file:line, section.key and what
  * was expected (unknown section or key, wrong type, out of range). */
 int loco_config_load(loco_config *cfg, const char *path);
@@ -367,7 +376,8 @@ typedef struct {
 
 typedef struct loco_store loco_store;
 
-/* No CA, no client certificate, 10 s connect, 60 s stall. */
+/* No CA, no client certificate; run.ckpt_connect_ms and run.ckpt_stall_s
+ * of the key table. */
 void loco_store_opts_default(loco_store_opts *o);
 /* net.ca, net.cert, net.key, run.ckpt_connect_ms, run.ckpt_stall_s. */
 void loco_store_opts_from_config(loco_store_opts *o, const loco_config *cfg);

@@ -26,9 +26,10 @@ struct loco_store {
 typedef enum { LOC_PATH, LOC_FILE, LOC_HTTP, LOC_OTHER } loc_kind;
 
 void loco_store_opts_default(loco_store_opts *o) {
+    const loco_config *d = loco_config_default();
     memset(o, 0, sizeof *o);
-    o->connect_timeout_ms = 10000;
-    o->stall_timeout_s = 60;
+    o->connect_timeout_ms = (long)d->run.ckpt_connect_ms;
+    o->stall_timeout_s = (long)d->run.ckpt_stall_s;
 }
 
 void loco_store_opts_from_config(loco_store_opts *o, const loco_config *cfg) {

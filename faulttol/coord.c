@@ -1,7 +1,8 @@
 /* The coordinator: quorum epochs, failure detection and rejoins, and the
  * loop that serves it all (the go and the commit of every outer step:
  * coord_step.c; registration and the first quorum: coord_register.c). One
- * thread polls the listener and every link; the messages are small.
+ * thread polls the listener and every link, and sleeps on one eventfd they
+ * all write to when it has nothing to do; the messages are small.
  *
  * A member lost or dropped, or a failed exchange, bumps the epoch and
  * announces it (QUORUM with outer_step 0): the survivors say READY again
@@ -11,13 +12,21 @@
  * (docs/PROTOCOL.md). */
 #include "faulttol/coord_internal.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Frames read from one island per round of the loop. */
 #define POLL_FRAMES 16
+/* Longest wait of an idle loop: how late a timer (phi over a 100 ms
+ * heartbeat, straggler_ms, a pending link's handshake_timeout_ms) may be
+ * seen, a few percent of the shortest of them. Frames wake it at once. */
+#define COORD_TICK_MS 10
 
 /* ----------------------------------------------------------- events */
 
@@ -129,6 +138,11 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
     if (!c)
         return LOCO_ERR(LOCO_ENOMEM, "coordinator");
     int rc;
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->wake_fd < 0) {
+        rc = LOCO_ERR(LOCO_EIO, "coordinator: eventfd: %s", strerror(errno));
+        goto out_fail;
+    }
     c->cfg = *cfg;
     c->np = *np;
     c->end_step = cfg->train.steps;
@@ -171,6 +185,7 @@ int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_p
                         out_fail);
     }
     LOCO_CHECK_GOTO(loco_net_listen(&c->listener, &c->np, h, prt), out_fail);
+    loco_net_listener_set_notify(c->listener, c->wake_fd);
     loco_info("coordinator: listening on %s:%d for %d islands (%s)", h,
               loco_net_listener_port(c->listener), c->n, cfg->outer.sites);
     LOCO_CHECK_GOTO(loco__coord_metrics_start(c), out_fail);
@@ -206,6 +221,8 @@ void loco_coord_destroy(loco_coord *c) {
     for (int i = 0; i < LOCO_MAX_ISLANDS; i++)
         drop_island(&c->isl[i]);
     loco_net_listener_destroy(c->listener);
+    if (c->wake_fd >= 0) /* after every link and the listener that write to it */
+        close(c->wake_fd);
     loco_free(c);
 }
 
@@ -322,6 +339,19 @@ static int poll_island(loco_coord *c, int i, bool *busy) {
     return 0;
 }
 
+/* Sleeps until the listener or a link has news (loco_link_set_notify) or
+ * COORD_TICK_MS passed, for what only time moves: phi, the straggler and
+ * pending-link timeouts. The count is read before the next round reads
+ * the links, so news that comes meanwhile wakes the round after. */
+static void await_news(loco_coord *c) {
+    struct pollfd pf = {.fd = c->wake_fd, .events = POLLIN};
+    if (poll(&pf, 1, COORD_TICK_MS) > 0) {
+        uint64_t n;
+        ssize_t r = read(c->wake_fd, &n, sizeof n);
+        (void)r; /* EAGAIN: another round took it */
+    }
+}
+
 int loco_coord_serve(loco_coord *c) {
     const double timeout = (double)c->cfg.faulttol.timeout_ms / 1000.0;
     /* Restarted for a run that is over (its timeline says it finished):
@@ -399,7 +429,7 @@ int loco_coord_serve(loco_coord *c) {
                     continue;
                 loco_frame_hdr h = {.type = LOCO_FRAME_BYE, .epoch = c->epoch};
                 if (loco_link_send(c->isl[i].link, &h, NULL, 0) == 0)
-                    loco_link_flush(c->isl[i].link, 2000);
+                    loco_link_flush(c->isl[i].link, LOCO_LINK_FAREWELL_MS);
             }
             loco_info("coordinator: run finished; θ_global agreed through outer step %lld",
                       (long long)c->committed);
@@ -408,6 +438,6 @@ int loco_coord_serve(loco_coord *c) {
             return 0;
         }
         if (!busy)
-            loco_sleep_ms(2);
+            await_news(c);
     }
 }

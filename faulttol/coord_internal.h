@@ -41,7 +41,8 @@ struct loco_coord {
     loco_config cfg;
     loco_net_params np;
     loco_net_listener *listener;
-    int n; /* islands expected (outer.sites) */
+    int wake_fd; /* eventfd the listener and every link add to: the loop's wait */
+    int n;       /* islands expected (outer.sites) */
     char sites[LOCO_MAX_ISLANDS][LOCO_NET_NAME_MAX];
     island isl[LOCO_MAX_ISLANDS];               /* by id */
     pending_link pending[LOCO_NET_MAX_PENDING]; /* np.max_pending used */

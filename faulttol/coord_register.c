@@ -57,157 +57,197 @@ static void not_believed(loco_coord *c, int i, int64_t step) {
 
 /* ----------------------------------------------------------- registering */
 
-/* A REGISTER from a pending link: 1 when it became an island (which owns l
- * now), 0 when it is refused (why_out says why), < 0 when the run must
- * stop. */
-static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len,
-                           char *why_out, size_t why_cap) {
-    loco__register_msg m;
-    const int prc = loco__coord_register_parse(&m, json, len);
-    cJSON *j = m.root;
-    char why[1024] = "";
-    int id = -1;
-    const int nr = m.n_ranks;
+/* What a REGISTER says, checked. Strings point into the parsed JSON. */
+typedef struct {
+    int id; /* its site's place in outer.sites */
+    const char *site, *mesh;
+    const cJSON *ranks;
+    int n_ranks;
+    uint64_t model_hash, inc;
+    loco_island_progress reg;
+} register_msg;
+
+/* Reads the REGISTER payload into m (root: its parsed JSON, which the
+ * caller deletes, also after an error) and checks it against the run: its
+ * site and certificate, the mesh and model of the islands before it.
+ * 0, or -1 with the reason for the island in why. */
+static int parse_register(const loco_coord *c, const loco_link *l, const char *json, size_t len,
+                          cJSON **root, register_msg *m, char *why, size_t cap) {
+    loco__register_msg p;
+    const int prc = loco__coord_register_parse(&p, json, len);
+    *root = p.root;
     if (prc < 0) {
-        snprintf(why, sizeof why, "malformed REGISTER");
-        goto refuse;
+        snprintf(why, cap, "malformed REGISTER");
+        return -1;
     }
+    const int nr = p.n_ranks;
+    *m = (register_msg){.id = -1, .site = p.site, .mesh = p.mesh, .ranks = p.ranks,
+                        .n_ranks = nr, .model_hash = p.model_hash, .inc = p.inc, .reg = p.reg};
     for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->sites[i], m.site))
-            id = i;
-    if (id < 0) {
-        snprintf(why, sizeof why, "site '%.64s' is not in this run's outer.sites (%.300s)", m.site,
+        if (!strcmp(c->sites[i], m->site))
+            m->id = i;
+    if (m->id < 0) {
+        snprintf(why, cap, "site '%.64s' is not in this run's outer.sites (%.300s)", m->site,
                  c->cfg.outer.sites);
-        goto refuse;
+        return -1;
     }
-    if (strcmp(loco_link_peer_name(l), m.site)) {
-        snprintf(why, sizeof why, "site '%.64s' registered with the certificate of '%.64s'", m.site,
+    if (strcmp(loco_link_peer_name(l), m->site)) {
+        snprintf(why, cap, "site '%.64s' registered with the certificate of '%.64s'", m->site,
                  loco_link_peer_name(l));
-        goto refuse;
+        return -1;
     }
-    const uint64_t model_hash = m.model_hash;
-    if (c->have_ref) {
-        if (strcmp(c->ref_mesh, m.mesh) || c->ref_ranks != nr) {
-            snprintf(why, sizeof why,
-                     "mesh of '%.64s' (%.150s, %d ranks) differs from the run's (%.150s, %d "
-                     "ranks); islands of one run need the same mesh",
-                     m.site, m.mesh, nr, c->ref_mesh, c->ref_ranks);
-            goto refuse;
-        }
-        if (c->ref_model != model_hash) {
-            snprintf(why, sizeof why,
-                     "'%.64s' has another [model]/[outer]/[compress] configuration than the "
-                     "islands before it",
-                     m.site);
-            goto refuse;
-        }
+    if (!c->have_ref)
+        return 0;
+    if (strcmp(c->ref_mesh, m->mesh) || c->ref_ranks != nr) {
+        snprintf(why, cap,
+                 "mesh of '%.64s' (%.150s, %d ranks) differs from the run's (%.150s, %d "
+                 "ranks); islands of one run need the same mesh",
+                 m->site, m->mesh, nr, c->ref_mesh, c->ref_ranks);
+        return -1;
     }
-    island *is = &c->isl[id];
-    const uint64_t their_inc = m.inc;
-    loco_island_progress reg = m.reg;
-    loco__coord_adopt_end(c, m.site, reg.end_step);
-    if (is->link && is->inc == their_inc) {
-        /* The same process lost its link and came back: keep its place. */
-        loco_link_abort(is->link);
-        loco__coord_retire_link(is);
-        loco_link_destroy(is->link);
-        is->link = l;
-        is->reg = reg;
-        /* Its silence while it reconnected ends with this REGISTER. */
-        loco__coord_heard_now(is, loco_now());
-        c->n_registrations++;
-        cJSON_Delete(j);
-        char ack[64];
-        snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
-        loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
-        if (c->started && is->status == MEMBER &&
-            claims_beyond(&reg, c->committed, c->committed_hash, c->epoch)) {
-            /* The same process cannot hold what this coordinator never
-             * committed: it is not taken at its word, and fetches the state. */
-            char reason[256];
-            beyond_reason(&reg, reason, sizeof reason);
-            const int rc = loco__coord_island_out(c, id, reason);
-            return rc < 0 ? rc : 1;
-        }
-        if (c->started && is->status == MEMBER && reg.committed == c->committed - 1 &&
-            reg.pending == c->committed && reg.pending_hash == c->committed_hash) {
-            /* It finished the step the others committed; its COMMIT went
-             * to the link it lost. */
-            char json[160], hh[17];
-            loco_hash_hex(c->committed_hash, hh);
-            snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
-                     (long long)c->committed, (unsigned long long)c->epoch, hh);
-            loco__coord_send_json(l, LOCO_FRAME_COMMIT, c->epoch, json);
-        }
-        if (c->started) {
-            char *q =
-                loco__coord_quorum_json(c, 0, is->status != MEMBER, loco__coord_members(c), 0);
-            if (q)
-                loco__coord_send_json(l, LOCO_FRAME_QUORUM, c->epoch, q);
-            free(q);
-        }
-        return 1;
+    if (c->ref_model != m->model_hash) {
+        snprintf(why, cap,
+                 "'%.64s' has another [model]/[outer]/[compress] configuration than the "
+                 "islands before it",
+                 m->site);
+        return -1;
     }
-    char (*addrs)[LOCO_ADDR_MAX] = loco_alloc((size_t)nr * sizeof *addrs);
-    loco_phi_detector phi = {0};
+    return 0;
+}
+
+/* The same process (same incarnation) lost its link and came back on l:
+ * it keeps its place. 1, or < 0 when the run must stop. */
+static int register_again(loco_coord *c, loco_link *l, const register_msg *m) {
+    island *is = &c->isl[m->id];
+    loco_link_abort(is->link);
+    loco__coord_retire_link(is);
+    loco_link_destroy(is->link);
+    is->link = l;
+    is->reg = m->reg;
+    /* Its silence while it reconnected ends with this REGISTER. */
+    loco__coord_heard_now(is, loco_now());
+    c->n_registrations++;
+    char ack[64];
+    snprintf(ack, sizeof ack, "{\"island_id\":%d}", m->id);
+    loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
+    if (c->started && is->status == MEMBER &&
+        claims_beyond(&m->reg, c->committed, c->committed_hash, c->epoch)) {
+        /* The same process cannot hold what this coordinator never
+         * committed: it is not taken at its word, and fetches the state. */
+        char reason[256];
+        beyond_reason(&m->reg, reason, sizeof reason);
+        const int rc = loco__coord_island_out(c, m->id, reason);
+        return rc < 0 ? rc : 1;
+    }
+    if (c->started && is->status == MEMBER && m->reg.committed == c->committed - 1 &&
+        m->reg.pending == c->committed && m->reg.pending_hash == c->committed_hash) {
+        /* It finished the step the others committed; its COMMIT went
+         * to the link it lost. */
+        char json[160], hh[17];
+        loco_hash_hex(c->committed_hash, hh);
+        snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
+                 (long long)c->committed, (unsigned long long)c->epoch, hh);
+        loco__coord_send_json(l, LOCO_FRAME_COMMIT, c->epoch, json);
+    }
+    if (c->started) {
+        char *q = loco__coord_quorum_json(c, 0, is->status != MEMBER, loco__coord_members(c), 0);
+        if (q)
+            loco__coord_send_json(l, LOCO_FRAME_QUORUM, c->epoch, q);
+        free(q);
+    }
+    return 1;
+}
+
+/* A new process for site m->id on l: its addresses and a fresh detector,
+ * the run's reference mesh and model if it is the first, then the rejoin.
+ * 1; 0 with why when the coordinator cannot hold it; < 0 when the run must
+ * stop. */
+static int register_new(loco_coord *c, loco_link *l, const register_msg *m, char *why,
+                        size_t cap) {
+    island *is = &c->isl[m->id];
+    const int nr = m->n_ranks;
     const double beat = (double)c->cfg.faulttol.heartbeat_ms;
-    if (!addrs ||
-        loco_phi_init(&phi, 1000, beat / 4, (double)c->cfg.faulttol.phi_pause_ms, beat) < 0) {
-        loco_free(addrs);
-        snprintf(why, sizeof why, "the coordinator is out of memory");
-        goto refuse;
+    int rc = 0;
+    loco_phi_detector phi = {0};
+    char (*addrs)[LOCO_ADDR_MAX] = loco_alloc((size_t)nr * sizeof *addrs);
+    if (!addrs) {
+        snprintf(why, cap, "the coordinator is out of memory");
+        goto out;
+    }
+    if (loco_phi_init(&phi, LOCO_PHI_WINDOW, beat / 4, (double)c->cfg.faulttol.phi_pause_ms,
+                      beat) < 0) {
+        snprintf(why, cap, "the coordinator is out of memory");
+        goto out_free_addrs;
     }
     for (int r = 0; r < nr; r++) {
-        const cJSON *a = cJSON_GetArrayItem(m.ranks, r);
+        const cJSON *a = cJSON_GetArrayItem(m->ranks, r);
         snprintf(addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
     }
     if (is->link) {
         /* A new process for a site we still hold: the old one is dead. */
-        int rc = loco__coord_island_lost(c, id, "restarted (a new process registered)");
-        if (rc < 0) {
-            loco_free(addrs);
-            loco_phi_fini(&phi);
-            cJSON_Delete(j);
-            return rc;
-        }
+        rc = loco__coord_island_lost(c, m->id, "restarted (a new process registered)");
+        if (rc < 0)
+            goto out_fini_phi;
     }
     is->addrs = addrs;
     is->phi = phi;
     loco_phi_start(&is->phi, loco_now());
     is->link = l;
-    is->inc = their_inc;
+    is->inc = m->inc;
     is->n_ranks = nr;
-    is->reg = reg;
+    is->reg = m->reg;
     is->status = OUT;
     is->bye = false;
     c->n_registrations++;
     if (!c->have_ref) {
         c->have_ref = true;
-        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", m.mesh);
+        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", m->mesh);
         c->ref_ranks = nr;
-        c->ref_model = model_hash;
+        c->ref_model = m->model_hash;
     }
     if (!c->first_reg)
         c->first_reg = loco_now();
-    cJSON_Delete(j);
     char ack[64];
-    snprintf(ack, sizeof ack, "{\"island_id\":%d}", id);
+    snprintf(ack, sizeof ack, "{\"island_id\":%d}", m->id);
     loco_info("coordinator: island %d = %s registered (%s, %d ranks, committed outer step %lld)",
-              id, c->sites[id], c->ref_mesh, nr, (long long)reg.committed);
-    loco__coord_event(c, "\"kind\":\"register\",\"site\":\"%s\",\"committed\":%lld", c->sites[id],
-                      (long long)reg.committed);
+              m->id, c->sites[m->id], c->ref_mesh, nr, (long long)m->reg.committed);
+    loco__coord_event(c, "\"kind\":\"register\",\"site\":\"%s\",\"committed\":%lld",
+                      c->sites[m->id], (long long)m->reg.committed);
     /* A link that fails from here on is noticed when it is next read. */
     loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
     /* Like any new process it rejoins; what it claims moves nothing. */
-    if (c->started && claims_beyond(&reg, c->committed, c->committed_hash, c->epoch))
-        not_believed(c, id, c->committed);
-    if (c->started && loco__coord_send_join(c, id) < 0) /* the run goes on: it rejoins */
+    if (c->started && claims_beyond(&m->reg, c->committed, c->committed_hash, c->epoch))
+        not_believed(c, m->id, c->committed);
+    if (c->started && loco__coord_send_join(c, m->id) < 0) /* the run goes on: it rejoins */
         loco_warn("coordinator: %s", loco_errmsg());
     return 1;
-refuse:
+out_fini_phi:
+    loco_phi_fini(&phi);
+out_free_addrs:
+    loco_free(addrs);
+out:
+    return rc;
+}
+
+/* A REGISTER from a pending link: 1 when it became an island (which owns l
+ * now), 0 when it is refused (why_out says why), < 0 when the run must
+ * stop. */
+static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len,
+                           char *why_out, size_t why_cap) {
+    cJSON *j = NULL;
+    register_msg m;
+    int rc = 0;
+    if (parse_register(c, l, json, len, &j, &m, why_out, why_cap) < 0)
+        goto out_free_json;
+    loco__coord_adopt_end(c, m.site, m.reg.end_step);
+    const island *is = &c->isl[m.id];
+    if (is->link && is->inc == m.inc)
+        rc = register_again(c, l, &m);
+    else
+        rc = register_new(c, l, &m, why_out, why_cap);
+out_free_json:
     cJSON_Delete(j);
-    snprintf(why_out, why_cap, "%s", why);
-    return 0;
+    return rc;
 }
 
 /* Whether island i's registration may say where the run resumes: its
@@ -337,6 +377,7 @@ void loco__coord_accept_pending(loco_coord *c, bool *busy) {
             return;
         *busy = true;
         c->pending[i] = (pending_link){.link = l, .since = loco_now()};
+        loco_link_set_notify(l, c->wake_fd);
     }
 }
 
@@ -428,9 +469,9 @@ int loco__coord_register_parse(loco__register_msg *m, const char *json, size_t l
     if (!cJSON_IsString(site) || !cJSON_IsString(mesh) || !cJSON_IsString(mh) ||
         !cJSON_IsString(inc) || !cJSON_IsArray(ranks) || nr < 1 || nr > LOCO_MAX_ISLAND_RANKS ||
         strlen(mesh->valuestring) >= sizeof((loco_coord *)0)->ref_mesh ||
-        !loco__coord_num_in(jc, 0, 1e15) || !cJSON_IsString(jh) ||
-        !loco__coord_num_in(je, 0, 1e15) || !loco__coord_num_in(jp, 0, 1e15) ||
-        !cJSON_IsString(jph) || (jes && !loco__coord_num_in(jes, 0, 1e15)))
+        !loco__coord_num_in(jc, 0, LOCO_JSON_NUM_MAX) || !cJSON_IsString(jh) ||
+        !loco__coord_num_in(je, 0, LOCO_JSON_NUM_MAX) || !loco__coord_num_in(jp, 0, LOCO_JSON_NUM_MAX) ||
+        !cJSON_IsString(jph) || (jes && !loco__coord_num_in(jes, 0, LOCO_JSON_NUM_MAX)))
         return LOCO_ERR(LOCO_EPROTO, "malformed REGISTER");
     m->site = site->valuestring;
     m->mesh = mesh->valuestring;

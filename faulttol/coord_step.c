@@ -19,7 +19,7 @@
 static void send_error(loco_link *l, const char *text) {
     loco_frame_hdr h = {.type = LOCO_FRAME_ERROR};
     if (loco_link_send(l, &h, text, strlen(text)) == 0)
-        loco_link_flush(l, 2000);
+        loco_link_flush(l, LOCO_LINK_FAREWELL_MS);
 }
 
 /* Stops the run: every live island hears why. */
@@ -482,8 +482,8 @@ int loco__coord_outer_parse(loco__outer_msg *m, const char *json, size_t len) {
     const cJSON *hh = cJSON_GetObjectItemCaseSensitive(j, "hash");
     const cJSON *su = cJSON_GetObjectItemCaseSensitive(j, "suspects");
     int rc = 0;
-    if (!cJSON_IsString(ph) || !loco__coord_num_in(os, 0, 1e15) ||
-        !loco__coord_num_in(hv, 0, 1e15) || !loco__coord_num_in(ep, 0, 1e15) ||
+    if (!cJSON_IsString(ph) || !loco__coord_num_in(os, 0, LOCO_JSON_NUM_MAX) ||
+        !loco__coord_num_in(hv, 0, LOCO_JSON_NUM_MAX) || !loco__coord_num_in(ep, 0, LOCO_JSON_NUM_MAX) ||
         !cJSON_IsString(hh) || !cJSON_IsString(su) ||
         (strcmp(ph->valuestring, "ready") && strcmp(ph->valuestring, "done") &&
          strcmp(ph->valuestring, "failed"))) {

@@ -10,6 +10,10 @@
 #include "net/net.h"
 
 #define LOCO_MAX_ISLANDS 64
+/* Largest number a control message's JSON may carry for a step, an epoch,
+ * a count or an offset: below 2^53, so every integer up to it is exact in
+ * the double cJSON parses into, and far above any real run's counters. */
+#define LOCO_JSON_NUM_MAX 1e15
 #define LOCO_MAX_ISLAND_RANKS 4096
 #define LOCO_ADDR_MAX 96
 
@@ -173,6 +177,10 @@ void loco_session_destroy(loco_session *s);
  * caller owns the struct; every time is passed in (seconds on one clock,
  * e.g. loco_now()), so tests run on synthetic time. Not thread-safe. */
 #define LOCO_PHI_MAX 1e300 /* phi saturates here instead of reaching inf */
+/* Intervals the coordinator's detector models per island: at the default
+ * 100 ms heartbeat, the last 100 s (Akka's default window), long enough to
+ * learn a slow island's rhythm, short enough to follow a change of it. */
+#define LOCO_PHI_WINDOW 1000
 
 typedef struct {
     double *iv;        /* (window) recent intervals in ms, ring buffer */

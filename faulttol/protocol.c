@@ -100,10 +100,10 @@ int loco_quorum_from_json(loco_quorum *q, const char *json, size_t len) {
     if (!cJSON_IsArray(arr) || !cJSON_IsNumber(ep) || !cJSON_IsNumber(os) ||
         !cJSON_IsNumber(cm) || !cJSON_IsString(hh) || !cJSON_IsBool(jn) || !cJSON_IsNumber(nn) ||
         nn->valueint < 1 || nn->valueint > LOCO_MAX_ISLANDS || !(os->valuedouble >= 0) ||
-        !(cm->valuedouble >= 0) || !(ep->valuedouble >= 0) || os->valuedouble > 1e15 ||
-        cm->valuedouble > 1e15 || ep->valuedouble > 1e15 ||
+        !(cm->valuedouble >= 0) || !(ep->valuedouble >= 0) || os->valuedouble > LOCO_JSON_NUM_MAX ||
+        cm->valuedouble > LOCO_JSON_NUM_MAX || ep->valuedouble > LOCO_JSON_NUM_MAX ||
         cJSON_GetArraySize(arr) > nn->valueint ||
-        (es && !(cJSON_IsNumber(es) && es->valuedouble >= 0 && es->valuedouble <= 1e15))) {
+        (es && !(cJSON_IsNumber(es) && es->valuedouble >= 0 && es->valuedouble <= LOCO_JSON_NUM_MAX))) {
         rc = LOCO_ERR(LOCO_EPROTO, "QUORUM: malformed JSON");
         goto out;
     }

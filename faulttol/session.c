@@ -44,6 +44,7 @@ struct loco_session {
     /* Without a coordinator: attempts spaced by a back-off that doubles up
      * to BACKOFF_MAX_S, for grace_s (faulttol.coordinator_grace_s). */
     double grace_s, backoff_s, next_try;
+    int reconnect_ms; /* bound of one attempt while training (faulttol.reconnect_ms) */
     /* Heartbeats go out from their own thread, so a long step or exchange
      * never looks like silence to the coordinator. */
     pthread_t beat_thread;
@@ -233,7 +234,7 @@ static int reconnect(loco_session *s) {
     const double now = loco_now();
     if (now < s->next_try)
         return LOCO_ETIMEDOUT;
-    int rc = connect_register(s, 2000);
+    int rc = connect_register(s, s->reconnect_ms);
     if (rc == 0) {
         s->backoff_s = BACKOFF_MIN_S;
         s->next_try = 0;
@@ -346,6 +347,7 @@ int loco_session_join(loco_session **out, const loco_config *cfg, const loco_net
     pthread_cond_init(&s->cv, NULL);
     s->beat_ms = (int)cfg->faulttol.heartbeat_ms;
     s->grace_s = cfg->faulttol.coordinator_grace_s;
+    s->reconnect_ms = (int)cfg->faulttol.reconnect_ms;
     s->backoff_s = BACKOFF_MIN_S;
     s->np = *np;
     snprintf(s->site, sizeof s->site, "%s", me->site);

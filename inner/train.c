@@ -138,7 +138,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
             rc = LOCO_ERR(LOCO_EINVAL,
                           "parallel.microbatches = %lld but train.grad_accum = %d: under "
                           "pipeline parallelism the step's micro-batches are the pipeline's "
-                          "(leave parallel.microbatches at 0 or set both alike)",
+                          "(set only one of them: the other follows)",
                           (long long)cfg->parallel.microbatches, accum);
             goto out_fail;
         }

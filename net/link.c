@@ -54,8 +54,20 @@ static void link_stop(loco_link *l) {
         for (int i = 0; i < l->n; i++)
             if (l->s[i].conn)
                 shutdown(l->s[i].conn->fd, SHUT_RDWR);
+        link_notify(l);
     }
     pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void loco_link_set_notify(loco_link *l, int fd) {
+    pthread_mutex_lock(&l->mu);
+    l->notify_fd = fd;
+    bool news = l->stopped;
+    for (int i = 0; i < l->n && !news; i++)
+        news = l->s[i].rq.n > 0 || l->s[i].eof || l->s[i].reader_done;
+    if (news)
+        link_notify(l);
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -229,6 +241,7 @@ int loco__link_start(loco_link **out, const loco_net_params *p, loco__conn **con
     pthread_cond_init(&l->cv, &ca);
     pthread_condattr_destroy(&ca);
     l->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    l->notify_fd = -1;
     snprintf(l->peer, sizeof l->peer, "%s", peer_name);
     l->send_max = p->max_frame_bytes < peer_max_frame ? p->max_frame_bytes : peer_max_frame;
     l->recv_max = loco__recv_max(p);

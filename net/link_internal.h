@@ -12,6 +12,8 @@
 
 #include "net/internal.h"
 
+#include <unistd.h>
+
 typedef struct frame {
     struct frame *next;
     loco_frame_hdr hdr;
@@ -47,7 +49,8 @@ struct loco_link {
     stream s[LOCO_NET_MAX_STREAMS];
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int stop_fd; /* readable once the link stops: wakes every poll */
+    int stop_fd;   /* readable once the link stops: wakes every poll */
+    int notify_fd; /* the owner's eventfd (-1: none), see loco_link_set_notify */
     uint64_t send_seq, recv_seq;
     uint64_t inflight; /* queued, not yet written */
     uint64_t send_max; /* the smaller of both sides' frame limits */
@@ -101,6 +104,16 @@ static inline void frame_free(frame *f) {
 
 static inline double io_idle(const loco_link *l) {
     return l->p.io_timeout_ms * 1e-3;
+}
+
+/* Tells the owner's poll that the link has news (a frame, an ended stream,
+ * a stop). The link's mutex is held. */
+static inline void link_notify(loco_link *l) {
+    if (l->notify_fd >= 0) {
+        const uint64_t one = 1;
+        ssize_t w = write(l->notify_fd, &one, sizeof one);
+        (void)w; /* a full eventfd is already readable */
+    }
 }
 
 /* ------------------------------------------------------------ link.c */

@@ -21,6 +21,7 @@ static void reader_eof(loco_link *l, stream *s) {
     pthread_mutex_lock(&l->mu);
     s->eof = true;
     const bool draining = l->draining;
+    link_notify(l);
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     if (!draining)
@@ -188,12 +189,14 @@ void *loco__link_reader_main(void *arg) {
             fq_push(&s->rq, f);
             l->st.frames_recv++;
             l->st.bytes_recv += LOCO_FRAME_HEADER_BYTES + h.payload_len;
+            link_notify(l);
             pthread_cond_broadcast(&l->cv);
         }
         pthread_mutex_unlock(&l->mu);
     }
     pthread_mutex_lock(&l->mu);
     s->reader_done = true;
+    link_notify(l);
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     return NULL;

@@ -33,6 +33,7 @@ struct loco_net_listener {
     const loco__transport_ops *ops;
     void *ctx;
     int fd, port, stop_fd;
+    int notify_fd; /* the owner's eventfd (-1: none), see loco_net_listener_set_notify */
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mu; /* ready, info */
@@ -204,6 +205,11 @@ static void group_complete(loco_net_listener *L, group *g) {
         L->ready[L->n_ready++] = link;
         L->info.links++;
         link = NULL;
+        if (L->notify_fd >= 0) {
+            const uint64_t one = 1;
+            ssize_t w = write(L->notify_fd, &one, sizeof one);
+            (void)w; /* a full eventfd is already readable */
+        }
         pthread_cond_broadcast(&L->cv);
     }
     pthread_mutex_unlock(&L->mu);
@@ -439,6 +445,7 @@ int loco_net_listen(loco_net_listener **out, const loco_net_params *p, const cha
     const char *colon = strrchr(addr, ':');
     L->port = colon ? atoi(colon + 1) : port;
     L->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    L->notify_fd = -1;
     if (L->stop_fd < 0) {
         rc = LOCO_ERR(LOCO_EIO, "net: eventfd: %s", strerror(errno));
         goto out_destroy;
@@ -458,6 +465,17 @@ out_destroy:
 
 int loco_net_listener_port(const loco_net_listener *l) {
     return l ? l->port : -1;
+}
+
+void loco_net_listener_set_notify(loco_net_listener *L, int fd) {
+    pthread_mutex_lock(&L->mu);
+    L->notify_fd = fd;
+    if (fd >= 0 && L->n_ready > 0) {
+        const uint64_t one = 1;
+        ssize_t w = write(fd, &one, sizeof one);
+        (void)w;
+    }
+    pthread_mutex_unlock(&L->mu);
 }
 
 int loco_net_accept(loco_net_listener *L, loco_link **out, int timeout_ms) {

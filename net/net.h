@@ -181,10 +181,8 @@ typedef struct {
     loco_link_faults faults;
 } loco_net_params;
 
-/* Defaults: TLS, no files, 64 MiB frames, 4 times that buffered per link,
- * 4 streams (16 accepted), 64 links pending, 8 frames queued, kernel-tuned
- * buffers, 10 s connect and handshake, 30 s I/O, 1 s linger, no emulation,
- * no faults. */
+/* Defaults: the [net] keys of core/config_keys.h (TLS, no files, 64 MiB
+ * frames, 4 streams, ...), seeds 0, no faults. */
 void loco_net_params_default(loco_net_params *p);
 /* Fills p from the [net] section (seeds from train.seed). Per-pair WAN
  * settings are not keys yet: set them per link with loco_link_set_wan once
@@ -261,6 +259,11 @@ int loco_net_listener_port(const loco_net_listener *l);
 /* Waits up to timeout_ms (< 0 = forever) for the next complete link. The
  * caller owns *out. LOCO_ETIMEDOUT when none arrived in time. */
 int loco_net_accept(loco_net_listener *l, loco_link **out, int timeout_ms);
+/* From now on, adds 1 to eventfd fd whenever a link becomes ready to
+ * accept (at once when one already is), so that one poll can wait on the
+ * listener beside links (loco_link_set_notify). fd = -1 stops it. The
+ * caller owns fd and keeps it open while it is set. */
+void loco_net_listener_set_notify(loco_net_listener *l, int fd);
 
 typedef struct {
     uint64_t links;         /* links completed */
@@ -295,6 +298,16 @@ int loco_link_send_move(loco_link *l, const loco_frame_hdr *h, void **payload, s
 /* Waits until every queued frame was written to its socket. 0, the link's
  * error, or LOCO_ETIMEDOUT (timeout_ms < 0 = forever). */
 int loco_link_flush(loco_link *l, int timeout_ms);
+/* From now on, adds 1 to eventfd fd whenever a frame arrives, a stream ends
+ * or the link stops (at once when that already happened), so that one
+ * poll over fd waits on many links. fd = -1 stops it. The caller owns fd
+ * and keeps it open until the link is destroyed or fd is unset. */
+void loco_link_set_notify(loco_link *l, int fd);
+/* How long a last frame (ERROR, BYE) may take to reach the wire before its
+ * link closes: long enough for a live peer's socket to take a few small
+ * frames, short enough that a dead peer holds the sender back no more than
+ * a couple of heartbeat rounds. A protocol constant, not a tunable. */
+#define LOCO_LINK_FAREWELL_MS 2000
 /* Next frame in send order. *payload is a loco_alloc'd buffer of
  * h->payload_len bytes the caller frees (NULL when empty), already checked
  * against its checksum. Frames that arrived intact before a failure are

@@ -10,29 +10,14 @@
 #define WAN_SEED_SALT 0x6e65742d77616eULL   /* "net-wan" */
 #define FAULT_SEED_SALT 0x6e65742d666c74ULL /* "net-flt" */
 
-void loco_net_params_default(loco_net_params *p) {
+/* The [net] section and train.seed into p, unchecked. */
+static void fill(loco_net_params *p, const loco_config *cfg) {
     memset(p, 0, sizeof *p);
-    p->backend = LOCO_NET_TLS;
-    p->max_frame_bytes = (uint64_t)64 << 20;
-    p->streams = 4;
-    p->max_streams = 16;
-    p->max_pending = 64;
-    p->queue_frames = 8;
-    p->connect_timeout_ms = 10000;
-    p->handshake_timeout_ms = 10000;
-    p->io_timeout_ms = 30000;
-    p->linger_ms = 1000;
-}
-
-int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
-    loco_net_params_default(p);
     p->backend = cfg->net.tls ? LOCO_NET_TLS : LOCO_NET_PLAIN;
     snprintf(p->cert, sizeof p->cert, "%s", cfg->net.cert);
     snprintf(p->key, sizeof p->key, "%s", cfg->net.key);
     snprintf(p->ca, sizeof p->ca, "%s", cfg->net.ca);
     snprintf(p->crl, sizeof p->crl, "%s", cfg->net.crl);
-    if (strlen(cfg->net.run_id) >= sizeof p->cert_run_id)
-        return LOCO_ERR(LOCO_EINVAL, "net.run_id: at most %d characters", LOCO_NET_RUN_ID_MAX - 1);
     snprintf(p->cert_run_id, sizeof p->cert_run_id, "%.63s", cfg->net.run_id);
     p->streams = (int)cfg->net.streams;
     p->max_frame_bytes = (uint64_t)cfg->net.max_frame_mb << 20;
@@ -53,6 +38,19 @@ int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
     p->wan.gbps = cfg->net.wan_gbps;
     p->wan.seed = (uint64_t)cfg->train.seed ^ WAN_SEED_SALT;
     p->faults.seed = (uint64_t)cfg->train.seed ^ FAULT_SEED_SALT;
+}
+
+void loco_net_params_default(loco_net_params *p) {
+    fill(p, loco_config_default());
+    /* Callers without a config draw from seed 0, as they always did. */
+    p->wan.seed = 0;
+    p->faults.seed = 0;
+}
+
+int loco_net_params_from_config(loco_net_params *p, const loco_config *cfg) {
+    if (strlen(cfg->net.run_id) >= sizeof p->cert_run_id)
+        return LOCO_ERR(LOCO_EINVAL, "net.run_id: at most %d characters", LOCO_NET_RUN_ID_MAX - 1);
+    fill(p, cfg);
     LOCO_CHECK(loco_net_params_check(p, false));
     /* A process with an unusable certificate refuses to start. */
     return loco__net_check_own_cert(p);

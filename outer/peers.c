@@ -56,7 +56,7 @@ int loco_state_request_parse(const void *payload, size_t len, int64_t *outer_ste
     const cJSON *fr = cJSON_GetObjectItemCaseSensitive(j, "from");
     int rc = 0;
     if (!cJSON_IsNumber(os) || !cJSON_IsNumber(fr) || fr->valuedouble < 0 ||
-        fr->valuedouble > 1e15 || os->valuedouble < -1 || os->valuedouble > 1e15)
+        fr->valuedouble > LOCO_JSON_NUM_MAX || os->valuedouble < -1 || os->valuedouble > LOCO_JSON_NUM_MAX)
         rc = LOCO_ERR(LOCO_EPROTO, "STATE_REQ: malformed request");
     else {
         *outer_step = (int64_t)os->valuedouble;
@@ -76,9 +76,9 @@ int loco_state_meta_parse(const void *payload, size_t len, loco_state_meta *m) {
     int rc = 0;
     if (!cJSON_IsNumber(jn) || !cJSON_IsNumber(jc) || !cJSON_IsNumber(ji) ||
         !cJSON_IsNumber(jo) || !cJSON_IsString(jh) || jn->valuedouble < 0 ||
-        jn->valuedouble > 1e15 || jc->valuedouble < 0 || jc->valuedouble > 1e12 ||
-        jo->valuedouble < 0 || jo->valuedouble > 1e15 || ji->valuedouble < 0 ||
-        ji->valuedouble > 1e15 || strlen(jh->valuestring) != 16)
+        jn->valuedouble > LOCO_JSON_NUM_MAX || jc->valuedouble < 0 || jc->valuedouble > 1e12 ||
+        jo->valuedouble < 0 || jo->valuedouble > LOCO_JSON_NUM_MAX || ji->valuedouble < 0 ||
+        ji->valuedouble > LOCO_JSON_NUM_MAX || strlen(jh->valuestring) != 16)
         rc = LOCO_ERR(LOCO_EPROTO, "STATE: malformed header");
     else {
         m->n = (size_t)jn->valuedouble;
@@ -131,7 +131,7 @@ static void serve_state(loco_peers *p, loco_link *l, const void *req, size_t len
                  (long long)want, (long long)have);
         loco_frame_hdr h = {.type = LOCO_FRAME_ERROR};
         if (loco_link_send(l, &h, text, strlen(text)) == 0)
-            loco_link_flush(l, 2000);
+            loco_link_flush(l, LOCO_LINK_FAREWELL_MS);
         goto out;
     }
     loco_encode_plan plan;

@@ -73,6 +73,186 @@ static uint64_t pair_hash(uint64_t x) {
     return x;
 }
 
+/* Counts the regex's pieces of text into pm, split at <|endoftext|> (never
+ * a piece of its own) by a tokenizer that knows only the bytes and it. */
+static int count_pieces(const uint8_t *text, size_t len, piece_map *pm) {
+    int rc = 0;
+    loco_tok *eot_only = NULL;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md)
+        return LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory");
+    LOCO_CHECK_GOTO(loco__tok_new(&eot_only, 257, "tokenizer train"), out_free_md);
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        LOCO_CHECK_GOTO(loco__tok_set(eot_only, b, &c, 1, 0, "tokenizer train", "bytes"),
+                        out_destroy_tok);
+    }
+    LOCO_CHECK_GOTO(loco__tok_set(eot_only, 256, (const uint8_t *)LOCO_TOK_EOT,
+                                  strlen(LOCO_TOK_EOT), 1, "tokenizer train", "special"),
+                    out_destroy_tok);
+    LOCO_CHECK_GOTO(loco__tok_finish(eot_only, "tokenizer train"), out_destroy_tok);
+    LOCO_CHECK_GOTO(loco__tok_pieces(eot_only, md, text, len, count_piece, pm), out_destroy_tok);
+out_destroy_tok:
+    loco_tok_destroy(eot_only);
+out_free_md:
+    pcre2_match_data_free(md);
+    return rc;
+}
+
+/* The distinct pieces as symbol sequences: word k is
+ * syms[off[k] .. off[k] + len[k]), seen count[k] times. */
+typedef struct {
+    size_t n;
+    int32_t *syms; /* (sum of the lengths) */
+    size_t *off;   /* (n) */
+    int32_t *len;  /* (n) */
+    int64_t *count; /* (n) */
+} words;
+
+static void words_fini(words *wd) {
+    loco_free(wd->syms);
+    loco_free(wd->off);
+    loco_free(wd->len);
+    loco_free(wd->count);
+}
+
+/* The words of pm in the order of its hash table, which depends only on
+ * the text. Caller calls words_fini, also on failure. */
+static int words_of(const piece_map *pm, words *wd) {
+    size_t nsym = 0;
+    for (size_t i = 0; i < pm->cap; i++)
+        nsym += pm->slots[i].h ? pm->slots[i].n : 0;
+    wd->n = pm->n;
+    wd->syms = loco_alloc((nsym + 1) * sizeof *wd->syms);
+    wd->off = loco_alloc((wd->n + 1) * sizeof *wd->off);
+    wd->len = loco_alloc((wd->n + 1) * sizeof *wd->len);
+    wd->count = loco_alloc((wd->n + 1) * sizeof *wd->count);
+    if (!wd->syms || !wd->off || !wd->len || !wd->count)
+        return LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory for %zu pieces", wd->n);
+    size_t w = 0, s = 0;
+    for (size_t i = 0; i < pm->cap; i++) {
+        const piece_slot *ps = &pm->slots[i];
+        if (!ps->h)
+            continue;
+        wd->off[w] = s;
+        wd->len[w] = (int32_t)ps->n;
+        wd->count[w] = ps->count;
+        for (uint32_t k = 0; k < ps->n; k++)
+            wd->syms[s++] = ps->p[k];
+        w++;
+    }
+    return 0;
+}
+
+/* The most frequent adjacent pair of the words (ties: the smaller ids),
+ * as its key; 0 when every word is a single symbol. pairs: pcap slots, a
+ * power of two above twice the pairs there can be. */
+static uint64_t best_pair(const words *wd, pair_slot *pairs, size_t pcap) {
+    memset(pairs, 0, pcap * sizeof *pairs);
+    for (size_t k = 0; k < wd->n; k++) {
+        const int32_t *q = wd->syms + wd->off[k];
+        for (int32_t i = 0; i + 1 < wd->len[k]; i++) {
+            uint64_t key = ((uint64_t)(uint32_t)(q[i] + 1) << 32) | (uint32_t)(q[i + 1] + 1);
+            size_t j = pair_hash(key) & (pcap - 1);
+            while (pairs[j].key && pairs[j].key != key)
+                j = (j + 1) & (pcap - 1);
+            pairs[j].key = key;
+            pairs[j].count += wd->count[k];
+        }
+    }
+    uint64_t best = 0;
+    int64_t bc = 0;
+    for (size_t j = 0; j < pcap; j++) {
+        if (!pairs[j].key)
+            continue;
+        if (pairs[j].count > bc || (pairs[j].count == bc && pairs[j].key < best)) {
+            bc = pairs[j].count;
+            best = pairs[j].key;
+        }
+    }
+    return best;
+}
+
+/* Replaces every pair (l, r) in the words by symbol id, left to right. */
+static void merge_pair(words *wd, int32_t l, int32_t r, int32_t id) {
+    for (size_t k = 0; k < wd->n; k++) {
+        int32_t *q = wd->syms + wd->off[k], m = 0;
+        for (int32_t i = 0; i < wd->len[k]; i++) {
+            if (i + 1 < wd->len[k] && q[i] == l && q[i + 1] == r) {
+                q[m++] = id;
+                i++;
+            } else {
+                q[m++] = q[i];
+            }
+        }
+        wd->len[k] = m;
+    }
+}
+
+/* Up to nmerge merges of the most frequent pair into ml, mr (left and
+ * right ids of merge k, whose id is 256 + k); their number in *done. */
+static int learn_merges(words *wd, int nmerge, int32_t *ml, int32_t *mr, int *done) {
+    size_t nsym = 0;
+    for (size_t k = 0; k < wd->n; k++)
+        nsym += (size_t)wd->len[k];
+    size_t pcap = 1024;
+    while (pcap < 2 * nsym + 2)
+        pcap <<= 1;
+    pair_slot *pairs = loco_alloc(pcap * sizeof *pairs);
+    if (!pairs)
+        return LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory for %zu pieces", wd->n);
+    /* merges depend only on the counts (ties by ids) */
+    for (*done = 0; *done < nmerge; (*done)++) {
+        const uint64_t best = best_pair(wd, pairs, pcap);
+        if (!best)
+            break; /* every piece is a single token */
+        ml[*done] = (int32_t)(best >> 32) - 1;
+        mr[*done] = (int32_t)(best & 0xffffffffu) - 1;
+        merge_pair(wd, ml[*done], mr[*done], 256 + *done);
+    }
+    loco_free(pairs);
+    return 0;
+}
+
+/* The tokenizer of the merges: bytes, the done merges, <|endoftext|>
+ * last. */
+static int build_tokenizer(loco_tok **out, const int32_t *ml, const int32_t *mr, int done) {
+    loco_tok *t = NULL;
+    int rc;
+    LOCO_CHECK_GOTO(loco__tok_new(&t, 257 + done, "tokenizer train"), out_destroy_tok);
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        LOCO_CHECK_GOTO(loco__tok_set(t, b, &c, 1, 0, "tokenizer train", "bytes"),
+                        out_destroy_tok);
+    }
+    for (int k = 0; k < done; k++) {
+        const size_t ll = t->len[ml[k]], rl = t->len[mr[k]];
+        uint8_t *cat = loco_alloc(ll + rl);
+        if (!cat) {
+            rc = LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory");
+            goto out_destroy_tok;
+        }
+        memcpy(cat, t->pool + t->off[ml[k]], ll);
+        memcpy(cat + ll, t->pool + t->off[mr[k]], rl);
+        rc = loco__tok_set(t, 256 + k, cat, ll + rl, 0, "tokenizer train", "merge");
+        loco_free(cat);
+        if (rc < 0)
+            goto out_destroy_tok;
+    }
+    LOCO_CHECK_GOTO(loco__tok_set(t, 256 + done, (const uint8_t *)LOCO_TOK_EOT,
+                                  strlen(LOCO_TOK_EOT), 1, "tokenizer train", "special"),
+                    out_destroy_tok);
+    LOCO_CHECK_GOTO(loco__tok_finish(t, "tokenizer train"), out_destroy_tok);
+    for (int k = 0; k < done; k++)
+        LOCO_CHECK_GOTO(loco__tok_add_merge(t, ml[k], mr[k], "tokenizer train", "merge"),
+                        out_destroy_tok);
+    *out = t;
+    return 0;
+out_destroy_tok:
+    loco_tok_destroy(t);
+    return rc;
+}
+
 int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_size) {
     *out = NULL;
     if (vocab_size < 258 || vocab_size > (1 << 24))
@@ -80,153 +260,32 @@ int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_si
                         "tokenizer train: vocab %d (expected 258..%d: 256 bytes, "
                         "at least one merge and <|endoftext|>)",
                         vocab_size, 1 << 24);
-    int rc = 0;
-    loco_tok *t = NULL, *eot_only = NULL;
+    const int nmerge = vocab_size - 257;
+    int rc, done = 0;
     piece_map pm = {0};
-    int32_t *syms = NULL, *wlen = NULL, *ml = NULL, *mr = NULL;
-    size_t *woff = NULL;
-    int64_t *wcount = NULL;
-    pair_slot *pairs = NULL;
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    /* a tokenizer with only the special token, to split the text */
-    LOCO_CHECK_GOTO(loco__tok_new(&eot_only, 257, "tokenizer train"), out);
-    for (int b = 0; b < 256; b++) {
-        uint8_t c = (uint8_t)b;
-        LOCO_CHECK_GOTO(loco__tok_set(eot_only, b, &c, 1, 0, "tokenizer train", "bytes"), out);
-    }
-    LOCO_CHECK_GOTO(loco__tok_set(eot_only, 256, (const uint8_t *)LOCO_TOK_EOT,
-                                  strlen(LOCO_TOK_EOT), 1, "tokenizer train", "special"),
-                    out);
-    LOCO_CHECK_GOTO(loco__tok_finish(eot_only, "tokenizer train"), out);
-    if (!md) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory");
-        goto out;
-    }
-    LOCO_CHECK_GOTO(loco__tok_pieces(eot_only, md, text, len, count_piece, &pm), out);
-
-    /* words: the distinct pieces as symbol sequences, in a fixed order */
-    size_t nw = pm.n, nsym = 0;
-    for (size_t i = 0; i < pm.cap; i++)
-        nsym += pm.slots[i].h ? pm.slots[i].n : 0;
-    int nmerge = vocab_size - 257;
-    syms = loco_alloc((nsym + 1) * sizeof *syms);
-    woff = loco_alloc((nw + 1) * sizeof *woff);
-    wlen = loco_alloc((nw + 1) * sizeof *wlen);
-    wcount = loco_alloc((nw + 1) * sizeof *wcount);
+    words wd = {0};
+    int32_t *ml = NULL, *mr = NULL;
+    LOCO_CHECK_GOTO(count_pieces(text, len, &pm), out_free_pieces);
+    LOCO_CHECK_GOTO(words_of(&pm, &wd), out_fini_words);
     ml = loco_alloc((size_t)nmerge * sizeof *ml);
     mr = loco_alloc((size_t)nmerge * sizeof *mr);
-    size_t pcap = 1024;
-    while (pcap < 2 * nsym + 2)
-        pcap <<= 1;
-    pairs = loco_alloc(pcap * sizeof *pairs);
-    if (!syms || !woff || !wlen || !wcount || !ml || !mr || !pairs) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory for %zu pieces", nw);
-        goto out;
+    if (!ml || !mr) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory for %zu pieces", wd.n);
+        goto out_free_merges;
     }
-    size_t w = 0, s = 0;
-    for (size_t i = 0; i < pm.cap; i++) {
-        const piece_slot *ps = &pm.slots[i];
-        if (!ps->h)
-            continue;
-        woff[w] = s;
-        wlen[w] = (int32_t)ps->n;
-        wcount[w] = ps->count;
-        for (uint32_t k = 0; k < ps->n; k++)
-            syms[s++] = ps->p[k];
-        w++;
-    }
-    /* the order of the hash table depends only on the text; merges below
-     * depend only on the counts (ties by ids) */
-    int done = 0;
-    for (; done < nmerge; done++) {
-        memset(pairs, 0, pcap * sizeof *pairs);
-        for (size_t k = 0; k < nw; k++) {
-            const int32_t *q = syms + woff[k];
-            for (int32_t i = 0; i + 1 < wlen[k]; i++) {
-                uint64_t key = ((uint64_t)(uint32_t)(q[i] + 1) << 32) | (uint32_t)(q[i + 1] + 1);
-                size_t j = pair_hash(key) & (pcap - 1);
-                while (pairs[j].key && pairs[j].key != key)
-                    j = (j + 1) & (pcap - 1);
-                pairs[j].key = key;
-                pairs[j].count += wcount[k];
-            }
-        }
-        uint64_t best = 0;
-        int64_t bc = 0;
-        for (size_t j = 0; j < pcap; j++) {
-            if (!pairs[j].key)
-                continue;
-            if (pairs[j].count > bc || (pairs[j].count == bc && pairs[j].key < best)) {
-                bc = pairs[j].count;
-                best = pairs[j].key;
-            }
-        }
-        if (!best)
-            break; /* every piece is a single token */
-        int32_t l = (int32_t)(best >> 32) - 1, r = (int32_t)(best & 0xffffffffu) - 1;
-        int32_t id = 256 + done;
-        ml[done] = l;
-        mr[done] = r;
-        for (size_t k = 0; k < nw; k++) {
-            int32_t *q = syms + woff[k], m = 0;
-            for (int32_t i = 0; i < wlen[k]; i++) {
-                if (i + 1 < wlen[k] && q[i] == l && q[i + 1] == r) {
-                    q[m++] = id;
-                    i++;
-                } else {
-                    q[m++] = q[i];
-                }
-            }
-            wlen[k] = m;
-        }
-    }
+    LOCO_CHECK_GOTO(learn_merges(&wd, nmerge, ml, mr, &done), out_free_merges);
     if (done < nmerge)
         loco_warn("tokenizer train: the text gives only %d merges; vocabulary of %d ids "
                   "instead of %d",
                   done, 257 + done, vocab_size);
-    /* the tokenizer: bytes, merges, <|endoftext|> last */
-    LOCO_CHECK_GOTO(loco__tok_new(&t, 257 + done, "tokenizer train"), out);
-    for (int b = 0; b < 256; b++) {
-        uint8_t c = (uint8_t)b;
-        LOCO_CHECK_GOTO(loco__tok_set(t, b, &c, 1, 0, "tokenizer train", "bytes"), out);
-    }
-    uint8_t *cat = NULL;
-    for (int k = 0; k < done && rc == 0; k++) {
-        size_t ll = t->len[ml[k]], rl = t->len[mr[k]];
-        cat = loco_alloc(ll + rl);
-        if (!cat) {
-            rc = LOCO_ERR(LOCO_ENOMEM, "tokenizer train: out of memory");
-            break;
-        }
-        memcpy(cat, t->pool + t->off[ml[k]], ll);
-        memcpy(cat + ll, t->pool + t->off[mr[k]], rl);
-        rc = loco__tok_set(t, 256 + k, cat, ll + rl, 0, "tokenizer train", "merge");
-        loco_free(cat);
-    }
-    if (rc < 0)
-        goto out;
-    LOCO_CHECK_GOTO(loco__tok_set(t, 256 + done, (const uint8_t *)LOCO_TOK_EOT,
-                                  strlen(LOCO_TOK_EOT), 1, "tokenizer train", "special"),
-                    out);
-    LOCO_CHECK_GOTO(loco__tok_finish(t, "tokenizer train"), out);
-    for (int k = 0; k < done; k++)
-        LOCO_CHECK_GOTO(loco__tok_add_merge(t, ml[k], mr[k], "tokenizer train", "merge"), out);
-out:
-    if (md)
-        pcre2_match_data_free(md);
-    loco_tok_destroy(eot_only);
-    loco_free(pm.slots);
-    loco_free(syms);
-    loco_free(woff);
-    loco_free(wlen);
-    loco_free(wcount);
+    rc = build_tokenizer(out, ml, mr, done);
+out_free_merges:
     loco_free(ml);
     loco_free(mr);
-    loco_free(pairs);
-    if (rc < 0)
-        loco_tok_destroy(t);
-    else
-        *out = t;
+out_fini_words:
+    words_fini(&wd);
+out_free_pieces:
+    loco_free(pm.slots);
     return rc;
 }
 

@@ -280,7 +280,8 @@ typedef struct {
  * zbv, dualpipev, as parallel.pp_schedule spells them); NULL past the end. */
 const char *loco_pp_generator_name(int i);
 
-/* Generates schedule `name` for p ranks, v chunks per rank and m
+/* Generates schedule `name` for p ranks, v chunks per rank (0 = the
+ * schedule's own: 2 for interleaved, zbv and dualpipev, else 1) and m
  * micro-batches into a new *out (free with loco_pp_schedule_destroy).
  * LOCO_EINVAL with the reason for an unknown name (the message lists the
  * valid ones), p < 2, and what the schedule cannot do: interleaved needs

@@ -356,18 +356,19 @@ static void pub_dualpipev(int p, int v, int m, const loco_pp_costs *c, double *b
 typedef struct {
     const char *name;
     bool v_shape; /* placement: V (rank r: chunks r, 2p-1-r) or looped (c mod p) */
+    int v_auto;   /* chunks per rank when v = 0 (parallel.virtual_stages' default) */
     int (*check)(const char *name, int p, int v, int m);
     void (*order)(gen *g);
     void (*published)(int p, int v, int m, const loco_pp_costs *c, double *bubble, double *peak);
 } pp_generator;
 
 static const pp_generator generators[] = {
-    {"gpipe", false, need_single_chunk, order_gpipe, pub_gpipe},
-    {"1f1b", false, need_single_chunk, order_1f1b, pub_1f1b},
-    {"interleaved", false, need_interleaved, order_interleaved, pub_interleaved},
-    {"zb-h1", false, need_single_chunk, order_zbh1, pub_zbh1},
-    {"zbv", true, need_v2, order_zbv, pub_zbv},
-    {"dualpipev", true, need_dualpipev, order_dualpipev, pub_dualpipev},
+    {"gpipe", false, 1, need_single_chunk, order_gpipe, pub_gpipe},
+    {"1f1b", false, 1, need_single_chunk, order_1f1b, pub_1f1b},
+    {"interleaved", false, 2, need_interleaved, order_interleaved, pub_interleaved},
+    {"zb-h1", false, 1, need_single_chunk, order_zbh1, pub_zbh1},
+    {"zbv", true, 2, need_v2, order_zbv, pub_zbv},
+    {"dualpipev", true, 2, need_dualpipev, order_dualpipev, pub_dualpipev},
 };
 #define N_GENERATORS (int)(sizeof generators / sizeof generators[0])
 
@@ -479,6 +480,8 @@ int loco_pp_schedule_create(loco_pp_schedule **out, const char *name, int p, int
     const pp_generator *gd = find_generator(name);
     if (!gd)
         return LOCO_EINVAL;
+    if (v == 0)
+        v = gd->v_auto;
     LOCO_CHECK(check_shape(gd, p, v, m));
     loco_pp_schedule *s;
     LOCO_CHECK(schedule_alloc(&s, gd->name, p, v, m, PP_ACTIONS_PER_UNIT * v * m));

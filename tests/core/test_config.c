@@ -551,3 +551,45 @@ Test(config, help_and_markdown_cover_every_dumped_key) {
     free(help);
     free(text);
 }
+
+/* parallel.microbatches set alone sets train.grad_accum (one flush per
+ * optimizer step); once both are given, each keeps its value, in either
+ * order (inner/train.c refuses a difference under parallel.pp > 1). */
+Test(config, microbatches_alone_sets_grad_accum) {
+    loco_config c;
+    loco_config_defaults(&c);
+    cr_assert_eq(loco_config_set(&c, "parallel.microbatches=8"), 0);
+    cr_expect_eq(c.train.grad_accum, 8);
+    cr_assert_eq(loco_config_set(&c, "train.grad_accum=4"), 0);
+    cr_expect_eq(c.train.grad_accum, 4);
+    cr_expect_eq(c.parallel.microbatches, 8);
+
+    loco_config_defaults(&c);
+    cr_assert_eq(loco_config_set(&c, "train.grad_accum=4"), 0);
+    cr_assert_eq(loco_config_set(&c, "parallel.microbatches=8"), 0);
+    cr_expect_eq(c.train.grad_accum, 4, "a given grad_accum does not follow");
+
+    loco_config_defaults(&c);
+    cr_assert_eq(loco_config_set(&c, "train.grad_accum=3"), 0);
+    cr_assert_eq(loco_config_set(&c, "parallel.microbatches=0"), 0);
+    cr_expect_eq(c.train.grad_accum, 3, "microbatches 0 follows grad_accum, not the reverse");
+
+    char path[512];
+    write_ini(path, "mb.ini", "[parallel]\nmicrobatches = 6\n");
+    loco_config_defaults(&c);
+    cr_assert_eq(loco_config_load(&c, path), 0, "%s", loco_errmsg());
+    cr_expect_eq(c.train.grad_accum, 6, "a file's key follows as --set's does");
+}
+
+/* The modules' *_default() read the key table (one place for a default). */
+Test(config, module_defaults_are_the_key_table) {
+    const loco_config *d = loco_config_default();
+    loco_config c;
+    loco_config_defaults(&c);
+    cr_expect_eq(d->net.streams, c.net.streams);
+    cr_expect_eq(d->parallel.virtual_stages, 0);
+    loco_store_opts o;
+    loco_store_opts_default(&o);
+    cr_expect_eq(o.connect_timeout_ms, (long)c.run.ckpt_connect_ms);
+    cr_expect_eq(o.stall_timeout_s, (long)c.run.ckpt_stall_s);
+}

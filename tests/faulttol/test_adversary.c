@@ -372,11 +372,14 @@ static void come_and_go(loco_rng *r) {
     loco_link_destroy(l);
 }
 
+static atomic_int come_and_go_rounds;
+
 static void *come_and_go_main(void *arg) {
     loco_rng r;
     loco_rng_seed(&r, 17);
     for (int k = 0; k < 60; k++) {
         come_and_go(&r);
+        atomic_fetch_add(&come_and_go_rounds, 1);
         sleep_ms((int)(loco_rng_u64(&r) % 5));
     }
     (void)arg;
@@ -386,8 +389,12 @@ static void *come_and_go_main(void *arg) {
 Test(adversary, connections_that_come_and_go_or_talk_garbage_do_not_stop_it,
      .init = setup_in_process) {
     pthread_t t;
+    atomic_store(&come_and_go_rounds, 0);
     cr_assert_eq(pthread_create(&t, NULL, come_and_go_main, NULL), 0);
-    sleep_ms(200); /* the islands register in the middle of it */
+    /* The islands register in the middle of it: once 10 of its 60 rounds
+     * came and went (the sleep paces the check). */
+    while (atomic_load(&come_and_go_rounds) < 10)
+        sleep_ms(1);
     islands_finish_the_run();
     pthread_join(t, NULL);
 }
@@ -409,6 +416,32 @@ Test(adversary, a_register_under_another_sites_name_is_refused, .init = setup_in
         cr_expect(strstr(forged[i].msg, want[i]) != NULL, "%s", forged[i].msg);
     }
     islands_finish_the_run();
+}
+
+/* Lines of DIR/events.jsonl holding both a and b. */
+static int count_events(const char *a, const char *b) {
+    char path[4200], line[2048];
+    snprintf(path, sizeof path, "%s/events.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, a) && strstr(line, b);
+    fclose(f);
+    return n;
+}
+
+/* Waits until DIR/events.jsonl holds n lines with both a and b (the file
+ * comes with the first event); the sleep paces the rereads. */
+static void await_events(const char *a, const char *b, int n) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/events.jsonl", dir);
+    for (int k = 0; k < 2000; k++) {
+        if (access(path, F_OK) == 0 && count_events(a, b) >= n)
+            return;
+        sleep_ms(5);
+    }
+    cr_assert_fail("%s never held %d lines with %s %s", path, n, a, b);
 }
 
 static void *vanish_main(void *arg) {
@@ -441,24 +474,12 @@ Test(adversary, every_island_gone_is_waited_for, .init = setup_in_process) {
         pthread_join(t[i], NULL);
         cr_expect_eq(gone[i].rc_join, 0, "%s", gone[i].site);
     }
-    sleep_ms(200); /* the coordinator sees both links close */
+    await_events("\"kind\":\"suspect\"", "", 2); /* the coordinator saw both links close */
     islands_finish_the_run();
 }
 
 /* ------------------------------------------------ frames out of place */
 
-/* Lines of DIR/events.jsonl holding both a and b. */
-static int count_events(const char *a, const char *b) {
-    char path[4200], line[2048];
-    snprintf(path, sizeof path, "%s/events.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "%s", path);
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        n += strstr(line, a) && strstr(line, b);
-    fclose(f);
-    return n;
-}
 
 /* A client presenting CERT's certificate (and NAME in its HELLO). */
 static loco_link *raw_connect(const char *cert, const char *name) {
@@ -623,7 +644,7 @@ Test(adversary, a_forged_site_cannot_displace_a_registered_one, .init = setup_in
     island f[2] = {{.site = "siteA", .hold = true}, {.site = "siteB"}};
     pthread_t t[2];
     cr_assert_eq(pthread_create(&t[1], NULL, island_main, &f[1]), 0);
-    sleep_ms(300); /* siteB registered, waiting for siteA */
+    await_events("\"kind\":\"register\"", "\"site\":\"siteB\"", 1); /* waiting for siteA */
     int refused = 0;
     for (int k = 0; k < 12; k++) {
         if (k == 4) {

@@ -6,9 +6,33 @@
 
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static void start(const char *sites) { coord_start(sites, NULL); }
+
+/* Waits until the coordinator's timeline at `events` holds the line that
+ * registers `site` (the order a test needs, not a guess of its time). The
+ * sleep only paces the rereads. */
+static void await_registered(const char *events, const char *site) {
+    char want[128];
+    snprintf(want, sizeof want, "\"kind\":\"register\",\"site\":\"%s\"", site);
+    const double end = loco_now() + 10;
+    for (;;) {
+        char line[2048];
+        FILE *f = fopen(events, "r");
+        bool seen = false;
+        while (f && !seen && fgets(line, sizeof line, f))
+            seen = strstr(line, want) != NULL;
+        if (f)
+            fclose(f);
+        if (seen)
+            return;
+        cr_assert(loco_now() < end, "%s never registered (%s)", site, events);
+        loco_sleep_ms(5);
+    }
+}
 
 typedef struct {
     const char *site;
@@ -115,7 +139,10 @@ Test(coordinator, a_different_theta_stops_the_run_naming_step_and_islands, .time
 }
 
 Test(coordinator, a_different_mesh_or_site_is_refused_with_the_reason, .timeout = 30) {
-    start("siteA,siteB");
+    char events[64];
+    snprintf(events, sizeof events, "/tmp/loco-coord-%d.jsonl", (int)getpid());
+    unlink(events);
+    coord_start("siteA,siteB", events);
     fake_island bad[2] = {
         {.site = "siteA", .mesh = "dp=2", .model_hash = 5},
         {.site = "siteZ", .mesh = "dp=2", .model_hash = 5},
@@ -125,8 +152,7 @@ Test(coordinator, a_different_mesh_or_site_is_refused_with_the_reason, .timeout 
     pthread_t ta;
     cr_assert_eq(pthread_create(&ta, NULL, island_main, &bad[0]), 0);
     fake_island wrong = {.site = "siteB", .mesh = "dp=4", .model_hash = 5};
-    struct timespec ts = {0, 200 * 1000000L};
-    nanosleep(&ts, NULL);
+    await_registered(events, "siteA");
     run_islands(&wrong, 1);
     cr_expect_eq(wrong.rc_join, LOCO_EPEER);
     cr_expect(strstr(wrong.msg, "mesh of 'siteB' (dp=4") && strstr(wrong.msg, "differs"), "%s",
@@ -145,6 +171,7 @@ Test(coordinator, a_different_mesh_or_site_is_refused_with_the_reason, .timeout 
     cr_expect_eq(finish(), 0, "%s", srv.msg);
     loco_quorum_fini(&good.q);
     loco_quorum_fini(&bad[0].q);
+    unlink(events);
 }
 
 Test(coordinator, quorum_json_round_trip_and_bad_input) {

@@ -11,7 +11,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 TestSuite(net_link, .init = t_setup_certs, .fini = t_teardown_certs, .timeout = 30);
@@ -148,7 +151,7 @@ Test(net_link, close_delivers_everything_then_epeer) {
         rc = loco_link_send(pr.server, &hb, NULL, 0);
         if (rc == 0)
             rc = loco_link_flush(pr.server, T_RECV_MS);
-        usleep(10000);
+        usleep(10000); /* paces the sends: the loop ends on the failure it waits for */
     }
     cr_assert(rc == LOCO_EPEER || rc == LOCO_EIO, "rc %d: %s", rc, loco_errmsg());
     t_pair_close(&pr);
@@ -199,11 +202,42 @@ Test(net_link, send_checks_and_close_from_another_thread) {
     t_pair_close(&pr);
 }
 
+typedef struct {
+    loco_link *l;
+    _Atomic pid_t tid;    /* the thread's, once it runs */
+    _Atomic bool returned; /* loco_link_recv came back */
+} blocked_recv;
+
 static void *recv_in_thread(void *arg) {
-    loco_link *l = arg;
+    blocked_recv *b = arg;
+    b->tid = (pid_t)syscall(SYS_gettid);
     loco_frame_hdr h;
     void *pl;
-    return (void *)(intptr_t)loco_link_recv(l, &h, &pl, -1);
+    int rc = loco_link_recv(b->l, &h, &pl, -1);
+    b->returned = true;
+    return (void *)(intptr_t)rc;
+}
+
+/* Waits until thread tid is blocked in the futex call of a condition wait
+ * (the one loco_link_recv waits on: the only thing the thread can block
+ * in). The sleep only paces the rereads of /proc. */
+static void await_futex_sleep(pid_t tid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    const double end = loco_now() + T_RECV_MS * 1e-3;
+    for (;;) {
+        long nr = -1;
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%ld", &nr) != 1)
+                nr = -1;
+            fclose(f);
+        }
+        if (nr == SYS_futex)
+            return;
+        cr_assert(loco_now() < end, "the receiving thread never blocked (syscall %ld)", nr);
+        usleep(1000);
+    }
 }
 
 Test(net_link, close_wakes_a_blocked_recv) {
@@ -213,8 +247,12 @@ Test(net_link, close_wakes_a_blocked_recv) {
     t_pair pr;
     t_pair_open(&pr, &sp, &cp);
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, recv_in_thread, pr.server), 0);
-    usleep(50000);
+    blocked_recv b = {.l = pr.server};
+    cr_assert_eq(pthread_create(&th, NULL, recv_in_thread, &b), 0);
+    while (!b.tid)
+        sched_yield();
+    await_futex_sleep(b.tid);
+    cr_assert(!b.returned, "recv returned before the close");
     loco_link_close(pr.server);
     void *ret;
     pthread_join(th, &ret);

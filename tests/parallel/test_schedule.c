@@ -431,11 +431,32 @@ Test(schedule, bad_inputs) {
     loco_pp_schedule_destroy(s);
 }
 
+/* parallel.virtual_stages = 0 (its default) takes the schedule's own
+ * chunks per rank; a value given stays checked against the schedule. */
+Test(schedule, virtual_stages_default_follows_the_schedule) {
+    static const struct {
+        const char *name;
+        int v;
+    } own[] = {{"gpipe", 1}, {"1f1b", 1},       {"interleaved", 2},
+               {"zb-h1", 1}, {"zbv", 2},        {"dualpipev", 2}};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        loco_pp_schedule *s = make(own[i].name, 2, 0, 4);
+        int p, v, m;
+        loco_pp_schedule_shape(s, &p, &v, &m);
+        cr_assert(p == 2 && v == own[i].v && m == 4, "%s: p=%d v=%d m=%d", own[i].name, p, v, m);
+        loco_pp_schedule_destroy(s);
+    }
+    refused("zbv", 2, 1, 4, "fixes v = 2 chunks per rank");
+    refused("dualpipev", 2, 3, 4, "fixes v = 2 chunks per rank");
+    refused("interleaved", 2, 1, 4, "needs v >= 2");
+    refused("1f1b", 2, 2, 4, "runs one chunk per rank");
+}
+
 Test(schedule, from_config) {
     loco_config cfg;
     loco_config_defaults(&cfg);
     cr_assert_str_eq(cfg.parallel.pp_schedule, "1f1b");
-    cr_assert_eq(cfg.parallel.virtual_stages, 1);
+    cr_assert_eq(cfg.parallel.virtual_stages, 0, "0 = the schedule's own");
     cr_assert_eq(loco_config_set(&cfg, "parallel.pp=4"), 0);
     cr_assert_eq(loco_config_set(&cfg, "train.grad_accum=8"), 0);
     cr_assert_eq(loco_config_set(&cfg, "parallel.pp_schedule=zb-h1"), 0);
@@ -447,7 +468,6 @@ Test(schedule, from_config) {
     cr_assert_str_eq(loco_pp_schedule_name(s), "zb-h1");
     loco_pp_schedule_destroy(s);
     cr_assert_eq(loco_config_set(&cfg, "parallel.microbatches=6"), 0);
-    cr_assert_eq(loco_config_set(&cfg, "parallel.virtual_stages=2"), 0);
     cr_assert_eq(loco_config_set(&cfg, "parallel.pp_schedule=dualpipev"), 0);
     cr_assert_eq(loco_pp_schedule_from_config(&s, &cfg), LOCO_EINVAL);
     cr_assert(strstr(loco_errmsg(), "needs m >= 2p = 8"), "%s", loco_errmsg());
@@ -509,6 +529,11 @@ Test(schedule, cli_table_and_lists) {
     cr_assert(strstr(out, "Ra0.0<0 F0.1"), "%s", out);
     cr_assert_eq(test_run(out, sizeof out,
                           LOCO " pipeline --set parallel.pp=4 --set parallel.pp_schedule=zbv"),
+                 0, "virtual_stages' default follows the schedule: %s", out);
+    cr_assert(strstr(out, "rank 0 (chunks 0 7)"), "%s", out);
+    cr_assert_eq(test_run(out, sizeof out,
+                          LOCO " pipeline --set parallel.pp=4 --set parallel.pp_schedule=zbv"
+                               " --set parallel.virtual_stages=1"),
                  1, "%s", out);
     cr_assert(strstr(out, "fixes v = 2 chunks per rank"), "%s", out);
     cr_assert_eq(test_run(out, sizeof out, LOCO " pipeline --costs 1,x,1"), 2, "%s", out);
