@@ -6,7 +6,8 @@
 #include "cli/cli.h"
 
 #include "inner/comm/comm.h"
-#include "inner/inner.h"
+#include "inner/ckpt/ckpt.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 
 #include <limits.h>

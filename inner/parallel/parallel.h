@@ -14,7 +14,7 @@
 #define LOCO_PARALLEL_H
 
 #include "inner/comm/comm.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
 
 /* Bytes this rank actually allocated, by kind. */
 typedef struct {

@@ -5,7 +5,7 @@
 #define LOCO_TESTS_DILOCO_REFERENCE_H
 
 #include "tests/support.h"
-#include "inner/inner.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 
 #include <criterion/criterion.h>

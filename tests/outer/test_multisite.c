@@ -4,7 +4,7 @@
  * the wire are exactly the encoded shards. */
 #include "tests/outer/diloco_reference.h"
 #include "tests/support.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "outer/outer.h"
 
 #include <criterion/criterion.h>

@@ -9,7 +9,8 @@
  * that never stopped. */
 #include "tests/outer/diloco_reference.h"
 #include "tests/support.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 
 #include <criterion/criterion.h>

@@ -3,7 +3,7 @@
  * checkpoints that reshard (dp=4 -> dp=2) and continue the same curve, and
  * clear errors for meshes that cannot be built. Runs build/loco. */
 #include "tests/support.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
