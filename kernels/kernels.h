@@ -167,7 +167,7 @@ void loco_xent_fwd_bwd_strided(float *losses, float *dlogits, const float *logit
 
 /* ---------------------------------------------- tensor parallelism (Megatron)
  * The pieces a tp rank computes on its slice; the model's collectives over
- * the tp group join them (inner/model.c). */
+ * the tp group join them (inner/model/model.c). */
 
 /* Vocabulary-parallel embedding: out (N,C) row n = wte[tok[n] - v_lo] when
  * v_lo <= tok[n] < v_lo + v_n, else zeros. wte (v_n, C) is this rank's
@@ -329,7 +329,7 @@ int loco_cuda_select_local_device(int fallback_rank, int *device);
  * that state's device first (cheap when it is already current). */
 int loco_cuda_get_device(int *device);
 int loco_cuda_set_device(int device);
-/* The stream the device model (inner/gpt_cuda.c) and the callers of the
+/* The stream the device model (inner/model/gpt_cuda.c) and the callers of the
  * twins enqueue their work on: created on first use for the process's
  * current device (a blocking stream, so work still put on the legacy
  * stream NULL stays ordered with it; NULL if creation failed). A stream

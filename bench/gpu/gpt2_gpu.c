@@ -4,7 +4,7 @@
  *
  * --bench gpt2 (the default): GPT-2 training steps on one GPU, bf16, beside
  * PyTorch eager and torch.compile. The model is the trainer's own device
- * model (inner/gpt_cuda.c, loco_gpt_cuda: the CPU model's layouts and
+ * model (inner/model/gpt_cuda.c, loco_gpt_cuda: the CPU model's layouts and
  * order of kernels); fp32 master weights, gradients and AdamW state; bf16
  * weight copy, activations and activation gradients. Data: a learnable
  * synthetic token stream (the loss must fall, a cheap sanity check of the
@@ -82,7 +82,7 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The trainer's model (inner/gpt_cuda.c) in bf16, with GPT-2's
+/* The trainer's model (inner/model/gpt_cuda.c) in bf16, with GPT-2's
  * initialisation from seed 1337 (loco_gpt_init_weights). */
 static int setup(gpu_model *g) {
     const opts *o = &g->o;

@@ -1,4 +1,4 @@
-/* Checkpoint internals shared by inner/ckpt.c (writing), ckpt_load.c
+/* Checkpoint internals shared by inner/ckpt/ckpt.c (writing), ckpt_load.c
  * (loading at the same layout), ckpt_manifest.c (the sharded layout's
  * shard list and pipeline stages), ckpt_reshard.c (loading across tp and
  * pp) and ckpt_verify.c (checking a whole checkpoint, choosing the one to

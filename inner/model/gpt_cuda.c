@@ -1,4 +1,7 @@
-/* GPT-2 on one GPU through the kernels/cuda twins (inner.h, "model on a
+/* One file past 600 lines: the slab, the token slots, the passes and the
+ * graphs are one state machine over struct loco_gpt_cuda.
+ *
+ * GPT-2 on one GPU through the kernels/cuda twins (model.h, "model on a
  * GPU"): the CPU model's passes (model.c) kernel for kernel, over device
  * buffers carved from one slab. One code path serves both precisions: the
  * activations and the weight copy are untyped device pointers, and TWIN()

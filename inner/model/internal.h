@@ -1,9 +1,10 @@
 /* Internals of inner/model/, included by its files only: the struct
  * loco_gpt, its activations and scratch, and what model.c (tables,
- * buffers, passes), model_tp.c (tensor parallelism), model_stage.c
- * (pipeline stages), model_acts.c (the activation slab), model_cp.c
- * (context parallelism) and model_moe.c (mixture of experts) share; then
- * the device model's state, shared by gpt_cuda.c and gpt_cuda_dp.c. */
+ * buffers, lifecycle), model_pass.c (passes), model_tp.c (tensor
+ * parallelism), model_stage.c (pipeline stages), model_acts.c (the
+ * activation slab), model_cp.c (context parallelism) and model_moe.c
+ * (mixture of experts) share; then the device model's state, shared by
+ * gpt_cuda.c and gpt_cuda_dp.c. */
 #ifndef LOCO_MODEL_INTERNAL_H
 #define LOCO_MODEL_INTERNAL_H
 
@@ -113,11 +114,11 @@ struct loco_gpt {
     loco_gpt_acts *slot_acts; /* (stage.slots) */
     int pass_first;         /* first block of the chunk a pass runs */
     /* Context parallelism (par.cp): the zig-zag slice, the ring's and
-     * the all-to-alls' buffers (inner/model_cp.c); T above is then the
+     * the all-to-alls' buffers (inner/model/model_cp.c); T above is then the
      * local rows per sequence, cp->T the whole sequence. */
     struct loco_gpt_cp *cp;
     /* Mixture of experts: per MoE layer, what the passes routed since
-     * loco_gpt_moe_reset (inner/model_moe.c); loss_scale of the pass. */
+     * loco_gpt_moe_reset (inner/model/model_moe.c); loss_scale of the pass. */
     struct loco_gpt_moe *moe;
     float loss_scale;
     bool rerun;             /* a block's forward rerun by full recompute */
@@ -215,7 +216,7 @@ int loco__gpt_block_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco
 int loco__gpt_head_fwd(loco_gpt *m, const loco__gpt_shape *d);
 int loco__gpt_head_bwd_input(loco_gpt *m, const loco__gpt_shape *d);
 void loco__gpt_head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d);
-/* Carves the activation slab (inner/model_acts.c): with base NULL only
+/* Carves the activation slab (inner/model/model_acts.c): with base NULL only
  * counts; returns floats; sets block_act_bytes and, with a base, points
  * every slot's and the scratch's buffers into it. */
 size_t loco__gpt_carve_acts(loco_gpt *m, float *base);
@@ -224,7 +225,7 @@ float loco__gpt_mean_of(const float *x, int n);
 
 /* ------------------------------------------------ context parallelism */
 
-/* The state of inner/model_cp.c (m->cp, NULL without cp). */
+/* The state of inner/model/model_cp.c (m->cp, NULL without cp). */
 typedef struct loco_gpt_cp {
     loco_comm *comm; /* m->par.cp */
     loco_cp_algo algo;
@@ -281,7 +282,7 @@ int loco__gpt_attention_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, 
 int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par);
 int loco__gpt_moe_init(loco_gpt *m); /* the statistics; nothing for a dense model */
 void loco__gpt_moe_fini(loco_gpt *m);
-/* Block l's MoE MLP: la->ln2 in, la->fcproj out (inner/model_moe.c); its
+/* Block l's MoE MLP: la->ln2 in, la->fcproj out (inner/model/model_moe.c); its
  * backward from s.dres into s.dbtc, with every router and expert gradient. */
 int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
 int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);

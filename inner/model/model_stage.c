@@ -1,6 +1,6 @@
 /* Pipeline stages of the model: their tables, and one (micro-batch, chunk)
- * pass at a time in its activation slot (inner/inner.h's loco_gpt_chunk_*),
- * over the passes of inner/model.c. */
+ * pass at a time in its activation slot (model.h's loco_gpt_chunk_*),
+ * over the passes of inner/model/model.c. */
 #include "inner/model/internal.h"
 
 #include <stdio.h>

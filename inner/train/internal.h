@@ -1,7 +1,8 @@
 /* The trainer's state, shared by the files of inner/train/ only: train.c
- * (the loop, the CPU step, checkpoints, logging), train_device.c
- * (train.device = cuda: the device model and its data-parallel step),
- * train_pp.c (the pipeline stage) and train_metrics.c. */
+ * (making it, the CPU step, checkpoints), train_run.c (logging, evals
+ * and checkpoints between steps), train_device.c (train.device = cuda:
+ * the device model and its data-parallel step), train_pp.c (the pipeline
+ * stage) and train_metrics.c (live metrics). */
 #ifndef LOCO_INNER_TRAIN_INTERNAL_H
 #define LOCO_INNER_TRAIN_INTERNAL_H
 
@@ -96,7 +97,7 @@ void loco__train_device_destroy(loco_trainer *t);
 int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double *norm);
 #endif
 
-/* inner/train_metrics.c: starts serving the trainer's metrics when
+/* inner/train/train_metrics.c: starts serving the trainer's metrics when
  * run.metrics_addr is set (*out NULL otherwise), and sets them after a
  * step. */
 int loco__train_prom_start(loco_prom **out, const loco_config *c);

@@ -1,5 +1,6 @@
-/* The single-island training loop: micro-batches, clipping, AdamW, logging,
- * evaluation and checkpoints; on the CPU, or (train.device = cuda) on GPUs
+/* The single-island trainer: made from the config, its step
+ * (micro-batches, clipping, AdamW), evaluation and checkpoints (the run
+ * around the steps is train_run.c); on the CPU, or (train.device = cuda) on GPUs
  * through loco_gpt_cuda (train_device.c), with the host model and
  * optimizer kept as the layouts checkpoints and the outer loop read. */
 #include "inner/train/internal.h"
@@ -78,6 +79,143 @@ int loco_trainer_create(loco_trainer **out, const loco_config *cfg, const char *
     return loco_trainer_create_island(out, cfg, resume_dir, 0, 1);
 }
 
+/* The island's ranks: the world (and, with parallel.backend = nccl, the
+ * device's communicator), the mesh over them, who logs. */
+static int join_island(loco_trainer *t, const loco_config *cfg) {
+    /* parallel.backend = nccl (train.device = cuda): the host's collectives
+     * stay on the launcher's communicator (auto), the device's go over NCCL. */
+    const bool nccl = !strcmp(cfg->parallel.backend, "nccl");
+    LOCO_CHECK(loco_comm_world(&t->world, nccl ? "auto" : cfg->parallel.backend));
+    LOCO_CHECK(loco__train_check_device(cfg));
+#if defined(LOCO_HAVE_CUDA)
+    if (nccl) /* picks this rank's device: before the device model */
+        LOCO_CHECK(loco_comm_world(&t->dev_comm, "nccl"));
+#endif
+    LOCO_CHECK(loco_mesh_init(&t->mesh, cfg, t->world));
+    t->dp = t->mesh.data; /* every data-parallel rank, ep folded in */
+    t->root = loco_comm_rank(t->world) == 0;
+    if (!t->root && loco_log_get_level() > LOCO_LOG_WARN)
+        loco_log_set_level(LOCO_LOG_WARN);
+    return 0;
+}
+
+/* This rank's part of the model: its tp slice and ep rank's experts. */
+static loco_gpt_config model_config_of(const loco_trainer *t, const loco_config *cfg) {
+    loco_gpt_config mc = loco_gpt_config_from(cfg);
+    mc.tp = (int)cfg->parallel.tp;
+    mc.ep = t->mesh.size[LOCO_DIM_EP];
+    mc.ep_rank = t->mesh.coord[LOCO_DIM_EP];
+    return mc;
+}
+
+/* How the model's passes split over the mesh's groups (the pipeline stage
+ * is set once planned). */
+static loco_gpt_parallel parallel_of(const loco_trainer *t, const loco_config *cfg,
+                                     const loco_gpt_config *mc) {
+    return (loco_gpt_parallel){
+        .tp = mc->tp > 1 ? t->mesh.group[LOCO_DIM_TP] : NULL,
+        .sp = cfg->parallel.sp,
+        .recompute = recompute_of(cfg),
+        .recompute_layers = (int)cfg->train.recompute_layers,
+        .cp = t->mesh.size[LOCO_DIM_CP] > 1 ? t->mesh.group[LOCO_DIM_CP] : NULL,
+        .cp_algo = !strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING,
+        .ep = mc->ep > 1 ? t->mesh.group[LOCO_DIM_EP] : NULL,
+    };
+}
+
+/* The model (and the device's), its ZeRO over dp x cp, and the pipeline
+ * stage's executor bound to both. */
+static int make_model(loco_trainer *t, const loco_config *cfg, const loco_gpt_config *mc,
+                      const loco_gpt_parallel *par) {
+    /* A pipeline stage keeps whole buffers at every ZeRO stage. */
+    unsigned flags = cfg->parallel.pp > 1 ? 0 : loco_zero_model_flags((int)cfg->parallel.zero_stage);
+    if (on_device(t))
+        flags |= LOCO_GPT_NO_ACTS; /* the passes run on the device */
+    LOCO_CHECK(loco_gpt_create_par(&t->model, mc, t->B, t->T, flags, par));
+#if defined(LOCO_HAVE_CUDA)
+    if (on_device(t))
+        LOCO_CHECK(loco__train_device_create(t, mc));
+#endif
+    /* The ranks of a dp group's cp slices hold the same parameters: ZeRO
+     * averages and shards over dp x cp (Megatron's dp-cp group). */
+    LOCO_CHECK(loco_zero_create(&t->zero, t->model, t->mesh.dp_cp, cfg));
+    LOCO_CHECK(loco_zero_set_experts(t->zero, par->ep));
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev)
+        LOCO_CHECK(loco__train_device_dp_init(t));
+#endif
+    if (t->pp) {
+        LOCO_CHECK(loco__pp_bind(t->pp, t->model, &t->mesh, t->B, t->T, t->zero));
+        loco_zero_set_pipeline(t->zero, t->mesh.group[LOCO_DIM_PP]);
+    }
+    return 0;
+}
+
+/* The batch buffers (a pipeline step's `accum` micro-batches too) and the
+ * loaders: island `island` of n_islands reads its dp ranks' windows. */
+static int open_data(loco_trainer *t, const loco_config *cfg, int accum, int island,
+                     int n_islands) {
+    const size_t bt = (size_t)t->B * t->T;
+    t->inputs = loco_alloc(bt * sizeof(int32_t));
+    t->targets = loco_alloc(bt * sizeof(int32_t));
+    if (t->pp) {
+        t->mb_inputs = loco_alloc((size_t)accum * bt * sizeof(int32_t));
+        t->mb_targets = loco_alloc((size_t)accum * bt * sizeof(int32_t));
+    }
+    if (!t->inputs || !t->targets || (t->pp && (!t->mb_inputs || !t->mb_targets)))
+        return LOCO_ERR(LOCO_ENOMEM, "batch buffers");
+    const int dp = loco_comm_size(t->dp), V = (int)cfg->model.vocab_size;
+    LOCO_CHECK(loco_data_open(&t->train, cfg->data.train, t->B, t->T,
+                              island * dp + loco_comm_rank(t->dp), n_islands * dp, V));
+    if (cfg->data.val[0])
+        LOCO_CHECK(loco_data_open(&t->val, cfg->data.val, t->B, t->T, 0, 1, V));
+    /* Every checkpoint copies the tokenizer: a bad path fails now, not at
+     * the first checkpoint after hours of training. */
+    if (cfg->data.tokenizer[0] && access(cfg->data.tokenizer, R_OK) != 0)
+        return LOCO_ERR(LOCO_EINVAL, "data.tokenizer = %s: cannot read it: %s (every checkpoint "
+                                     "holds a copy as tokenizer.json)",
+                        cfg->data.tokenizer, strerror(errno));
+    return 0;
+}
+
+/* Continues from the checkpoint resume_dir: weights, moments, the
+ * loader's position, step and RNG. */
+static int resume_from(loco_trainer *t, const char *resume_dir) {
+    const loco_config *cfg = &t->cfg;
+    loco_ckpt_state st;
+    loco_ckpt_view v = trainer_view(t);
+    /* Every rank reads its own part: they agree on the outcome, so a
+     * rank that cannot load never leaves the others waiting in a
+     * collective. */
+    const int loaded = loco_ckpt_load_view(resume_dir, cfg, &v, &st);
+    int ok = loaded == 0;
+    LOCO_CHECK(loco_comm_allreduce(t->world, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM));
+    if (loaded < 0)
+        return loaded;
+    if (ok != loco_comm_size(t->world))
+        return LOCO_ERR(LOCO_EPROTO,
+                        "checkpoint %s: %d rank(s) of this island could not load their part "
+                        "(their error is in the log); nothing was loaded",
+                        resume_dir, loco_comm_size(t->world) - ok);
+    loco_zero_optimizer(t->zero, NULL, NULL)->t = v.adam_t;
+    LOCO_CHECK(loco_data_seek(t->train, st.data));
+    t->step = st.step;
+    t->rng = st.rng;
+    loco_info("resumed from %s at step %lld", resume_dir, (long long)t->step);
+    if (cfg->train.init_from[0])
+        loco_info("train.init_from = %s ignored: resuming from %s wins", cfg->train.init_from,
+                  resume_dir);
+    return 0;
+}
+
+/* A fresh start: train.seed's weights, or train.init_from's. */
+static int init_weights(loco_trainer *t) {
+    loco_zero_init_weights(t->zero, &t->rng);
+    if (t->cfg.train.init_from[0])
+        LOCO_CHECK(init_from_hf(t));
+    return 0;
+}
+
 int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const char *resume_dir,
                                int island, int n_islands) {
     *out = NULL;
@@ -99,37 +237,9 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     t->T = (int)cfg->model.seq_len;
     t->unigram = NAN;
     loco_set_threads((int)cfg->run.threads);
-    /* parallel.backend = nccl (train.device = cuda): the host's collectives
-     * stay on the launcher's communicator (auto), the device's go over NCCL. */
-    const bool nccl = !strcmp(cfg->parallel.backend, "nccl");
-    LOCO_CHECK_GOTO(loco_comm_world(&t->world, nccl ? "auto" : cfg->parallel.backend), out_fail);
-    LOCO_CHECK_GOTO(loco__train_check_device(cfg), out_fail);
-#if defined(LOCO_HAVE_CUDA)
-    if (nccl) /* picks this rank's device: before the device model */
-        LOCO_CHECK_GOTO(loco_comm_world(&t->dev_comm, "nccl"), out_fail);
-#endif
-    LOCO_CHECK_GOTO(loco_mesh_init(&t->mesh, cfg, t->world), out_fail);
-    t->dp = t->mesh.data; /* every data-parallel rank, ep folded in */
-    t->root = loco_comm_rank(t->world) == 0;
-    if (!t->root && loco_log_get_level() > LOCO_LOG_WARN)
-        loco_log_set_level(LOCO_LOG_WARN);
-    loco_gpt_config mc = loco_gpt_config_from(cfg);
-    mc.tp = (int)cfg->parallel.tp;
-    mc.ep = t->mesh.size[LOCO_DIM_EP];
-    mc.ep_rank = t->mesh.coord[LOCO_DIM_EP];
-    /* A pipeline stage keeps whole buffers at every ZeRO stage. */
-    unsigned flags = cfg->parallel.pp > 1 ? 0 : loco_zero_model_flags((int)cfg->parallel.zero_stage);
-    if (on_device(t))
-        flags |= LOCO_GPT_NO_ACTS; /* the passes run on the device */
-    loco_gpt_parallel par = {
-        .tp = mc.tp > 1 ? t->mesh.group[LOCO_DIM_TP] : NULL,
-        .sp = cfg->parallel.sp,
-        .recompute = recompute_of(cfg),
-        .recompute_layers = (int)cfg->train.recompute_layers,
-        .cp = t->mesh.size[LOCO_DIM_CP] > 1 ? t->mesh.group[LOCO_DIM_CP] : NULL,
-        .cp_algo = !strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING,
-        .ep = mc.ep > 1 ? t->mesh.group[LOCO_DIM_EP] : NULL,
-    };
+    LOCO_CHECK_GOTO(join_island(t, cfg), out_fail);
+    const loco_gpt_config mc = model_config_of(t, cfg);
+    loco_gpt_parallel par = parallel_of(t, cfg, &mc);
     loco_gpt_stage stage;
     const int accum = (int)cfg->train.grad_accum;
     if (t->mesh.size[LOCO_DIM_PP] > 1) {
@@ -145,81 +255,10 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
         LOCO_CHECK_GOTO(loco__pp_plan(&t->pp, cfg, &t->mesh, accum, &stage), out_fail);
         par.stage = &stage;
     }
-    LOCO_CHECK_GOTO(loco_gpt_create_par(&t->model, &mc, t->B, t->T, flags, &par), out_fail);
-#if defined(LOCO_HAVE_CUDA)
-    if (on_device(t))
-        LOCO_CHECK_GOTO(loco__train_device_create(t, &mc), out_fail);
-#endif
-    /* The ranks of a dp group's cp slices hold the same parameters: ZeRO
-     * averages and shards over dp x cp (Megatron's dp-cp group). */
-    LOCO_CHECK_GOTO(loco_zero_create(&t->zero, t->model, t->mesh.dp_cp, cfg), out_fail);
-    LOCO_CHECK_GOTO(loco_zero_set_experts(t->zero, par.ep), out_fail);
-#if defined(LOCO_HAVE_CUDA)
-    if (t->dev)
-        LOCO_CHECK_GOTO(loco__train_device_dp_init(t), out_fail);
-#endif
-    t->inputs = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
-    t->targets = loco_alloc((size_t)t->B * t->T * sizeof(int32_t));
-    if (t->pp) {
-        LOCO_CHECK_GOTO(loco__pp_bind(t->pp, t->model, &t->mesh, t->B, t->T, t->zero), out_fail);
-        loco_zero_set_pipeline(t->zero, t->mesh.group[LOCO_DIM_PP]);
-        t->mb_inputs = loco_alloc((size_t)accum * t->B * t->T * sizeof(int32_t));
-        t->mb_targets = loco_alloc((size_t)accum * t->B * t->T * sizeof(int32_t));
-    }
-    if (!t->inputs || !t->targets || (t->pp && (!t->mb_inputs || !t->mb_targets))) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "batch buffers");
-        goto out_fail;
-    }
-    const int dp = loco_comm_size(t->dp);
-    LOCO_CHECK_GOTO(loco_data_open(&t->train, cfg->data.train, t->B, t->T,
-                                   island * dp + loco_comm_rank(t->dp), n_islands * dp,
-                                   mc.vocab_size),
-                    out_fail);
-    if (cfg->data.val[0])
-        LOCO_CHECK_GOTO(loco_data_open(&t->val, cfg->data.val, t->B, t->T, 0, 1, mc.vocab_size),
-                        out_fail);
-    /* Every checkpoint copies the tokenizer: a bad path fails now, not at
-     * the first checkpoint after hours of training. */
-    if (cfg->data.tokenizer[0] && access(cfg->data.tokenizer, R_OK) != 0) {
-        rc = LOCO_ERR(LOCO_EINVAL, "data.tokenizer = %s: cannot read it: %s (every checkpoint "
-                                   "holds a copy as tokenizer.json)",
-                      cfg->data.tokenizer, strerror(errno));
-        goto out_fail;
-    }
+    LOCO_CHECK_GOTO(make_model(t, cfg, &mc, &par), out_fail);
+    LOCO_CHECK_GOTO(open_data(t, cfg, accum, island, n_islands), out_fail);
     loco_rng_seed(&t->rng, (uint64_t)cfg->train.seed);
-    if (resume_dir) {
-        loco_ckpt_state st;
-        loco_ckpt_view v = trainer_view(t);
-        /* Every rank reads its own part: they agree on the outcome, so a
-         * rank that cannot load never leaves the others waiting in a
-         * collective. */
-        const int loaded = loco_ckpt_load_view(resume_dir, cfg, &v, &st);
-        int ok = loaded == 0;
-        LOCO_CHECK_GOTO(loco_comm_allreduce(t->world, &ok, 1, LOCO_DT_I32, LOCO_OP_SUM), out_fail);
-        if (loaded < 0) {
-            rc = loaded;
-            goto out_fail;
-        }
-        if (ok != loco_comm_size(t->world)) {
-            rc = LOCO_ERR(LOCO_EPROTO,
-                          "checkpoint %s: %d rank(s) of this island could not load their part "
-                          "(their error is in the log); nothing was loaded",
-                          resume_dir, loco_comm_size(t->world) - ok);
-            goto out_fail;
-        }
-        loco_zero_optimizer(t->zero, NULL, NULL)->t = v.adam_t;
-        LOCO_CHECK_GOTO(loco_data_seek(t->train, st.data), out_fail);
-        t->step = st.step;
-        t->rng = st.rng;
-        loco_info("resumed from %s at step %lld", resume_dir, (long long)t->step);
-        if (cfg->train.init_from[0])
-            loco_info("train.init_from = %s ignored: resuming from %s wins", cfg->train.init_from,
-                      resume_dir);
-    } else {
-        loco_zero_init_weights(t->zero, &t->rng);
-        if (cfg->train.init_from[0])
-            LOCO_CHECK_GOTO(init_from_hf(t), out_fail);
-    }
+    LOCO_CHECK_GOTO(resume_dir ? resume_from(t, resume_dir) : init_weights(t), out_fail);
     LOCO_CHECK_GOTO(loco__train_device_load(t, true), out_fail);
     *out = t;
     return 0;
@@ -487,203 +526,4 @@ int loco_trainer_save(loco_trainer *t, const char *dir) {
     return rc;
 }
 
-static void format_eta(double s, char *buf, size_t cap) {
-    if (!isfinite(s) || s < 0)
-        s = 0;
-    long x = (long)(s + 0.5);
-    if (x >= 3600)
-        snprintf(buf, cap, "%ldh%02ldm", x / 3600, (x / 60) % 60);
-    else
-        snprintf(buf, cap, "%ldm%02lds", x / 60, x % 60);
-}
-
-static int evaluate_and_log(loco_trainer *t) {
-    double vl;
-    int64_t tokens;
-    LOCO_CHECK(loco_trainer_eval(t, (int)t->cfg.run.eval_batches, &vl, &tokens));
-    if (isfinite(t->unigram))
-        loco_info("step %lld | val loss %.4f | unigram baseline %.4f | %lld tokens",
-                  (long long)t->step, vl, t->unigram, (long long)tokens);
-    else
-        loco_info("step %lld | val loss %.4f | %lld tokens", (long long)t->step, vl,
-                  (long long)tokens);
-    loco_metrics_begin(t->metrics);
-    loco_metrics_int(t->metrics, "step", t->step);
-    loco_metrics_num(t->metrics, "val_loss", vl);
-    loco_metrics_int(t->metrics, "val_tokens", tokens);
-    loco_prom_set(t->prom, "loco_train_val_loss", NULL, vl);
-    return loco_metrics_end(t->metrics);
-}
-
-static int checkpoint(loco_trainer *t) {
-    char dir[PATH_MAX];
-    if (t->cfg.run.ckpt_url[0])
-        snprintf(dir, sizeof dir, "%s", t->cfg.run.ckpt_url);
-    else
-        snprintf(dir, sizeof dir, "%s/ckpt_%08lld", t->cfg.run.dir, (long long)t->step);
-    double t0 = loco_now();
-    LOCO_CHECK(loco_trainer_save(t, dir));
-    loco_info("step %lld | checkpoint %s (%.2f s)", (long long)t->step, dir, loco_now() - t0);
-    return 0;
-}
-
-int loco_trainer_begin_run(loco_trainer *t) {
-    const loco_config *c = &t->cfg;
-    LOCO_CHECK(loco_mkdirs(c->run.dir));
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", c->run.dir);
-    if (t->root && !t->metrics)
-        LOCO_CHECK(loco_metrics_open(&t->metrics, path, t->step > 0));
-    if (t->root && !t->prom)
-        LOCO_CHECK(loco__train_prom_start(&t->prom, c));
-    if (t->root && t->val && c->data.val[0])
-        if (loco_data_unigram_entropy(c->data.val, (int)c->model.vocab_size, &t->unigram) < 0)
-            t->unigram = NAN;
-    const int dp = loco_comm_size(t->dp);
-    const int64_t tokens_per_step = (int64_t)t->B * t->T * c->train.grad_accum * dp;
-    /* The whole model's count; under tp each rank holds a slice of it. */
-    const loco_gpt_config *mc = loco_gpt_cfg(t->model);
-    loco_gpt_config whole_cfg = *mc;
-    whole_cfg.tp = 1;
-    whole_cfg.ep = 1, whole_cfg.ep_rank = 0;
-    loco_ttable whole;
-    LOCO_CHECK(loco_gpt_build_table(&whole, &whole_cfg));
-    const size_t n_whole = whole.numel;
-    loco_ttable_fini(&whole);
-    char slice[96] = "";
-    if (mc->tp > 1)
-        snprintf(slice, sizeof slice, " (%zu in each of %d tp slices)", loco_gpt_num_params(t->model),
-                 mc->tp);
-    loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters%s",
-              mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len,
-              mc->vocab_size, n_whole, slice);
-    char pp[160] = "";
-    if (t->pp)
-        snprintf(pp, sizeof pp, ", pp=%d %s v=%d", t->mesh.size[LOCO_DIM_PP],
-                 c->parallel.pp_schedule, loco_gpt_stage_of(t->model)->n);
-    if (t->mesh.size[LOCO_DIM_CP] > 1)
-        snprintf(pp + strlen(pp), sizeof pp - strlen(pp), ", cp=%d %s", t->mesh.size[LOCO_DIM_CP],
-                 c->parallel.cp_algo);
-    loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s%s, ZeRO-%d, "
-              "recompute %s) x %d threads; run dir %s",
-              (long long)c->train.steps, (long long)tokens_per_step,
-              loco_comm_size(t->world), loco_comm_backend(t->world), dp, mc->tp,
-              loco_gpt_parallel_of(t->model)->sp ? " + sp" : "", pp, loco_zero_stage(t->zero), c->train.recompute,
-              loco_set_threads((int)c->run.threads), c->run.dir);
-#if defined(LOCO_HAVE_CUDA)
-    if (t->dev)
-        loco_info("device: one GPU (train.device = cuda), %s passes, fp32 master weights and "
-                  "AdamW state, %.1f MiB of device memory",
-                  c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20));
-    if (t->dev && (loco_comm_size(t->mesh.dp_cp) > 1 || t->dev_comm))
-        loco_info("device data parallel: dp=%d, ZeRO-%d%s, gradients and parameters over %s, "
-                  "reduced while the backward runs",
-                  loco_comm_size(t->mesh.dp_cp), loco_zero_stage(t->zero),
-                  loco_zero_stage(t->zero) >= 3 && loco_comm_size(t->mesh.dp_cp) > 1
-                      ? " (owned state only, weights gathered unit by unit)"
-                      : "",
-                  t->dev_comm ? "nccl (device buffers)" : "the host (pinned staging buffers)");
-#endif
-    t->t_start = loco_now();
-    t->first_step = t->step;
-    return 0;
-}
-
-/* Per MoE layer, what this rank's micro-batches of the step routed (rank
- * 0's; every dp rank's are alike in distribution): assignments per expert
- * before dropping, the fraction dropped, the load-balancing and z losses
- * (unscaled means over the micro-batches). */
-static int moe_metrics(loco_trainer *t) {
-    loco_gpt *m = t->model;
-    for (int i = 0; i < loco_gpt_moe_layers(m); i++) {
-        loco_gpt_moe_stats st;
-        loco_gpt_moe_layer(m, i, &st);
-        char key[64];
-        snprintf(key, sizeof key, "moe.%d.tokens_per_expert", st.block);
-        loco_metrics_ints(t->metrics, key, st.routed, loco_gpt_cfg(m)->n_experts);
-        snprintf(key, sizeof key, "moe.%d.dropped_frac", st.block);
-        loco_metrics_num(t->metrics, key,
-                         st.assignments ? (double)st.dropped / (double)st.assignments : 0);
-        snprintf(key, sizeof key, "moe.%d.aux_loss", st.block);
-        loco_metrics_num(t->metrics, key, st.aux);
-        snprintf(key, sizeof key, "moe.%d.z_loss", st.block);
-        loco_metrics_num(t->metrics, key, st.z);
-    }
-    return 0;
-}
-
-int loco_trainer_after_step(loco_trainer *t, const loco_step_stats *s) {
-    const loco_config *c = &t->cfg;
-    bool last = t->step == t->end_step;
-    double elapsed = loco_now() - t->t_start;
-    double eta = elapsed / (double)(t->step - t->first_step) * (double)(t->end_step - t->step);
-    loco_metrics_begin(t->metrics);
-    loco_metrics_int(t->metrics, "step", s->step);
-    loco_metrics_num(t->metrics, "loss", s->loss);
-    loco_metrics_num(t->metrics, "lr", s->lr);
-    loco_metrics_num(t->metrics, "grad_norm", s->grad_norm);
-    loco_metrics_num(t->metrics, "tokens_per_s", s->tokens_per_s);
-    loco_metrics_num(t->metrics, "step_s", s->seconds);
-    LOCO_CHECK(moe_metrics(t));
-    LOCO_CHECK(loco_metrics_end(t->metrics));
-    loco__train_prom_step(t->prom, s,
-                          (int64_t)t->B * t->T * c->train.grad_accum * loco_comm_size(t->dp));
-    if (s->step % c->run.log_every == 0 || s->step == t->first_step + 1 || last) {
-        char e[32];
-        format_eta(eta, e, sizeof e);
-        loco_info("step %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
-                  (long long)s->step, (long long)t->end_step, s->loss, s->lr, s->grad_norm,
-                  s->tokens_per_s, e);
-    }
-    if (t->val && ((c->run.eval_every > 0 && s->step % c->run.eval_every == 0) || last))
-        LOCO_CHECK(evaluate_and_log(t));
-    if ((c->run.ckpt_every > 0 && s->step % c->run.ckpt_every == 0) || last)
-        LOCO_CHECK(checkpoint(t));
-    return 0;
-}
-
-int loco_trainer_run(loco_trainer *t) {
-    LOCO_CHECK(loco_trainer_begin_run(t));
-    while (t->step < t->cfg.train.steps) {
-        loco_step_stats s;
-        LOCO_CHECK(loco_trainer_step(t, &s));
-        LOCO_CHECK(loco_trainer_after_step(t, &s));
-    }
-    return 0;
-}
-
 loco_prom *loco_trainer_prom(loco_trainer *t) { return t->prom; }
-
-int loco_data_unigram_entropy(const char *pattern, int vocab_size, double *nats) {
-    /* Counts every target of one pass over the shards in windows of 1 x 256. */
-    enum { W = 256 };
-    loco_data *d;
-    LOCO_CHECK(loco_data_open(&d, pattern, 1, W, 0, 1, vocab_size));
-    int rc = 0;
-    int64_t *counts = loco_alloc((size_t)vocab_size * sizeof(int64_t));
-    int32_t in[W], tg[W];
-    if (!counts) {
-        rc = LOCO_ERR(LOCO_ENOMEM, "unigram counts");
-        goto out;
-    }
-    int64_t total = 0;
-    for (;;) {
-        LOCO_CHECK_GOTO(loco_data_next(d, in, tg), out);
-        for (int i = 0; i < W; i++)
-            counts[tg[i]]++;
-        total += W;
-        if (loco_data_tell(d).epoch > 0)
-            break;
-    }
-    double h = 0;
-    for (int v = 0; v < vocab_size; v++)
-        if (counts[v]) {
-            double p = (double)counts[v] / (double)total;
-            h -= p * log(p);
-        }
-    *nats = h;
-out:
-    loco_free(counts);
-    loco_data_close(d);
-    return rc;
-}

@@ -211,7 +211,7 @@ Test(gpu_attention_tc, selection)
     cr_expect_eq(a, t);
 }
 
-/* The device model (inner/gpt_cuda.c) with train.attention = tensor
+/* The device model (inner/model/gpt_cuda.c) with train.attention = tensor
  * against the same model on the reference kernel and the CPU model (on
  * the bf16 weight copy): loss and every parameter gradient, head size 64. */
 Test(gpu_attention_tc, model_with_tensor_kernel, .timeout = 300)

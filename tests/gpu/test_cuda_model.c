@@ -1,4 +1,4 @@
-/* The whole GPT-2 on the GPU (inner/gpt_cuda.c) against the CPU model, and
+/* The whole GPT-2 on the GPU (inner/model/gpt_cuda.c) against the CPU model, and
  * training through the trainer with train.device = cuda against cpu.
  *
  *   model: the tiny fixture model (tests/fixtures/gpt2_tiny.safetensors):

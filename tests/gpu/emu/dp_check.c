@@ -1,5 +1,5 @@
 /* train.device = cuda with more than one rank, on the emulator: the
- * trainer's multi-rank device code (inner/train_device.c) over the mpi
+ * trainer's multi-rank device code (inner/train/train_device.c) over the mpi
  * backend, whose collectives are staged through host buffers.
  *
  *   dp_check ref DIR        one rank (backend self), the whole global batch

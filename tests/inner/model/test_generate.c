@@ -1,4 +1,4 @@
-/* Using a trained model (inner/generate.c): a checkpoint loaded for
+/* Using a trained model (inner/model/generate.c): a checkpoint loaded for
  * inference, validation loss and text bytes against batches computed here,
  * the sampler's draws against softmax/top-k computed here in double, and
  * greedy generation against argmax over the sliding window. */
