@@ -12,8 +12,8 @@
  * of uniform routing. */
 #include "bench/bench.h"
 #include "core/core.h"
-#include "inner/model/model.h"
 #include "inner/mesh/mesh.h"
+#include "inner/model/model.h"
 #include "inner/parallel/parallel.h"
 
 #include <string.h>
@@ -141,17 +141,18 @@ static int comm_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world)
     LOCO_CHECK_GOTO(random_micro_batch(m, B, T, 2, &dt), out);
     double ar, rs, ag;
     tp_comm_formula(cfg, &ar, &rs, &ag);
+    const loco_gpt_comm_stats cs = loco_gpt_tp_comm_stats(m);
     if (loco_comm_rank(world) == 0) {
         printf("\ntensor-parallel collectives of one micro-batch (forward + backward), tp = %d%s, "
                "recompute %s, per rank, as ring algorithms move them (%lld calls, %.3f s):\n\n",
-               mc.tp, cfg->parallel.sp ? " + sp" : "", cfg->train.recompute,
-               (long long)loco_gpt_tp_comm_stats(m).calls, dt);
+               mc.tp, cfg->parallel.sp ? " + sp" : "", cfg->train.recompute, (long long)cs.calls,
+               dt);
         printf("| collective | measured MB | analytic MB |\n|---|---|---|\n");
-        printf("| all-reduce | %.3f | %.3f |\n", MB(loco_gpt_tp_comm_stats(m).allreduce), MB(ar));
-        printf("| reduce-scatter | %.3f | %.3f |\n", MB(loco_gpt_tp_comm_stats(m).reduce_scatter), MB(rs));
-        printf("| all-gather | %.3f | %.3f |\n", MB(loco_gpt_tp_comm_stats(m).allgather), MB(ag));
-        printf("| total | %.3f | %.3f |\n",
-               MB(loco_gpt_tp_comm_stats(m).allreduce + loco_gpt_tp_comm_stats(m).reduce_scatter + loco_gpt_tp_comm_stats(m).allgather), MB(ar + rs + ag));
+        printf("| all-reduce | %.3f | %.3f |\n", MB(cs.allreduce), MB(ar));
+        printf("| reduce-scatter | %.3f | %.3f |\n", MB(cs.reduce_scatter), MB(rs));
+        printf("| all-gather | %.3f | %.3f |\n", MB(cs.allgather), MB(ag));
+        printf("| total | %.3f | %.3f |\n", MB(cs.allreduce + cs.reduce_scatter + cs.allgather),
+               MB(ar + rs + ag));
     }
 out:
     loco_gpt_destroy(m);

@@ -3,8 +3,8 @@
  * same run, the ceiling of this CPU path. */
 #include "bench/bench.h"
 #include "core/core.h"
-#include "inner/optim/optim.h"
 #include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <cblas.h>
 #include <stdlib.h>

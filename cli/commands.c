@@ -1,9 +1,9 @@
 /* The subcommands: argument parsing and the calls into the library. */
 #include "bench/bench.h"
 #include "cli/cli.h"
+#include "inner/ckpt/ckpt.h"
 #include "inner/data/data.h"
 #include "inner/model/model.h"
-#include "inner/ckpt/ckpt.h"
 #include "inner/train/train.h"
 #include "tokenizer/tokenizer.h"
 

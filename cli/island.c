@@ -5,8 +5,8 @@
  * does what is due. */
 #include "cli/cli.h"
 
-#include "inner/comm/comm.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/comm/comm.h"
 #include "inner/train/train.h"
 #include "outer/outer.h"
 

@@ -50,8 +50,8 @@
 
 #include "compress/compress.h"
 #include "core/core.h"
-#include "inner/optim/optim.h"
 #include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "kernels/kernels.h"
 
 typedef struct {

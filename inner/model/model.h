@@ -72,7 +72,11 @@ typedef struct {
 
 
 /* Activation recompute (train.recompute). */
-typedef enum { LOCO_RECOMPUTE_NONE = 0, LOCO_RECOMPUTE_SELECTIVE, LOCO_RECOMPUTE_FULL } loco_recompute;
+typedef enum {
+    LOCO_RECOMPUTE_NONE = 0,
+    LOCO_RECOMPUTE_SELECTIVE,
+    LOCO_RECOMPUTE_FULL
+} loco_recompute;
 /* How context parallelism computes attention over the split sequence. */
 typedef enum { LOCO_CP_RING = 0, LOCO_CP_ULYSSES } loco_cp_algo;
 
@@ -240,7 +244,7 @@ loco_gpt_comm_stats loco_gpt_tp_comm_stats(const loco_gpt *m);
 int loco_gpt_build_stage_table(loco_ttable *tt, const loco_gpt_config *cfg,
                                const loco_gpt_stage *stage);
 /* A pipeline stage's passes, one (micro-batch, chunk) at a time in
- * activation slot `slot`; chunk indexes m->stage. Activations between
+ * activation slot `slot`; chunk indexes loco_gpt_stage_of(m). Activations between
  * chunks are this rank's rows (R, C). A forward reads the tokens (chunk at
  * block 0) or `in`; it writes `out`, or, for the chunk with the head, the
  * micro-batch's mean loss and the logits' gradient for loss_scale * loss.
@@ -266,11 +270,11 @@ double loco_gpt_cp_bytes(const loco_gpt *m);
  * projections scaled by 1/sqrt(2 L), zero biases, unit LayerNorm weights. */
 void loco_gpt_init_weights(loco_gpt *m, loco_rng *rng);
 /* Forward pass on inputs (B, T). With targets, *mean_loss receives the mean
- * cross-entropy; without (NULL), only logits are computed (a.logits). */
+ * cross-entropy; without (NULL), only logits are computed (loco_gpt_logits). */
 int loco_gpt_forward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *mean_loss);
 /* Forward and backward: gradients of loss_scale * mean loss are ADDED to
- * m->grads (so micro-batches accumulate). */
+ * the gradients (loco_gpt_grads; so micro-batches accumulate). */
 int loco_gpt_forward_backward(loco_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
                               int T, float loss_scale, float *mean_loss);
 void loco_gpt_zero_grad(loco_gpt *m);
@@ -308,7 +312,7 @@ typedef struct {
     long long bytes;           /* text bytes the targets stand for */
     double nats_per_byte;      /* loss * tokens / bytes (inf when bytes is 0) */
 } loco_eval_result;
-/* Validation loss of m over the next `batches` batches of d (m->B x m->T
+/* Validation loss of m over the next `batches` batches of d (m's capacity B x T
  * each, as d was opened). token_bytes (vocab_size entries; NULL: one byte
  * per id) gives the text bytes of each id, e.g. from loco_tok_text_bytes.
  * LOCO_EINVAL when batches < 1; loader and forward errors pass through. */
@@ -328,7 +332,7 @@ typedef struct {
 /* Called with each new id; a negative return stops generation with it. */
 typedef int (*loco_gen_token_fn)(int id, void *arg);
 /* Appends ntok ids sampled from m to ctx[0 .. *n) (capacity cap), each from
- * the logits of the last position given the last m->T ids, calling
+ * the logits of the last position given the last T ids (m's capacity), calling
  * on_token (may be NULL) after each. LOCO_EINVAL when *n is 0, the new ids
  * do not fit in cap, an id of ctx is outside the vocabulary or o is out of
  * range; forward errors pass through. Same model, ctx, opts and rng state:

@@ -260,17 +260,17 @@ static int launch_bucket(loco_zero *z) {
  * by 1/ep (an expert's rank summed its whole ep group's tokens; the
  * expert-dp average then makes the mean over every rank's). */
 static int ep_prereduce_range(loco_zero *z, size_t a, size_t b, float *g) {
-    const loco_gpt *m = z->m;
+    const loco_ttable *tt = loco_gpt_table(z->m);
     int i, end;
     if (a == b)
         return 0;
-    for (i = 0; i < loco_gpt_table(m)->n && loco_gpt_table(m)->t[i].offset + loco_gpt_table(m)->t[i].numel <= a; i++)
+    for (i = 0; i < tt->n && tt->t[i].offset + tt->t[i].numel <= a; i++)
         ;
     const float inv = 1.0f / (float)loco_comm_size(z->ep);
-    while (i < loco_gpt_table(m)->n && loco_gpt_table(m)->t[i].offset < b) {
-        for (end = i; end < loco_gpt_table(m)->n && loco_gpt_table(m)->t[end].offset < b && z->expert[end] == z->expert[i];)
+    while (i < tt->n && tt->t[i].offset < b) {
+        for (end = i; end < tt->n && tt->t[end].offset < b && z->expert[end] == z->expert[i];)
             end++;
-        size_t lo = loco_gpt_table(m)->t[i].offset, hi = loco_gpt_table(m)->t[end - 1].offset + loco_gpt_table(m)->t[end - 1].numel;
+        size_t lo = tt->t[i].offset, hi = tt->t[end - 1].offset + tt->t[end - 1].numel;
         lo = lo > a ? lo : a, hi = hi < b ? hi : b;
         if (z->expert[i])
             loco_scale(g + (lo - a), inv, hi - lo);
@@ -295,7 +295,8 @@ static int hook_grads_ready(void *ctx, loco_gpt *m, int unit) {
     if (z->ep && (z->stage >= 2 || z->last_micro)) {
         size_t a, b;
         loco_gpt_unit_range(m, unit, &a, &b);
-        LOCO_CHECK(ep_prereduce(z, unit, z->stage >= 2 ? unit_slot(z, unit)->grads : loco_gpt_grads(m) + a));
+        LOCO_CHECK(ep_prereduce(z, unit,
+                                z->stage >= 2 ? unit_slot(z, unit)->grads : loco_gpt_grads(m) + a));
     }
     if (z->stage >= 2)
         return start_reduce(z, unit_slot(z, unit), unit);
@@ -420,7 +421,8 @@ int loco_zero_sync_replicas(loco_zero *z) {
      * dp split), so the packed pieces line up. */
     float *data = loco_zero_owned_params(z);
     replicated_pieces(z, data, z->rep_buf, REP_PACK);
-    LOCO_CHECK(loco_comm_broadcast(loco_gpt_parallel_of(z->m)->tp, z->rep_buf, z->n_rep, LOCO_DT_F32, 0));
+    LOCO_CHECK(
+        loco_comm_broadcast(loco_gpt_parallel_of(z->m)->tp, z->rep_buf, z->n_rep, LOCO_DT_F32, 0));
     replicated_pieces(z, data, z->rep_buf, REP_UNPACK);
     return 0;
 }
@@ -431,8 +433,8 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
     unsigned flags = loco_gpt_stage_of(m) ? 0 : loco_zero_model_flags(stage);
     if (((flags & LOCO_GPT_NO_PARAMS) != 0) != (loco_gpt_params(m) == NULL) ||
         ((flags & LOCO_GPT_NO_GRADS) != 0) != (loco_gpt_grads(m) == NULL))
-        return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d%s",
-                        stage, loco_gpt_stage_of(m) ? " over a pipeline stage (whole buffers)" : "");
+        return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d%s", stage,
+                        loco_gpt_stage_of(m) ? " over a pipeline stage (whole buffers)" : "");
     loco_zero *z = loco_alloc(sizeof *z);
     if (!z)
         return LOCO_ERR(LOCO_ENOMEM, "ZeRO state");
@@ -571,7 +573,8 @@ static int start_range_gather(loco_zero *z, size_t lo, size_t hi, loco_comm_req 
     split_counts(z, lo, hi);
     const size_t mine = lo > z->lo ? lo : z->lo;
     const float *src = z->pshard + (z->counts[z->rank] ? mine - z->lo : 0);
-    return loco_comm_iallgather(z->dp, src, loco_gpt_params(z->m) + lo, z->counts, LOCO_DT_F32, req);
+    return loco_comm_iallgather(z->dp, src, loco_gpt_params(z->m) + lo, z->counts, LOCO_DT_F32,
+                                req);
 }
 
 int loco_zero_params_prefetch(loco_zero *z, size_t lo, size_t hi) {
@@ -668,7 +671,8 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
         LOCO_CHECK(loco_comm_allreduce(z->ep, &part[1], 1, LOCO_DT_F64, LOCO_OP_SUM));
     sumsq = part[0] + part[1];
     if (loco_gpt_parallel_of(z->m)->tp) /* the slices' sums; replicated tensors counted once */
-        LOCO_CHECK(loco_comm_allreduce(loco_gpt_parallel_of(z->m)->tp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
+        LOCO_CHECK(loco_comm_allreduce(loco_gpt_parallel_of(z->m)->tp, &sumsq, 1, LOCO_DT_F64,
+                                       LOCO_OP_SUM));
     if (z->pp) /* and the stages' */
         LOCO_CHECK(loco_comm_allreduce(z->pp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
     *norm = sqrt(sumsq);
@@ -694,8 +698,8 @@ int loco_zero_sync_params(loco_zero *z) {
         return 0;
     for (int r = 0; r < z->n; r++)
         z->counts[r] = z->own_lo[r + 1] - z->own_lo[r];
-    return loco_comm_allgather(z->dp, loco_gpt_params(z->m) + z->lo, loco_gpt_params(z->m), z->counts,
-                               LOCO_DT_F32);
+    return loco_comm_allgather(z->dp, loco_gpt_params(z->m) + z->lo, loco_gpt_params(z->m),
+                               z->counts, LOCO_DT_F32);
 }
 
 void loco_zero_memory(const loco_zero *z, loco_mem_report *r) {

@@ -128,7 +128,8 @@ static loco_gpt_parallel parallel_of(const loco_trainer *t, const loco_config *c
 static int make_model(loco_trainer *t, const loco_config *cfg, const loco_gpt_config *mc,
                       const loco_gpt_parallel *par) {
     /* A pipeline stage keeps whole buffers at every ZeRO stage. */
-    unsigned flags = cfg->parallel.pp > 1 ? 0 : loco_zero_model_flags((int)cfg->parallel.zero_stage);
+    unsigned flags =
+        cfg->parallel.pp > 1 ? 0 : loco_zero_model_flags((int)cfg->parallel.zero_stage);
     if (on_device(t))
         flags |= LOCO_GPT_NO_ACTS; /* the passes run on the device */
     LOCO_CHECK(loco_gpt_create_par(&t->model, mc, t->B, t->T, flags, par));

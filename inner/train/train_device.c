@@ -372,7 +372,8 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
     LOCO_CHECK(loco_cuda_select_local_device(loco_comm_rank(t->world), &device));
     if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */
-        loco_zero_owned(loco_gpt_num_params(t->model), loco_comm_rank(dp), loco_comm_size(dp), &lo, &hi);
+        loco_zero_owned(loco_gpt_num_params(t->model), loco_comm_rank(dp), loco_comm_size(dp), &lo,
+                        &hi);
         LOCO_CHECK(loco_gpt_cuda_create_sharded(&t->dev, mc, t->B, t->T, bf16, lo, hi));
     } else {
         LOCO_CHECK(loco_gpt_cuda_create(&t->dev, mc, t->B, t->T, bf16));

@@ -381,8 +381,8 @@ int loco__pp_sync_tied(loco__pp *pp) {
     /* ZeRO-3 holds shards: the copy is made on the gathered buffer and
      * each rank takes its part back. */
     LOCO_CHECK(loco_zero_gather_params(pp->zero));
-    LOCO_CHECK(loco_comm_broadcast(pp->tied, loco_gpt_params(pp->model) + pp->wte->offset, pp->wte->numel,
-                                   LOCO_DT_F32, pp->tied_root));
+    LOCO_CHECK(loco_comm_broadcast(pp->tied, loco_gpt_params(pp->model) + pp->wte->offset,
+                                   pp->wte->numel, LOCO_DT_F32, pp->tied_root));
     loco_zero_adopt_params(pp->zero);
     return 0;
 }

@@ -73,8 +73,8 @@ int loco_trainer_begin_run(loco_trainer *t) {
     loco_ttable_fini(&whole);
     char slice[96] = "";
     if (mc->tp > 1)
-        snprintf(slice, sizeof slice, " (%zu in each of %d tp slices)", loco_gpt_num_params(t->model),
-                 mc->tp);
+        snprintf(slice, sizeof slice, " (%zu in each of %d tp slices)",
+                 loco_gpt_num_params(t->model), mc->tp);
     loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters%s",
               mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len,
               mc->vocab_size, n_whole, slice);
@@ -87,10 +87,10 @@ int loco_trainer_begin_run(loco_trainer *t) {
                  c->parallel.cp_algo);
     loco_info("training %lld steps of %lld tokens on %d rank(s) (%s, dp=%d, tp=%d%s%s, ZeRO-%d, "
               "recompute %s) x %d threads; run dir %s",
-              (long long)c->train.steps, (long long)tokens_per_step,
-              loco_comm_size(t->world), loco_comm_backend(t->world), dp, mc->tp,
-              loco_gpt_parallel_of(t->model)->sp ? " + sp" : "", pp, loco_zero_stage(t->zero), c->train.recompute,
-              loco_set_threads((int)c->run.threads), c->run.dir);
+              (long long)c->train.steps, (long long)tokens_per_step, loco_comm_size(t->world),
+              loco_comm_backend(t->world), dp, mc->tp,
+              loco_gpt_parallel_of(t->model)->sp ? " + sp" : "", pp, loco_zero_stage(t->zero),
+              c->train.recompute, loco_set_threads((int)c->run.threads), c->run.dir);
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev)
         loco_info("device: one GPU (train.device = cuda), %s passes, fp32 master weights and "

@@ -24,10 +24,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "inner/data/data.h"
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "inner/train/train.h"
 #include "tests/support.h"
 
@@ -129,7 +129,8 @@ static void check_model(bool bf16) {
     cr_assert_eq(loco_st_open(&fx, FIXTURE), 0, "%s", loco_errmsg());
     loco_gpt *cpu = NULL;
     cr_assert_eq(loco_gpt_create(&cpu, &fx_cfg, FX_B, FX_T), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(cpu), loco_gpt_params(cpu), NULL), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(cpu), loco_gpt_params(cpu), NULL), 0, "%s",
+                 loco_errmsg());
     const float *tok;
     int64_t shape[4];
     int ndim;
@@ -235,7 +236,8 @@ Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
             want_loss += l;
         }
         const double want_norm = loco_clip_grad_norm(loco_gpt_grads(cpu), P, max_norm);
-        loco_adamw_step(&hopt, loco_gpt_table(cpu), loco_gpt_params(cpu), loco_gpt_grads(cpu), (float)lr);
+        loco_adamw_step(&hopt, loco_gpt_table(cpu), loco_gpt_params(cpu), loco_gpt_grads(cpu),
+                        (float)lr);
         GPU_OK(loco_gpt_cuda_zero_grad(dev));
         for (int a = 0; a < ACCUM; a++)
             GPU_OK(loco_gpt_cuda_forward_backward(dev, in[a], tg[a], B, T, 1.0f / ACCUM, NULL));
@@ -317,7 +319,8 @@ static void train(const loco_config *cfg, float *losses, double *norms) {
         loco_ckpt_state st;
         cr_assert_eq(loco_ckpt_load(ck, cfg, back, NULL, &st), 0, "%s", loco_errmsg());
         cr_expect_eq(st.step, TRAIN_STEPS);
-        cr_expect(!memcmp(loco_gpt_params(back), loco_gpt_params(m), loco_gpt_num_params(m) * sizeof(float)),
+        cr_expect(!memcmp(loco_gpt_params(back), loco_gpt_params(m),
+                          loco_gpt_num_params(m) * sizeof(float)),
                   "the checkpoint's parameters differ from the trainer's");
         loco_gpt_destroy(back);
     }

@@ -26,8 +26,8 @@ Test(gpu_sharded, skipped) {
 }
 #else
 
-#include "inner/optim/optim.h"
 #include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "tests/gpu/gpu_test.h"
 
 static const loco_gpt_config cfg = {

@@ -2,8 +2,8 @@
  * stage, ZeRO shards): a partition of the owned range with the strided
  * assignment, and gather/merge against plain loops. */
 #include "inner/model/model.h"
-#include "inner/train/train.h"
 #include "inner/parallel/parallel.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 #include "tests/support.h"
 

@@ -192,8 +192,8 @@ static void check_stage(const char *dir, int zero) {
     /* ZeRO-3: this rank's owned range (the host model holds no whole
      * parameters); else every parameter */
     const loco_gpt *m = loco_trainer_model(t);
-    CHECK(loco_gpt_num_params(m) == ref_n, "ZeRO-%d: %zu parameters, reference %zu", zero, loco_gpt_num_params(m),
-          ref_n);
+    CHECK(loco_gpt_num_params(m) == ref_n, "ZeRO-%d: %zu parameters, reference %zu", zero,
+          loco_gpt_num_params(m), ref_n);
     size_t lo = 0, hi = loco_gpt_num_params(m);
     const float *p = zero >= 3 ? loco_trainer_owned_params(t, &lo, &hi) : loco_gpt_params(m);
     CHECK(p != NULL && hi <= ref_n && (zero < 3 || hi - lo < ref_n),

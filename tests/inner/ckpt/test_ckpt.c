@@ -1,8 +1,8 @@
 /* Checkpoints: Hugging Face layout, exact round trip, and every kind of
  * damage refused with a clear error while the model stays untouched. */
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -64,7 +64,9 @@ Test(ckpt, round_trip_is_exact) {
     loco_ckpt_state s;
     fresh(&m, &o);
     cr_assert_eq(loco_ckpt_load(ck, &cfg, m, &o, &s), 0, "%s", loco_errmsg());
-    cr_expect_eq(memcmp(loco_gpt_params(m), loco_gpt_params(model), loco_gpt_num_params(model) * sizeof(float)), 0);
+    cr_expect_eq(memcmp(loco_gpt_params(m), loco_gpt_params(model),
+                        loco_gpt_num_params(model) * sizeof(float)),
+                 0);
     cr_expect_eq(memcmp(o.m, opt.m, loco_gpt_num_params(model) * sizeof(float)), 0);
     cr_expect_eq(memcmp(o.v, opt.v, loco_gpt_num_params(model) * sizeof(float)), 0);
     cr_expect_eq(o.t, 17);
@@ -243,7 +245,9 @@ Test(ckpt, interrupted_fallback_publication_is_recovered) {
     fresh(&m, &o);
     cr_assert_eq(loco_ckpt_load(ck, &cfg, m, &o, &s), 0, "%s", loco_errmsg());
     cr_expect_eq(s.step, 17);
-    cr_expect_eq(memcmp(loco_gpt_params(m), loco_gpt_params(model), loco_gpt_num_params(model) * sizeof(float)), 0);
+    cr_expect_eq(memcmp(loco_gpt_params(m), loco_gpt_params(model),
+                        loco_gpt_num_params(model) * sizeof(float)),
+                 0);
     st.step = 18;
     cr_assert_eq(loco_ckpt_save(ck, &cfg, model, &opt, &st), 0, "%s", loco_errmsg());
     cr_expect_neq(access(old, F_OK), 0, "DIR.old is gone after the next save");

@@ -5,9 +5,9 @@
  * leftover that makes the next save fail. Two layouts of the run directory:
  * one name replaced in place (DIR/ckpt) and one directory per generation
  * (DIR/ckpt_<g>, as the trainer names them). */
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -113,8 +113,8 @@ static int load_checked(const char *path, int64_t *step) {
         cr_assert_eq(rc, LOCO_EPROTO, "%s: a torn checkpoint must be LOCO_EPROTO, got %s: %s", path,
                      loco_strerror(rc), loco_errmsg());
         bad = first_mismatch(-1, &which);
-        cr_assert_eq(bad, loco_gpt_num_params(model), "%s: a failed load wrote into the model (tensor %d, %zu)",
-                     path, which, bad);
+        cr_assert_eq(bad, loco_gpt_num_params(model),
+                     "%s: a failed load wrote into the model (tensor %d, %zu)", path, which, bad);
         cr_assert_eq(opt.t, -1, "%s: a failed load changed the optimizer count", path);
         return rc;
     }

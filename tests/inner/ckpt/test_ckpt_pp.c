@@ -7,8 +7,8 @@
  * copy; a missing stage, stages that do not tile the blocks and a corrupt
  * shard are refused with the view untouched. Every reference buffer is cut
  * by tensor name from whole random buffers (loco_gpt_tp_global for tp). */
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
 #include "tests/inner/ckpt/ckpt_test.h"
 
 #include <cjson/cJSON.h>

@@ -4,8 +4,8 @@
  * slices; export gives the Hugging Face tensors; a missing tp slice or a
  * corrupt shard is refused with the view untouched. The reference slices
  * are cut from the whole buffers with loco_gpt_tp_locate. */
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
 #include "tests/inner/ckpt/ckpt_test.h"
 
 #include <cjson/cJSON.h>

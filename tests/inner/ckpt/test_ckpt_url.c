@@ -5,9 +5,9 @@
  * is left; a server of another CA and an unreachable URL are named in the
  * error; a training run publishes to run.ckpt_url and resumes from it on
  * the same curve. */
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "inner/train/train.h"
 
 #include <cjson/cJSON.h>
@@ -452,7 +452,9 @@ Test(ckpt_url, sharded_save_under_mpirun_matches_the_local_one, .timeout = 120) 
     cr_assert_eq(loco_ckpt_load(url, &c, ma, &oa, &sa), 0, "%s", loco_errmsg());
     cr_assert_eq(loco_ckpt_load(local, &c, mb, &ob, &sb), 0, "%s", loco_errmsg());
     cr_expect(sa.step == 2 && sb.step == 2);
-    cr_expect_eq(memcmp(loco_gpt_params(ma), loco_gpt_params(mb), loco_gpt_num_params(ma) * sizeof(float)), 0);
+    cr_expect_eq(
+        memcmp(loco_gpt_params(ma), loco_gpt_params(mb), loco_gpt_num_params(ma) * sizeof(float)),
+        0);
     cr_expect_eq(memcmp(oa.v, ob.v, loco_gpt_num_params(ma) * sizeof(float)), 0);
     loco_adamw_fini(&oa);
     loco_adamw_fini(&ob);

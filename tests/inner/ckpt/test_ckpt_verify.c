@@ -3,9 +3,9 @@
  * with a reason naming it. loco_ckpt_pick_resume takes the newest one
  * that verifies, logging each one skipped, and fails clearly when none
  * does. */
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>

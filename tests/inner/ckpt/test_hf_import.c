@@ -6,10 +6,10 @@
  * is a clear error and leaves the model untouched; tp slices and ZeRO
  * ranges get the right elements; training starts from the weights with
  * fresh AdamW state; `loco train --init DIR` works end to end. */
-#include "inner/data/data.h"
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "inner/train/train.h"
 #include "tests/support.h"
 
@@ -286,10 +286,13 @@ Test(hf_import, padded_vocabulary_rows_are_dropped) {
     memcpy(buf, loco_gpt_param_views(m)->wte, 256 * 32 * sizeof(float));
     for (int i = 0; i < 4 * 32; i++)
         buf[256 * 32 + i] = 9.0f;
-    memcpy(buf + 260 * 32, loco_gpt_param_views(m)->wpe, (loco_gpt_num_params(m) - 256 * 32) * sizeof(float));
+    memcpy(buf + 260 * 32, loco_gpt_param_views(m)->wpe,
+           (loco_gpt_num_params(m) - 256 * 32) * sizeof(float));
     cr_assert_eq(loco_ttable_add(&tt, "transformer.wte.weight", 2, (int64_t[]){260, 32}, -1, 0), 0);
     for (int i = 1; i < loco_gpt_table(m)->n; i++)
-        cr_assert_eq(loco_ttable_add(&tt, loco_gpt_table(m)->t[i].name, loco_gpt_table(m)->t[i].ndim, loco_gpt_table(m)->t[i].shape, -1, 0),
+        cr_assert_eq(loco_ttable_add(&tt, loco_gpt_table(m)->t[i].name,
+                                     loco_gpt_table(m)->t[i].ndim, loco_gpt_table(m)->t[i].shape,
+                                     -1, 0),
                      0);
     char *dir = write_dir(&tt, buf, NULL, NULL);
     check_logits(dir, &tiny, "f32");
@@ -351,7 +354,8 @@ Test(hf_import, tp_slices_and_ranges_get_their_elements) {
                     int r;
                     size_t j;
                     loco_gpt_tp_locate(g, t, x, &r, &j);
-                    if ((r == k || r == -1) && slice[s->offset + j] != loco_gpt_params(whole)[g->offset + x])
+                    if ((r == k || r == -1) &&
+                        slice[s->offset + j] != loco_gpt_params(whole)[g->offset + x])
                         bad++;
                 }
                 cr_expect_eq(bad, 0, "tp %d rank %d: %s: %zu elements wrong", t, k, g->name, bad);
@@ -364,7 +368,8 @@ Test(hf_import, tp_slices_and_ranges_get_their_elements) {
                 for (int part = 0; part < 3; part++)
                     for (int c = 0; c < Cl; c++)
                         cr_expect_eq(slice[s->offset + (size_t)row * 3 * Cl + part * Cl + c],
-                                     loco_gpt_param_views(whole)->h[1].qkvw[row * 96 + part * 32 + k * Cl + c]);
+                                     loco_gpt_param_views(whole)->h[1].qkvw[row * 96 + part * 32 +
+                                                                            k * Cl + c]);
         }
         free(slice);
         loco_ttable_fini(&tt);
@@ -374,7 +379,8 @@ Test(hf_import, tp_slices_and_ranges_get_their_elements) {
     float *part = malloc((hi - lo + 8) * sizeof(float));
     for (size_t i = 0; i < hi - lo + 8; i++)
         part[i] = -3.0f;
-    loco_ckpt_view v = {.tt = loco_gpt_table(whole), .model = tiny, .params = part, .p_lo = lo, .p_hi = hi};
+    loco_ckpt_view v = {
+        .tt = loco_gpt_table(whole), .model = tiny, .params = part, .p_lo = lo, .p_hi = hi};
     cr_assert_eq(loco_hf_import_view(HF "/bf16", &v), 0, "%s", loco_errmsg());
     loco_gpt *b = NULL;
     cr_assert_eq(loco_gpt_create(&b, &tiny, 1, 1), 0);
@@ -438,8 +444,9 @@ Test(hf_import, training_starts_from_the_weights_with_fresh_adamw, .timeout = 60
     cr_assert_eq(loco_trainer_create(&t, &cfg, NULL), 0, "%s", loco_errmsg());
     loco_gpt *m = loco_trainer_model(t);
     cr_assert_eq(loco_gpt_num_params(m), loco_gpt_num_params(ref));
-    cr_expect_eq(memcmp(loco_gpt_params(m), loco_gpt_params(ref), loco_gpt_num_params(m) * sizeof(float)), 0,
-                 "the trainer's weights are not the imported ones");
+    cr_expect_eq(
+        memcmp(loco_gpt_params(m), loco_gpt_params(ref), loco_gpt_num_params(m) * sizeof(float)), 0,
+        "the trainer's weights are not the imported ones");
     cr_expect_eq(loco_trainer_steps_done(t), 0);
     loco_step_stats s;
     cr_assert_eq(loco_trainer_step(t, &s), 0, "%s", loco_errmsg());
@@ -450,8 +457,8 @@ Test(hf_import, training_starts_from_the_weights_with_fresh_adamw, .timeout = 60
     const int lf = loco_ttable_find(loco_gpt_table(m), "transformer.ln_f.bias");
     const float lr = loco_lr_at(&cfg, 0);
     for (int i = 0; i < 32; i++) {
-        const float d =
-            fabsf(loco_gpt_params(m)[loco_gpt_table(m)->t[lf].offset + i] - loco_gpt_params(ref)[loco_gpt_table(ref)->t[lf].offset + i]);
+        const float d = fabsf(loco_gpt_params(m)[loco_gpt_table(m)->t[lf].offset + i] -
+                              loco_gpt_params(ref)[loco_gpt_table(ref)->t[lf].offset + i]);
         cr_expect(fabsf(d - lr) <= 1e-3f * lr, "ln_f.bias[%d] moved %g, lr %g", i, d, lr);
     }
     cr_assert_eq(loco_trainer_step(t, &s), 0);

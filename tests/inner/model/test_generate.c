@@ -2,10 +2,10 @@
  * inference, validation loss and text bytes against batches computed here,
  * the sampler's draws against softmax/top-k computed here in double, and
  * greedy generation against argmax over the sliding window. */
-#include "inner/data/data.h"
-#include "inner/optim/optim.h"
-#include "inner/model/model.h"
 #include "inner/ckpt/ckpt.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -254,7 +254,8 @@ Test(generate, load_ckpt_round_trip_and_missing_dir) {
     loco_gpt_capacity(m, &B, &T);
     cr_expect_eq(B, 1);
     cr_expect_eq(T, 8);
-    cr_expect_arr_eq(loco_gpt_params(m), loco_gpt_params(model), loco_gpt_num_params(model) * sizeof(float));
+    cr_expect_arr_eq(loco_gpt_params(m), loco_gpt_params(model),
+                     loco_gpt_num_params(model) * sizeof(float));
     loco_gpt_destroy(m);
     char missing[720];
     snprintf(missing, sizeof missing, "%s/nothing", dir);

@@ -1,7 +1,7 @@
 /* The whole GPT-2 against PyTorch: loss, every parameter gradient and three
  * AdamW steps, from tests/fixtures/gpt2_tiny.safetensors (make_fixtures.py). */
-#include "inner/optim/optim.h"
 #include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -19,7 +19,8 @@ static void setup(void) {
     loco_set_threads(2);
     cr_assert_eq(loco_st_open(&fx, FIXTURE), 0, "%s", loco_errmsg());
     cr_assert_eq(loco_gpt_create(&model, &fx_cfg, 3, 13), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(model), loco_gpt_params(model), NULL), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(model), loco_gpt_params(model), NULL), 0,
+                 "%s", loco_errmsg());
     const float *tok;
     int64_t shape[4];
     int ndim;
@@ -63,7 +64,8 @@ Test(model, table_has_hf_names_and_layouts) {
     cr_expect_eq(loco_gpt_table(model)->t[i].shape[0], 48);
     cr_expect_eq(loco_gpt_table(model)->t[i].shape[1], 144);
     cr_expect_eq(loco_gpt_table(model)->t[0].offset, 0);
-    cr_expect_str_eq(loco_gpt_table(model)->t[loco_gpt_table(model)->n - 1].name, "transformer.ln_f.bias");
+    cr_expect_str_eq(loco_gpt_table(model)->t[loco_gpt_table(model)->n - 1].name,
+                     "transformer.ln_f.bias");
     cr_expect_eq(loco_gpt_table(model)->numel, loco_gpt_num_params(model));
 }
 
@@ -113,7 +115,8 @@ Test(model, adamw_steps_match_pytorch) {
         float want = fixture_scalar("adamw.losses", s);
         cr_expect(fabsf(loss - want) <= 2e-5f * want, "step %d loss %.8f, PyTorch %.8f", s, loss,
                   want);
-        loco_adamw_step(&opt, loco_gpt_table(model), loco_gpt_params(model), loco_gpt_grads(model), 1e-3f);
+        loco_adamw_step(&opt, loco_gpt_table(model), loco_gpt_params(model), loco_gpt_grads(model),
+                        1e-3f);
     }
     for (int i = 0; i < loco_gpt_table(model)->n; i++) {
         const loco_tensor *t = &loco_gpt_table(model)->t[i];
@@ -151,7 +154,8 @@ Test(model, init_weights_follow_gpt2) {
     for (size_t i = 0; i < nw; i++)
         s2 += (double)loco_gpt_param_views(m)->wte[i] * loco_gpt_param_views(m)->wte[i];
     for (size_t i = 0; i < np; i++)
-        p2 += (double)loco_gpt_param_views(m)->h[3].fcprojw[i] * loco_gpt_param_views(m)->h[3].fcprojw[i];
+        p2 += (double)loco_gpt_param_views(m)->h[3].fcprojw[i] *
+              loco_gpt_param_views(m)->h[3].fcprojw[i];
     cr_expect(fabs(sqrt(s2 / nw) - 0.02) < 0.001, "wte std %g", sqrt(s2 / nw));
     double want = 0.02 / sqrt(12.0);
     cr_expect(fabs(sqrt(p2 / np) - want) < 0.0005, "c_proj std %g, want %g", sqrt(p2 / np), want);

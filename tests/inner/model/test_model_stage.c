@@ -69,8 +69,9 @@ static void expect_like_whole(const loco_gpt *s, const loco_gpt *w, const float 
         cr_assert(j >= 0, "%s not in the whole model", t->name);
         const loco_tensor *u = &loco_gpt_table(w)->t[j];
         cr_assert_eq(t->numel, u->numel, "%s", t->name);
-        cr_expect_eq(memcmp(loco_gpt_params(s) + t->offset, loco_gpt_params(w) + u->offset, t->numel * 4), 0,
-                     "%s: parameters differ", t->name);
+        cr_expect_eq(
+            memcmp(loco_gpt_params(s) + t->offset, loco_gpt_params(w) + u->offset, t->numel * 4), 0,
+            "%s: parameters differ", t->name);
         const float *gs = loco_gpt_grads(s) + t->offset, *gw = loco_gpt_grads(w) + u->offset;
         if (strcmp(t->name, "transformer.wte.weight") || !wte_other) {
             size_t bad = 0;
@@ -89,7 +90,10 @@ static void expect_like_whole(const loco_gpt *s, const loco_gpt *w, const float 
 }
 
 static const float *wte_grad(const loco_gpt *m) {
-    return loco_gpt_grads(m) + loco_gpt_table(m)->t[loco_ttable_find(loco_gpt_table(m), "transformer.wte.weight")].offset;
+    return loco_gpt_grads(m) +
+           loco_gpt_table(m)
+               ->t[loco_ttable_find(loco_gpt_table(m), "transformer.wte.weight")]
+               .offset;
 }
 
 /* Two stages of two blocks, two micro-batches in slots 0 and 1, in
@@ -103,7 +107,9 @@ static void two_stages(loco_recompute recompute) {
     const loco_gpt_stage st1 = stage_of(1, (int[]){2}, (int[]){4}, MB);
     s0 = make(&st0, recompute);
     s1 = make(&st1, recompute);
-    cr_expect(loco_gpt_holds_unit(s0, 0) && !loco_gpt_holds_unit(s0, loco_gpt_cfg(s0)->n_layer + 1) && !loco_gpt_holds_unit(s1, 0) && loco_gpt_holds_unit(s1, loco_gpt_cfg(s1)->n_layer + 1));
+    cr_expect(
+        loco_gpt_holds_unit(s0, 0) && !loco_gpt_holds_unit(s0, loco_gpt_cfg(s0)->n_layer + 1) &&
+        !loco_gpt_holds_unit(s1, 0) && loco_gpt_holds_unit(s1, loco_gpt_cfg(s1)->n_layer + 1));
     float act[N * 16], grad[N * 16], loss[MB];
     for (int m = 0; m < MB; m++) {
         cr_assert_eq(loco_gpt_chunk_forward(s0, m, 0, inputs[m], NULL, Bm, Tm, NULL, act, 0, NULL),

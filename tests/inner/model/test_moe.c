@@ -35,7 +35,8 @@ static void setup(void) {
     loco_set_threads(2);
     cr_assert_eq(loco_st_open(&fx, FIXTURE), 0, "%s", loco_errmsg());
     cr_assert_eq(loco_gpt_create(&model, &moe_cfg, B, T), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(model), loco_gpt_params(model), NULL), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(model), loco_gpt_params(model), NULL), 0,
+                 "%s", loco_errmsg());
     const float *tok;
     cr_assert_eq(loco_st_get(fx, "tokens", &tok, NULL, NULL), 0);
     for (int b = 0; b < B; b++)

@@ -2,8 +2,8 @@
  * `make data`): loss falls, runs repeat bit for bit, resume continues the
  * same curve, and the learning-rate schedule has its shape. */
 #include "inner/data/data.h"
-#include "inner/optim/optim.h"
 #include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "inner/train/train.h"
 #include "tests/support.h"
 
