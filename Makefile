@@ -17,13 +17,15 @@ LDLIBS  += -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lmicrohttpd -lpcre2
 LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.
-ROOMS   := core kernels/cpu inner inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer report launch
+ROOMS   := core kernels/cpu inner/model inner/optim inner/ckpt inner/train inner/data \
+           inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer report launch
 SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)
 CLI_OBJS:= $(CLI_SRCS:%.c=$(BUILD)/%.o)
-# tests/mpi/ holds programs run under mpirun by Criterion tests, not tests.
-TEST_SRCS := $(filter-out tests/mpi/%,$(wildcard tests/*/*.c))
+# tests/mpi/ holds programs run under mpirun by Criterion tests, not tests;
+# tests/inner/ mirrors inner/'s sub-rooms one level deeper.
+TEST_SRCS := $(filter-out tests/mpi/%,$(wildcard tests/*/*.c tests/inner/*/*.c))
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 # The tests of serving metrics link cli/'s server (the rest of cli/ has main).
 TEST_CLI_OBJS := $(BUILD)/cli/metrics_http.o
@@ -84,7 +86,8 @@ GPU_BENCH := $(BUILD)/loco-gpu-bench
 cuda: $(CU_OBJS) $(GPU_BENCH)
 	@echo "cuda: $(words $(CU_OBJS)) CUDA object(s) built with $(NVCC)"
 # GPT-2 training steps on one GPU (scripts/gpu-check.sh).
-$(GPU_BENCH): bench/gpu/gpt2_gpu.c kernels/kernels.h kernels/device.h inner/inner.h core/core.h $(LIB)
+$(GPU_BENCH): bench/gpu/gpt2_gpu.c kernels/kernels.h kernels/device.h inner/model/model.h inner/optim/optim.h \
+              core/core.h $(LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS) -lcublasLt
 $(CU_OBJS): kernels/cuda/common.cuh kernels/kernels.h kernels/device.h core/core.h \

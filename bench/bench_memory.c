@@ -12,8 +12,8 @@
  * of uniform routing. */
 #include "bench/bench.h"
 #include "core/core.h"
-#include "inner/inner.h"
 #include "inner/mesh/mesh.h"
+#include "inner/model/model.h"
 #include "inner/parallel/parallel.h"
 
 #include <string.h>
@@ -33,16 +33,16 @@ static int activation_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *
     double mine[COLS] = {0};
     for (int sp = 0; sp < n_sp; sp++)
         for (int mode = 0; mode < 3; mode++) {
-            loco_gpt m;
+            loco_gpt *m = NULL;
             loco_gpt_parallel par = {.tp = mc.tp > 1 ? mesh->group[LOCO_DIM_TP] : NULL,
                                      .sp = sp, .recompute = (loco_recompute)mode};
-            LOCO_CHECK(loco_gpt_init_par(&m, &mc, (int)cfg->train.batch_size, mc.seq_len,
+            LOCO_CHECK(loco_gpt_create_par(&m, &mc, (int)cfg->train.batch_size, mc.seq_len,
                                          LOCO_GPT_NO_PARAMS | LOCO_GPT_NO_GRADS |
                                              LOCO_GPT_NO_ACTS,
                                          &par));
-            mine[(sp * 3 + mode) * 2] = (double)m.block_act_bytes;
-            mine[(sp * 3 + mode) * 2 + 1] = loco_gpt_block_act_formula(&m, (loco_recompute)mode);
-            loco_gpt_fini(&m);
+            mine[(sp * 3 + mode) * 2] = (double)loco_gpt_block_act_bytes(m);
+            mine[(sp * 3 + mode) * 2 + 1] = loco_gpt_block_act_formula(m, (loco_recompute)mode);
+            loco_gpt_destroy(m);
         }
     double *all = loco_alloc((size_t)n * COLS * sizeof(double));
     size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
@@ -83,7 +83,7 @@ static int random_micro_batch(loco_gpt *m, int B, int T, uint64_t token_seed, do
     loco_gpt_init_weights(m, &rng);
     loco_rng_seed(&rng, token_seed);
     for (size_t i = 0; i < (size_t)B * T * 2; i++)
-        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)m->cfg.vocab_size);
+        tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)loco_gpt_cfg(m)->vocab_size);
     float loss;
     const double t0 = loco_now();
     const int rc = loco_gpt_forward_backward(m, tok, tok + (size_t)B * T, B, T, 1.0f, &loss);
@@ -134,27 +134,28 @@ static int comm_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world)
     par.recompute = !strcmp(cfg->train.recompute, "full")        ? LOCO_RECOMPUTE_FULL
                     : !strcmp(cfg->train.recompute, "selective") ? LOCO_RECOMPUTE_SELECTIVE
                                                                  : LOCO_RECOMPUTE_NONE;
-    loco_gpt m;
-    LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
+    loco_gpt *m = NULL;
+    LOCO_CHECK(loco_gpt_create_par(&m, &mc, B, T, 0, &par));
     int rc = 0;
     double dt;
-    LOCO_CHECK_GOTO(random_micro_batch(&m, B, T, 2, &dt), out);
+    LOCO_CHECK_GOTO(random_micro_batch(m, B, T, 2, &dt), out);
     double ar, rs, ag;
     tp_comm_formula(cfg, &ar, &rs, &ag);
+    const loco_gpt_comm_stats cs = loco_gpt_tp_comm_stats(m);
     if (loco_comm_rank(world) == 0) {
         printf("\ntensor-parallel collectives of one micro-batch (forward + backward), tp = %d%s, "
                "recompute %s, per rank, as ring algorithms move them (%lld calls, %.3f s):\n\n",
-               mc.tp, cfg->parallel.sp ? " + sp" : "", cfg->train.recompute,
-               (long long)m.comm.calls, dt);
+               mc.tp, cfg->parallel.sp ? " + sp" : "", cfg->train.recompute, (long long)cs.calls,
+               dt);
         printf("| collective | measured MB | analytic MB |\n|---|---|---|\n");
-        printf("| all-reduce | %.3f | %.3f |\n", MB(m.comm.allreduce), MB(ar));
-        printf("| reduce-scatter | %.3f | %.3f |\n", MB(m.comm.reduce_scatter), MB(rs));
-        printf("| all-gather | %.3f | %.3f |\n", MB(m.comm.allgather), MB(ag));
-        printf("| total | %.3f | %.3f |\n",
-               MB(m.comm.allreduce + m.comm.reduce_scatter + m.comm.allgather), MB(ar + rs + ag));
+        printf("| all-reduce | %.3f | %.3f |\n", MB(cs.allreduce), MB(ar));
+        printf("| reduce-scatter | %.3f | %.3f |\n", MB(cs.reduce_scatter), MB(rs));
+        printf("| all-gather | %.3f | %.3f |\n", MB(cs.allgather), MB(ag));
+        printf("| total | %.3f | %.3f |\n", MB(cs.allreduce + cs.reduce_scatter + cs.allgather),
+               MB(ar + rs + ag));
     }
 out:
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     return rc;
 }
 
@@ -166,13 +167,13 @@ static int cp_kept(const loco_config *cfg, loco_comm *world, int c, loco_cp_algo
     loco_comm *group = NULL;
     LOCO_CHECK(loco_comm_split(world, loco_comm_rank(world) / c, loco_comm_rank(world), &group));
     loco_gpt_parallel par = {.cp = c > 1 ? group : NULL, .cp_algo = algo};
-    loco_gpt m;
-    int rc = loco_gpt_init_par(&m, &mc, (int)cfg->train.batch_size, mc.seq_len,
+    loco_gpt *m = NULL;
+    int rc = loco_gpt_create_par(&m, &mc, (int)cfg->train.batch_size, mc.seq_len,
                                LOCO_GPT_NO_PARAMS | LOCO_GPT_NO_GRADS | LOCO_GPT_NO_ACTS, &par);
     if (rc == 0) {
-        *kept = (double)m.block_act_bytes;
-        *rest = loco_gpt_block_act_formula(&m, LOCO_RECOMPUTE_SELECTIVE);
-        loco_gpt_fini(&m);
+        *kept = (double)loco_gpt_block_act_bytes(m);
+        *rest = loco_gpt_block_act_formula(m, LOCO_RECOMPUTE_SELECTIVE);
+        loco_gpt_destroy(m);
     }
     loco_comm_destroy(group);
     return rc;
@@ -224,13 +225,13 @@ static int cp_tables(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
         !strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING;
     loco_gpt_parallel par = {.tp = mc.tp > 1 ? mesh->group[LOCO_DIM_TP] : NULL,
                              .cp = mesh->group[LOCO_DIM_CP], .cp_algo = algo};
-    loco_gpt m;
-    LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
+    loco_gpt *m = NULL;
+    LOCO_CHECK(loco_gpt_create_par(&m, &mc, B, T, 0, &par));
     int rc = 0;
     double dt;
-    LOCO_CHECK_GOTO(random_micro_batch(&m, B, T, 2, &dt), out);
+    LOCO_CHECK_GOTO(random_micro_batch(m, B, T, 2, &dt), out);
     if (root) {
-        const double per_layer = loco_gpt_cp_bytes(&m) / mc.n_layer;
+        const double per_layer = loco_gpt_cp_bytes(m) / mc.n_layer;
         const double formula = cp_comm_formula(cfg, algo) / (mc.tp > 1 ? mc.tp : 1);
         printf("\ncontext-parallel attention of one micro-batch (forward + backward), cp = %d %s, "
                "B x T = %d x %d, per rank and layer (%.3f s):\n\n| measured MB | analytic MB | "
@@ -239,7 +240,7 @@ static int cp_tables(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
                100.0 * (per_layer - formula) / formula);
     }
 out:
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     return rc;
 }
 
@@ -257,8 +258,8 @@ static int moe_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
     mc.ep_rank = mesh->coord[LOCO_DIM_EP];
     const int B = (int)cfg->train.batch_size, T = mc.seq_len;
     loco_gpt_parallel par = {.ep = mesh->group[LOCO_DIM_EP]};
-    loco_gpt m;
-    LOCO_CHECK(loco_gpt_init_par(&m, &mc, B, T, 0, &par));
+    loco_gpt *m = NULL;
+    LOCO_CHECK(loco_gpt_create_par(&m, &mc, B, T, 0, &par));
     int rc = 0;
     double dt;
     double *all = loco_alloc((size_t)loco_comm_size(world) * 2 * sizeof(double));
@@ -268,15 +269,15 @@ static int moe_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
         goto out;
     }
     /* every rank its own tokens, as data parallelism reads them */
-    LOCO_CHECK_GOTO(random_micro_batch(&m, B, T, 2 + (uint64_t)loco_comm_rank(world), &dt), out);
-    const int layers = loco_gpt_moe_layers(&m);
+    LOCO_CHECK_GOTO(random_micro_batch(m, B, T, 2 + (uint64_t)loco_comm_rank(world), &dt), out);
+    const int layers = loco_gpt_moe_layers(m);
     int64_t dropped = 0, assignments = 0;
     for (int i = 0; i < layers; i++) {
         loco_gpt_moe_stats st;
-        loco_gpt_moe_layer(&m, i, &st);
+        loco_gpt_moe_layer(m, i, &st);
         dropped += st.dropped, assignments += st.assignments;
     }
-    double mine[2] = {loco_gpt_moe_bytes(&m) / layers, (double)dropped / (double)assignments};
+    double mine[2] = {loco_gpt_moe_bytes(m) / layers, (double)dropped / (double)assignments};
     for (int i = 0; i < loco_comm_size(world); i++)
         counts[i] = 2;
     LOCO_CHECK_GOTO(loco_comm_allgather(world, mine, all, counts, LOCO_DT_F64), out);
@@ -295,7 +296,7 @@ static int moe_table(const loco_config *cfg, loco_mesh *mesh, loco_comm *world) 
 out:
     loco_free(all);
     loco_free(counts);
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     return rc;
 }
 
@@ -321,7 +322,7 @@ int loco_bench_memory(int argc, char **argv) {
     LOCO_CHECK(loco_config_validate(&cfg));
     loco_comm *world = NULL;
     loco_mesh mesh = {0};
-    loco_gpt m = {0};
+    loco_gpt *m = NULL;
     loco_zero *z = NULL;
     int rc;
     LOCO_CHECK_GOTO(loco_comm_world(&world, cfg.parallel.backend), out);
@@ -337,10 +338,10 @@ int loco_bench_memory(int argc, char **argv) {
         .cp = cfg.parallel.cp > 1 ? mesh.group[LOCO_DIM_CP] : NULL,
         .cp_algo = !strcmp(cfg.parallel.cp_algo, "ulysses") ? LOCO_CP_ULYSSES : LOCO_CP_RING,
         .ep = mc.ep > 1 ? mesh.group[LOCO_DIM_EP] : NULL};
-    LOCO_CHECK_GOTO(loco_gpt_init_par(&m, &mc, (int)cfg.train.batch_size, (int)mc.seq_len,
+    LOCO_CHECK_GOTO(loco_gpt_create_par(&m, &mc, (int)cfg.train.batch_size, (int)mc.seq_len,
                                       loco_zero_model_flags(stage), &par),
                     out);
-    LOCO_CHECK_GOTO(loco_zero_create(&z, &m, mesh.dp_cp, &cfg), out);
+    LOCO_CHECK_GOTO(loco_zero_create(&z, m, mesh.dp_cp, &cfg), out);
     loco_mem_report r;
     loco_zero_memory(z, &r);
     /* Everything this process holds through loco_alloc, as a cross-check of
@@ -362,8 +363,8 @@ int loco_bench_memory(int argc, char **argv) {
         counts[i] = 6;
     rc = loco_comm_allgather(world, mine, all, counts, LOCO_DT_F64);
     if (rc == 0 && me == 0) {
-        const double P = (double)m.n_params;
-        const double formula = loco_zero_formula_bytes(stage, m.n_params, dp);
+        const double P = (double)loco_gpt_num_params(m);
+        const double formula = loco_zero_formula_bytes(stage, loco_gpt_num_params(m), dp);
         static const char *const f[] = {"16P", "8P + 8P/N", "4P + 12P/N", "16P/N"};
         printf("loco bench memory: %s, %.1fM parameters (P) in this rank's tp slice, fp32 + "
                "AdamW, ZeRO-%d, dp = %d, tp = %d, B x T = %lld x %d\n",
@@ -398,7 +399,7 @@ int loco_bench_memory(int argc, char **argv) {
         rc = moe_table(&cfg, &mesh, world);
 out:
     loco_zero_destroy(z);
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     loco_mesh_fini(&mesh);
     loco_comm_destroy(world);
     return rc;

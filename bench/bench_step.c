@@ -3,7 +3,8 @@
  * same run, the ceiling of this CPU path. */
 #include "bench/bench.h"
 #include "core/core.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -41,30 +42,30 @@ typedef struct {
 static int bench_shape(const shape *s, double *tok_s, double *gflops, double *step_s) {
     loco_config cfg;
     loco_config_defaults(&cfg);
-    loco_gpt m;
+    loco_gpt *m = NULL;
     loco_adamw opt;
-    LOCO_CHECK(loco_gpt_init(&m, &s->cfg, s->B, s->T));
-    int rc = loco_adamw_init(&opt, m.n_params, &cfg);
+    LOCO_CHECK(loco_gpt_create(&m, &s->cfg, s->B, s->T));
+    int rc = loco_adamw_init(&opt, loco_gpt_num_params(m), &cfg);
     int n = s->B * s->T;
     int32_t *tok = loco_alloc(((size_t)n + 1) * sizeof(int32_t));
     if (rc < 0 || !tok) {
-        loco_gpt_fini(&m);
+        loco_gpt_destroy(m);
         loco_free(tok);
         return rc < 0 ? rc : LOCO_ERR(LOCO_ENOMEM, "tokens");
     }
     loco_rng rng;
     loco_rng_seed(&rng, 1);
-    loco_gpt_init_weights(&m, &rng);
+    loco_gpt_init_weights(m, &rng);
     for (int i = 0; i <= n; i++)
         tok[i] = (int32_t)(loco_rng_u64(&rng) % (uint64_t)s->cfg.vocab_size);
     double total = 0;
     for (int it = 0; it < s->warmup + s->steps && rc == 0; it++) {
         double t0 = loco_now();
         float loss;
-        loco_gpt_zero_grad(&m);
-        rc = loco_gpt_forward_backward(&m, tok, tok + 1, s->B, s->T, 1.0f, &loss);
-        loco_clip_grad_norm(m.grads, m.n_params, 1.0);
-        loco_adamw_step(&opt, &m.tt, m.params, m.grads, 1e-4f);
+        loco_gpt_zero_grad(m);
+        rc = loco_gpt_forward_backward(m, tok, tok + 1, s->B, s->T, 1.0f, &loss);
+        loco_clip_grad_norm(loco_gpt_grads(m), loco_gpt_num_params(m), 1.0);
+        loco_adamw_step(&opt, loco_gpt_table(m), loco_gpt_params(m), loco_gpt_grads(m), 1e-4f);
         if (it >= s->warmup)
             total += loco_now() - t0;
     }
@@ -73,7 +74,7 @@ static int bench_shape(const shape *s, double *tok_s, double *gflops, double *st
     *gflops = loco_gpt_flops_per_token(&s->cfg, s->T) * *tok_s / 1e9;
     loco_free(tok);
     loco_adamw_fini(&opt);
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     return rc;
 }
 

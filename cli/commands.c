@@ -1,7 +1,10 @@
 /* The subcommands: argument parsing and the calls into the library. */
 #include "bench/bench.h"
 #include "cli/cli.h"
-#include "inner/inner.h"
+#include "inner/ckpt/ckpt.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/train/train.h"
 #include "tokenizer/tokenizer.h"
 
 #include <limits.h>
@@ -106,8 +109,8 @@ int cli_eval(int argc, char **argv) {
     loco_set_threads((int)cfg.run.threads);
     const int B = (int)cfg.train.batch_size, T = (int)cfg.model.seq_len;
     const int V = (int)cfg.model.vocab_size;
-    loco_gpt m;
-    rc = loco_gpt_load_ckpt(&m, ckpt, &cfg, B, T);
+    loco_gpt *m = NULL;
+    rc = loco_ckpt_load_model(&m, ckpt, &cfg, B, T);
     if (rc < 0)
         return cli_fail(rc);
     loco_data *val = NULL;
@@ -122,7 +125,7 @@ int cli_eval(int argc, char **argv) {
     if (rc == 0)
         rc = loco_data_open(&val, cfg.data.val, B, T, 0, 1, V);
     if (rc == 0)
-        rc = loco_gpt_eval(&m, val, batches, tbytes, &r);
+        rc = loco_gpt_eval(m, val, batches, tbytes, &r);
     /* nats per byte: comparable across vocabularies (bytes are the
      * byte-level model's tokens) */
     if (rc == 0 && (tok || V <= 256))
@@ -134,7 +137,7 @@ int cli_eval(int argc, char **argv) {
     loco_tok_destroy(tok);
     loco_free(tbytes);
     loco_data_close(val);
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 
@@ -195,8 +198,8 @@ int cli_sample(int argc, char **argv) {
         return cli_fail(rc);
     loco_set_threads((int)cfg.run.threads);
     const int T = (int)cfg.model.seq_len, V = (int)cfg.model.vocab_size;
-    loco_gpt m;
-    rc = loco_gpt_load_ckpt(&m, ckpt, &cfg, 1, T);
+    loco_gpt *m = NULL;
+    rc = loco_ckpt_load_model(&m, ckpt, &cfg, 1, T);
     if (rc < 0)
         return cli_fail(rc);
     size_t plen = strlen(prompt);
@@ -228,12 +231,12 @@ int cli_sample(int argc, char **argv) {
     fwrite(prompt, 1, plen, stdout);
     const loco_sample_opts so = {.temperature = (float)temperature, .top_k = (int)top_k};
     sample_out po = {.tok = tok, .V = V};
-    LOCO_CHECK_GOTO(loco_gpt_generate(&m, ctx, &n, cap, ntok, &so, &rng, print_token, &po), out);
+    LOCO_CHECK_GOTO(loco_gpt_generate(m, ctx, &n, cap, ntok, &so, &rng, print_token, &po), out);
     putchar('\n');
 out:
     loco_tok_destroy(tok);
     loco_free(ctx);
-    loco_gpt_fini(&m);
+    loco_gpt_destroy(m);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 

@@ -5,8 +5,9 @@
  * does what is due. */
 #include "cli/cli.h"
 
+#include "inner/ckpt/ckpt.h"
 #include "inner/comm/comm.h"
-#include "inner/inner.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 
 #include <limits.h>

@@ -34,7 +34,7 @@ int loco_cuda_select_local_device(int fallback_rank, int *device);
  * that state's device first (cheap when it is already current). */
 int loco_cuda_get_device(int *device);
 int loco_cuda_set_device(int device);
-/* The stream the device model (inner/gpt_cuda.c) and the callers of the
+/* The stream the device model (inner/model/gpt_cuda.c) and the callers of the
  * twins enqueue their work on: created on first use for the process's
  * current device (a blocking stream, so work still put on the legacy
  * stream NULL stays ordered with it; NULL if creation failed). A stream

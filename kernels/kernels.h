@@ -167,7 +167,7 @@ void loco_xent_fwd_bwd_strided(float *losses, float *dlogits, const float *logit
 
 /* ---------------------------------------------- tensor parallelism (Megatron)
  * The pieces a tp rank computes on its slice; the model's collectives over
- * the tp group join them (inner/model.c). */
+ * the tp group join them (inner/model/model.c). */
 
 /* Vocabulary-parallel embedding: out (N,C) row n = wte[tok[n] - v_lo] when
  * v_lo <= tok[n] < v_lo + v_n, else zeros. wte (v_n, C) is this rank's

@@ -2,7 +2,7 @@
 #ifndef LOCO_TESTS_SUPPORT_H
 #define LOCO_TESTS_SUPPORT_H
 
-#include "inner/inner.h"
+#include "inner/model/model.h"
 
 #include <criterion/criterion.h>
 #include <criterion/options.h>

@@ -4,7 +4,7 @@
  *
  * --bench gpt2 (the default): GPT-2 training steps on one GPU, bf16, beside
  * PyTorch eager and torch.compile. The model is the trainer's own device
- * model (inner/gpt_cuda.c, loco_gpt_cuda: the CPU model's layouts and
+ * model (inner/model/gpt_cuda.c, loco_gpt_cuda: the CPU model's layouts and
  * order of kernels); fp32 master weights, gradients and AdamW state; bf16
  * weight copy, activations and activation gradients. Data: a learnable
  * synthetic token stream (the loss must fall, a cheap sanity check of the
@@ -50,7 +50,8 @@
 
 #include "compress/compress.h"
 #include "core/core.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "kernels/kernels.h"
 
 typedef struct {
@@ -81,7 +82,7 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The trainer's model (inner/gpt_cuda.c) in bf16, with GPT-2's
+/* The trainer's model (inner/model/gpt_cuda.c) in bf16, with GPT-2's
  * initialisation from seed 1337 (loco_gpt_init_weights). */
 static int setup(gpu_model *g) {
     const opts *o = &g->o;
@@ -93,16 +94,16 @@ static int setup(gpu_model *g) {
     if (!g->inputs || !g->targets)
         return LOCO_ERR(LOCO_ENOMEM, "batch");
     /* host parameters only, for the initialisation */
-    loco_gpt host;
-    LOCO_CHECK(loco_gpt_init_ex(&host, &g->cfg, 1, 1, LOCO_GPT_NO_GRADS | LOCO_GPT_NO_ACTS));
+    loco_gpt *host = NULL;
+    LOCO_CHECK(loco_gpt_create_ex(&host, &g->cfg, 1, 1, LOCO_GPT_NO_GRADS | LOCO_GPT_NO_ACTS));
     loco_rng rng;
     loco_rng_seed(&rng, 1337);
-    loco_gpt_init_weights(&host, &rng);
-    g->P = host.n_params;
+    loco_gpt_init_weights(host, &rng);
+    g->P = loco_gpt_num_params(host);
     int rc = loco_gpt_cuda_create(&g->dev, &g->cfg, o->B, o->T, true);
     if (rc == 0)
-        rc = loco_gpt_cuda_upload(g->dev, host.params, NULL, NULL);
-    loco_gpt_fini(&host);
+        rc = loco_gpt_cuda_upload(g->dev, loco_gpt_params(host), NULL, NULL);
+    loco_gpt_destroy(host);
     LOCO_CHECK(rc);
     /* AdamW as bench/pytorch_gpt2.py: betas 0.9/0.95, eps 1e-8, decay 0.1 */
     g->opt = (loco_adamw){.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};

@@ -14,7 +14,7 @@
 #define LOCO_PARALLEL_H
 
 #include "inner/comm/comm.h"
-#include "inner/inner.h"
+#include "inner/model/model.h"
 
 /* Bytes this rank actually allocated, by kind. */
 typedef struct {
@@ -27,7 +27,7 @@ typedef struct loco_zero loco_zero;
 
 /* The owned range [*lo, *hi) of rank r of n over `total` elements. */
 void loco_zero_owned(size_t total, int r, int n, size_t *lo, size_t *hi);
-/* The loco_gpt_init_ex flags a stage needs. */
+/* The loco_gpt_create_ex flags a stage needs. */
 unsigned loco_zero_model_flags(int stage);
 
 /* Takes charge of an initialised model (made with loco_zero_model_flags)

@@ -23,7 +23,6 @@
  * Which ranges form a bucket, and when each starts, is the ZeRO plan's
  * (zero_plan.c), walked by zero_exec.c for the hooks; this file is the
  * host executor: its ops move host buffers over the dp communicator. */
-#include "inner/model_internal.h"
 #include "inner/parallel/parallel.h"
 #include "kernels/kernels.h"
 
@@ -96,14 +95,14 @@ void loco_zero_range(const loco_zero *z, size_t *lo, size_t *hi) {
 }
 
 float *loco_zero_owned_params(loco_zero *z) {
-    return z->stage >= 3 ? z->pshard : z->m->params + z->lo;
+    return z->stage >= 3 ? z->pshard : loco_gpt_params(z->m) + z->lo;
 }
 
 void loco_zero_held_params(loco_zero *z, size_t *lo, size_t *hi, float **data) {
     if (z->stage >= 3) {
         *lo = z->lo, *hi = z->hi, *data = z->pshard;
     } else {
-        *lo = 0, *hi = z->P, *data = z->m->params;
+        *lo = 0, *hi = z->P, *data = loco_gpt_params(z->m);
     }
 }
 
@@ -125,13 +124,13 @@ static int ep_prereduce_range(loco_zero *z, size_t a, size_t b, float *g) {
     int i, end;
     if (a == b)
         return 0;
-    for (i = 0; i < m->tt.n && m->tt.t[i].offset + m->tt.t[i].numel <= a; i++)
+    for (i = 0; i < loco_gpt_table(m)->n && loco_gpt_table(m)->t[i].offset + loco_gpt_table(m)->t[i].numel <= a; i++)
         ;
     const float inv = 1.0f / (float)loco_comm_size(z->ep);
-    while (i < m->tt.n && m->tt.t[i].offset < b) {
-        for (end = i; end < m->tt.n && m->tt.t[end].offset < b && z->expert[end] == z->expert[i];)
+    while (i < loco_gpt_table(m)->n && loco_gpt_table(m)->t[i].offset < b) {
+        for (end = i; end < loco_gpt_table(m)->n && loco_gpt_table(m)->t[end].offset < b && z->expert[end] == z->expert[i];)
             end++;
-        size_t lo = m->tt.t[i].offset, hi = m->tt.t[end - 1].offset + m->tt.t[end - 1].numel;
+        size_t lo = loco_gpt_table(m)->t[i].offset, hi = loco_gpt_table(m)->t[end - 1].offset + loco_gpt_table(m)->t[end - 1].numel;
         lo = lo > a ? lo : a, hi = hi < b ? hi : b;
         if (z->expert[i])
             loco_scale(g + (lo - a), inv, hi - lo);
@@ -155,7 +154,7 @@ static int op_reduce_bucket(void *ctx, int b, int slot_i, loco_comm_req **req) {
         return LOCO_ERR(LOCO_EINVAL, "host ZeRO-%d reduces from unit buffers", z->stage);
     if (z->n == 1 || k->hi == k->lo)
         return 0; /* one rank: the average is the gradient */
-    return loco_comm_iallreduce(z->dp, z->m->grads + k->lo, k->hi - k->lo, LOCO_DT_F32,
+    return loco_comm_iallreduce(z->dp, loco_gpt_grads(z->m) + k->lo, k->hi - k->lo, LOCO_DT_F32,
                                 LOCO_OP_AVG, req);
 }
 
@@ -176,7 +175,7 @@ static int op_fresh_grads(void *ctx, int slot_i, int unit) {
     loco_gpt_unit_range(z->m, unit, &a, &b);
     memset(s->grads, 0, (b - a) * sizeof(float));
     /* Stage 3 bound the slot's parameters already; stage 2's are whole. */
-    loco_gpt_bind_unit(z->m, unit, z->stage >= 3 ? s->params : z->m->params + a, s->grads);
+    loco_gpt_bind_unit(z->m, unit, z->stage >= 3 ? s->params : loco_gpt_params(z->m) + a, s->grads);
     return 0;
 }
 
@@ -204,7 +203,7 @@ static int op_prepare_unit(void *ctx, int unit) {
     size_t a, b;
     loco_gpt_unit_range(z->m, unit, &a, &b);
     float *g = z->stage >= 2 ? z->slots[loco_zero_plan_slot(&z->plan, unit)].grads
-                             : z->m->grads + a;
+                             : loco_gpt_grads(z->m) + a;
     return ep_prereduce_range(z, a, b, g);
 }
 
@@ -271,10 +270,15 @@ void loco_zero_destroy(loco_zero *z) {
     loco_free(z);
 }
 
+static bool head_only_stage(const loco_gpt *m) {
+    return loco_gpt_stage_of(m) && loco_gpt_holds_unit(m, loco_gpt_cfg(m)->n_layer + 1) &&
+           !loco_gpt_holds_unit(m, 0);
+}
+
 /* The head's own copy of wte on a pipeline stage without the embeddings:
  * the embedding stage's wte has the same (summed) gradient and counts it. */
 static bool tied_copy(const loco_gpt *m, int i) {
-    return m->staged && m->head && !m->embed && !strcmp(m->tt.t[i].name, "transformer.wte.weight");
+    return head_only_stage(m) && !strcmp(loco_gpt_table(m)->t[i].name, "transformer.wte.weight");
 }
 
 /* Sum of squares of the gradients of flat range [lo, hi) (at g). Under
@@ -282,14 +286,14 @@ static bool tied_copy(const loco_gpt *m, int i) {
  * counted by tp rank 0 only, so the sum over tp is the whole model's. */
 static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi, bool experts) {
     const loco_gpt *m = z->m;
-    if (!z->ep && !m->par.tp && !(m->staged && m->head && !m->embed))
+    if (!z->ep && !loco_gpt_parallel_of(m)->tp && !(head_only_stage(m)))
         return experts ? 0 : loco_sumsq(g, hi - lo);
     double s = 0;
-    for (int i = 0; i < m->tt.n; i++) {
-        const loco_tensor *t = &m->tt.t[i];
+    for (int i = 0; i < loco_gpt_table(m)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(m)->t[i];
         size_t a = t->offset > lo ? t->offset : lo;
         size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-        if (a >= b || (loco_gpt_tensor_replicated(m, i) && m->tp_rank != 0) ||
+        if (a >= b || (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0) ||
             tied_copy(m, i) || (z->ep ? z->expert[i] : false) != experts)
             continue;
         s += loco_sumsq(g + (a - lo), b - a);
@@ -305,8 +309,8 @@ enum { REP_COUNT, REP_PACK, REP_UNPACK };
 static size_t replicated_pieces(const loco_zero *z, float *data, float *buf, int what) {
     const loco_gpt *m = z->m;
     size_t at = 0;
-    for (int i = 0; i < m->tt.n; i++) {
-        const loco_tensor *t = &m->tt.t[i];
+    for (int i = 0; i < loco_gpt_table(m)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(m)->t[i];
         size_t a = t->offset > z->lo ? t->offset : z->lo;
         size_t b = t->offset + t->numel < z->hi ? t->offset + t->numel : z->hi;
         if (a >= b || !loco_gpt_tensor_replicated(m, i))
@@ -321,13 +325,13 @@ static size_t replicated_pieces(const loco_zero *z, float *data, float *buf, int
 }
 
 int loco_zero_sync_replicas(loco_zero *z) {
-    if (!z->m->par.tp || z->n_rep == 0)
+    if (!loco_gpt_parallel_of(z->m)->tp || z->n_rep == 0)
         return 0;
     /* The owned range is the same on every tp rank (same slice table, same
      * dp split), so the packed pieces line up. */
     float *data = loco_zero_owned_params(z);
     replicated_pieces(z, data, z->rep_buf, REP_PACK);
-    LOCO_CHECK(loco_comm_broadcast(z->m->par.tp, z->rep_buf, z->n_rep, LOCO_DT_F32, 0));
+    LOCO_CHECK(loco_comm_broadcast(loco_gpt_parallel_of(z->m)->tp, z->rep_buf, z->n_rep, LOCO_DT_F32, 0));
     replicated_pieces(z, data, z->rep_buf, REP_UNPACK);
     return 0;
 }
@@ -336,7 +340,7 @@ int loco_zero_sync_replicas(loco_zero *z) {
  * (a pipeline stage reports ranges instead). */
 static int plan(loco_zero *z, const loco_config *cfg) {
     loco_gpt *m = z->m;
-    const int n = m->staged ? 0 : loco_gpt_num_units(m);
+    const int n = loco_gpt_stage_of(m) ? 0 : loco_gpt_num_units(m);
     size_t *bounds = loco_alloc(((size_t)n + 1) * sizeof(size_t));
     if (!bounds)
         return LOCO_ERR(LOCO_ENOMEM, "ZeRO unit table");
@@ -363,11 +367,11 @@ static int plan(loco_zero *z, const loco_config *cfg) {
 int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_config *cfg) {
     *out = NULL;
     const int stage = (int)cfg->parallel.zero_stage;
-    unsigned flags = m->staged ? 0 : loco_zero_model_flags(stage);
-    if (((flags & LOCO_GPT_NO_PARAMS) != 0) != (m->params == NULL) ||
-        ((flags & LOCO_GPT_NO_GRADS) != 0) != (m->grads == NULL))
+    unsigned flags = loco_gpt_stage_of(m) ? 0 : loco_zero_model_flags(stage);
+    if (((flags & LOCO_GPT_NO_PARAMS) != 0) != (loco_gpt_params(m) == NULL) ||
+        ((flags & LOCO_GPT_NO_GRADS) != 0) != (loco_gpt_grads(m) == NULL))
         return LOCO_ERR(LOCO_EINVAL, "model was not initialised with the flags of ZeRO-%d%s",
-                        stage, m->staged ? " over a pipeline stage (whole buffers)" : "");
+                        stage, loco_gpt_stage_of(m) ? " over a pipeline stage (whole buffers)" : "");
     loco_zero *z = loco_alloc(sizeof *z);
     if (!z)
         return LOCO_ERR(LOCO_ENOMEM, "ZeRO state");
@@ -377,7 +381,7 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
     z->stage = stage;
     z->rank = loco_comm_rank(dp);
     z->n = loco_comm_size(dp);
-    z->P = m->n_params;
+    z->P = loco_gpt_num_params(m);
     z->counts = loco_alloc((size_t)z->n * sizeof(size_t));
     if (!z->counts) {
         rc = LOCO_ERR(LOCO_ENOMEM, "ZeRO ranges");
@@ -400,8 +404,8 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
         }
         z->stale = stage >= 3;
     }
-    if (stage >= 2 && !m->staged) {
-        const int L = m->cfg.n_layer;
+    if (stage >= 2 && !loco_gpt_stage_of(m)) {
+        const int L = loco_gpt_cfg(m)->n_layer;
         size_t a, b, e0, e1, b0, b1;
         loco_gpt_unit_range(m, 0, &e0, &e1);
         loco_gpt_unit_range(m, 1, &b0, &b1);
@@ -415,11 +419,11 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
         if (stage == 2) /* parameters are whole; gradients bound per unit */
             for (int u = 0; u < loco_gpt_num_units(m); u++) {
                 loco_gpt_unit_range(m, u, &a, &b);
-                loco_gpt_bind_unit(m, u, m->params + a,
+                loco_gpt_bind_unit(m, u, loco_gpt_params(m) + a,
                                    z->slots[loco_zero_plan_slot(&z->plan, u)].grads);
             }
     }
-    if (m->par.tp) {
+    if (loco_gpt_parallel_of(m)->tp) {
         z->n_rep = replicated_pieces(z, NULL, NULL, REP_COUNT);
         z->rep_buf = loco_alloc((z->n_rep ? z->n_rep : 1) * sizeof(float));
         if (!z->rep_buf) {
@@ -427,7 +431,7 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
             goto out_fail;
         }
     }
-    if (!m->staged) {
+    if (!loco_gpt_stage_of(m)) {
         LOCO_CHECK_GOTO(loco_zero_exec_create(&z->exec, &z->plan, &host_ops, z, true), out_fail);
         loco_gpt_hooks h = {.ctx = z, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
         loco_gpt_set_hooks(m, &h);
@@ -451,11 +455,11 @@ void loco_zero_set_pipeline(loco_zero *z, loco_comm *pp) { z->pp = pp; }
 int loco_zero_set_experts(loco_zero *z, loco_comm *ep) {
     if (!ep || loco_comm_size(ep) < 2)
         return 0;
-    z->expert = loco_alloc((size_t)z->m->tt.n * sizeof(bool));
+    z->expert = loco_alloc((size_t)loco_gpt_table(z->m)->n * sizeof(bool));
     if (!z->expert)
         return LOCO_ERR(LOCO_ENOMEM, "expert table");
-    for (int i = 0; i < z->m->tt.n; i++)
-        z->expert[i] = strstr(z->m->tt.t[i].name, ".mlp.experts.") != NULL;
+    for (int i = 0; i < loco_gpt_table(z->m)->n; i++)
+        z->expert[i] = strstr(loco_gpt_table(z->m)->t[i].name, ".mlp.experts.") != NULL;
     z->ep = ep;
     return 0;
 }
@@ -463,14 +467,14 @@ int loco_zero_set_experts(loco_zero *z, loco_comm *ep) {
 /* ------------------------------------------------- over a pipeline stage */
 
 int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi) {
-    if (!z->m->staged || lo > hi || hi > z->P)
+    if (!loco_gpt_stage_of(z->m) || lo > hi || hi > z->P)
         return LOCO_ERR(LOCO_EINVAL, "gradients of [%zu, %zu) reported final: %s", lo, hi,
-                        z->m->staged ? "outside the stage's parameters"
+                        loco_gpt_stage_of(z->m) ? "outside the stage's parameters"
                                      : "ranges are for a pipeline stage's model");
     z->ready_elems += hi - lo;
     if (lo == hi)
         return 0;
-    float *g = z->m->grads + lo;
+    float *g = loco_gpt_grads(z->m) + lo;
     if (z->ep) /* dense averaged over ep, experts scaled: as a unit's */
         LOCO_CHECK(ep_prereduce_range(z, lo, hi, g));
     if (z->stage < 2) {
@@ -495,11 +499,11 @@ int loco_zero_grads_ready(loco_zero *z, size_t lo, size_t hi) {
 
 static int start_range_gather(loco_zero *z, size_t lo, size_t hi, loco_comm_req **req) {
     const float *src = z->pshard + loco_zero_plan_split(&z->plan, lo, hi, z->counts);
-    return loco_comm_iallgather(z->dp, src, z->m->params + lo, z->counts, LOCO_DT_F32, req);
+    return loco_comm_iallgather(z->dp, src, loco_gpt_params(z->m) + lo, z->counts, LOCO_DT_F32, req);
 }
 
 int loco_zero_params_prefetch(loco_zero *z, size_t lo, size_t hi) {
-    if (!z->m->staged || z->stage < 3 || !z->stale)
+    if (!loco_gpt_stage_of(z->m) || z->stage < 3 || !z->stale)
         return 0;
     if (z->n_gathers == MAX_GATHERS || lo >= hi || hi > z->P)
         return LOCO_ERR(LOCO_EINVAL, "parameter range [%zu, %zu) of %zu, %d gathers in flight",
@@ -510,7 +514,7 @@ int loco_zero_params_prefetch(loco_zero *z, size_t lo, size_t hi) {
 }
 
 int loco_zero_params_wait(loco_zero *z, size_t lo, size_t hi) {
-    if (!z->m->staged || z->stage < 3 || !z->stale)
+    if (!loco_gpt_stage_of(z->m) || z->stage < 3 || !z->stale)
         return 0;
     for (int i = 0; i < z->n_gathers; i++)
         if (z->gathers[i].lo == lo && z->gathers[i].hi == hi) {
@@ -534,7 +538,7 @@ static int wait_gathers(loco_zero *z) {
 }
 
 int loco_zero_gather_params(loco_zero *z) {
-    if (!z->m->staged || z->stage < 3 || !z->stale)
+    if (!loco_gpt_stage_of(z->m) || z->stage < 3 || !z->stale)
         return 0;
     LOCO_CHECK(wait_gathers(z));
     loco_comm_req *req;
@@ -545,13 +549,13 @@ int loco_zero_gather_params(loco_zero *z) {
 }
 
 void loco_zero_adopt_params(loco_zero *z) {
-    if (z->m->staged && z->stage >= 3)
-        memcpy(z->pshard, z->m->params + z->lo, (z->hi - z->lo) * sizeof(float));
+    if (loco_gpt_stage_of(z->m) && z->stage >= 3)
+        memcpy(z->pshard, loco_gpt_params(z->m) + z->lo, (z->hi - z->lo) * sizeof(float));
 }
 
 int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     loco_gpt *m = z->m;
-    if (m->staged) {
+    if (loco_gpt_stage_of(m)) {
         LOCO_CHECK(wait_gathers(z));
         const size_t ready = z->ready_elems;
         z->ready_elems = 0;
@@ -573,10 +577,10 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     double sumsq;
     double part[2]; /* dense, experts (under ep: each ep rank's own) */
     if (z->stage < 2) { /* identical on every dp rank */
-        part[0] = tp_sumsq(z, m->grads, 0, z->P, false);
-        part[1] = tp_sumsq(z, m->grads, 0, z->P, true);
+        part[0] = tp_sumsq(z, loco_gpt_grads(m), 0, z->P, false);
+        part[1] = tp_sumsq(z, loco_gpt_grads(m), 0, z->P, true);
         ulo = z->opt_lo, uhi = z->opt_hi;
-        grads = m->grads + ulo;
+        grads = loco_gpt_grads(m) + ulo;
     } else {
         part[0] = tp_sumsq(z, z->gshard, z->lo, z->hi, false);
         part[1] = tp_sumsq(z, z->gshard, z->lo, z->hi, true);
@@ -587,8 +591,8 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
     if (z->ep)
         LOCO_CHECK(loco_comm_allreduce(z->ep, &part[1], 1, LOCO_DT_F64, LOCO_OP_SUM));
     sumsq = part[0] + part[1];
-    if (z->m->par.tp) /* the slices' sums; replicated tensors counted once */
-        LOCO_CHECK(loco_comm_allreduce(z->m->par.tp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
+    if (loco_gpt_parallel_of(z->m)->tp) /* the slices' sums; replicated tensors counted once */
+        LOCO_CHECK(loco_comm_allreduce(loco_gpt_parallel_of(z->m)->tp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
     if (z->pp) /* and the stages' */
         LOCO_CHECK(loco_comm_allreduce(z->pp, &sumsq, 1, LOCO_DT_F64, LOCO_OP_SUM));
     *norm = sqrt(sumsq);
@@ -596,9 +600,9 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
         loco_scale(grads, (float)(max_norm / *norm), uhi - ulo);
     if (!isfinite(*norm))
         return 0; /* the caller reports divergence; leave parameters alone */
-    float *params = z->stage >= 3 ? z->pshard : m->params + ulo;
-    loco_adamw_step_range(&z->opt, &m->tt, params, grads, ulo, uhi, lr);
-    z->stale = m->staged && z->stage >= 3;
+    float *params = z->stage >= 3 ? z->pshard : loco_gpt_params(m) + ulo;
+    loco_adamw_step_range(&z->opt, loco_gpt_table(m), params, grads, ulo, uhi, lr);
+    z->stale = loco_gpt_stage_of(m) && z->stage >= 3;
     if (z->stage >= 1)
         LOCO_CHECK(loco_zero_sync_params(z));
     return 0;
@@ -607,14 +611,14 @@ int loco_zero_step(loco_zero *z, float lr, double max_norm, double *norm) {
 int loco_zero_sync_params(loco_zero *z) {
     if (z->stage >= 3) {
         z->version++; /* a slot's gathered copy is stale */
-        z->stale = z->m->staged;
+        z->stale = loco_gpt_stage_of(z->m);
         return 0;
     }
     if (z->n == 1)
         return 0;
     for (int r = 0; r < z->n; r++)
         z->counts[r] = z->plan.own[r + 1] - z->plan.own[r];
-    return loco_comm_allgather(z->dp, z->m->params + z->lo, z->m->params, z->counts,
+    return loco_comm_allgather(z->dp, loco_gpt_params(z->m) + z->lo, loco_gpt_params(z->m), z->counts,
                                LOCO_DT_F32);
 }
 
@@ -624,13 +628,13 @@ void loco_zero_memory(const loco_zero *z, loco_mem_report *r) {
     r->grads = z->stage >= 2 ? (z->hi - z->lo) * f : z->P * f;
     r->optim = 2 * (z->opt_hi - z->opt_lo) * f;
     r->gathered = z->gathered_bytes;
-    if (z->m->staged) { /* whole buffers, held through the step */
+    if (loco_gpt_stage_of(z->m)) { /* whole buffers, held through the step */
         if (z->stage >= 3)
             r->gathered += z->P * f;
         if (z->stage >= 2)
             r->gathered += z->P * f;
     }
-    r->activations = z->m->act_bytes;
+    r->activations = loco_gpt_act_bytes(z->m);
 }
 
 double loco_zero_formula_bytes(int stage, size_t n_params, int dp) {

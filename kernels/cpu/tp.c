@@ -1,7 +1,7 @@
 /* Tensor-parallel (Megatron) pieces: the vocabulary-parallel embedding and
  * cross-entropy a tp rank computes on its slice, the position embedding of
  * a run of rows, and a row-parallel layer's bias. The collectives that join
- * the ranks' pieces live with the model (inner/model.c). */
+ * the ranks' pieces live with the model (inner/model/model.c). */
 #include <math.h>
 
 #include "kernels/kernels.h"

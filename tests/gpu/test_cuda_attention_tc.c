@@ -17,7 +17,7 @@ Test(gpu_attention_tc, skipped)
 }
 #else
 
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "tests/gpu/gpu_test.h"
 
 enum { SLAB = 32 << 20 };
@@ -211,7 +211,7 @@ Test(gpu_attention_tc, selection)
     cr_expect_eq(a, t);
 }
 
-/* The device model (inner/gpt_cuda.c) with train.attention = tensor
+/* The device model (inner/model/gpt_cuda.c) with train.attention = tensor
  * against the same model on the reference kernel and the CPU model (on
  * the bf16 weight copy): loss and every parameter gradient, head size 64. */
 Test(gpu_attention_tc, model_with_tensor_kernel, .timeout = 300)
@@ -220,25 +220,25 @@ Test(gpu_attention_tc, model_with_tensor_kernel, .timeout = 300)
     const loco_gpt_config cfg = {
         .n_layer = 1, .n_head = 2, .n_embd = 128, .seq_len = 16, .vocab_size = 97};
     enum { B = 2, T = 13 };
-    loco_gpt cpu;
-    cr_assert_eq(loco_gpt_init(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
+    loco_gpt *cpu = NULL;
+    cr_assert_eq(loco_gpt_create(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
     loco_rng rng;
     loco_rng_seed(&rng, 7);
-    loco_gpt_init_weights(&cpu, &rng);
+    loco_gpt_init_weights(cpu, &rng);
     int32_t in[B * T], tg[B * T];
     uint64_t s = 9;
     for (int i = 0; i < B * T; i++) {
         in[i] = (int32_t)(gpu_splitmix(&s) % 97);
         tg[i] = (int32_t)(gpu_splitmix(&s) % 97);
     }
-    const size_t P = cpu.n_params;
+    const size_t P = loco_gpt_num_params(cpu);
     float *grads[2], loss[2];
     static const char *const which[2] = {"reference", "tensor"};
     for (int k = 0; k < 2; k++) {
         loco_gpt_cuda *dev;
         GPU_OK(loco_gpt_cuda_create(&dev, &cfg, B, T, true));
         GPU_OK(loco_gpt_cuda_set_attention(dev, which[k]));
-        GPU_OK(loco_gpt_cuda_upload(dev, cpu.params, NULL, NULL));
+        GPU_OK(loco_gpt_cuda_upload(dev, loco_gpt_params(cpu), NULL, NULL));
         GPU_OK(loco_gpt_cuda_zero_grad(dev));
         GPU_OK(loco_gpt_cuda_forward_backward(dev, in, tg, B, T, 1.0f, &loss[k]));
         grads[k] = malloc(P * sizeof(float));
@@ -247,23 +247,23 @@ Test(gpu_attention_tc, model_with_tensor_kernel, .timeout = 300)
         loco_gpt_cuda_destroy(dev);
     }
     for (size_t i = 0; i < P; i++) /* the CPU sees the GPU's bf16 weight copy */
-        cpu.params[i] = bf2f(f2bf(cpu.params[i]));
+        loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
     float want = 0;
-    loco_gpt_zero_grad(&cpu);
-    cr_assert_eq(loco_gpt_forward_backward(&cpu, in, tg, B, T, 1.0f, &want), 0);
+    loco_gpt_zero_grad(cpu);
+    cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, B, T, 1.0f, &want), 0);
     cr_expect_leq(fabs((double)loss[1] - want), 1e-3 * want, "loss: tensor %.7f cpu %.7f",
                   loss[1], want);
     cr_expect_leq(fabs((double)loss[1] - loss[0]), 1e-3 * want,
                   "loss: tensor %.7f reference %.7f", loss[1], loss[0]);
-    for (int i = 0; i < cpu.tt.n; i++) {
-        const loco_tensor *t = &cpu.tt.t[i];
-        const double ec = rel_err(grads[1] + t->offset, cpu.grads + t->offset, t->numel);
+    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
+        const double ec = rel_err(grads[1] + t->offset, loco_gpt_grads(cpu) + t->offset, t->numel);
         const double er = rel_err(grads[1] + t->offset, grads[0] + t->offset, t->numel);
         cr_expect_leq(ec, 2e-2, "%s gradient, tensor vs cpu: rel err %.3g", t->name, ec);
         cr_expect_leq(er, 2e-2, "%s gradient, tensor vs reference: rel err %.3g", t->name, er);
     }
     free(grads[0]), free(grads[1]);
-    loco_gpt_fini(&cpu);
+    loco_gpt_destroy(cpu);
 }
 
 #endif

@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "inner/inner.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/train/train.h"
 #include "tests/support.h"
 
 #if defined(LOCO_HAVE_CUDA)
@@ -71,10 +73,10 @@ static float *dp_train(const loco_config *cfg, float *losses, size_t *n) {
         losses[i] = s.loss;
     }
     const loco_gpt *m = loco_trainer_model(t);
-    float *p = malloc(m->n_params * sizeof(float));
+    float *p = malloc(loco_gpt_num_params(m) * sizeof(float));
     cr_assert_not_null(p);
-    memcpy(p, m->params, m->n_params * sizeof(float));
-    *n = m->n_params;
+    memcpy(p, loco_gpt_params(m), loco_gpt_num_params(m) * sizeof(float));
+    *n = loco_gpt_num_params(m);
     loco_trainer_destroy(t);
     return p;
 }

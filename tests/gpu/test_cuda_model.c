@@ -1,4 +1,4 @@
-/* The whole GPT-2 on the GPU (inner/gpt_cuda.c) against the CPU model, and
+/* The whole GPT-2 on the GPU (inner/model/gpt_cuda.c) against the CPU model, and
  * training through the trainer with train.device = cuda against cpu.
  *
  *   model: the tiny fixture model (tests/fixtures/gpt2_tiny.safetensors):
@@ -24,7 +24,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "inner/inner.h"
+#include "inner/ckpt/ckpt.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
+#include "inner/train/train.h"
 #include "tests/support.h"
 
 #define FIXTURE "tests/fixtures/gpt2_tiny.safetensors"
@@ -123,9 +127,10 @@ static void check_model(bool bf16) {
     loco_set_threads(2);
     loco_st *fx;
     cr_assert_eq(loco_st_open(&fx, FIXTURE), 0, "%s", loco_errmsg());
-    loco_gpt cpu;
-    cr_assert_eq(loco_gpt_init(&cpu, &fx_cfg, FX_B, FX_T), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_st_read_into(fx, &cpu.tt, cpu.params, NULL), 0, "%s", loco_errmsg());
+    loco_gpt *cpu = NULL;
+    cr_assert_eq(loco_gpt_create(&cpu, &fx_cfg, FX_B, FX_T), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_st_read_into(fx, loco_gpt_table(cpu), loco_gpt_params(cpu), NULL), 0, "%s",
+                 loco_errmsg());
     const float *tok;
     int64_t shape[4];
     int ndim;
@@ -137,16 +142,16 @@ static void check_model(bool bf16) {
             in[b * FX_T + t] = (int32_t)tok[b * (FX_T + 1) + t];
             tg[b * FX_T + t] = (int32_t)tok[b * (FX_T + 1) + t + 1];
         }
-    const size_t P = cpu.n_params;
+    const size_t P = loco_gpt_num_params(cpu);
     loco_gpt_cuda *dev;
     GPU_OK(loco_gpt_cuda_create(&dev, &fx_cfg, FX_B, FX_T, bf16));
-    GPU_OK(loco_gpt_cuda_upload(dev, cpu.params, NULL, NULL));
+    GPU_OK(loco_gpt_cuda_upload(dev, loco_gpt_params(cpu), NULL, NULL));
     if (bf16) /* the CPU sees the GPU's bf16 weight copy */
         for (size_t i = 0; i < P; i++)
-            cpu.params[i] = bf2f(f2bf(cpu.params[i]));
+            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
     float loss = 0, want = 0, fwd = 0;
-    loco_gpt_zero_grad(&cpu);
-    cr_assert_eq(loco_gpt_forward_backward(&cpu, in, tg, FX_B, FX_T, 1.0f, &want), 0);
+    loco_gpt_zero_grad(cpu);
+    cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, FX_B, FX_T, 1.0f, &want), 0);
     GPU_OK(loco_gpt_cuda_zero_grad(dev));
     GPU_OK(loco_gpt_cuda_forward_backward(dev, in, tg, FX_B, FX_T, 1.0f, &loss));
     GPU_OK(loco_gpt_cuda_forward(dev, in, tg, FX_B, FX_T, &fwd));
@@ -158,9 +163,9 @@ static void check_model(bool bf16) {
     cr_expect_leq(fabs((double)loss - want), tol_loss * want, "loss: gpu %.7f cpu %.7f", loss, want);
     cr_expect_eq(fwd, loss, "forward-only loss %.7f, with backward %.7f", fwd, loss);
     double worst = 0;
-    for (int i = 0; i < cpu.tt.n; i++) {
-        const loco_tensor *t = &cpu.tt.t[i];
-        const double e = rel_err(grads + t->offset, cpu.grads + t->offset, t->numel);
+    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
+        const double e = rel_err(grads + t->offset, loco_gpt_grads(cpu) + t->offset, t->numel);
         worst = fmax(worst, e);
         cr_expect_leq(e, tol, "%s gradient: rel err %.3g > %.3g", t->name, e, tol);
     }
@@ -168,7 +173,7 @@ static void check_model(bool bf16) {
                 bf16 ? "bf16" : "fp32", loss, want, worst);
     free(grads);
     loco_gpt_cuda_destroy(dev);
-    loco_gpt_fini(&cpu);
+    loco_gpt_destroy(cpu);
     loco_st_close(fx);
 }
 
@@ -194,12 +199,12 @@ Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
     const loco_gpt_config mc = {
         .n_layer = 1, .n_head = 2, .n_embd = 32, .seq_len = 8, .vocab_size = 257};
     enum { B = 2, T = 8, N = B * T, ACCUM = 2, STEPS = 2 };
-    loco_gpt cpu;
-    cr_assert_eq(loco_gpt_init(&cpu, &mc, B, T), 0, "%s", loco_errmsg());
+    loco_gpt *cpu = NULL;
+    cr_assert_eq(loco_gpt_create(&cpu, &mc, B, T), 0, "%s", loco_errmsg());
     loco_rng rng;
     loco_rng_seed(&rng, 7);
-    loco_gpt_init_weights(&cpu, &rng);
-    const size_t P = cpu.n_params;
+    loco_gpt_init_weights(cpu, &rng);
+    const size_t P = loco_gpt_num_params(cpu);
     loco_config cfg;
     loco_config_defaults(&cfg);
     loco_adamw hopt, dopt;
@@ -207,7 +212,7 @@ Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
     cr_assert_eq(loco_adamw_init(&dopt, P, &cfg), 0);
     loco_gpt_cuda *dev;
     GPU_OK(loco_gpt_cuda_create(&dev, &mc, B, T, false));
-    GPU_OK(loco_gpt_cuda_upload(dev, cpu.params, NULL, NULL));
+    GPU_OK(loco_gpt_cuda_upload(dev, loco_gpt_params(cpu), NULL, NULL));
     loco_gpt_cuda_set_graph(dev, true);
     int vp = 0;
     size_t nonzero = 1;
@@ -224,14 +229,15 @@ Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
                 tg[a][i] = (int32_t)(gpu_splitmix(&s) % 257);
             }
         double want_loss = 0;
-        loco_gpt_zero_grad(&cpu);
+        loco_gpt_zero_grad(cpu);
         for (int a = 0; a < ACCUM; a++) {
             float l;
-            cr_assert_eq(loco_gpt_forward_backward(&cpu, in[a], tg[a], B, T, 1.0f / ACCUM, &l), 0);
+            cr_assert_eq(loco_gpt_forward_backward(cpu, in[a], tg[a], B, T, 1.0f / ACCUM, &l), 0);
             want_loss += l;
         }
-        const double want_norm = loco_clip_grad_norm(cpu.grads, P, max_norm);
-        loco_adamw_step(&hopt, &cpu.tt, cpu.params, cpu.grads, (float)lr);
+        const double want_norm = loco_clip_grad_norm(loco_gpt_grads(cpu), P, max_norm);
+        loco_adamw_step(&hopt, loco_gpt_table(cpu), loco_gpt_params(cpu), loco_gpt_grads(cpu),
+                        (float)lr);
         GPU_OK(loco_gpt_cuda_zero_grad(dev));
         for (int a = 0; a < ACCUM; a++)
             GPU_OK(loco_gpt_cuda_forward_backward(dev, in[a], tg[a], B, T, 1.0f / ACCUM, NULL));
@@ -249,17 +255,17 @@ Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
     float *p = malloc(P * 4), *m = malloc(P * 4), *v = malloc(P * 4);
     cr_assert(p && m && v);
     GPU_OK(loco_gpt_cuda_download(dev, p, NULL, m, v));
-    for (int i = 0; i < cpu.tt.n; i++) {
-        const loco_tensor *t = &cpu.tt.t[i];
-        const double ep = rel_err(p + t->offset, cpu.params + t->offset, t->numel);
+    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
+        const double ep = rel_err(p + t->offset, loco_gpt_params(cpu) + t->offset, t->numel);
         const double em = rel_err(m + t->offset, hopt.m + t->offset, t->numel);
         cr_expect_leq(ep, 5e-3, "%s after %d steps: rel err %.3g", t->name, STEPS, ep);
         cr_expect_leq(em, 1e-4, "%s AdamW m: rel err %.3g", t->name, em);
     }
     /* a non-finite gradient norm: AdamW skipped on the device */
-    const int lnf = loco_ttable_find(&cpu.tt, "transformer.ln_f.weight");
+    const int lnf = loco_ttable_find(loco_gpt_table(cpu), "transformer.ln_f.weight");
     cr_assert_geq(lnf, 0);
-    p[cpu.tt.t[lnf].offset] = NAN;
+    p[loco_gpt_table(cpu)->t[lnf].offset] = NAN;
     GPU_OK(loco_gpt_cuda_upload(dev, p, NULL, NULL));
     GPU_OK(loco_gpt_cuda_zero_grad(dev));
     GPU_OK(loco_gpt_cuda_forward_backward(dev, in[0], tg[0], B, T, 1.0f, NULL));
@@ -275,7 +281,7 @@ Test(gpu_model, padded_vocab_steps_f32, .timeout = TRAIN_TIMEOUT) {
     loco_gpt_cuda_destroy(dev);
     loco_adamw_fini(&hopt);
     loco_adamw_fini(&dopt);
-    loco_gpt_fini(&cpu);
+    loco_gpt_destroy(cpu);
 }
 
 /* ------------------------------------------------------------- train */
@@ -308,14 +314,15 @@ static void train(const loco_config *cfg, float *losses, double *norms) {
         snprintf(ck, sizeof ck, "%s/ckpt", cfg->run.dir);
         cr_assert_eq(loco_trainer_save(t, ck), 0, "%s", loco_errmsg());
         const loco_gpt *m = loco_trainer_model(t);
-        loco_gpt back;
-        cr_assert_eq(loco_gpt_init(&back, &m->cfg, 1, 1), 0);
+        loco_gpt *back = NULL;
+        cr_assert_eq(loco_gpt_create(&back, loco_gpt_cfg(m), 1, 1), 0);
         loco_ckpt_state st;
-        cr_assert_eq(loco_ckpt_load(ck, cfg, &back, NULL, &st), 0, "%s", loco_errmsg());
+        cr_assert_eq(loco_ckpt_load(ck, cfg, back, NULL, &st), 0, "%s", loco_errmsg());
         cr_expect_eq(st.step, TRAIN_STEPS);
-        cr_expect(!memcmp(back.params, m->params, m->n_params * sizeof(float)),
+        cr_expect(!memcmp(loco_gpt_params(back), loco_gpt_params(m),
+                          loco_gpt_num_params(m) * sizeof(float)),
                   "the checkpoint's parameters differ from the trainer's");
-        loco_gpt_fini(&back);
+        loco_gpt_destroy(back);
     }
     loco_trainer_destroy(t);
 }

@@ -30,8 +30,8 @@ Test(gpu_sharded, skipped) {
 }
 #else
 
-#include "inner/gpt_cuda_internal.h"
-#include "inner/model_internal.h"
+#include "inner/model/model.h"
+#include "inner/optim/optim.h"
 #include "inner/parallel/parallel.h"
 #include "tests/gpu/gpu_test.h"
 
@@ -73,12 +73,12 @@ static void batch(int32_t *in, int32_t *tg) {
 
 static void check_passes(bool bf16) {
     gpu_require();
-    loco_gpt cpu; /* the initial weights */
-    cr_assert_eq(loco_gpt_init(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
+    loco_gpt *cpu = NULL; /* the initial weights */
+    cr_assert_eq(loco_gpt_create(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
     loco_rng rng;
     loco_rng_seed(&rng, 11);
-    loco_gpt_init_weights(&cpu, &rng);
-    const size_t P = cpu.n_params, lo = P / 3, hi = 2 * P / 3, es = bf16 ? 2 : 4;
+    loco_gpt_init_weights(cpu, &rng);
+    const size_t P = loco_gpt_num_params(cpu), lo = P / 3, hi = 2 * P / 3, es = bf16 ? 2 : 4;
     int32_t in[N], tg[N];
     batch(in, tg);
 
@@ -88,8 +88,8 @@ static void check_passes(bool bf16) {
     size_t hl, hh;
     loco_gpt_cuda_shard(shard, &hl, &hh, NULL, NULL);
     cr_assert(hl == lo && hh == hi, "holds [%zu, %zu), asked [%zu, %zu)", hl, hh, lo, hi);
-    GPU_OK(loco_gpt_cuda_upload(whole, cpu.params, NULL, NULL));
-    GPU_OK(loco_gpt_cuda_upload(shard, cpu.params + lo, NULL, NULL));
+    GPU_OK(loco_gpt_cuda_upload(whole, loco_gpt_params(cpu), NULL, NULL));
+    GPU_OK(loco_gpt_cuda_upload(shard, loco_gpt_params(cpu) + lo, NULL, NULL));
 
     /* a pass before any binding is refused, naming the unit */
     float loss_s = 0, loss_w = 0;
@@ -98,7 +98,7 @@ static void check_passes(bool bf16) {
 
     gpu_env env;
     gpu_env_init(&env, P * (4 + 4 + es) + 4096);
-    float *dparams = dup_to_dev(&env, cpu.params, P * 4);
+    float *dparams = dup_to_dev(&env, loco_gpt_params(cpu), P * 4);
     unsigned char *w = bf16 ? dalloc(&env, P * 2) : (unsigned char *)dparams;
     if (bf16)
         GPU_OK(loco_cuda_cast_bf16((loco_bf16 *)w, dparams, P, NULL));
@@ -192,7 +192,7 @@ static void check_passes(bool bf16) {
     loco_gpt_cuda_destroy(whole);
     loco_gpt_cuda_destroy(shard);
     gpu_env_fini(&env);
-    loco_gpt_fini(&cpu);
+    loco_gpt_destroy(cpu);
 }
 
 /* The plan of a model's units (unit_range: the CPU's or the device's). */
@@ -206,16 +206,16 @@ static void plan_of(loco_zero_plan *p, size_t P, const size_t *bounds, int dp, i
 
 Test(gpu_sharded, device_units_plan_as_the_host, .timeout = 240) {
     gpu_require();
-    loco_gpt cpu;
-    cr_assert_eq(loco_gpt_init(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
+    loco_gpt *cpu;
+    cr_assert_eq(loco_gpt_create(&cpu, &cfg, B, T), 0, "%s", loco_errmsg());
     loco_gpt_cuda *whole;
     GPU_OK(loco_gpt_cuda_create(&whole, &cfg, B, T, false));
     const int n = cfg.n_layer + 2;
     size_t hb[8], db[8], a, b, P; /* n <= 4 units */
     loco_gpt_cuda_state(whole, NULL, NULL, NULL, NULL, &P);
-    cr_assert_eq(P, cpu.n_params);
+    cr_assert_eq(P, loco_gpt_num_params(cpu));
     for (int u = 0; u < n; u++) {
-        loco_gpt_unit_range(&cpu, u, &a, &b);
+        loco_gpt_unit_range(cpu, u, &a, &b);
         hb[u] = a, hb[u + 1] = b;
         loco_gpt_cuda_unit_range(whole, u, &a, &b);
         db[u] = a, db[u + 1] = b;
@@ -249,7 +249,7 @@ Test(gpu_sharded, device_units_plan_as_the_host, .timeout = 240) {
                 loco_zero_plan_fini(&dev);
             }
     loco_gpt_cuda_destroy(whole);
-    loco_gpt_fini(&cpu);
+    loco_gpt_destroy(cpu);
 }
 
 Test(gpu_sharded, passes_and_update_f32, .timeout = 240) { check_passes(false); }

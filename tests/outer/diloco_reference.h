@@ -4,9 +4,9 @@
 #ifndef LOCO_TESTS_DILOCO_REFERENCE_H
 #define LOCO_TESTS_DILOCO_REFERENCE_H
 
-#include "tests/support.h"
-#include "inner/inner.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

@@ -1,8 +1,9 @@
 /* Streaming DiLoCo's fragment map over real tables (dense, MoE, a pipeline
  * stage, ZeRO shards): a partition of the owned range with the strided
  * assignment, and gather/merge against plain loops. */
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "inner/parallel/parallel.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 #include "tests/support.h"
 
@@ -282,7 +283,7 @@ Test(fragments, trainer_param_table_covers_the_owned_range, .timeout = 60) {
     const loco_ttable *tt = loco_trainer_param_table(t);
     cr_assert_eq(lo, 0);
     cr_assert_eq(tt->numel, hi - lo);
-    cr_assert_eq(tt->numel, loco_trainer_model(t)->n_params);
+    cr_assert_eq(tt->numel, loco_gpt_num_params(loco_trainer_model(t)));
     loco_fragments fr;
     cr_assert_eq(loco_fragments_plan(&fr, 2, 2, tt, lo, hi), 0, "%s", loco_errmsg());
     cr_assert_eq(fr.n_f[0] + fr.n_f[1], hi - lo);

@@ -2,10 +2,10 @@
  * ends with bit-identical θ_global equal to a plain single-process
  * reference of the algorithm given the same data order, and the bytes on
  * the wire are exactly the encoded shards. */
+#include "inner/model/model.h"
+#include "outer/outer.h"
 #include "tests/outer/diloco_reference.h"
 #include "tests/support.h"
-#include "inner/inner.h"
-#include "outer/outer.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

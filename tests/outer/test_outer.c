@@ -1,6 +1,6 @@
 /* The outer step against plain computations, its defences, and DiLoCo run
  * in one process over K trainers: islands stay bit-identical and learn. */
-#include "inner/inner.h"
+#include "inner/train/train.h"
 #include "outer/outer.h"
 #include "tests/net/net_test.h"
 

@@ -7,10 +7,11 @@
  * during an overlapped exchange is redone without and rejoins; a run
  * resumed between fragment syncs, with a merge still due, ends as the run
  * that never stopped. */
+#include "inner/model/model.h"
+#include "inner/train/train.h"
+#include "outer/outer.h"
 #include "tests/outer/diloco_reference.h"
 #include "tests/support.h"
-#include "inner/inner.h"
-#include "outer/outer.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * relative; cp x dp (ZeRO-3), cp x tp (with sp), cp x pp, cp with
  * recompute; a checkpoint of cp = 2 resumed at cp = 4 and on one rank;
  * clear errors for sequences or heads that do not split. Runs build/loco. */
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>

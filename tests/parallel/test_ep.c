@@ -5,7 +5,7 @@
  * single rank's within 1e-5 relative; a checkpoint of ep = 2 resumed at
  * ep = 1 and 4; the export loads in the PyTorch reference with loco's
  * loss; clear errors for what does not split. Runs build/loco. */
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>

@@ -5,7 +5,7 @@
  * relative; a 3-D case (pp 2 x dp 2 x tp 2); ZeRO-2 and 3 over stages; recompute inside stages; a
  * checkpoint resharded from pp 4 to 2 and 1; clear errors for what cannot
  * be built. Runs build/loco. */
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>

@@ -5,7 +5,7 @@
  * mode; recompute bit-identical to none; tp checkpoints that reshard
  * (2 -> 1, 2 -> 4) and export to the Hugging Face layout; clear errors for
  * what cannot be built. Runs build/loco. */
-#include "inner/inner.h"
+#include "inner/model/model.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>

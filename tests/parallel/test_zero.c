@@ -2,8 +2,8 @@
  * global batch: the same losses and final parameters within 1e-5, sharded
  * checkpoints that reshard (dp=4 -> dp=2) and continue the same curve, and
  * clear errors for meshes that cannot be built. Runs build/loco. */
+#include "inner/model/model.h"
 #include "tests/support.h"
-#include "inner/inner.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

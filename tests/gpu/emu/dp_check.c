@@ -1,5 +1,5 @@
 /* train.device = cuda with more than one rank, on the emulator: the
- * trainer's multi-rank device code (inner/train_device.c) over the mpi
+ * trainer's multi-rank device code (inner/train/train_device.c) over the mpi
  * backend, whose collectives are staged through host buffers.
  *
  *   dp_check ref DIR        one rank (backend self), the whole global batch
@@ -30,7 +30,9 @@
 #include <string.h>
 
 #include "inner/comm/comm.h"
-#include "inner/inner.h"
+#include "inner/data/data.h"
+#include "inner/model/model.h"
+#include "inner/train/train.h"
 #include "tests/mpi/mpi_check.h"
 
 #ifndef STEPS
@@ -109,11 +111,12 @@ static int reference_of(const char *dir) {
         loss[i] = s.loss;
         if (i + 1 == STEPS) { /* the parameters after STEPS */
             const loco_gpt *m = loco_trainer_model(t);
+            const size_t n = loco_gpt_num_params(m);
             char path[600];
             snprintf(path, sizeof path, "%s/ref_%s.bin", dir, g_dtype);
             FILE *f = fopen(path, "wb");
-            if (!f || fwrite(&m->n_params, sizeof m->n_params, 1, f) != 1 ||
-                fwrite(m->params, sizeof(float), m->n_params, f) != m->n_params)
+            if (!f || fwrite(&n, sizeof n, 1, f) != 1 ||
+                fwrite(loco_gpt_params(m), sizeof(float), n, f) != n)
                 return die("ref.bin");
             fclose(f);
         }
@@ -189,10 +192,10 @@ static void check_stage(const char *dir, int zero) {
     /* ZeRO-3: this rank's owned range (the host model holds no whole
      * parameters); else every parameter */
     const loco_gpt *m = loco_trainer_model(t);
-    CHECK(m->n_params == ref_n, "ZeRO-%d: %zu parameters, reference %zu", zero, m->n_params,
-          ref_n);
-    size_t lo = 0, hi = m->n_params;
-    const float *p = zero >= 3 ? loco_trainer_owned_params(t, &lo, &hi) : m->params;
+    CHECK(loco_gpt_num_params(m) == ref_n, "ZeRO-%d: %zu parameters, reference %zu", zero,
+          loco_gpt_num_params(m), ref_n);
+    size_t lo = 0, hi = loco_gpt_num_params(m);
+    const float *p = zero >= 3 ? loco_trainer_owned_params(t, &lo, &hi) : loco_gpt_params(m);
     CHECK(p != NULL && hi <= ref_n && (zero < 3 || hi - lo < ref_n),
           "ZeRO-%d: parameters [%zu, %zu) of %zu", zero, lo, hi, ref_n);
     double dmax = 0, rmax = 0;

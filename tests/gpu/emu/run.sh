@@ -8,7 +8,7 @@
 #      (the ZeRO-3 device model against the whole one), unchanged, against the
 #      translated twins (the same assertions as on a GPU);
 #   2. tests/gpu/test_cuda_model.c, the device model
-#      (inner/gpt_cuda.c) against the CPU model, fp32 and bf16, and 20
+#      (inner/model/gpt_cuda.c) against the CPU model, fp32 and bf16, and 20
 #      trainer steps with train.device = cuda against cpu;
 #   3. dp_check.c: train.device = cuda over 2 ranks (mpirun, mpi backend,
 #      host-staged collectives), dp = 2 with ZeRO 0-3 (and ZeRO-3 in bf16) against one rank on

@@ -1,0 +1,720 @@
+/* One file past 600 lines: the slab, the token slots, the passes and the
+ * graphs are one state machine over struct loco_gpt_cuda.
+ *
+ * GPT-2 on one GPU through the kernels/cuda twins (model.h, "model on a
+ * GPU"): the CPU model's passes (model.c) kernel for kernel, over device
+ * buffers carved from one slab. One code path serves both precisions: the
+ * activations and the weight copy are untyped device pointers, and TWIN()
+ * calls the bf16 or the fp32 twin of a kernel (same arguments). Compiled
+ * only in a CUDA build.
+ *
+ * Padded vocabulary: the LM head runs at Vp = V rounded up to a multiple
+ * of 64 (50304 for GPT-2's 50257), on a head-only copy of wte (wte_pad,
+ * Vp rows, rows V.. zero) and a head-only gradient (dwte_pad, folded into
+ * the flat gradient's V rows and cleared after each backward). The fp32
+ * flat state (params, grads, AdamW m and v) keeps the host layout of
+ * loco_gpt_build_table, so uploads, downloads, checkpoints, the data
+ * parallel accessors and the gradient norm's fixed order are unchanged.
+ * The logits are Vp wide; the cross-entropy ignores columns >= V.
+ *
+ * Streams: every kernel goes on loco_cuda_compute_stream (g->stream); the
+ * tokens go host -> pinned buffer -> device on loco_cuda_copy_stream in
+ * one of two slots, the compute stream waiting on the copy's event and
+ * the copy on the event of the pass that last read that slot. A training
+ * step (zero_grad, forward_backward with mean_loss NULL, clip_adamw) has
+ * one host wait: clip_adamw reads the norm and the summed micro-step
+ * losses after the clip and AdamW are queued (the norm's finiteness gates
+ * AdamW on the device). The host waits that remain, and why:
+ *   - clip_adamw's one read (the caller needs the norm and loss);
+ *   - load_tokens waits for the copy out of the pinned slot it refills,
+ *     queued two calls before (already done unless the host runs ahead
+ *     of the copy engine);
+ *   - forward, and forward_backward / clip / adamw when they return a
+ *     value or keep their old waiting contract (tests, eval, bench);
+ *   - upload and download (host buffers), profiling (waits around every
+ *     kernel to time it).
+ *
+ * Units and sharding: the passes find a tensor through its unit's
+ * pointers (uw: weights, ug: gradients; unit 0 = embeddings, 1..L blocks,
+ * L+1 = ln_f, as loco_gpt_hooks), which point into the whole buffers, or,
+ * for a sharded model (ZeRO-3, loco_gpt_cuda_create_sharded), at buffers
+ * the caller binds from its hooks: the fp32 state then holds the owned
+ * range only, the weights a pass reads are gathered unit by unit. */
+#include "inner/model/internal.h"
+
+#if defined(LOCO_HAVE_CUDA)
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N] = {
+    "matmul", "attention", "layernorm", "cross-entropy", "element-wise", "adamw"};
+
+#define SLAB(ptr, bytes, what)                                                                    \
+    LOCO_CHECK(loco_cuda_slab_alloc(g->slab, (void **)&(ptr), (size_t)(bytes), what))
+
+/* Slab size: the ranges carved in carve() plus alignment slack. */
+static size_t slab_bytes(const loco_gpt_cuda *g) {
+    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
+    const size_t P = g->own_hi - g->own_lo; /* the held state */
+    const size_t L = (size_t)g->cfg.n_layer, Vp = (size_t)g->Vp;
+    const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
+    const size_t per_layer = N * C * es * 16 + N * 4 * 4 + bnt * 4;
+    const size_t n_ranges = 40 + 13 * L;
+    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 +
+           N * C * es * 16 + N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 +
+           L * per_layer + n_ranges * 256;
+}
+
+static int carve(loco_gpt_cuda *g) {
+    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
+    const size_t P = g->own_hi - g->own_lo; /* the held state */
+    const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
+    SLAB(g->params, P * 4, "params");
+    SLAB(g->grads, P * 4, "grads");
+    SLAB(g->m, P * 4, "AdamW m");
+    SLAB(g->v, P * 4, "AdamW v");
+    if (g->bf16)
+        SLAB(g->w, P * 2, g->sharded ? "owned bf16 weights" : "bf16 weights");
+    else
+        g->w = g->params;
+    if (g->sharded) { /* the gather source; the passes read bound units */
+        g->wshard = g->w;
+        g->w = NULL;
+    }
+    SLAB(g->wte_pad, (size_t)g->Vp * C * es, "padded head weights");
+    SLAB(g->dwte_pad, (size_t)g->Vp * C * 4, "padded head gradient");
+    for (int k = 0; k < 2; k++)
+        SLAB(g->d_tok[k], N * 4 * 2, "tokens");
+    g->inputs = g->d_tok[0];
+    g->targets = g->d_tok[0] + N;
+    SLAB(g->encoded, N * C * es, "encoded");
+    SLAB(g->lnf, N * C * es, "ln_f");
+    SLAB(g->lnfm, N * 4, "ln_f mean");
+    SLAB(g->lnfr, N * 4, "ln_f rstd");
+    SLAB(g->logits, N * (size_t)g->Vp * es, "logits");
+    SLAB(g->losses, N * 4, "losses");
+    SLAB(g->mean, 4, "mean loss");
+    SLAB(g->loss_acc, 8, "loss sum");
+    SLAB(g->scratch, N * C * es, "projection scratch");
+    SLAB(g->attn_scratch, bnt * 4, "attention scratch");
+    SLAB(g->sumsq, LOCO_CUDA_SUMSQ_OUT * 8, "sum of squares");
+    SLAB(g->dres, N * C * es, "dres");
+    SLAB(g->dbtc, N * C * es, "dbtc");
+    SLAB(g->dfchg, N * 4 * C * es, "dfch_gelu");
+    SLAB(g->dfch, N * 4 * C * es, "dfch");
+    SLAB(g->dqkv, N * 3 * C * es, "dqkv");
+    for (int l = 0; l < g->cfg.n_layer; l++) {
+        layer_acts *a = &g->la[l];
+        SLAB(a->ln1, N * C * es, "ln1");
+        SLAB(a->qkv, N * 3 * C * es, "qkv");
+        SLAB(a->atty, N * C * es, "atty");
+        SLAB(a->res2, N * C * es, "residual2");
+        SLAB(a->ln2, N * C * es, "ln2");
+        SLAB(a->fch, N * 4 * C * es, "fch");
+        SLAB(a->fchg, N * 4 * C * es, "fch_gelu");
+        SLAB(a->res3, N * C * es, "residual3");
+        SLAB(a->ln1m, N * 4, "ln1 mean");
+        SLAB(a->ln1r, N * 4, "ln1 rstd");
+        SLAB(a->ln2m, N * 4, "ln2 mean");
+        SLAB(a->ln2r, N * 4, "ln2 rstd");
+        SLAB(a->lse, bnt * 4, "lse");
+    }
+    return 0;
+}
+
+/* The units' flat starts and pointers into the whole buffers (a sharded
+ * model's weights and gradients stay unbound until the hooks bind them). */
+static int index_units(loco_gpt_cuda *g) {
+    const int L = g->cfg.n_layer;
+    g->unit_lo = loco_alloc((size_t)(L + 3) * sizeof(size_t));
+    g->tunit = loco_alloc((size_t)g->tt.n * sizeof(int));
+    g->uw = loco_alloc((size_t)(L + 2) * sizeof(void *));
+    g->ug = loco_alloc((size_t)(L + 2) * sizeof(float *));
+    if (!g->unit_lo || !g->tunit || !g->uw || !g->ug)
+        return LOCO_ERR(LOCO_ENOMEM, "device model unit tables");
+    int prev = 0;
+    bool after_lnf = false;
+    g->unit_lo[0] = 0;
+    for (int i = 0; i < g->tt.n; i++) {
+        const int u = loco__gpt_unit_of(&g->tt.t[i], L, after_lnf);
+        after_lnf |= u == L + 1;
+        if (u < prev || u > prev + 1)
+            return LOCO_ERR(LOCO_EINVAL, "device model: tensor %s (unit %d) after unit %d: the "
+                            "units are not contiguous in the flat layout", g->tt.t[i].name, u,
+                            prev);
+        for (int k = prev + 1; k <= u; k++)
+            g->unit_lo[k] = g->tt.t[i].offset;
+        prev = u;
+        g->tunit[i] = u;
+    }
+    if (prev != L + 1)
+        return LOCO_ERR(LOCO_EINVAL, "device model: the table ends in unit %d, not ln_f", prev);
+    g->unit_lo[L + 2] = g->P;
+    for (int u = 0; u < L + 2; u++) {
+        g->uw[u] = g->sharded ? NULL : (char *)g->w + g->unit_lo[u] * g->es;
+        g->ug[u] = g->sharded ? NULL : g->grads + g->unit_lo[u];
+    }
+    return 0;
+}
+
+int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                         bool bf16) {
+    return loco_gpt_cuda_create_sharded(out, cfg, B, T, bf16, 0, SIZE_MAX);
+}
+
+int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                                 bool bf16, size_t lo, size_t hi) {
+    *out = NULL;
+    const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
+    if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
+        cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||
+        T > cfg->seq_len || B < 1)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "bad model shape for the GPU: L=%d NH=%d C=%d V=%d maxT=%d for B=%d T=%d "
+                        "(head size at most 128)",
+                        cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->seq_len, B,
+                        T);
+    int n_dev = 0;
+    LOCO_CHECK(loco_cuda_device_count(&n_dev));
+    loco_gpt_cuda *g = loco_alloc(sizeof *g);
+    if (!g)
+        return LOCO_ERR(LOCO_ENOMEM, "device model");
+    memset(g, 0, sizeof *g);
+    int rc;
+    g->cfg = *cfg;
+    g->B = B;
+    g->T = T;
+    g->Vp = (cfg->vocab_size + VOCAB_ALIGN - 1) / VOCAB_ALIGN * VOCAB_ALIGN;
+    g->bf16 = bf16;
+    g->es = bf16 ? 2 : 4;
+    g->stream = loco_cuda_compute_stream();
+    g->copy = loco_cuda_copy_stream();
+    LOCO_CHECK_GOTO(loco_gpt_build_table(&g->tt, cfg), out_fail);
+    g->P = g->tt.numel;
+    const int wte = loco_ttable_find(&g->tt, "transformer.wte.weight");
+    if (wte < 0 || g->tt.t[wte].numel != (size_t)cfg->vocab_size * cfg->n_embd) {
+        rc = LOCO_ERR(LOCO_EINVAL, "device model: no whole transformer.wte.weight in the table");
+        goto out_fail;
+    }
+    g->wte_off = g->tt.t[wte].offset;
+    if (hi == SIZE_MAX)
+        hi = g->P;
+    if (lo > hi || hi > g->P) {
+        rc = LOCO_ERR(LOCO_EINVAL, "device model: owned range [%zu, %zu) of %zu parameters", lo,
+                      hi, g->P);
+        goto out_fail;
+    }
+    g->own_lo = lo;
+    g->own_hi = hi;
+    g->sharded = hi - lo < g->P;
+    g->la = loco_alloc((size_t)cfg->n_layer * sizeof *g->la);
+    if (!g->la) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "device model tables");
+        goto out_fail;
+    }
+    const size_t N = (size_t)B * T;
+    for (int k = 0; k < 2; k++) {
+        LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_tok[k], N * 4 * 2), out_fail);
+        LOCO_CHECK_GOTO(loco_cuda_event_create(&g->copied[k]), out_fail);
+        LOCO_CHECK_GOTO(loco_cuda_event_create(&g->consumed[k]), out_fail);
+    }
+    LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_out, 4 * sizeof(double)), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_slab_create(&g->slab, slab_bytes(g)), out_fail);
+    LOCO_CHECK_GOTO(loco_blas_create(&g->blas), out_fail);
+    LOCO_CHECK_GOTO(carve(g), out_fail);
+    LOCO_CHECK_GOTO(index_units(g), out_fail);
+    const size_t vpc = (size_t)g->Vp * cfg->n_embd, own4 = (hi - lo) * 4;
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->params, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->m, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->v, own4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_cuda_zero(g->loss_acc, 8, g->stream), out_fail);
+    LOCO_CHECK_GOTO(loco_gpt_cuda_upload(g, NULL, NULL, NULL), out_fail);
+    *out = g;
+    return 0;
+out_fail:
+    loco_gpt_cuda_destroy(g);
+    return rc;
+}
+
+void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
+    if (!g)
+        return;
+    if (g->slab) /* nothing may still run on what is freed */
+        (void)loco_cuda_sync(g->stream);
+    loco_blas_destroy(g->blas);
+    loco_cuda_slab_destroy(g->slab);
+    for (int k = 0; k < 2; k++) {
+        if (g->copied[k])
+            (void)loco_cuda_event_sync(g->copied[k]);
+        loco_cuda_event_destroy(g->copied[k]);
+        loco_cuda_event_destroy(g->consumed[k]);
+        loco_cuda_host_free(g->h_tok[k]);
+    }
+    loco_cuda_host_free(g->h_out);
+    for (int k = 0; k < 2; k++)
+        loco_cuda_graph_destroy(g->graph[k].exec);
+    loco_ttable_fini(&g->tt);
+    loco_free(g->la);
+    loco_free(g->unit_lo);
+    loco_free(g->tunit);
+    loco_free(g->uw);
+    loco_free(g->ug);
+    loco_free(g);
+}
+
+int loco_gpt_cuda_set_attention(loco_gpt_cuda *g, const char *want) {
+    return loco_cuda_attention_select(want, g->cfg.n_embd / g->cfg.n_head, g->bf16, &g->attn);
+}
+
+size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
+    enum { BLAS_WORKSPACE = 32u << 20 }; /* owned by the loco_blas handle */
+    return loco_cuda_slab_size(g->slab) + BLAS_WORKSPACE;
+}
+
+/* The passes' weights from the fp32 parameters: the bf16 copy, and the
+ * head's padded wte (rows V.. stay zero). */
+static int refresh_weights(loco_gpt_cuda *g) {
+    const size_t vc = (size_t)g->cfg.vocab_size * g->cfg.n_embd;
+    g->wversion++;
+    if (g->sharded) { /* the gather source; wte_pad follows unit 0's next binding */
+        g->head_stale = true;
+        if (g->bf16)
+            RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->wshard, g->params, g->own_hi - g->own_lo,
+                                                   g->stream));
+        return 0;
+    }
+    if (g->bf16) {
+        RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->w, g->params, g->P, g->stream));
+        return loco_cuda_copy(g->wte_pad, (loco_bf16 *)g->w + g->wte_off, vc * 2, g->stream);
+    }
+    return loco_cuda_copy(g->wte_pad, g->params + g->wte_off, vc * 4, g->stream);
+}
+
+int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, const float *v) {
+    const size_t bytes = (g->own_hi - g->own_lo) * sizeof(float);
+    if (params)
+        LOCO_CHECK(loco_cuda_copy(g->params, params, bytes, g->stream));
+    if (m)
+        LOCO_CHECK(loco_cuda_copy(g->m, m, bytes, g->stream));
+    if (v)
+        LOCO_CHECK(loco_cuda_copy(g->v, v, bytes, g->stream));
+    LOCO_CHECK(refresh_weights(g));
+    return loco_cuda_sync(g->stream);
+}
+
+int loco_gpt_cuda_download(loco_gpt_cuda *g, float *params, float *grads, float *m, float *v) {
+    const size_t bytes = (g->own_hi - g->own_lo) * sizeof(float);
+    if (params)
+        LOCO_CHECK(loco_cuda_copy(params, g->params, bytes, g->stream));
+    if (grads)
+        LOCO_CHECK(loco_cuda_copy(grads, g->grads, bytes, g->stream));
+    if (m)
+        LOCO_CHECK(loco_cuda_copy(m, g->m, bytes, g->stream));
+    if (v)
+        LOCO_CHECK(loco_cuda_copy(v, g->v, bytes, g->stream));
+    return loco_cuda_sync(g->stream);
+}
+
+int loco_gpt_cuda_zero_grad(loco_gpt_cuda *g) {
+    RUN(LOCO_PROF_ELEM,
+        loco_cuda_zero(g->grads, (g->own_hi - g->own_lo) * sizeof(float), g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->loss_acc, sizeof(double), g->stream));
+    return 0;
+}
+
+void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs) {
+    g->profiling = on && secs;
+    g->prof = on ? secs : NULL;
+}
+
+int loco_gpt_cuda_padding(loco_gpt_cuda *g, int *vp, size_t *nonzero) {
+    const size_t C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+    const size_t vpc = (size_t)g->Vp * C;
+    *vp = g->Vp;
+    *nonzero = 0;
+    unsigned char *w = loco_alloc(vpc * g->es);
+    float *d = loco_alloc(vpc * 4);
+    int rc = 0;
+    if (!w || !d) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "padding check");
+        goto out;
+    }
+    LOCO_CHECK_GOTO(loco_cuda_copy(w, g->wte_pad, vpc * g->es, g->stream), out);
+    LOCO_CHECK_GOTO(loco_cuda_copy(d, g->dwte_pad, vpc * 4, g->stream), out);
+    LOCO_CHECK_GOTO(loco_cuda_sync(g->stream), out);
+    for (size_t i = V * C * g->es; i < vpc * g->es; i++)
+        *nonzero += w[i] != 0;
+    for (size_t i = 0; i < vpc; i++)
+        *nonzero += d[i] != 0.0f;
+out:
+    loco_free(w);
+    loco_free(d);
+    return rc;
+}
+
+/* A tensor in its unit's buffer (units[u] laid out like the unit's flat
+ * range, element size es). */
+static void *tensor(const loco_gpt_cuda *g, void *const *units, size_t es, const char *name) {
+    const int i = loco_ttable_find(&g->tt, name);
+    if (i < 0)
+        return NULL;
+    const int u = g->tunit[i];
+    return (char *)units[u] + (g->tt.t[i].offset - g->unit_lo[u]) * es;
+}
+
+#define W(name) tensor(g, g->uw, g->es, name)
+#define G(name) ((float *)tensor(g, (void *const *)g->ug, 4, name))
+
+/* The hooks, where set (loco_gpt_cuda_set_hooks). */
+#define ACQUIRE(unit, bwd)                                                                        \
+    LOCO_CHECK(g->hooks.acquire ? g->hooks.acquire(g->hooks.ctx, unit, bwd) : 0)
+#define GRADS_READY(unit)                                                                         \
+    LOCO_CHECK(g->hooks.grads_ready ? g->hooks.grads_ready(g->hooks.ctx, unit) : 0)
+
+/* A sharded model: every unit the passes use must have been bound. */
+static int check_bound(const loco_gpt_cuda *g, int unit, bool grads) {
+    if (!g->uw[unit] || (grads && !g->ug[unit]))
+        return LOCO_ERR(LOCO_EINVAL, "device model: unit %d has no %s bound (a sharded model's "
+                        "hooks bind them in acquire)", unit, g->uw[unit] ? "gradients" : "weights");
+    return 0;
+}
+
+/* Checks the batch and queues its copy to the device: host -> pinned slot
+ * -> device slot on the copy stream; the compute stream waits for it. */
+static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
+                       int T) {
+    if (B < 1 || T < 1 || B > g->B || T > g->T)
+        return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the device model's capacity %dx%d", B,
+                        T, g->B, g->T);
+    const int V = g->cfg.vocab_size, N = B * T;
+    for (int i = 0; i < N; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            return LOCO_ERR(LOCO_EINVAL, "token %d at %d outside the vocabulary [0, %d)",
+                            inputs[i], i, V);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
+    }
+    const int k = g->slot ^= 1;
+    const size_t cap = (size_t)g->B * g->T, bytes = (size_t)N * 4;
+    int32_t *h = g->h_tok[k], *d = g->d_tok[k];
+    LOCO_CHECK(loco_cuda_event_sync(g->copied[k])); /* the pinned slot's last copy */
+    memcpy(h, inputs, bytes);
+    if (targets)
+        memcpy(h + cap, targets, bytes);
+    LOCO_CHECK(loco_cuda_stream_wait(g->copy, g->consumed[k])); /* the slot's last reader */
+    LOCO_CHECK(loco_cuda_copy(d, h, bytes, g->copy));
+    if (targets)
+        LOCO_CHECK(loco_cuda_copy(d + cap, h + cap, bytes, g->copy));
+    LOCO_CHECK(loco_cuda_event_record(g->copied[k], g->copy));
+    LOCO_CHECK(loco_cuda_stream_wait(g->stream, g->copied[k]));
+    g->inputs = d;
+    g->targets = d + cap;
+    return 0;
+}
+
+/* After the last kernel that reads the current token slot. */
+static int tokens_consumed(loco_gpt_cuda *g) {
+    return loco_cuda_event_record(g->consumed[g->slot], g->stream);
+}
+
+static const void *residual_in(const loco_gpt_cuda *g, int l) {
+    return l == 0 ? g->encoded : g->la[l - 1].res3;
+}
+
+/* Blocks, ln_f and the tied head: logits (N,Vp). */
+static int forward_body(loco_gpt_cuda *g, int B, int T) {
+    const int C = g->cfg.n_embd, NH = g->cfg.n_head, L = g->cfg.n_layer;
+    const int N = B * T;
+    const size_t nc = (size_t)N * C;
+    loco_blas *h = g->blas;
+    loco_stream s = g->stream;
+    char n[LOCO_TENSOR_NAME_MAX];
+#define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
+    ACQUIRE(0, false);
+    LOCO_CHECK(check_bound(g, 0, false));
+    if (g->head_stale) { /* sharded: the head's copy of the newly bound wte */
+        const size_t vc = (size_t)g->cfg.vocab_size * C;
+        LOCO_CHECK(loco_cuda_copy(g->wte_pad, W("transformer.wte.weight"), vc * g->es, s));
+        g->head_stale = false;
+    }
+    RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"),
+                             W("transformer.wpe.weight"), B, T, C, s));
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &g->la[l];
+        const void *res = residual_in(g, l);
+        ACQUIRE(l + 1, false);
+        LOCO_CHECK(check_bound(g, l + 1, false));
+        RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"),
+                               LW("ln_1.bias"), N, C, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
+                                   LW("attn.c_attn.bias"), N, C, 3 * C, false, s));
+        RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->atty, LW("attn.c_proj.weight"),
+                                   LW("attn.c_proj.bias"), N, C, C, false, s));
+        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
+        RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln2, a->ln2m, a->ln2r, a->res2,
+                               LW("ln_2.weight"), LW("ln_2.bias"), N, C, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
+                                   LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, 4 * C, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
+                                   LW("mlp.c_proj.bias"), N, 4 * C, C, false, s));
+        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
+    }
+#undef LW
+    ACQUIRE(L + 1, false);
+    LOCO_CHECK(check_bound(g, L + 1, false));
+    RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, g->lnf, g->lnfm, g->lnfr, g->la[L - 1].res3,
+                           W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N, C, s));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, g->wte_pad, NULL, N, C, g->Vp,
+                               true, s));
+    return 0;
+}
+
+/* Cross-entropy over the V real columns of the Vp (dlogits in place,
+ * scaled by dscale, 0 on the padding) and the mean loss on the device,
+ * added to loss_acc when acc. */
+static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
+    RUN(LOCO_PROF_XENT, TWIN(xent_fwd_bwd, g->losses, g->logits, g->logits, g->targets, N,
+                             g->cfg.vocab_size, g->Vp, dscale, g->stream));
+    RUN(LOCO_PROF_XENT,
+        loco_cuda_mean_acc(g->mean, acc ? g->loss_acc : NULL, g->losses, N, g->stream));
+    return 0;
+}
+
+/* Waits for the compute stream and reads the last pass's mean loss. */
+static int read_mean(loco_gpt_cuda *g, float *mean_loss) {
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->mean, sizeof(float), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    memcpy(mean_loss, g->h_out, sizeof(float));
+    return 0;
+}
+
+int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
+                          int T, float *mean_loss) {
+    LOCO_CHECK(load_tokens(g, inputs, targets, B, T));
+    LOCO_CHECK(forward_body(g, B, T));
+    if (targets)
+        LOCO_CHECK(loss_and_dlogits(g, B * T, 0.0f, false));
+    LOCO_CHECK(tokens_consumed(g));
+    if (targets && mean_loss)
+        return read_mean(g, mean_loss);
+    return loco_cuda_sync(g->stream);
+}
+
+/* The forward and backward of the current token slot, enqueued. */
+static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
+    LOCO_CHECK(forward_body(g, B, T));
+    const int C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size, L = g->cfg.n_layer;
+    const int N = B * T;
+    const size_t nc = (size_t)N * C, es = g->es;
+    loco_blas *h = g->blas;
+    loco_stream s = g->stream;
+    LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));
+    char n[LOCO_TENSOR_NAME_MAX];
+#define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
+#define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
+    ACQUIRE(0, true);
+    ACQUIRE(L + 1, true);
+    LOCO_CHECK(check_bound(g, 0, true));
+    LOCO_CHECK(check_bound(g, L + 1, true));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
+                               g->wte_pad, N, C, g->Vp, true, s));
+    /* the head's V real rows into the flat gradient; the side buffer is
+     * cleared for the next pass (its padding rows are exactly 0: their
+     * dlogits are) */
+    RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G("transformer.wte.weight"), g->dwte_pad,
+                                            (size_t)V * C, s));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, nc * es, s));
+    RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, G("transformer.ln_f.weight"),
+                           G("transformer.ln_f.bias"), g->dbtc, g->la[L - 1].res3,
+                           W("transformer.ln_f.weight"), g->lnfm, g->lnfr, N, C, s));
+    GRADS_READY(L + 1);
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts *a = &g->la[l];
+        const void *res = residual_in(g, l);
+        ACQUIRE(l + 1, true);
+        LOCO_CHECK(check_bound(g, l + 1, true));
+        /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
+         * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
+        int unfused = 1;
+        if (g->bf16)
+            RUN(LOCO_PROF_MATMUL,
+                unfused = loco_cuda_matmul_bwd_dgelu_bf16(
+                    h, g->dfch, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"), g->dres, a->fchg,
+                    LW("mlp.c_proj.weight"), a->fch, N, 4 * C, C, s));
+        if (unfused) {
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, s));
+            RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
+                                       LG("mlp.c_proj.bias"), g->dres, a->fchg,
+                                       LW("mlp.c_proj.weight"), N, 4 * C, C, false, s));
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, nc * 4 * es, s));
+            RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, nc * 4, s));
+        }
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"),
+                                   LG("mlp.c_fc.bias"), g->dfch, a->ln2, LW("mlp.c_fc.weight"), N,
+                                   C, 4 * C, false, s));
+        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_2.weight"), LG("ln_2.bias"),
+                               g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, N, C, s));
+        /* residual2 = res + attproj: dres flows to both. */
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
+                                   LG("attn.c_proj.bias"), g->dres, a->atty,
+                                   LW("attn.c_proj.weight"), N, C, C, false, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, nc * 3 * es, s));
+        RUN(LOCO_PROF_ATTN, ATTN(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty,
+                                 a->qkv, a->lse, B, T, C, NH, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"),
+                                   LG("attn.c_attn.bias"), g->dqkv, a->ln1,
+                                   LW("attn.c_attn.weight"), N, C, 3 * C, false, s));
+        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
+                               g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, N, C, s));
+        GRADS_READY(l + 1);
+    }
+#undef LW
+#undef LG
+    RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
+                             G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, s));
+    GRADS_READY(0);
+    return 0;
+}
+
+void loco_gpt_cuda_set_graph(loco_gpt_cuda *g, bool on) {
+    g->graph_on = on;
+    for (int k = 0; k < 2; k++) {
+        loco_cuda_graph_destroy(g->graph[k].exec);
+        g->graph[k].exec = NULL;
+    }
+}
+
+/* passes() as one CUDA graph launch: captured per token slot on the first
+ * call with a shape (B, T, loss_scale) after a plain pass has made the
+ * GEMM plans, relaunched while the shape holds. *done false: the caller
+ * runs the plain passes (no graph yet, or capture failed: graphs are then
+ * off, with a warning). */
+static int graph_passes(loco_gpt_cuda *g, int B, int T, float loss_scale, bool *done) {
+    *done = false;
+    /* the hooks run host code (collectives) between the launches */
+    if (!g->graph_on || g->profiling || !g->warm || g->hooks.acquire || g->hooks.grads_ready)
+        return 0;
+    step_graph *gr = &g->graph[g->slot];
+    if (gr->exec && (gr->B != B || gr->T != T || gr->scale != loss_scale)) {
+        loco_cuda_graph_destroy(gr->exec);
+        gr->exec = NULL;
+    }
+    if (!gr->exec) {
+        if (loco_cuda_capture_begin(g->stream) < 0) {
+            loco_warn("train.cuda_graph = on: %s; plain launches from now", loco_errmsg());
+            g->graph_on = false;
+            return 0;
+        }
+        const int rc = passes(g, B, T, loss_scale);
+        const int rc_end = loco_cuda_capture_end(g->stream, &gr->exec);
+        if (rc < 0 || rc_end < 0) {
+            loco_warn("train.cuda_graph = on: the step could not be captured (%s); plain "
+                      "launches from now",
+                      loco_errmsg());
+            loco_cuda_graph_destroy(gr->exec);
+            gr->exec = NULL;
+            g->graph_on = false;
+            return 0;
+        }
+        gr->B = B;
+        gr->T = T;
+        gr->scale = loss_scale;
+    }
+    LOCO_CHECK(loco_cuda_graph_launch(gr->exec, g->stream));
+    *done = true;
+    return 0;
+}
+
+int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
+                                   const int32_t *targets, int B, int T, float loss_scale,
+                                   float *mean_loss) {
+    if (!targets)
+        return LOCO_ERR(LOCO_EINVAL, "a backward pass needs targets");
+    LOCO_CHECK(load_tokens(g, inputs, targets, B, T));
+    bool done;
+    LOCO_CHECK(graph_passes(g, B, T, loss_scale, &done));
+    if (!done) {
+        LOCO_CHECK(passes(g, B, T, loss_scale));
+        g->warm = true;
+    }
+    LOCO_CHECK(tokens_consumed(g));
+    return mean_loss ? read_mean(g, mean_loss) : 0;
+}
+
+/* The gradient norm's sum of squares and the clip, both on the device. */
+static int clip_queue(loco_gpt_cuda *g, double max_norm) {
+    if (g->sharded)
+        return LOCO_ERR(LOCO_EINVAL, "device model: a sharded model clips by range "
+                                     "(loco_gpt_cuda_grad_sumsq, loco_gpt_cuda_scale_grads)");
+    RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads, g->P, g->stream));
+    RUN(LOCO_PROF_OPT, loco_cuda_clip_scale(g->grads, g->P, g->sumsq, max_norm, g->stream));
+    return 0;
+}
+
+/* AdamW on every tensor (skipped on the device when *gate is not finite),
+ * then the passes' weights. */
+static int adamw_queue(loco_gpt_cuda *g, const loco_adamw *opt, float lr, const double *gate) {
+    if (g->sharded)
+        return LOCO_ERR(LOCO_EINVAL, "device model: a sharded model updates its owned range "
+                                     "(loco_gpt_cuda_adamw_range)");
+    const int64_t t = opt->t + 1;
+    for (int i = 0; i < g->tt.n; i++) {
+        const loco_tensor *tn = &g->tt.t[i];
+        const float wd = tn->decay ? opt->weight_decay : 0.0f;
+        const size_t o = tn->offset;
+        RUN(LOCO_PROF_OPT,
+            loco_cuda_adamw_update_gated(g->params + o, g->grads + o, g->m + o, g->v + o,
+                                         tn->numel, lr, opt->beta1, opt->beta2, opt->eps, wd, t,
+                                         gate, g->stream));
+    }
+    return refresh_weights(g);
+}
+
+int loco_gpt_cuda_clip(loco_gpt_cuda *g, double max_norm, double *norm) {
+    LOCO_CHECK(clip_queue(g, max_norm));
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->sumsq, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *norm = sqrt(g->h_out[0]);
+    return 0;
+}
+
+int loco_gpt_cuda_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr) {
+    LOCO_CHECK(adamw_queue(g, opt, lr, NULL));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    opt->t++;
+    return 0;
+}
+
+int loco_gpt_cuda_loss_sum(loco_gpt_cuda *g, double *sum) {
+    LOCO_CHECK(loco_cuda_copy(g->h_out + 1, g->loss_acc, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *sum = g->h_out[1];
+    return 0;
+}
+
+int loco_gpt_cuda_clip_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr, double max_norm,
+                             double *norm, double *loss_sum) {
+    LOCO_CHECK(clip_queue(g, max_norm));
+    LOCO_CHECK(adamw_queue(g, opt, lr, g->sumsq));
+    LOCO_CHECK(loco_cuda_copy(g->h_out, g->sumsq, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_copy(g->h_out + 1, g->loss_acc, sizeof(double), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    *norm = sqrt(g->h_out[0]);
+    if (loss_sum)
+        *loss_sum = g->h_out[1];
+    if (isfinite(*norm))
+        opt->t++;
+    return 0;
+}
+
+#endif /* LOCO_HAVE_CUDA */

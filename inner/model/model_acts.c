@@ -1,0 +1,213 @@
+/* The activation slab of the model: per block (and per pipeline slot),
+ * shared recompute buffers and backward scratch, and the formula of what a
+ * block keeps (docs/PERFORMANCE.md). */
+#include "inner/model/internal.h"
+
+/* Whether the model holds block l (0-based). */
+static bool holds_block(const loco_gpt *m, int l) {
+    return m->unit_t1[l + 1] > m->unit_t0[l + 1];
+}
+
+/* Carves one block's forward activations (res3 apart; att floats of
+ * attention state, none when 0) from base + off; returns the new offset.
+ * base NULL: counts. */
+static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
+                          const loco__gpt_shape *d, size_t att, const loco_gpt_config *moe) {
+    const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
+#define CARVE(field, count)                                                                        \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = base + off;                                                                    \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
+    } while (0)
+    CARVE(la->ln1, R * C);
+    CARVE(la->ln1_mean, R);
+    CARVE(la->ln1_rstd, R);
+    CARVE(la->qkv, N * 3 * Cl);
+    CARVE(la->atty, N * Cl);
+    if (att)
+        CARVE(la->att, att);
+    CARVE(la->attproj, R * C);
+    CARVE(la->res2, R * C);
+    CARVE(la->ln2, R * C);
+    CARVE(la->ln2_mean, R);
+    CARVE(la->ln2_rstd, R);
+    if (moe) { /* an MoE block's MLP */
+        const size_t E = (size_t)moe->n_experts, Nk = N * (size_t)moe->top_k;
+        const size_t ep = moe->ep > 1 ? (size_t)moe->ep : 1, M = ep * Nk;
+#define CARVEI(field, count)                                                                       \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = (int32_t *)(base + off);                                                       \
+        off += ((size_t)(count) + 15) & ~(size_t)15;                                               \
+    } while (0)
+        CARVE(la->moe_probs, N * E);
+        CARVE(la->moe_lse, N);
+        CARVEI(la->moe_expert, Nk);
+        CARVEI(la->moe_slot, Nk);
+        CARVE(la->moe_weight, Nk);
+        CARVEI(la->moe_rows, Nk);
+        CARVEI(la->moe_count, E);
+        CARVEI(la->moe_routed, E);
+        CARVE(la->moe_x, Nk * C);
+        CARVE(la->moe_y, Nk * C);
+        CARVE(la->moe_h, M * 4 * C);
+        CARVE(la->moe_hg, M * 4 * C);
+        if (ep > 1) {
+            CARVE(la->moe_xo, M * C);
+            CARVEI(la->moe_recv, E);
+        } else if (base) {
+            la->moe_xo = la->moe_x;
+        }
+#undef CARVEI
+    } else {
+        CARVE(la->fch, N * Fl);
+        CARVE(la->fch_gelu, N * Fl);
+    }
+    CARVE(la->fcproj, R * C);
+#undef CARVE
+    return off;
+}
+
+/* Carves the activation slab; with base NULL only counts. Returns floats.
+ * Per-block buffers are sized by the capacity B x T, so a smaller batch
+ * (eval, sampling) uses the same slab. A pipeline stage has one set of
+ * its blocks' activations (and the head's) per slot, with what the weight
+ * half of a split backward keeps; the recompute and scratch buffers are
+ * shared by all slots. */
+size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
+    const size_t L = (size_t)m->cfg.n_layer;
+    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
+    const size_t T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
+    const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = loco__gpt_att_floats(m, &d);
+    /* Ring attention keeps only each row's log-sum-exp: per block, even
+     * under selective recompute (nothing to rerun). */
+    const bool ring = m->cp && m->cp->algo == LOCO_CP_RING;
+    const bool selective = m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !ring;
+    const int slots = m->staged ? m->stage.slots : 1;
+    size_t off = 0;
+#define CARVE(field, count)                                                                        \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            field = base + off;                                                                    \
+        off += ((size_t)(count) + 15) & ~(size_t)15; /* keep 64-byte alignment */                  \
+    } while (0)
+    /* One block's worth of every activation: the shared block that full
+     * recompute reruns into, or the shared attention probabilities. */
+    loco_gpt_layer_acts shared = {0};
+    bool any_full = false, any_moe = false;
+    for (size_t l = 0; l < L; l++) {
+        any_full |= holds_block(m, (int)l) && loco__gpt_full_recompute(m, (int)l);
+        any_moe |= holds_block(m, (int)l) && loco_gpt_is_moe(&m->cfg, (int)l);
+    }
+    if (any_full || selective)
+        off = carve_block(&shared, base, off, &d, att, any_moe ? &m->cfg : NULL);
+    size_t kept = 0; /* what the first block held keeps for its backward */
+    bool counted = false;
+    for (int k = 0; k < slots; k++) {
+        loco_gpt_acts scratch_acts = {0};
+        loco_gpt_acts *a = base ? &m->slot_acts[k] : &scratch_acts;
+        CARVE(a->encoded, R * C);
+        for (size_t l = 0; l < L; l++) {
+            if (!holds_block(m, (int)l))
+                continue;
+            loco_gpt_layer_acts *la = base ? &a->layer[l] : &(loco_gpt_layer_acts){0};
+            const bool full = loco__gpt_full_recompute(m, (int)l);
+            const size_t before = off;
+            if (!full)
+                off = carve_block(la, base, off, &d, selective ? 0 : att,
+                                  loco_gpt_is_moe(&m->cfg, (int)l) ? &m->cfg : NULL);
+            CARVE(la->res3, R * C);
+            if (!counted) {
+                kept = (off - before) * sizeof(float);
+                counted = true;
+            }
+            if (m->staged && !full) { /* a recomputed block runs W at once */
+                CARVE(la->keep_out, N * C);
+                CARVE(la->keep_mid, N * C);
+                CARVE(la->keep_fch, N * Fl);
+                CARVE(la->keep_qkv, N * 3 * Cl);
+            }
+            if (base && full) {
+                float *res3 = la->res3;
+                *la = shared;
+                la->res3 = res3;
+            } else if (base && selective) {
+                la->att = shared.att;
+            }
+        }
+        if (m->head) {
+            CARVE(a->lnf, N * C);
+            CARVE(a->lnf_mean, R);
+            CARVE(a->lnf_rstd, R);
+            CARVE(a->logits, N * (size_t)d.Vl);
+            CARVE(a->losses, N);
+            CARVE(a->xent, 3 * N);
+        }
+    }
+    m->block_act_bytes = kept;
+    loco_gpt_scratch *s = &m->s;
+    CARVE(s->dres, R * C);
+    CARVE(s->dbtc, R * C);
+    if (d.t > 1)
+        CARVE(s->full, N * C);
+    if (d.sp) {
+        CARVE(s->gather, N * C);
+        CARVE(s->drep, (6 * C > T * C ? 6 * C : T * C));
+    }
+    CARVE(s->dkeep3, N * C);
+    CARVE(s->dkeep2, N * C);
+    CARVE(s->dqkv, N * 3 * Cl);
+    CARVE(s->datt, ring ? 0 : att);
+    CARVE(s->dfch, N * Fl);
+    CARVE(s->dfchg, N * Fl);
+    if (selective)
+        CARVE(s->atty, N * Cl);
+    if (any_moe) {
+        const size_t Nk = N * (size_t)m->cfg.top_k;
+        const size_t M = (m->cfg.ep > 1 ? (size_t)m->cfg.ep : 1) * Nk;
+        CARVE(s->moe_dy, M * C);
+        CARVE(s->moe_dx, M * C);
+        CARVE(s->moe_dh, M * 4 * C);
+        CARVE(s->moe_dhg, M * 4 * C);
+        if (m->cfg.ep > 1) {
+            CARVE(s->moe_yo, M * C);
+            CARVE(s->moe_xfer, M * C);
+        }
+        CARVE(s->moe_dlogits, N * (size_t)m->cfg.n_experts);
+        CARVE(s->moe_dweight, Nk);
+        CARVE(s->moe_plan, 3 * Nk);
+    }
+#undef CARVE
+    if (base)
+        m->a = m->slot_acts[0];
+    return off;
+}
+
+double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
+    /* Per token of the batch, in floats: the residual regions keep ln1, ln2
+     * (C each), their mean and rstd (2 + 2), attproj, res2, fcproj and res3
+     * (C each): 6C + 4, over t with sp. The tp slice keeps qkv (3C/t), atty
+     * (C/t), fch and its GELU (8C/t): 12C/t, and the attention
+     * probabilities NH*T/t. Selective drops the probabilities; full keeps
+     * only the block's output res3 (C, over t with sp). */
+    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
+    const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
+    const double rows = d.sp ? 1.0 / t : 1.0;
+    /* An MoE block 0 keeps, instead of c_fc's output and its GELU (8C/t):
+     * router probabilities (E), lse (1), per choice expert, slot, weight,
+     * token (4k), the packed rows' inputs and outputs (2kC) and, on the
+     * experts' side (ep times the rows), c_fc's output and GELU (8kC ep). */
+    double mlp = 8 * C / t;
+    if (loco_gpt_is_moe(&m->cfg, 0)) {
+        const double E = m->cfg.n_experts, k = m->cfg.top_k, ep = m->cfg.ep > 1 ? m->cfg.ep : 1;
+        mlp = E + 1 + 4 * k + 2 * k * C + 8 * k * C * ep;
+    }
+    const double per_token =
+        mode == LOCO_RECOMPUTE_FULL
+            ? C * rows
+            : (6 * C + 4) * rows + 4 * C / t + mlp +
+                  (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
+    return 4.0 * per_token * (double)d.N;
+}
+

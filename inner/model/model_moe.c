@@ -1,0 +1,342 @@
+/* Mixture-of-experts MLP of a block (model.n_experts > 0): the router
+ * (a linear layer to E logits, softmax, top-k renormalised as Mixtral),
+ * capacity per micro-batch of this rank (GShard's group: ceil(k N f / E)
+ * assignments per expert, the least probable dropped), the experts (GPT-2
+ * MLPs over their packed rows) and the weighted combine; the backward adds
+ * Switch's load-balancing loss and the router z-loss. Every loop is in
+ * kernels/ (kernels.h, "mixture of experts"). Under expert parallelism
+ * (cfg.ep = e ranks, E/e experts each) the packed rows travel to their
+ * experts' ranks: the counts by all-to-all, the rows by all-to-all-v,
+ * regrouped expert-major there (each expert's rows by source rank, each
+ * source's in token order), and back the same way; the backward mirrors
+ * it. Routing and capacity stay decisions of the tokens' own rank, so the
+ * result does not depend on ep. */
+#include "inner/model/internal.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+struct loco_gpt_moe {
+    int n;          /* MoE layers */
+    int *block;     /* (n) their blocks */
+    int *index;     /* (L) block -> MoE layer, -1 */
+    int64_t *routed; /* (n, E) */
+    int64_t *assignments, *dropped; /* (n) */
+    double *aux, *z; /* (n) sums over micro-batches */
+    int64_t *micro; /* (n) */
+    size_t *sendc, *recvc; /* (ep) all-to-all-v counts */
+    size_t *cursor;        /* (ep) regroup's place in each source's rows */
+    double bytes;          /* sent to other ep ranks since the model was made */
+};
+
+int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par) {
+    if (cfg->n_experts <= 0) {
+        if (cfg->ep > 1)
+            return LOCO_ERR(LOCO_EINVAL,
+                            "parallel.ep = %d needs experts to split (model.n_experts > 0)",
+                            cfg->ep);
+        return 0;
+    }
+    if (cfg->top_k < 1 || cfg->top_k > cfg->n_experts)
+        return LOCO_ERR(LOCO_EINVAL, "model.top_k = %d must be between 1 and model.n_experts = %d",
+                        cfg->top_k, cfg->n_experts);
+    if (cfg->moe_every < 1)
+        return LOCO_ERR(LOCO_EINVAL, "model.moe_every = %d must be at least 1", cfg->moe_every);
+    const int ep = cfg->ep > 1 ? cfg->ep : 1;
+    if (cfg->n_experts % ep || cfg->ep_rank < 0 || cfg->ep_rank >= ep)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "parallel.ep = %d must divide model.n_experts = %d (each rank holds as "
+                        "many experts)",
+                        ep, cfg->n_experts);
+    if (ep > 1 && (!par->ep || loco_comm_size(par->ep) != ep))
+        return LOCO_ERR(LOCO_EINVAL, "experts split over ep = %d ranks need a group of %d ranks",
+                        ep, ep);
+    const char *with = loco__gpt_tp_of(cfg) > 1 ? "tensor parallelism (parallel.tp)"
+                       : par->cp               ? "context parallelism (parallel.cp)"
+                                               : NULL;
+    if (with)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "mixture of experts (model.n_experts = %d) with %s is not built yet; MoE "
+                        "trains with dp, ep, pp, ZeRO and recompute",
+                        cfg->n_experts, with);
+    return 0;
+}
+
+void loco__gpt_moe_fini(loco_gpt *m) {
+    struct loco_gpt_moe *s = m->moe;
+    if (!s)
+        return;
+    loco_free(s->block);
+    loco_free(s->routed);
+    loco_free(s->aux);
+    loco_free(s->sendc);
+    loco_free(s);
+    m->moe = NULL;
+}
+
+int loco__gpt_moe_init(loco_gpt *m) {
+    const loco_gpt_config *cfg = &m->cfg;
+    if (cfg->n_experts <= 0)
+        return 0;
+    struct loco_gpt_moe *s = loco_alloc(sizeof *s);
+    if (!s)
+        return LOCO_ERR(LOCO_ENOMEM, "MoE statistics");
+    m->moe = s;
+    const int L = cfg->n_layer, E = cfg->n_experts;
+    for (int l = 0; l < L; l++)
+        s->n += loco_gpt_is_moe(cfg, l);
+    const size_t n = (size_t)s->n;
+    s->block = loco_alloc((n + (size_t)L) * sizeof(int));
+    s->routed = loco_alloc((n * (size_t)E + 3 * n) * sizeof(int64_t));
+    s->aux = loco_alloc(2 * n * sizeof(double));
+    const size_t ep = cfg->ep > 1 ? (size_t)cfg->ep : 1;
+    s->sendc = loco_alloc(3 * ep * sizeof(size_t));
+    if (!s->block || !s->routed || !s->aux || !s->sendc) {
+        loco__gpt_moe_fini(m);
+        return LOCO_ERR(LOCO_ENOMEM, "MoE statistics");
+    }
+    s->recvc = s->sendc + ep;
+    s->cursor = s->recvc + ep;
+    s->index = s->block + n;
+    s->assignments = s->routed + n * (size_t)E;
+    s->dropped = s->assignments + n;
+    s->micro = s->dropped + n;
+    s->z = s->aux + n;
+    for (int l = 0, i = 0; l < L; l++) {
+        s->index[l] = loco_gpt_is_moe(cfg, l) ? i : -1;
+        if (s->index[l] >= 0)
+            s->block[i++] = l;
+    }
+    loco_gpt_moe_reset(m);
+    return 0;
+}
+
+double loco_gpt_moe_bytes(const loco_gpt *m) {
+    return m->moe ? m->moe->bytes : 0;
+}
+
+int loco_gpt_moe_layers(const loco_gpt *m) {
+    return m->moe ? m->moe->n : 0;
+}
+
+void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out) {
+    const struct loco_gpt_moe *s = m->moe;
+    const double micro = s->micro[i] > 0 ? (double)s->micro[i] : 1;
+    *out = (loco_gpt_moe_stats){
+        .block = s->block[i],
+        .assignments = s->assignments[i],
+        .dropped = s->dropped[i],
+        .routed = s->routed + (size_t)i * m->cfg.n_experts,
+        .aux = s->aux[i] / micro,
+        .z = s->z[i] / micro,
+    };
+}
+
+void loco_gpt_moe_reset(loco_gpt *m) {
+    struct loco_gpt_moe *s = m->moe;
+    if (!s)
+        return;
+    const size_t n = (size_t)s->n;
+    memset(s->routed, 0, (n * (size_t)m->cfg.n_experts + 3 * n) * sizeof(int64_t));
+    memset(s->aux, 0, 2 * n * sizeof(double));
+}
+
+/* Rows each expert may keep of a micro-batch of N tokens. */
+static int capacity(const loco_gpt_config *cfg, int N) {
+    if (cfg->capacity_factor <= 0)
+        return N; /* dropless: a token picks an expert at most once */
+    const double cap = ceil((double)cfg->top_k * N * cfg->capacity_factor / cfg->n_experts);
+    return cap < N ? (int)cap : N;
+}
+
+/* ------------------------------------------------------ expert side */
+
+static int ep_of(const loco_gpt *m) {
+    return m->cfg.ep > 1 ? m->cfg.ep : 1;
+}
+
+/* Rows local expert j holds on the expert side. */
+static int expert_rows(const loco_gpt *m, const loco_gpt_layer_acts *la, int j) {
+    const int e = ep_of(m), El = m->cfg.n_experts / e;
+    if (e == 1)
+        return la->moe_count[j];
+    int r = 0;
+    for (int src = 0; src < e; src++)
+        r += la->moe_recv[src * El + j];
+    return r;
+}
+
+/* Regroups rows between source-major (as they travel: each source's
+ * rows for expert 0, 1, ...) and expert-major (as the experts compute:
+ * expert j's rows from source 0, 1, ...). */
+static void regroup(const loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const float *src,
+                    bool to_experts) {
+    const int e = ep_of(m), El = m->cfg.n_experts / e, C = m->cfg.n_embd;
+    const int32_t *recv = la->moe_recv;
+    size_t *at_src = m->moe->cursor, at = 0; /* each source's next row */
+    for (int x = 0; x < e; x++) {
+        at_src[x] = at;
+        for (int j = 0; j < El; j++)
+            at += (size_t)recv[x * El + j];
+    }
+    size_t at_exp = 0;
+    for (int j = 0; j < El; j++)
+        for (int x = 0; x < e; x++) {
+            const size_t rows = (size_t)recv[x * El + j], n = rows * C;
+            if (to_experts)
+                memcpy(dst + at_exp * C, src + at_src[x] * C, n * sizeof(float));
+            else
+                memcpy(dst + at_src[x] * C, src + at_exp * C, n * sizeof(float));
+            at_src[x] += rows;
+            at_exp += rows;
+        }
+}
+
+/* Floats of packed rows this rank sends each expert rank (sendc) and
+ * receives from each source rank (recvc) on the way out; the way back
+ * swaps them. */
+static void a2a_counts(loco_gpt *m, const loco_gpt_layer_acts *la) {
+    const int e = ep_of(m), El = m->cfg.n_experts / e, C = m->cfg.n_embd;
+    for (int x = 0; x < e; x++) {
+        size_t mine = 0, theirs = 0;
+        for (int j = 0; j < El; j++) {
+            mine += (size_t)la->moe_count[x * El + j];
+            theirs += (size_t)la->moe_recv[x * El + j];
+        }
+        m->moe->sendc[x] = mine * C;
+        m->moe->recvc[x] = theirs * C;
+    }
+}
+
+/* Packed rows (n, C) at `src` -> their experts' ranks, expert-major at
+ * `dst`; (`back`) expert-major rows at `src` -> their sources' packed
+ * rows at `dst`. */
+static int travel(loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const float *src,
+                  bool back) {
+    loco_comm *c = m->par.ep;
+    a2a_counts(m, la);
+    const int me = loco_comm_rank(c);
+    for (int x = 0; x < ep_of(m); x++) /* what leaves this rank */
+        if (x != me)
+            m->moe->bytes += (double)(back ? m->moe->recvc[x] : m->moe->sendc[x]) * sizeof(float);
+    if (!back) {
+        LOCO_CHECK(loco_comm_alltoallv(c, src, m->moe->sendc, m->s.moe_xfer, m->moe->recvc,
+                                       LOCO_DT_F32));
+        regroup(m, la, dst, m->s.moe_xfer, true);
+        return 0;
+    }
+    regroup(m, la, m->s.moe_xfer, src, false);
+    return loco_comm_alltoallv(c, m->s.moe_xfer, m->moe->recvc, dst, m->moe->sendc, LOCO_DT_F32);
+}
+
+/* The local experts over their rows: xo -> h, hg -> yo. */
+static void experts_fwd(loco_gpt *m, const loco_gpt_block *w, const loco_gpt_layer_acts *la,
+                        float *yo) {
+    const int C = m->cfg.n_embd, El = m->cfg.n_experts / ep_of(m);
+    for (int j = 0, r = 0; j < El; r += expert_rows(m, la, j++)) {
+        const int rows = expert_rows(m, la, j);
+        if (rows == 0)
+            continue;
+        const loco_gpt_expert x = loco_gpt_expert_at(w->experts, C, j);
+        float *h = la->moe_h + (size_t)r * 4 * C, *hg = la->moe_hg + (size_t)r * 4 * C;
+        loco_matmul_fwd(h, la->moe_xo + (size_t)r * C, x.fcw, x.fcb, rows, C, 4 * C, false);
+        loco_gelu_fwd(hg, h, (size_t)rows * 4 * C);
+        loco_matmul_fwd(yo + (size_t)r * C, hg, x.projw, x.projb, rows, 4 * C, C, false);
+    }
+}
+
+/* Their backward: dyo -> dxo, and every local expert's gradients. */
+static void experts_bwd(loco_gpt *m, int l, const loco_gpt_layer_acts *la, const float *dyo,
+                        float *dxo) {
+    const int C = m->cfg.n_embd, El = m->cfg.n_experts / ep_of(m);
+    const loco_gpt_block *w = &m->p.h[l], *g = &m->g.h[l];
+    loco_gpt_scratch *s = &m->s;
+    for (int j = 0, r = 0; j < El; r += expert_rows(m, la, j++)) {
+        const int rows = expert_rows(m, la, j);
+        if (rows == 0)
+            continue;
+        const loco_gpt_expert x = loco_gpt_expert_at(w->experts, C, j);
+        const loco_gpt_expert gx = loco_gpt_expert_at(g->experts, C, j);
+        const size_t at = (size_t)r * 4 * C;
+        float *dhg = s->moe_dhg + at, *dh = s->moe_dh + at;
+        memset(dhg, 0, (size_t)rows * 4 * C * sizeof(float));
+        memset(dh, 0, (size_t)rows * 4 * C * sizeof(float));
+        loco_matmul_bwd(dhg, gx.projw, gx.projb, dyo + (size_t)r * C, la->moe_hg + at, x.projw,
+                        rows, 4 * C, C, false);
+        loco_gelu_bwd(dh, la->moe_h + at, dhg, (size_t)rows * 4 * C);
+        memset(dxo + (size_t)r * C, 0, (size_t)rows * C * sizeof(float));
+        loco_matmul_bwd(dxo + (size_t)r * C, gx.fcw, gx.fcb, dh, la->moe_xo + (size_t)r * C, x.fcw,
+                        rows, C, 4 * C, false);
+    }
+}
+
+/* --------------------------------------------------------------- passes */
+
+int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la) {
+    const loco_gpt_config *cfg = &m->cfg;
+    const loco_gpt_block *w = &m->p.h[l];
+    const int N = (int)d->N, C = d->C, E = cfg->n_experts, k = cfg->top_k;
+    loco_matmul_fwd(la->moe_probs, la->ln2, w->routerw, NULL, N, C, E, true);
+    loco_moe_route(la->moe_probs, la->moe_lse, la->moe_expert, la->moe_weight, la->moe_probs, N, E,
+                   k);
+    const int n = loco_moe_plan(la->moe_slot, la->moe_rows, la->moe_count, la->moe_routed,
+                                la->moe_expert, la->moe_probs, N, E, k, capacity(cfg, N),
+                                m->s.moe_plan);
+    loco_moe_gather(la->moe_x, la->ln2, la->moe_rows, n, C);
+    if (ep_of(m) == 1) {
+        experts_fwd(m, w, la, la->moe_y);
+    } else {
+        const int El = E / ep_of(m);
+        LOCO_CHECK(loco_comm_alltoall(m->par.ep, la->moe_count, la->moe_recv, (size_t)El,
+                                      LOCO_DT_I32));
+        LOCO_CHECK(travel(m, la, la->moe_xo, la->moe_x, false));
+        experts_fwd(m, w, la, m->s.moe_yo);
+        LOCO_CHECK(travel(m, la, la->moe_y, m->s.moe_yo, true));
+    }
+    loco_moe_combine(la->fcproj, la->moe_y, la->moe_slot, la->moe_weight, N, k, C);
+    if (m->rerun || !m->moe)
+        return 0;
+    /* What this micro-batch routed, for metrics. */
+    struct loco_gpt_moe *s = m->moe;
+    const int i = s->index[l];
+    double aux, z;
+    loco_moe_losses(&aux, &z, la->moe_probs, la->moe_lse, la->moe_routed, N, E, k);
+    for (int e = 0; e < E; e++)
+        s->routed[(size_t)i * E + e] += la->moe_routed[e];
+    s->assignments[i] += (int64_t)N * k;
+    s->dropped[i] += (int64_t)N * k - n;
+    s->aux[i] += aux;
+    s->z[i] += z;
+    s->micro[i]++;
+    return 0;
+}
+
+/* From s.dres, the gradient of the MoE output: the gradient of its input
+ * (the ln_2 output) into s.dbtc, and every router and local expert
+ * gradient. */
+int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la) {
+    const loco_gpt_config *cfg = &m->cfg;
+    const loco_gpt_block *w = &m->p.h[l];
+    loco_gpt_block *g = &m->g.h[l];
+    loco_gpt_scratch *s = &m->s;
+    const int N = (int)d->N, C = d->C, E = cfg->n_experts, k = cfg->top_k;
+    loco_moe_combine_bwd(s->moe_dy, s->moe_dweight, s->dres, la->moe_y, la->moe_slot,
+                         la->moe_weight, N, k, C);
+    const float *dxe = s->moe_dx; /* the packed rows' input gradients */
+    if (ep_of(m) == 1) {
+        experts_bwd(m, l, la, s->moe_dy, s->moe_dx);
+    } else {
+        LOCO_CHECK(travel(m, la, s->moe_yo, s->moe_dy, false));
+        experts_bwd(m, l, la, s->moe_yo, s->moe_dx);
+        LOCO_CHECK(travel(m, la, s->moe_dy, s->moe_dx, true));
+        dxe = s->moe_dy;
+    }
+    memset(s->dbtc, 0, (size_t)N * C * sizeof(float));
+    loco_moe_gather_bwd(s->dbtc, dxe, la->moe_slot, N, k, C);
+    loco_moe_route_bwd(s->moe_dlogits, s->moe_dweight, la->moe_probs, la->moe_lse, la->moe_expert,
+                       la->moe_weight, la->moe_routed, N, E, k, cfg->aux_loss, cfg->z_loss,
+                       m->loss_scale);
+    loco_matmul_bwd(s->dbtc, g->routerw, NULL, s->moe_dlogits, la->ln2, w->routerw, N, C, E, true);
+    return 0;
+}
