@@ -1,7 +1,10 @@
 /* The object store: whole objects at plain paths, file:// URLs (POSIX, so
  * that a put is atomic: libcurl's FILE protocol writes in place) and
  * http(s):// URLs through libcurl, with WebDAV's MKCOL where a server wants
- * collections created before a PUT. */
+ * collections created before a PUT.
+ *
+ * One file: the three stores (paths, file://, WebDAV over libcurl) share the
+ * atomic put, the listing and the retry rules; each is a few functions. */
 #include "core/core.h"
 
 #include <curl/curl.h>

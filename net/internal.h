@@ -186,8 +186,5 @@ int loco__net_check_own_cert(const loco_net_params *p);
 /* "2026-11-30 12:00:00 UTC" ("?" when t is NULL or unreadable). */
 void loco__asn1_time_str(const ASN1_TIME *t, char *buf, size_t cap);
 
-/* Test hook: writes raw bytes on one stream of a link, bypassing the sender
- * thread and every check (tests forge frames with it). */
-int loco__link_write_raw(loco_link *l, int stream, const void *buf, size_t len);
 
 #endif /* LOCO_NET_INTERNAL_H */

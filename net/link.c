@@ -6,7 +6,10 @@
  *
  * Frame s of a link goes on stream s % N, so each stream carries every N-th
  * frame in order and the receiver, taking frames from stream (next % N),
- * hands them out in send order. */
+ * hands them out in send order.
+ *
+ * One file: a link's send path, its state machine and its teardown share
+ * the link's lock; the receive path is link_recv.c. */
 #include "net/link_internal.h"
 
 #include <errno.h>
@@ -504,7 +507,7 @@ void loco_link_set_faults(loco_link *l, const loco_link_faults *f) {
     pthread_mutex_unlock(&l->mu);
 }
 
-int loco__link_write_raw(loco_link *l, int stream_index, const void *buf, size_t len) {
+int loco_link_write_raw(loco_link *l, int stream_index, const void *buf, size_t len) {
     if (!l || stream_index < 0 || stream_index >= l->n)
         return LOCO_ERR(LOCO_EINVAL, "net: raw write: bad stream");
     return loco__conn_io(l->s[stream_index].conn, (void *)buf, len, true, loco_now() + io_idle(l),

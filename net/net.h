@@ -352,4 +352,11 @@ void loco_link_abort(loco_link *l);
 /* Closes if needed and frees. No other call on l may run. Accepts NULL. */
 void loco_link_destroy(loco_link *l);
 
+/* The adversary's hook: writes raw bytes on one stream of link l, bypassing
+ * the sender thread and every check, so tests and experiments can forge
+ * and garble frames as a hostile peer would. 0, or < 0 when the write
+ * fails. Never used by the library itself. */
+int loco_link_write_raw(loco_link *l, int stream, const void *buf, size_t len);
+
+
 #endif /* LOCO_NET_H */

@@ -1,6 +1,9 @@
 /* Byte-level BPE: the vocabulary tables, GPT-2's pre-tokenisation through
  * PCRE2, the per-piece merge loop (a min-heap of adjacent pairs keyed by
- * merge rank, leftmost first on ties) with a cache of pieces, and decoding. */
+ * merge rank, leftmost first on ties) with a cache of pieces, and decoding.
+ *
+ * One file: the vocabulary, merges and piece cache are one structure that
+ * loading, encoding and decoding all read; training is in its own functions. */
 #include "tokenizer/internal.h"
 
 #include <omp.h>

@@ -22,7 +22,11 @@
  *
  * Which ranges form a bucket, and when each starts, is the ZeRO plan's
  * (zero_plan.c), walked by zero_exec.c for the hooks; this file is the
- * host executor: its ops move host buffers over the dp communicator. */
+ * host executor: its ops move host buffers over the dp communicator.
+ *
+ * One file: the host executor of the ZeRO plan (zero_plan.c, zero_exec.c):
+ * its ops table, the pipeline's range reductions and the sharded AdamW step
+ * share the one state they all move. */
 #include "inner/parallel/parallel.h"
 #include "kernels/kernels.h"
 

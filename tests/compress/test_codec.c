@@ -1,6 +1,8 @@
 /* The codec handle end to end: encode → chunks → decode-accumulate, error
  * feedback over 100 rounds, bit-identical output for 1 and 2 workers, the
- * zstd=auto decision, size bounds, config keys and allocation failures. */
+ * zstd=auto decision, size bounds, config keys and allocation failures.
+ *
+ * One file: every test drives the one codec handle through its public calls. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>

@@ -6,9 +6,10 @@
  * epoch already past; every member hanging up. The coordinator runs in
  * this process, or as `loco coordinator` where its memory is measured (TLS
  * on loopback): its memory stays small, it refuses what it must, and the
- * islands that behave still run to the end (it ends the run cleanly). */
+ * islands that behave still run to the end (it ends the run cleanly).
+ *
+ * One file: the adversaries share one forged-peer harness. */
 #include "faulttol/faulttol.h"
-#include "net/internal.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -258,7 +259,7 @@ static int claim(loco_link *l, int st, uint64_t len) {
     loco_frame_hdr h = {.type = LOCO_FRAME_REGISTER, .seq = (uint64_t)st, .payload_len = len};
     uint8_t b[LOCO_FRAME_HEADER_BYTES];
     cr_assert_eq(loco_frame_encode_header(b, &h, UINT64_MAX), 0);
-    return loco__link_write_raw(l, st, b, sizeof b);
+    return loco_link_write_raw(l, st, b, sizeof b);
 }
 
 /* Resident memory of a process (/proc/PID/status, VmRSS). */
@@ -319,7 +320,7 @@ Test(adversary, claimed_payloads_cost_nothing_and_a_hang_up_mid_frame_is_survive
     memset(some, 'x', sizeof some);
     loco_link_destroy(wide);
     for (int i = 0; i < CLAIM_LINKS; i++) {
-        (void)loco__link_write_raw(l[i], 0, some, sizeof some);
+        (void)loco_link_write_raw(l[i], 0, some, sizeof some);
         loco_link_abort(l[i]);
         loco_link_destroy(l[i]);
     }
@@ -351,10 +352,10 @@ static void come_and_go(loco_rng *r) {
     switch (how) {
     case 1: /* nothing at all */ break;
     case 2: /* part of a header */
-        (void)loco__link_write_raw(l, 0, junk, 1 + loco_rng_u64(r) % 95);
+        (void)loco_link_write_raw(l, 0, junk, 1 + loco_rng_u64(r) % 95);
         break;
     case 3: /* garbage where a header belongs */
-        (void)loco__link_write_raw(l, 0, junk, sizeof junk);
+        (void)loco_link_write_raw(l, 0, junk, sizeof junk);
         break;
     case 4: /* a REGISTER that is not JSON */ (void)loco_link_send(l, &h, junk, sizeof junk); break;
     case 5: /* anything but a REGISTER */
@@ -363,7 +364,7 @@ static void come_and_go(loco_rng *r) {
         break;
     default: /* a REGISTER header and part of its payload */
         (void)claim(l, 0, 5000);
-        (void)loco__link_write_raw(l, 0, junk, loco_rng_u64(r) % sizeof junk);
+        (void)loco_link_write_raw(l, 0, junk, loco_rng_u64(r) % sizeof junk);
         break;
     }
     sleep_ms((int)(loco_rng_u64(r) % 4));

@@ -5,7 +5,9 @@
  * within the configured bound, no corrupted or stale frame is applied
  * (that would break the agreement the coordinator checks every step), and
  * the final loss is the fault-free run's: bit for bit where no island
- * missed a step, near it where one did (loss_near_baseline). */
+ * missed a step, near it where one did (loss_near_baseline).
+ *
+ * One file: the scenarios share the one fault-free baseline run. */
 #include "tests/support.h"
 #include "core/core.h"
 

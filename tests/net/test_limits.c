@@ -46,7 +46,7 @@ Test(net_limits, a_claimed_length_costs_only_the_bytes_that_arrive) {
         h.payload_len = claim;
         uint8_t b[LOCO_FRAME_HEADER_BYTES];
         cr_assert_eq(loco_frame_encode_header(b, &h, claim), 0);
-        cr_assert_eq(loco__link_write_raw(pr.client, st, b, sizeof b), 0, "%s", loco_errmsg());
+        cr_assert_eq(loco_link_write_raw(pr.client, st, b, sizeof b), 0, "%s", loco_errmsg());
     }
     /* 8 x 64 MiB claimed: the budget (4 x 64 MiB) reserves three or four
      * (frames ahead of the next one leave room for it), and each of those
@@ -60,7 +60,7 @@ Test(net_limits, a_claimed_length_costs_only_the_bytes_that_arrive) {
     /* 3 MiB of the first frame arrive: the buffer follows them. */
     const size_t part = 3 << 20;
     uint8_t *bytes = calloc(1, part);
-    cr_assert_eq(loco__link_write_raw(pr.client, 0, bytes, part), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_link_write_raw(pr.client, 0, bytes, part), 0, "%s", loco_errmsg());
     free(bytes);
     sleep_ms(300);
     cr_expect_lt(live_mib(live0), 16.0, "%.2f MiB for 3 MiB received", live_mib(live0));

@@ -2,7 +2,9 @@
  * to a few MB in order with their checksums, peer names from certificates,
  * every handshake refusal (other CA, no certificate, expired, garbage, wrong
  * peer) with the listener going on, forged frames refused and the link
- * dropped, orderly close, and the certificates themselves. */
+ * dropped, orderly close, and the certificates themselves.
+ *
+ * One file: every link test shares the loopback pair and certificate fixtures. */
 #include "tests/net/net_test.h"
 
 #include <arpa/inet.h>
@@ -532,7 +534,7 @@ static int forged(const uint8_t *bytes, size_t len, bool tls, uint64_t max_frame
     cp.streams = 1;
     t_pair pr;
     t_pair_open(&pr, &sp, &cp);
-    cr_assert_eq(loco__link_write_raw(pr.client, 0, bytes, len), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_link_write_raw(pr.client, 0, bytes, len), 0, "%s", loco_errmsg());
     loco_frame_hdr h;
     void *pl = NULL;
     const int rc = loco_link_recv(pr.server, &h, &pl, T_RECV_MS);
@@ -578,7 +580,7 @@ Test(net_link, oversized_length_is_refused_before_any_allocation) {
     /* The next loco_alloc in this process fails: if the reader allocated for
      * the claimed length, it would report LOCO_ENOMEM, not LOCO_EPROTO. */
     loco_alloc_fail_after(1);
-    cr_assert_eq(loco__link_write_raw(pr.client, 0, b, sizeof b), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_link_write_raw(pr.client, 0, b, sizeof b), 0, "%s", loco_errmsg());
     loco_frame_hdr got;
     void *pl = NULL;
     cr_assert_eq(loco_link_recv(pr.server, &got, &pl, T_RECV_MS), LOCO_EPROTO);

@@ -1,7 +1,9 @@
 /* Token-shard loader, writer and byte-level prep: batches against windows
  * computed here from the known token sequences, rank striding, resume via
  * tell/seek, and every malformed-shard path returning an error that names
- * the file. Each test works in its own mkdtemp directory. */
+ * the file. Each test works in its own mkdtemp directory.
+ *
+ * One file: the loader and the shard writer tested against each other. */
 #include "inner/data/data.h"
 
 #include <criterion/criterion.h>
