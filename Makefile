@@ -57,8 +57,14 @@ LIB     := $(BUILD)/libloco.a
 BIN     := $(BUILD)/loco
 TESTBIN := $(BUILD)/tests/loco_tests
 
-.PHONY: all run test bench asan tsan clean format deps data data-bpe cuda fuzz print-ldlibs
-all: $(BIN) cuda
+.PHONY: all rooms run test bench asan tsan clean format deps data data-bpe cuda fuzz print-ldlibs
+all: rooms $(BIN) cuda
+
+# The house's rules (docs/ARCHITECTURE.md's rooms table) against the code:
+# a file that includes another room's internal header, or a room that
+# includes one above it, fails the build.
+rooms:
+	@bash scripts/check-rooms.sh
 
 # V=1 shows full commands.
 Q := $(if $(V),,@)
