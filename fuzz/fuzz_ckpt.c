@@ -18,7 +18,8 @@ static char ck[128];
 static void *orig; /* the state.json written with the checkpoint */
 static size_t orig_len;
 static loco_config cfg;
-static loco_gpt m;
+static loco_gpt *m;
+static size_t n; /* parameters */
 static loco_adamw opt;
 static float *before; /* params, then m and v of the optimizer */
 
@@ -34,18 +35,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (loco_config_load(&cfg, path))
             abort();
         const loco_gpt_config mc = loco_gpt_config_from(&cfg);
-        if (loco_gpt_init(&m, &mc, 1, 4) || loco_adamw_init(&opt, m.n_params, &cfg))
+        if (loco_gpt_create(&m, &mc, 1, 4))
             abort();
-        before = malloc(3 * m.n_params * sizeof *before);
+        n = loco_gpt_num_params(m);
+        if (loco_adamw_init(&opt, n, &cfg))
+            abort();
+        before = malloc(3 * n * sizeof *before);
         if (!before)
             abort();
-        for (size_t i = 0; i < 3 * m.n_params; i++)
+        for (size_t i = 0; i < 3 * n; i++)
             before[i] = (float)i;
     }
-    const size_t bytes = m.n_params * sizeof *before;
-    memcpy(m.params, before, bytes);
-    memcpy(opt.m, before + m.n_params, bytes);
-    memcpy(opt.v, before + 2 * m.n_params, bytes);
+    const size_t bytes = n * sizeof *before;
+    memcpy(loco_gpt_params(m), before, bytes);
+    memcpy(opt.m, before + n, bytes);
+    memcpy(opt.v, before + 2 * n, bytes);
     fuzz_write(ck, "state.json", data, size, path, sizeof path);
     char why[256];
     const int rc = loco_ckpt_verify(ck, why, sizeof why);
@@ -57,15 +61,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();
     }
     loco_ckpt_state st;
-    const int lrc = loco_ckpt_load(ck, &cfg, &m, &opt, &st);
+    const int lrc = loco_ckpt_load(ck, &cfg, m, &opt, &st);
     /* verify checks the optimizer only when state.json lists it; load
      * with an optimizer needs it: load may refuse what verify passed. */
     if ((lrc == 0 && rc != 0) || (same && lrc != 0)) {
         fprintf(stderr, "fuzz_ckpt: verify %d (%s), load %d (%s)\n", rc, why, lrc, loco_errmsg());
         abort(); /* load took what verify refused */
     }
-    if (lrc != 0 && (memcmp(m.params, before, bytes) || memcmp(opt.m, before + m.n_params, bytes) ||
-                     memcmp(opt.v, before + 2 * m.n_params, bytes)))
+    if (lrc != 0 && (memcmp(loco_gpt_params(m), before, bytes) || memcmp(opt.m, before + n, bytes) ||
+                     memcmp(opt.v, before + 2 * n, bytes)))
         abort(); /* a refused checkpoint touched the model or the optimizer */
     loco_err_clear();
     return 0;
