@@ -57,59 +57,51 @@ static void not_believed(loco_coord *c, int i, int64_t step) {
 
 /* ----------------------------------------------------------- registering */
 
-/* What a REGISTER says, checked. Strings point into the parsed JSON. */
+/* A parsed REGISTER and the island it names. */
 typedef struct {
+    loco__register_msg msg;
     int id; /* its site's place in outer.sites */
-    const char *site, *mesh;
-    const cJSON *ranks;
-    int n_ranks;
-    uint64_t model_hash, inc;
-    loco_island_progress reg;
 } register_msg;
 
-/* Reads the REGISTER payload into m (root: its parsed JSON, which the
- * caller deletes, also after an error) and checks it against the run: its
- * site and certificate, the mesh and model of the islands before it.
+/* Reads the REGISTER payload into m (m->msg.root: its parsed JSON, which
+ * the caller deletes, also after an error) and checks it against the run:
+ * its site and certificate, the mesh and model of the islands before it.
  * 0, or -1 with the reason for the island in why. */
 static int parse_register(const loco_coord *c, const loco_link *l, const char *json, size_t len,
-                          cJSON **root, register_msg *m, char *why, size_t cap) {
-    loco__register_msg p;
-    const int prc = loco__coord_register_parse(&p, json, len);
-    *root = p.root;
-    if (prc < 0) {
+                          register_msg *m, char *why, size_t cap) {
+    m->id = -1;
+    if (loco__coord_register_parse(&m->msg, json, len) < 0) {
         snprintf(why, cap, "malformed REGISTER");
         return -1;
     }
-    const int nr = p.n_ranks;
-    *m = (register_msg){.id = -1, .site = p.site, .mesh = p.mesh, .ranks = p.ranks,
-                        .n_ranks = nr, .model_hash = p.model_hash, .inc = p.inc, .reg = p.reg};
+    const int nr = m->msg.n_ranks;
     for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->sites[i], m->site))
+        if (!strcmp(c->sites[i], m->msg.site))
             m->id = i;
     if (m->id < 0) {
-        snprintf(why, cap, "site '%.64s' is not in this run's outer.sites (%.300s)", m->site,
+        snprintf(why, cap, "site '%.64s' is not in this run's outer.sites (%.300s)", m->msg.site,
                  c->cfg.outer.sites);
         return -1;
     }
-    if (strcmp(loco_link_peer_name(l), m->site)) {
-        snprintf(why, cap, "site '%.64s' registered with the certificate of '%.64s'", m->site,
+    if (strcmp(loco_link_peer_name(l), m->msg.site)) {
+        snprintf(why, cap, "site '%.64s' registered with the certificate of '%.64s'", m->msg.site,
                  loco_link_peer_name(l));
         return -1;
     }
     if (!c->have_ref)
         return 0;
-    if (strcmp(c->ref_mesh, m->mesh) || c->ref_ranks != nr) {
+    if (strcmp(c->ref_mesh, m->msg.mesh) || c->ref_ranks != nr) {
         snprintf(why, cap,
                  "mesh of '%.64s' (%.150s, %d ranks) differs from the run's (%.150s, %d "
                  "ranks); islands of one run need the same mesh",
-                 m->site, m->mesh, nr, c->ref_mesh, c->ref_ranks);
+                 m->msg.site, m->msg.mesh, nr, c->ref_mesh, c->ref_ranks);
         return -1;
     }
-    if (c->ref_model != m->model_hash) {
+    if (c->ref_model != m->msg.model_hash) {
         snprintf(why, cap,
                  "'%.64s' has another [model]/[outer]/[compress] configuration than the "
                  "islands before it",
-                 m->site);
+                 m->msg.site);
         return -1;
     }
     return 0;
@@ -123,7 +115,7 @@ static int register_again(loco_coord *c, loco_link *l, const register_msg *m) {
     loco__coord_retire_link(is);
     loco_link_destroy(is->link);
     is->link = l;
-    is->reg = m->reg;
+    is->reg = m->msg.reg;
     /* Its silence while it reconnected ends with this REGISTER. */
     loco__coord_heard_now(is, loco_now());
     c->n_registrations++;
@@ -131,16 +123,16 @@ static int register_again(loco_coord *c, loco_link *l, const register_msg *m) {
     snprintf(ack, sizeof ack, "{\"island_id\":%d}", m->id);
     loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
     if (c->started && is->status == MEMBER &&
-        claims_beyond(&m->reg, c->committed, c->committed_hash, c->epoch)) {
+        claims_beyond(&m->msg.reg, c->committed, c->committed_hash, c->epoch)) {
         /* The same process cannot hold what this coordinator never
          * committed: it is not taken at its word, and fetches the state. */
         char reason[256];
-        beyond_reason(&m->reg, reason, sizeof reason);
+        beyond_reason(&m->msg.reg, reason, sizeof reason);
         const int rc = loco__coord_island_out(c, m->id, reason);
         return rc < 0 ? rc : 1;
     }
-    if (c->started && is->status == MEMBER && m->reg.committed == c->committed - 1 &&
-        m->reg.pending == c->committed && m->reg.pending_hash == c->committed_hash) {
+    if (c->started && is->status == MEMBER && m->msg.reg.committed == c->committed - 1 &&
+        m->msg.reg.pending == c->committed && m->msg.reg.pending_hash == c->committed_hash) {
         /* It finished the step the others committed; its COMMIT went
          * to the link it lost. */
         char json[160], hh[17];
@@ -165,7 +157,7 @@ static int register_again(loco_coord *c, loco_link *l, const register_msg *m) {
 static int register_new(loco_coord *c, loco_link *l, const register_msg *m, char *why,
                         size_t cap) {
     island *is = &c->isl[m->id];
-    const int nr = m->n_ranks;
+    const int nr = m->msg.n_ranks;
     const double beat = (double)c->cfg.faulttol.heartbeat_ms;
     int rc = 0;
     loco_phi_detector phi = {0};
@@ -180,7 +172,7 @@ static int register_new(loco_coord *c, loco_link *l, const register_msg *m, char
         goto out_free_addrs;
     }
     for (int r = 0; r < nr; r++) {
-        const cJSON *a = cJSON_GetArrayItem(m->ranks, r);
+        const cJSON *a = cJSON_GetArrayItem(m->msg.ranks, r);
         snprintf(addrs[r], LOCO_ADDR_MAX, "%s", cJSON_IsString(a) ? a->valuestring : "");
     }
     if (is->link) {
@@ -193,30 +185,30 @@ static int register_new(loco_coord *c, loco_link *l, const register_msg *m, char
     is->phi = phi;
     loco_phi_start(&is->phi, loco_now());
     is->link = l;
-    is->inc = m->inc;
+    is->inc = m->msg.inc;
     is->n_ranks = nr;
-    is->reg = m->reg;
+    is->reg = m->msg.reg;
     is->status = OUT;
     is->bye = false;
     c->n_registrations++;
     if (!c->have_ref) {
         c->have_ref = true;
-        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", m->mesh);
+        snprintf(c->ref_mesh, sizeof c->ref_mesh, "%s", m->msg.mesh);
         c->ref_ranks = nr;
-        c->ref_model = m->model_hash;
+        c->ref_model = m->msg.model_hash;
     }
     if (!c->first_reg)
         c->first_reg = loco_now();
     char ack[64];
     snprintf(ack, sizeof ack, "{\"island_id\":%d}", m->id);
     loco_info("coordinator: island %d = %s registered (%s, %d ranks, committed outer step %lld)",
-              m->id, c->sites[m->id], c->ref_mesh, nr, (long long)m->reg.committed);
+              m->id, c->sites[m->id], c->ref_mesh, nr, (long long)m->msg.reg.committed);
     loco__coord_event(c, "\"kind\":\"register\",\"site\":\"%s\",\"committed\":%lld",
-                      c->sites[m->id], (long long)m->reg.committed);
+                      c->sites[m->id], (long long)m->msg.reg.committed);
     /* A link that fails from here on is noticed when it is next read. */
     loco__coord_send_json(l, LOCO_FRAME_ACK, c->epoch, ack);
     /* Like any new process it rejoins; what it claims moves nothing. */
-    if (c->started && claims_beyond(&m->reg, c->committed, c->committed_hash, c->epoch))
+    if (c->started && claims_beyond(&m->msg.reg, c->committed, c->committed_hash, c->epoch))
         not_believed(c, m->id, c->committed);
     if (c->started && loco__coord_send_join(c, m->id) < 0) /* the run goes on: it rejoins */
         loco_warn("coordinator: %s", loco_errmsg());
@@ -234,19 +226,18 @@ out:
  * stop. */
 static int handle_register(loco_coord *c, loco_link *l, const char *json, size_t len,
                            char *why_out, size_t why_cap) {
-    cJSON *j = NULL;
     register_msg m;
     int rc = 0;
-    if (parse_register(c, l, json, len, &j, &m, why_out, why_cap) < 0)
+    if (parse_register(c, l, json, len, &m, why_out, why_cap) < 0)
         goto out_free_json;
-    loco__coord_adopt_end(c, m.site, m.reg.end_step);
+    loco__coord_adopt_end(c, m.msg.site, m.msg.reg.end_step);
     const island *is = &c->isl[m.id];
-    if (is->link && is->inc == m.inc)
+    if (is->link && is->inc == m.msg.inc)
         rc = register_again(c, l, &m);
     else
         rc = register_new(c, l, &m, why_out, why_cap);
 out_free_json:
-    cJSON_Delete(j);
+    cJSON_Delete(m.msg.root);
     return rc;
 }
 

@@ -170,6 +170,7 @@ Test(metrics_http, survives_garbage_stalls_and_floods) {
         const int c = connect(idle[i], (struct sockaddr *)&a, sizeof a);
         cr_assert(c == 0 || errno == EINPROGRESS, "connect: %s", strerror(errno));
     }
+    /* the event is the server holding its limit; the sleep paces the check */
     while (cli_metrics_connections(srv) < CLI_METRICS_MAX_CONNECTIONS)
         loco_sleep_ms(1);
     cr_expect_eq(cli_metrics_connections(srv), CLI_METRICS_MAX_CONNECTIONS, "over the limit");
