@@ -507,49 +507,83 @@ int loco_fault_cycles(cJSON *const *ev, int nev, loco_fault_cycle *out, int cap)
 
 /* ------------------------------------------------------- the timeline */
 
-static int cmp_t(const void *a, const void *b) {
-    double x = jt(*(cJSON *const *)a), y = jt(*(cJSON *const *)b);
-    return (x > y) - (x < y);
+/* Sorts events by time, keeping the file order of events of equal time:
+ * a merge sort (qsort is not stable). */
+static int sort_by_time(cJSON **ev, int n, const char *path) {
+    cJSON **tmp = malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
+    if (!tmp)
+        return LOCO_ERR(LOCO_ENOMEM, "%s: sorting %d events", path, n);
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            const int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                tmp[k++] = jt(ev[j]) < jt(ev[i]) ? ev[j++] : ev[i++];
+            while (i < mid)
+                tmp[k++] = ev[i++];
+            while (j < hi)
+                tmp[k++] = ev[j++];
+        }
+        memcpy(ev, tmp, (size_t)n * sizeof *tmp);
+    }
+    free(tmp);
+    return 0;
 }
 
-int loco_events_load(const char *path, cJSON ***ev, int *nev) {
+/* Appends event j to *ev (taking it); LOCO_ENOMEM leaves j to the caller. */
+static int push_event(cJSON ***ev, int *nev, int *cap, cJSON *j, const char *path) {
+    if (*nev == *cap) {
+        const int c = *cap ? 2 * *cap : 64;
+        cJSON **g = realloc(*ev, (size_t)c * sizeof *g);
+        if (!g)
+            return LOCO_ERR(LOCO_ENOMEM, "%s: events", path);
+        *ev = g;
+        *cap = c;
+    }
+    (*ev)[(*nev)++] = j;
+    return 0;
+}
+
+int loco_events_load(const char *path, cJSON ***ev, int *nev, loco_events_skip_fn skip,
+                     void *arg) {
     *ev = NULL;
     *nev = 0;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return LOCO_ERR(LOCO_EIO, "%s: cannot open", path);
-    char line[4096];
+    void *data;
+    size_t len;
+    LOCO_CHECK(loco_file_read(path, &data, &len)); /* LOCO_EIO naming the file */
+    const char *s = data, *end = s + len;
     int cap = 0, rc = 0;
-    while (fgets(line, sizeof line, f)) {
-        cJSON *j = cJSON_Parse(line);
-        if (!cJSON_IsObject(j) || isnan(jt(j))) {
-            cJSON_Delete(j); /* a torn last line or a stray one: skipped */
-            continue;
-        }
-        if (*nev == cap) {
-            cap = cap ? 2 * cap : 64;
-            cJSON **g = realloc(*ev, (size_t)cap * sizeof *g);
-            if (!g) {
+    for (int line = 1; s < end && rc == 0; line++) {
+        const char *nl = memchr(s, '\n', (size_t)(end - s));
+        const char *e = nl ? nl : end;
+        const char *p = s;
+        while (p < e && (*p == ' ' || *p == '\t' || *p == '\r'))
+            p++;
+        if (p < e) {
+            cJSON *j = cJSON_ParseWithLength(s, (size_t)(e - s));
+            const char *why = !cJSON_IsObject(j) ? "not a JSON object"
+                              : isnan(jt(j)) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "kind"))
+                                  ? "an event without a numeric \"t\" and a \"kind\""
+                                  : NULL;
+            if (why) {
+                if (skip)
+                    skip(arg, path, line, why);
                 cJSON_Delete(j);
-                rc = LOCO_ERR(LOCO_ENOMEM, "%s: events", path);
-                break;
+            } else if ((rc = push_event(ev, nev, &cap, j, path)) < 0) {
+                cJSON_Delete(j);
             }
-            *ev = g;
         }
-        (*ev)[(*nev)++] = j;
+        s = e + 1;
     }
-    fclose(f);
+    loco_free(data);
+    if (rc == 0)
+        rc = sort_by_time(*ev, *nev, path);
     if (rc < 0) {
         loco_events_free(*ev, *nev);
         *ev = NULL;
         *nev = 0;
-        return rc;
     }
-    /* Writers append in their own order; the timeline is by time (stable
-     * enough: events of one writer are already in order). */
-    if (*nev > 1)
-        qsort(*ev, (size_t)*nev, sizeof **ev, cmp_t);
-    return 0;
+    return rc;
 }
 
 void loco_events_free(cJSON **ev, int nev) {
@@ -563,7 +597,7 @@ int loco_fault_cycles_open(const char *events_path, char *why, size_t cap) {
     int nev;
     if (why && cap)
         why[0] = '\0';
-    if (loco_events_load(events_path, &ev, &nev) < 0)
+    if (loco_events_load(events_path, &ev, &nev, NULL, NULL) < 0)
         return 0; /* no timeline: nothing was injected that it knows of */
     loco_fault_cycle cyc[LOCO_MAX_CYCLES];
     int n = loco_fault_cycles(ev, nev, cyc, LOCO_MAX_CYCLES), open = 0;
@@ -582,7 +616,7 @@ int loco_fault_cycles_print(const char *events_path, FILE *out, int *open) {
     cJSON **ev;
     int nev;
     *open = 0;
-    LOCO_CHECK(loco_events_load(events_path, &ev, &nev));
+    LOCO_CHECK(loco_events_load(events_path, &ev, &nev, NULL, NULL));
     loco_fault_cycle cyc[LOCO_MAX_CYCLES];
     int n = loco_fault_cycles(ev, nev, cyc, LOCO_MAX_CYCLES);
     double t0 = nev ? jt(ev[0]) : 0;

@@ -336,10 +336,17 @@ typedef struct {
  * and one per planned fault never injected (the start event's "planned").
  * At most cap; returns their count or LOCO_ENOMEM. */
 int loco_fault_cycles(cJSON *const *ev, int nev, loco_fault_cycle *out, int cap);
-/* Reads a timeline (events.jsonl): every object line with a time, sorted
- * by it; lines that do not parse are skipped. LOCO_EIO naming a missing
- * file. Free with loco_events_free. */
-int loco_events_load(const char *path, cJSON ***ev, int *nev);
+/* Told of each line of a timeline that loco_events_load skips (line is
+ * 1-based; why says what was wrong with it). */
+typedef void (*loco_events_skip_fn)(void *arg, const char *path, int line, const char *why);
+/* Reads a timeline (events.jsonl), the one reader of it: every object line
+ * with a numeric "t" and a "kind", sorted by time, events of equal time in
+ * file order (a fault and what it caused may share a timestamp). Other
+ * lines (a torn last line, a stray one) are skipped, and told to skip
+ * when it is not NULL. LOCO_EIO naming a missing file. Free with
+ * loco_events_free. */
+int loco_events_load(const char *path, cJSON ***ev, int *nev, loco_events_skip_fn skip,
+                     void *arg);
 void loco_events_free(cJSON **ev, int nev);
 /* How many injected faults of the timeline at events_path have an open
  * cycle that can still complete (0 when there is no timeline); why gets

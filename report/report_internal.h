@@ -89,7 +89,7 @@ typedef enum {
 typedef struct {
     const char *dir;
     cJSON **ev; /* the timeline, sorted by t (file order among equal times) */
-    int nev, capev;
+    int nev;
     const cJSON *start, *end; /* the first start, the last end; owned by ev[] */
     report_site *sites;       /* a multi-site run's: sorted by name unless the
                                  start event listed them */

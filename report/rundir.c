@@ -106,18 +106,6 @@ static double num_field(read_ctx *c, const cJSON *obj, const char *key, const ch
     return v->valuedouble;
 }
 
-static int event_line(void *ctx, const char *path, int lineno, cJSON *obj) {
-    read_ctx *c = ctx;
-    if (!isfinite(report_jt(obj)) || !report_jstr(obj, "kind")) {
-        report_warn(c->w, "%s:%d: event without a numeric \"t\" and a \"kind\" skipped", path,
-                    lineno);
-        return 0;
-    }
-    LOCO_CHECK(report_grow((void **)&c->r->ev, &c->r->capev, c->r->nev + 1, sizeof(cJSON *)));
-    c->r->ev[c->r->nev++] = obj;
-    return 1;
-}
-
 static int metrics_line(void *ctx, const char *path, int lineno, cJSON *obj) {
     read_ctx *c = ctx;
     report_site *s = c->s;
@@ -169,41 +157,21 @@ static int outer_line(void *ctx, const char *path, int lineno, cJSON *obj) {
 
 /* ------------------------------------------------------------- the run */
 
-/* Sorts events by time, keeping the file order of events of equal time (a
- * fault and what it caused may share a timestamp): a merge sort. */
-static int sort_events(cJSON **ev, int n) {
-    cJSON **tmp = loco_alloc((size_t)(n > 0 ? n : 1) * sizeof(cJSON *));
-    if (!tmp)
-        return LOCO_ERR(LOCO_ENOMEM, "report: sorting %d events", n);
-    for (int w = 1; w < n; w *= 2) {
-        for (int lo = 0; lo < n; lo += 2 * w) {
-            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                tmp[k++] = report_jt(ev[j]) < report_jt(ev[i]) ? ev[j++] : ev[i++];
-            while (i < mid)
-                tmp[k++] = ev[i++];
-            while (j < hi)
-                tmp[k++] = ev[j++];
-        }
-        memcpy(ev, tmp, (size_t)n * sizeof(cJSON *));
-    }
-    loco_free(tmp);
-    return 0;
+static void skipped_event(void *arg, const char *path, int line, const char *why) {
+    report_warn(arg, "%s:%d: malformed line skipped (%s)", path, line, why);
 }
 
-/* The timeline: LOCO_EIO when required and missing, else a warning. */
+/* The timeline, through faulttol's one reader of it: LOCO_EIO when
+ * required and missing, else a warning. */
 static int read_events(report_rundir *r, const char *path, bool required, warnings *w) {
     struct stat st;
     if (!required && stat(path, &st) != 0) {
         report_warn(w, "%s: missing; no wall time, config or commits from the timeline", path);
         return 0;
     }
-    read_ctx c = {r, NULL, w};
-    LOCO_CHECK(read_jsonl(path, event_line, &c, w));
+    LOCO_CHECK(loco_events_load(path, &r->ev, &r->nev, skipped_event, w));
     if (required && r->nev == 0)
         return LOCO_ERR(LOCO_EPROTO, "%s: no events", path);
-    LOCO_CHECK(sort_events(r->ev, r->nev));
     for (int i = 0; i < r->nev; i++) {
         if (!r->start && report_jkind(r->ev[i], "start"))
             r->start = r->ev[i];
@@ -318,9 +286,7 @@ int report_rundir_load(report_rundir *r, const char *dir, report_run_kind kind, 
 }
 
 void report_rundir_fini(report_rundir *r) {
-    for (int i = 0; i < r->nev; i++)
-        cJSON_Delete(r->ev[i]);
-    loco_free(r->ev);
+    loco_events_free(r->ev, r->nev);
     for (int i = 0; r->sites && i < r->nsites; i++) {
         loco_free(r->sites[i].m);
         loco_free(r->sites[i].o);
