@@ -7,12 +7,10 @@
 #include "outer/outer.h"
 #include "report/report.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_SETS 256
@@ -177,31 +175,6 @@ static void on_signal(int sig) {
     stop_requested = 1;
 }
 
-/* The fault-free run of the same config and seed, in dir (reused when a
- * finished one is there). */
-static int run_baseline(const char *self, loco_launch_plan *plan, const char *dir) {
-    if (loco_launch_run_finished(dir)) {
-        printf("launch: reusing the fault-free baseline in %s\n", dir);
-        return 0;
-    }
-    printf("launch: fault-free baseline of the same config and seed first, in %s\n", dir);
-    fflush(stdout);
-    char *const *av = loco_launch_plan_baseline(plan, dir);
-    pid_t pid = fork();
-    if (pid < 0)
-        return LOCO_ERR(LOCO_EIO, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        execv(self, av);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return LOCO_ERR(LOCO_EPEER, "the fault-free baseline run in %s failed", dir);
-    return 0;
-}
-
 static int launch_run(const loco_config *c, loco_launch_plan *plan, const char *self,
                       const char *config, const char *host, int port, bool no_baseline,
                       const char *baseline);
@@ -261,16 +234,8 @@ static int launch_run(const loco_config *c, loco_launch_plan *plan, const char *
     const loco_config cfg = *c;
     const int K = loco_launch_plan_count(plan) - 1;
     int rc;
-    /* Certificates for the run, made once. */
-    if (cfg.net.tls && !cfg.net.cert[0]) {
-        char certs[LOCO_PATH_MAX + 16];
-        snprintf(certs, sizeof certs, "%s/certs", cfg.run.dir);
-        const char *names[LOCO_MAX_ISLANDS + 1];
-        for (int k = 0; k <= K; k++)
-            names[k] = loco_launch_plan_name(plan, k);
-        if ((rc = loco_net_make_certs_run(certs, names, K + 1, 30, cfg.net.run_id)) < 0)
-            return cli_fail(rc);
-    }
+    if ((rc = loco_launch_certs(plan, &cfg)) < 0)
+        return cli_fail(rc);
     if ((rc = loco_mkdirs(cfg.run.dir)) < 0)
         return cli_fail(rc);
     const bool with_report = loco_faults_active(&cfg) && !no_baseline;
@@ -278,26 +243,13 @@ static int launch_run(const loco_config *c, loco_launch_plan *plan, const char *
     snprintf(base_dir, sizeof base_dir, "%s", baseline ? baseline : "");
     if (with_report && !baseline)
         snprintf(base_dir, sizeof base_dir, "%s/baseline", cfg.run.dir);
-    if (with_report && (rc = run_baseline(self, plan, base_dir)) < 0)
+    if (with_report && (rc = loco_launch_baseline(plan, self, base_dir, stdout)) < 0)
         return cli_fail(rc);
     char events[LOCO_PATH_MAX + 32];
     snprintf(events, sizeof events, "%s/events.jsonl", cfg.run.dir);
-    /* A new timeline for this run (a baseline inside keeps its own). */
-    unlink(events);
+    if ((rc = loco_launch_start(plan, &cfg, config, events)) < 0)
+        return cli_fail(rc);
     setenv("LOCO_EVENTS", events, 1);
-    {
-        char list[LOCO_MAX_ISLANDS * 72] = "";
-        size_t o = 0;
-        for (int k = 1; k <= K; k++)
-            o += (size_t)snprintf(list + o, sizeof list - o, "%s\"%s\"", k > 1 ? "," : "",
-                                  loco_launch_plan_name(plan, k));
-        char *planned = loco_faults_plan_json(&cfg);
-        loco_event_append(events,
-                          "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld,"
-                          "\"planned\":%s",
-                          list, config, (long long)cfg.train.seed, planned ? planned : "[]");
-        free(planned);
-    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);

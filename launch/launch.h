@@ -53,6 +53,18 @@ int loco_launch_plan_add_resume(loco_launch_plan *p, int i);
  * --no-baseline`; valid until the next call or the plan's destruction. */
 char *const *loco_launch_plan_baseline(loco_launch_plan *p, const char *dir);
 
+/* Runs the plan's fault-free baseline in dir (loco_launch_plan_baseline,
+ * SELF being the loco binary) to its end, saying so on out; reuses a
+ * finished one already there. LOCO_EPEER when it did not finish cleanly. */
+int loco_launch_baseline(loco_launch_plan *p, const char *self, const char *dir, FILE *out);
+/* The run's certificates in cfg's run.dir/certs, one per process of the
+ * plan (when net.tls and no net.cert was given; nothing otherwise). */
+int loco_launch_certs(const loco_launch_plan *p, const loco_config *cfg);
+/* A new timeline at events for this run: its start event names the
+ * islands, the config file, the seed and the planned faults. */
+int loco_launch_start(const loco_launch_plan *p, const loco_config *cfg, const char *config,
+                      const char *events);
+
 /* Starts every process of the plan (each in a process group of its own,
  * stdout and stderr merged) and supervises them until all are done,
  * writing each one's lines to out as "[NAME] line" and its own notes as

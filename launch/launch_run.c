@@ -352,3 +352,55 @@ int loco_launch_supervise(loco_launch_plan *plan, const loco_config *c, const ch
     *ok = !bad;
     return rc;
 }
+
+int loco_launch_baseline(loco_launch_plan *p, const char *self, const char *dir, FILE *out) {
+    if (loco_launch_run_finished(dir)) {
+        fprintf(out, "launch: reusing the fault-free baseline in %s\n", dir);
+        return 0;
+    }
+    fprintf(out, "launch: fault-free baseline of the same config and seed first, in %s\n", dir);
+    fflush(out);
+    char *const *av = loco_launch_plan_baseline(p, dir);
+    pid_t pid = fork();
+    if (pid < 0)
+        return LOCO_ERR(LOCO_EIO, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        execv(self, av);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return LOCO_ERR(LOCO_EPEER, "the fault-free baseline run in %s failed", dir);
+    return 0;
+}
+
+int loco_launch_certs(const loco_launch_plan *p, const loco_config *cfg) {
+    if (!cfg->net.tls || cfg->net.cert[0])
+        return 0;
+    char certs[LOCO_PATH_MAX + 16];
+    snprintf(certs, sizeof certs, "%s/certs", cfg->run.dir);
+    const int n = loco_launch_plan_count(p);
+    const char *names[LOCO_MAX_ISLANDS + 1];
+    for (int k = 0; k < n; k++)
+        names[k] = loco_launch_plan_name(p, k);
+    return loco_net_make_certs_run(certs, names, n, 30, cfg->net.run_id);
+}
+
+int loco_launch_start(const loco_launch_plan *p, const loco_config *cfg, const char *config,
+                      const char *events) {
+    unlink(events); /* a new timeline (a baseline inside keeps its own) */
+    char list[LOCO_MAX_ISLANDS * 72] = "";
+    size_t o = 0;
+    for (int k = 1; k < loco_launch_plan_count(p); k++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s\"%s\"", k > 1 ? "," : "",
+                              loco_launch_plan_name(p, k));
+    char *planned = loco_faults_plan_json(cfg);
+    loco_event_append(events,
+                      "\"kind\":\"start\",\"sites\":[%s],\"config\":\"%s\",\"seed\":%lld,"
+                      "\"planned\":%s",
+                      list, config, (long long)cfg->train.seed, planned ? planned : "[]");
+    free(planned);
+    return 0;
+}
