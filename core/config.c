@@ -2,6 +2,7 @@
  * and the key table of config_keys.h as help text and Markdown. */
 #include "core/core.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
@@ -70,12 +71,47 @@ static const key_desc *find_key(const char *section, const char *key) {
     return NULL;
 }
 
+/* The longest line libinih reads (its buffer less the terminating NUL). */
+#define CONFIG_LINE_MAX (INI_MAX_LINE - 1)
+
+/* The longest string key k can hold: its dumped line `key = value` must
+ * load back, so it fits in one config line, and in the field. */
+static int str_max(const key_desc *k) {
+    int n = CONFIG_LINE_MAX - (int)strlen(k->key) - 3;
+    return n < LOCO_PATH_MAX - 1 ? n : LOCO_PATH_MAX - 1;
+}
+
+/* Whether v survives loco_config_dump and a load: libinih strips blanks at
+ * both ends, reads a ';' after a blank as an inline comment, and a newline
+ * ends the line. A value read from a file passes already (libinih cut it
+ * so); one given with --set may not. */
+static bool str_storable(const key_desc *k, const char *v) {
+    size_t n = strlen(v);
+    if (n > (size_t)str_max(k))
+        return false;
+    if (n && (isspace((unsigned char)v[0]) || isspace((unsigned char)v[n - 1]) || v[0] == ';'))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (iscntrl((unsigned char)v[i]) && v[i] != '\t')
+            return false;
+        if (v[i] == ';' && i > 0 && isspace((unsigned char)v[i - 1]))
+            return false;
+    }
+    return true;
+}
+
 static void expected(const key_desc *k, char *buf, size_t cap) {
     switch (k->type) {
     case K_INT: snprintf(buf, cap, "an integer in [%lld, %lld]", k->ilo, k->ihi); break;
     case K_NUM: snprintf(buf, cap, "a number in [%g, %g]", k->lo, k->hi); break;
     case K_BOOL: snprintf(buf, cap, "true or false"); break;
-    case K_STR: snprintf(buf, cap, "a string shorter than %d bytes", LOCO_PATH_MAX); break;
+    case K_STR:
+        snprintf(buf, cap,
+                 "a string of at most %d bytes without control characters, blanks at "
+                 "either end, or a ';' first or after a blank (what a config line `%s = ...` "
+                 "can hold)",
+                 str_max(k), k->key);
+        break;
     case K_ENUM: snprintf(buf, cap, "one of %s", k->choices); break;
     }
 }
@@ -123,7 +159,7 @@ static bool parse_value(loco_config *cfg, const key_desc *k, const char *v) {
             return false;
         return true;
     case K_STR:
-        if (strlen(v) >= LOCO_PATH_MAX)
+        if (!str_storable(k, v))
             return false;
         snprintf(field, LOCO_PATH_MAX, "%s", v);
         return true;
@@ -186,7 +222,7 @@ static int set_key(loco_config *cfg, const char *where, const char *section, con
         return LOCO_ERR(LOCO_EINVAL, "%s: unknown key '%s.%s' (see `loco config --help`)", where,
                         section, key);
     if (!parse_value(cfg, k, value)) {
-        char exp[128];
+        char exp[320];
         expected(k, exp, sizeof exp);
         return LOCO_ERR(LOCO_EINVAL, "%s: key '%s.%s': expected %s, got '%s'", where, section, key,
                         exp, value);

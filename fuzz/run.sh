@@ -4,6 +4,9 @@
 # FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION) and runs each for SECONDS
 # (default 60). `make fuzz` runs it at length; the test suite runs it
 # briefly. Crashes are written to $BUILD/fuzz/ and fail the run.
+# LOCO_FUZZ_SEED fixes libFuzzer's seed (the suite's brief run uses 1, so
+# a fresh clone replays the same inputs and CI does not fail by chance);
+# unset or 0, libFuzzer draws one, which `make fuzz` wants for exploring.
 # Usage: fuzz/run.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +49,7 @@ for t in $targets; do
   log="$out/$t.log"
   status=0
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=2 "$out/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+  OMP_NUM_THREADS=2 "$out/$t" -max_total_time="$secs" -seed="${LOCO_FUZZ_SEED:-0}" -timeout=10 -rss_limit_mb=2048 \
     -max_len=16384 -print_final_stats=1 -artifact_prefix="$out/" "$corpus" $seeds \
     >"$log" 2>&1 || status=$?
   grep -E '^(stat::number_of_executed_units|stat::new_units_added|INFO: Seed)' "$log" || true

@@ -18,6 +18,11 @@
  * the plain ones (the last line, as without the option). MFU uses
  * loco_gpt_flops_per_token (6N + 12 L C T, as llm.c) and the device's
  * dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM).
+ * --attention auto|tensor|reference: the model's attention kernel, as
+ * train.attention (default auto, the trainer's default: the tensor-core
+ * kernel at head size 64); the JSON line names the kernel that ran.
+ * (Until 2026-12-04 the bench never chose, so its model ran the reference
+ * kernel while the trainer's ran the tensor-core one.)
  *
  * --bench attention: the fused causal attention, bf16, forward + backward,
  * both kernels (loco_cuda_attention_{fwd,bwd}_bf16, the reference, and
@@ -59,9 +64,10 @@ typedef struct {
     int graph; /* 0 off, 1 on, 2 both */
     double peak_tflops, lr;
     const char *data;
-    const char *bench; /* gpt2, attention, codecs, versions */
-    int iters;         /* attention and codecs: timed calls per repeat */
-    size_t elems;      /* codecs: floats encoded */
+    const char *bench;     /* gpt2, attention, codecs, versions */
+    const char *attention; /* gpt2: the model's kernel, train.attention's choices */
+    int iters;             /* attention and codecs: timed calls per repeat */
+    size_t elems;          /* codecs: floats encoded */
 } opts;
 
 /* Timed repeats of the attention and codec loops; the median is reported. */
@@ -101,6 +107,8 @@ static int setup(gpu_model *g) {
     loco_gpt_init_weights(host, &rng);
     g->P = loco_gpt_num_params(host);
     int rc = loco_gpt_cuda_create(&g->dev, &g->cfg, o->B, o->T, true);
+    if (rc == 0) /* as the trainer: the model starts on the reference kernel */
+        rc = loco_gpt_cuda_set_attention(g->dev, o->attention);
     if (rc == 0)
         rc = loco_gpt_cuda_upload(g->dev, loco_gpt_params(host), NULL, NULL);
     loco_gpt_destroy(host);
@@ -167,7 +175,8 @@ static void usage(void) {
     fprintf(stderr, "usage: loco-gpu-bench [--bench gpt2|attention|codecs|versions] [--batch B] "
                     "[--seq T] [--layers L] [--heads NH] [--embd C] [--vocab V] [--steps N] "
                     "[--warmup N] [--lr X] [--peak-tflops X] [--data shard.bin] [--profile N] "
-                    "[--iters N] [--elems N] [--graph off|on|both]\n");
+                    "[--iters N] [--elems N] [--graph off|on|both] "
+                    "[--attention auto|tensor|reference]\n");
 }
 
 /* ------------------------------------------------------------ attention */
@@ -393,8 +402,8 @@ static int run_gpt2(const opts *o);
 
 int main(int argc, char **argv) {
     opts o = (opts){.B = 16, .T = 1024, .L = 12, .NH = 12, .C = 768, .V = 50304, .steps = 20,
-                 .warmup = 3, .peak_tflops = 989.0, .lr = 6e-4, .bench = "gpt2", .iters = 10,
-                 .elems = (size_t)1 << 27};
+                 .warmup = 3, .peak_tflops = 989.0, .lr = 6e-4, .bench = "gpt2",
+                 .attention = "auto", .iters = 10, .elems = (size_t)1 << 27};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -414,6 +423,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--data")) o.data = v;
         else if (!strcmp(a, "--profile")) o.profile = atoi(v);
         else if (!strcmp(a, "--bench")) o.bench = v;
+        else if (!strcmp(a, "--attention")) o.attention = v;
         else if (!strcmp(a, "--iters")) o.iters = atoi(v);
         else if (!strcmp(a, "--elems")) o.elems = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--graph"))
@@ -424,8 +434,10 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    const bool known = !strcmp(o.bench, "gpt2") || !strcmp(o.bench, "attention") ||
-                       !strcmp(o.bench, "codecs") || !strcmp(o.bench, "versions");
+    const bool attn_known = !strcmp(o.attention, "auto") || !strcmp(o.attention, "tensor") ||
+                            !strcmp(o.attention, "reference");
+    const bool known = attn_known && (!strcmp(o.bench, "gpt2") || !strcmp(o.bench, "attention") ||
+                       !strcmp(o.bench, "codecs") || !strcmp(o.bench, "versions"));
     if (!known || o.B < 1 || o.T < 1 || o.NH < 1 || o.C % o.NH || o.iters < 1 || !o.elems ||
         o.graph < 0) {
         usage();
@@ -476,10 +488,15 @@ static int timed_steps(gpu_model *g, const uint16_t *shard, size_t shard_n, int 
 static void json_line(const gpu_model *g, bool graph, double step_ms, float first, float loss) {
     const double tps = step_ms > 0 ? (double)g->o.B * g->o.T / (step_ms * 1e-3) : 0.0;
     const double mfu = tps * loco_gpt_flops_per_token(&g->cfg, g->o.T) / (g->o.peak_tflops * 1e12);
-    printf("{\"impl\": \"loco\", \"mode\": \"bf16\", \"graph\": %s, \"B\": %d, \"T\": %d, "
+    loco_attn_impl impl = LOCO_ATTN_REFERENCE; /* the kernel set_attention chose */
+    (void)loco_cuda_attention_select(g->o.attention, g->o.C / g->o.NH, true, &impl);
+    loco_err_clear();
+    printf("{\"impl\": \"loco\", \"mode\": \"bf16\", \"attention\": \"%s\", \"graph\": %s, "
+           "\"B\": %d, \"T\": %d, "
            "\"params\": %zu, \"step_ms\": %.2f, \"tok_per_s\": %.0f, \"mfu\": %.4f, "
            "\"loss_first\": %.4f, \"loss_last\": %.4f}\n",
-           graph ? "true" : "false", g->o.B, g->o.T, g->P, step_ms, tps, mfu, first, loss);
+           impl == LOCO_ATTN_TENSOR ? "tensor" : "reference", graph ? "true" : "false",
+           g->o.B, g->o.T, g->P, step_ms, tps, mfu, first, loss);
 }
 
 /* Warm-up and timed steps (with --graph, the graph's first), the profile,
