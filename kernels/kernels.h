@@ -7,7 +7,10 @@
  * N = B*T rows. Weights use Hugging Face GPT-2 (Conv1D) layouts: a linear
  * weight is (C_in, C_out) and y = x @ w + b. Every gradient output is
  * ACCUMULATED (+=), so callers zero gradient buffers before a backward pass.
- * Pointers do not alias unless stated. */
+ * Pointers do not alias unless stated.
+ *
+ * One file: the room's one public header (STYLE.md, rooms): every kernel's
+ * contract, CPU and CUDA twins, in one place. */
 #ifndef LOCO_KERNELS_H
 #define LOCO_KERNELS_H
 
@@ -31,6 +34,49 @@ void loco_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
 void loco_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
                         const float *inp, const float *w, const float *mean,
                         const float *rstd, int N, int C);
+
+/* ---- Llama-family kernels ---- */
+/* RMSNorm over the last dim: out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps),
+ * computed as HF's LlamaRMSNorm does in fp32. out, inp (N,C); w (C); rstd (N) saved for
+ * the backward. out is overwritten. */
+void loco_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                      float eps);
+/* dinp (N,C) and dw (C) ACCUMULATE. */
+void loco_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                      const float *w, const float *rstd, int N, int C);
+
+/* Llama 3.1's RoPE frequency scaling (HF rope_type "llama3"); factor 0 = none. */
+typedef struct {
+    float factor, low_freq_factor, high_freq_factor;
+    int original_max_pos;
+} loco_rope_scaling;
+/* RoPE tables as HF computes them in fp32: inv_freq[i] = 1 / theta^(2i/hs) for
+ * i < hs/2 (then Llama-3.1-scaled when sc && sc->factor > 0, exactly as HF's
+ * _compute_llama3_parameters), cos_tab[p*hs/2 + i] = cosf((float)p * inv_freq[i]),
+ * sin_tab likewise, for p < max_pos. hs even. */
+void loco_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int hs, float theta,
+                      const loco_rope_scaling *sc);
+/* inv_freq[i] of the tables above (i < hs/2; sc may be NULL), in torch's fp32
+ * order of operations. */
+float loco_rope_inv_freq(int i, int hs, float theta, const loco_rope_scaling *sc);
+/* Rotates n_heads heads of hs floats in each of B*T rows IN PLACE, HF's rotate-half
+ * convention: for i < hs/2, (x[i], x[i+hs/2]) <- (x[i] c - x[i+hs/2] s, x[i+hs/2] c + x[i] s)
+ * with c, s = cos_tab/sin_tab at (pos, i). Row r = b*T + t starts at x + r*ld, head h at
+ * h*hs from the row start; pos = pos[t] (the global position of this rank's row t, so
+ * context parallelism can pass its zig-zag positions), or t when pos is NULL. Every
+ * position must be below the tables' max_pos (not checked). */
+void loco_rope_fwd(float *x, int ld, int B, int T, int n_heads, int hs, const int *pos,
+                   const float *cos_tab, const float *sin_tab);
+/* Its backward: dx rotated in place by the opposite angle (the rotation's transpose). */
+void loco_rope_bwd(float *dx, int ld, int B, int T, int n_heads, int hs, const int *pos,
+                   const float *cos_tab, const float *sin_tab);
+
+/* SwiGLU: out (N,F) = silu(gu[:, :F]) * gu[:, F:], gu (N,2F) the gate and up projections
+ * side by side in each row. out overwritten. */
+void loco_swiglu_fwd(float *out, const float *gu, int N, int F);
+/* dgu (N,2F) ACCUMULATES the gradient through silu(gate)*up. */
+void loco_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F);
+/* ---- end of Llama-family kernels ---- */
 
 /* out (N,OC) = inp (N,C) @ W + bias, where W is w (C,OC), or, when
  * w_transposed, w is stored (OC,C) and W = w^T (the tied LM head uses wte).
@@ -335,6 +381,41 @@ int loco_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
 int loco_cuda_layernorm_bwd_bf16(loco_bf16 *dinp, float *dw, float *db, const loco_bf16 *dout,
                                  const loco_bf16 *inp, const loco_bf16 *w, const float *mean,
                                  const float *rstd, int N, int C, loco_stream s);
+
+/* ---- Llama-family twins (rmsnorm.cu, rope.cu, swiglu.cu) ----
+ * bf16 twins: activations and their gradients in bf16, rstd, the RoPE tables
+ * and dw in fp32, all arithmetic in fp32 with one rounding per stored value;
+ * the bf16 RMSNorm rounds x * rstd to bf16 before the weight multiplies it
+ * (HF's `.to(input_dtype)`). dw is a column sum in double over a fixed order
+ * of rows (no atomics). pos is a device pointer or NULL. LOCO_EINVAL for an
+ * odd hs. */
+int loco_cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N,
+                          int C, float eps, loco_stream s);
+int loco_cuda_rmsnorm_fwd_bf16(loco_bf16 *out, float *rstd, const loco_bf16 *inp,
+                               const loco_bf16 *w, int N, int C, float eps, loco_stream s);
+int loco_cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, const float *rstd, int N, int C, loco_stream s);
+int loco_cuda_rmsnorm_bwd_bf16(loco_bf16 *dinp, float *dw, const loco_bf16 *dout,
+                               const loco_bf16 *inp, const loco_bf16 *w, const float *rstd,
+                               int N, int C, loco_stream s);
+int loco_cuda_rope_fwd(float *x, int ld, int B, int T, int n_heads, int hs, const int *pos,
+                       const float *cos_tab, const float *sin_tab, loco_stream s);
+int loco_cuda_rope_fwd_bf16(loco_bf16 *x, int ld, int B, int T, int n_heads, int hs,
+                            const int *pos, const float *cos_tab, const float *sin_tab,
+                            loco_stream s);
+int loco_cuda_rope_bwd(float *dx, int ld, int B, int T, int n_heads, int hs, const int *pos,
+                       const float *cos_tab, const float *sin_tab, loco_stream s);
+int loco_cuda_rope_bwd_bf16(loco_bf16 *dx, int ld, int B, int T, int n_heads, int hs,
+                            const int *pos, const float *cos_tab, const float *sin_tab,
+                            loco_stream s);
+int loco_cuda_swiglu_fwd(float *out, const float *gu, int N, int F, loco_stream s);
+int loco_cuda_swiglu_fwd_bf16(loco_bf16 *out, const loco_bf16 *gu, int N, int F,
+                              loco_stream s);
+int loco_cuda_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F,
+                         loco_stream s);
+int loco_cuda_swiglu_bwd_bf16(loco_bf16 *dgu, const loco_bf16 *gu, const loco_bf16 *dout, int N,
+                              int F, loco_stream s);
+/* ---- end of Llama-family twins ---- */
 
 /* The matmuls take the handle first. fp32 computes in full fp32 (no TF32);
  * bf16 multiplies bf16 operands with fp32 accumulation. The bias is added

@@ -5,7 +5,8 @@
 #      test_cuda_attention_tc.c, test_cuda_moe.c, test_cuda_codecs.c and test_cuda_outer.c
 #      (the outer loop's device mode against its host path), test_cuda_device.c
 #      (device selection, on LOCO_EMU_DEVICES emulated devices) and test_cuda_sharded.c
-#      (the ZeRO-3 device model against the whole one), unchanged, against the
+#      (the ZeRO-3 device model against the whole one), test_cuda_llama_kernels.c
+#      (RMSNorm, RoPE, SwiGLU), unchanged, against the
 #      translated twins (the same assertions as on a GPU);
 #   2. tests/gpu/test_cuda_model.c, the device model
 #      (inner/model/gpt_cuda.c) against the CPU model, fp32 and bf16, and 20
@@ -41,12 +42,15 @@ for t in test_cuda_kernels test_cuda_tp test_cuda_attention_block test_cuda_atte
   test_cuda_moe test_cuda_codecs test_cuda_outer test_cuda_device test_cuda_sharded; do
   gcc $CFLAGS -c "tests/gpu/$t.c" -o "$out/$t.o"
 done
+# the Llama-family twins (gpu_llama/*)
+gcc $CFLAGS -c tests/gpu/test_cuda_llama_kernels.c -o "$out/test_cuda_llama_kernels.o"
 # the trainer comparison over EMU_TRAIN_STEPS steps instead of 20
 gcc $CFLAGS -DTRAIN_STEPS="${EMU_TRAIN_STEPS:-4}" -DTRAIN_TIMEOUT=3000 \
   -c tests/gpu/test_cuda_model.c -o "$out/test_cuda_model.o"
 g++ -o "$out/emu_tests" "$out/test_cuda_kernels.o" "$out/test_cuda_tp.o" \
   "$out/test_cuda_attention_block.o" "$out/test_cuda_attention_tc.o" "$out/test_cuda_moe.o" "$out/test_cuda_codecs.o" \
   "$out/test_cuda_outer.o" "$out/test_cuda_device.o" "$out/test_cuda_sharded.o" "$out/test_cuda_model.o" "$out/twins.o" \
+  "$out/test_cuda_llama_kernels.o" \
   $LIBS -lcriterion
 gcc $CFLAGS -DSTEPS="${EMU_DP_STEPS:-3}" -c tests/gpu/emu/dp_check.c -o "$out/dp_check.o"
 g++ -o "$out/dp_check" "$out/dp_check.o" "$out/twins.o" $LIBS
