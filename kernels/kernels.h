@@ -145,6 +145,39 @@ void loco_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dk
                               int B, int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
                               bool causal);
 
+/* ---------------------------------------- grouped-query attention (GQA)
+ * Llama-style attention: NKV key/value heads shared by NH query heads
+ * (NH % NKV == 0; query head h reads kv head h / (NH/NKV); NKV == 1 is
+ * multi-query). hs is the head size, scale 1/sqrt(hs). The MHA functions
+ * above are these with NKV = NH, hs = C/NH (the same bits). dk and dv are
+ * summed over the query heads of a group, in head order. */
+
+/* Causal GQA self-attention. qkv (B,T,(NH+2*NKV)*hs): NH query heads, then
+ * NKV key heads, then NKV value heads, each hs wide; out (B,T,NH*hs)
+ * overwritten; att (B,NH,T,T) the probabilities (as loco_attention_fwd). */
+void loco_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH,
+                            int NKV, int hs);
+/* dqkv (B,T,(NH+2*NKV)*hs) accumulates (dk, dv summed over the query heads
+ * of a group); datt scratch (B,NH,T,T), overwritten. */
+void loco_attention_gqa_bwd(float *dqkv, float *datt, const float *dout, const float *qkv,
+                            const float *att, int B, int T, int NH, int NKV, int hs);
+/* Blockwise GQA (ring attention / context parallelism): as
+ * loco_attention_block_fwd and _bwd, but q rows hold NH heads of hs (row
+ * stride q_ld), k and v rows NKV heads of hs (row stride kv_ld); out
+ * (B,Tq,NH*hs) overwritten, lse (B,NH,Tq); dq (ld dq_ld), dk, dv (ld
+ * dkv_ld) accumulate, dk and dv over the group's query heads; dout
+ * (B,Tq,NH*hs). loco_attention_merge and _delta take C = NH*hs. */
+void loco_attention_block_gqa_fwd(float *out, float *lse, const float *q, int q_ld,
+                                  const float *k, const float *v, int kv_ld, int B, int Tq,
+                                  int Tk, int NH, int NKV, int hs, int q_pos, int k_pos,
+                                  bool causal);
+void loco_attention_block_gqa_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
+                                  const float *dout, const float *lse, const float *delta,
+                                  const float *q, int q_ld, const float *k, const float *v,
+                                  int kv_ld, int B, int Tq, int Tk, int NH, int NKV, int hs,
+                                  int q_pos, int k_pos, bool causal);
+/* ------------------------------------ end of grouped-query attention */
+
 /* ------------------------------------------------- mixture of experts
  * A token goes to its top-k experts (Mixtral's router: softmax over the
  * E logits, the k largest, their probabilities renormalised to sum 1);
@@ -511,6 +544,45 @@ int loco_cuda_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, in
                                   const float *q, int q_ld, const float *k, const float *v,
                                   int kv_ld, int B, int Tq, int Tk, int C, int NH, int q_pos,
                                   int k_pos, bool causal, loco_stream s);
+
+/* ----------------------------- grouped-query attention (GQA) on the device
+ * The twins of loco_attention_gqa_* and loco_attention_block_gqa_* above
+ * (NKV kv heads shared by NH query heads, head size hs), with the lse and
+ * scratch of the MHA functions above, which are these with NKV = NH, hs =
+ * C/NH. The scratch is (B,NH,T) floats with GQA too: each dk, dv row is
+ * summed over its group's query heads in registers by the one CUDA block
+ * that owns its kv head (no atomics, no per-query-head partials), so the
+ * backward stays deterministic. Head size 1..128 (LOCO_EINVAL beyond or
+ * where NH % NKV != 0); the tensor-core pair head size 64 only
+ * (LOCO_ENOTSUP otherwise). */
+int loco_cuda_attention_gqa_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH,
+                                int NKV, int hs, loco_stream s);
+int loco_cuda_attention_gqa_fwd_bf16(loco_bf16 *out, float *lse, const loco_bf16 *qkv, int B,
+                                     int T, int NH, int NKV, int hs, loco_stream s);
+/* dqkv (B,T,(NH+2*NKV)*hs) accumulates; scratch (B,NH,T) floats, overwritten. */
+int loco_cuda_attention_gqa_bwd(float *dqkv, float *scratch, const float *dout, const float *out,
+                                const float *qkv, const float *lse, int B, int T, int NH,
+                                int NKV, int hs, loco_stream s);
+int loco_cuda_attention_gqa_bwd_bf16(loco_bf16 *dqkv, float *scratch, const loco_bf16 *dout,
+                                     const loco_bf16 *out, const loco_bf16 *qkv,
+                                     const float *lse, int B, int T, int NH, int NKV, int hs,
+                                     loco_stream s);
+int loco_cuda_attention_tc_gqa_fwd_bf16(loco_bf16 *out, float *lse, const loco_bf16 *qkv, int B,
+                                        int T, int NH, int NKV, int hs, loco_stream s);
+int loco_cuda_attention_tc_gqa_bwd_bf16(loco_bf16 *dqkv, float *scratch, const loco_bf16 *dout,
+                                        const loco_bf16 *out, const loco_bf16 *qkv,
+                                        const float *lse, int B, int T, int NH, int NKV, int hs,
+                                        loco_stream s);
+int loco_cuda_attention_block_gqa_fwd(float *out, float *lse, const float *q, int q_ld,
+                                      const float *k, const float *v, int kv_ld, int B, int Tq,
+                                      int Tk, int NH, int NKV, int hs, int q_pos, int k_pos,
+                                      bool causal, loco_stream s);
+int loco_cuda_attention_block_gqa_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
+                                      const float *dout, const float *lse, const float *delta,
+                                      const float *q, int q_ld, const float *k, const float *v,
+                                      int kv_ld, int B, int Tq, int Tk, int NH, int NKV, int hs,
+                                      int q_pos, int k_pos, bool causal, loco_stream s);
+/* ------------------------------------ end of grouped-query attention */
 
 int loco_cuda_gelu_fwd(float *out, const float *inp, size_t n, loco_stream s);
 int loco_cuda_gelu_fwd_bf16(loco_bf16 *out, const loco_bf16 *inp, size_t n, loco_stream s);

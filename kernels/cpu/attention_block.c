@@ -17,8 +17,11 @@
  *
  * Without memory for the scratch the kernels fall back to scalar loops that
  * need none: each (batch, head, query row) streams its keys through an
- * online softmax in tiles, and the backward gives each (batch, head) to one
- * thread. Same results within rounding, not the same bits. */
+ * online softmax in tiles, and the backward gives each (batch, kv head) to
+ * one thread. Same results within rounding, not the same bits.
+ *
+ * Grouped-query attention: NKV key/value heads, query head h reads kv head
+ * h / (NH/NKV); GPT-2's multi-head attention is NKV = NH. */
 #include <cblas.h>
 #include <math.h>
 
@@ -41,15 +44,25 @@ enum { KEY_TILE = 64 };
 /* Below this many scratch entries a head's row loop runs on one thread. */
 #define ROWS_PARALLEL_MIN 16384L
 
-/* One call's operands and geometry (the kernels' arguments, bundled). */
+/* One call's operands and geometry (the kernels' arguments, bundled); C =
+ * NH * hs is the row of out and dout, and query head h reads kv head
+ * h / group (grouped-query attention, group = NH / NKV). */
 typedef struct {
     const float *q, *k, *v;
     int q_ld, kv_ld;
-    int B, Tq, Tk, C, NH, hs;
+    int B, Tq, Tk, C, NH, NKV, group, hs;
     int q_pos, k_pos;
     bool causal;
     float scale;
 } blk_args;
+
+static blk_args blk_make(const float *q, int q_ld, const float *k, const float *v, int kv_ld,
+                         int B, int Tq, int Tk, int NH, int NKV, int hs, int q_pos, int k_pos,
+                         bool causal)
+{
+    return (blk_args){q,  k,     v,     q_ld,   kv_ld, B, Tq, Tk, NH * hs, NH, NKV, NH / NKV,
+                      hs, q_pos, k_pos, causal, 1.0f / sqrtf((float)hs)};
+}
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
@@ -118,8 +131,8 @@ static void fwd_head(float *out, float *lse, float *S, int ld, const blk_args *a
 {
     const int hs = a->hs, Tq = a->Tq;
     const float *q = a->q + at(b, 0, Tq, a->q_ld, h, hs);
-    const float *k = a->k + at(b, 0, a->Tk, a->kv_ld, h, hs);
-    const float *v = a->v + at(b, 0, a->Tk, a->kv_ld, h, hs);
+    const float *k = a->k + at(b, 0, a->Tk, a->kv_ld, h / a->group, hs);
+    const float *v = a->v + at(b, 0, a->Tk, a->kv_ld, h / a->group, hs);
     float *o = out + at(b, 0, Tq, a->C, h, hs), *l = lse + stat_at(a, b, h);
     for (int t0 = 0; t0 < Tq; t0 += ROW_BLOCK) {
         const int m = imin(ROW_BLOCK, Tq - t0), n = block_keys(a, t0);
@@ -169,13 +182,13 @@ static void bwd_head(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld, con
 {
     const int hs = a->hs, Tq = a->Tq, C = a->C;
     const float *q = a->q + at(b, 0, Tq, a->q_ld, h, hs);
-    const float *k = a->k + at(b, 0, a->Tk, a->kv_ld, h, hs);
-    const float *v = a->v + at(b, 0, a->Tk, a->kv_ld, h, hs);
+    const float *k = a->k + at(b, 0, a->Tk, a->kv_ld, h / a->group, hs);
+    const float *v = a->v + at(b, 0, a->Tk, a->kv_ld, h / a->group, hs);
     const float *g = dout + at(b, 0, Tq, C, h, hs);
     const float *L = lse + stat_at(a, b, h), *D = delta + stat_at(a, b, h);
     dq += at(b, 0, Tq, dq_ld, h, hs);
-    dk += at(b, 0, a->Tk, dkv_ld, h, hs);
-    dv += at(b, 0, a->Tk, dkv_ld, h, hs);
+    dk += at(b, 0, a->Tk, dkv_ld, h / a->group, hs);
+    dv += at(b, 0, a->Tk, dkv_ld, h / a->group, hs);
     for (int t0 = 0; t0 < Tq; t0 += ROW_BLOCK) {
         const int m = imin(ROW_BLOCK, Tq - t0), n = block_keys(a, t0);
         const size_t r = (size_t)t0 * ld;
@@ -276,8 +289,8 @@ static void fwd_scalar(float *out, float *lse, const blk_args *a)
     for (long r = 0; r < rows; r++) {
         const int i = (int)(r % Tq), h = (int)(r / Tq % NH), b = (int)(r / Tq / NH);
         lse[r] = fwd_row(out + at(b, i, Tq, a->C, h, hs), a->q + at(b, i, Tq, a->q_ld, h, hs),
-                         a->k + at(b, 0, a->Tk, a->kv_ld, h, hs),
-                         a->v + at(b, 0, a->Tk, a->kv_ld, h, hs), visible(a, i), a);
+                         a->k + at(b, 0, a->Tk, a->kv_ld, h / a->group, hs),
+                         a->v + at(b, 0, a->Tk, a->kv_ld, h / a->group, hs), visible(a, i), a);
     }
 }
 
@@ -287,10 +300,10 @@ static void bwd_head_scalar(float *dq, int dq_ld, float *dk, float *dv, int dkv_
                             const float *dout, const float *lse, const float *delta,
                             const blk_args *a, int b, int h)
 {
-    const int hs = a->hs;
-    const float *k = a->k + at(b, 0, a->Tk, a->kv_ld, h, hs);
-    const float *v = a->v + at(b, 0, a->Tk, a->kv_ld, h, hs);
-    float *dkh = dk + at(b, 0, a->Tk, dkv_ld, h, hs), *dvh = dv + at(b, 0, a->Tk, dkv_ld, h, hs);
+    const int hs = a->hs, kh = h / a->group;
+    const float *k = a->k + at(b, 0, a->Tk, a->kv_ld, kh, hs);
+    const float *v = a->v + at(b, 0, a->Tk, a->kv_ld, kh, hs);
+    float *dkh = dk + at(b, 0, a->Tk, dkv_ld, kh, hs), *dvh = dv + at(b, 0, a->Tk, dkv_ld, kh, hs);
     float p[KEY_TILE], ds[KEY_TILE];
     for (int i = 0; i < a->Tq; i++) {
         const int n = visible(a, i);
@@ -323,13 +336,13 @@ static void bwd_head_scalar(float *dq, int dq_ld, float *dk, float *dv, int dkv_
 
 /* ------------------------------------------------------------ the API */
 
-void loco_attention_block_fwd(float *out, float *lse, const float *q, int q_ld, const float *k,
-                              const float *v, int kv_ld, int B, int Tq, int Tk, int C, int NH,
-                              int q_pos, int k_pos, bool causal)
+void loco_attention_block_gqa_fwd(float *out, float *lse, const float *q, int q_ld,
+                                  const float *k, const float *v, int kv_ld, int B, int Tq,
+                                  int Tk, int NH, int NKV, int hs, int q_pos, int k_pos,
+                                  bool causal)
 {
-    const int hs = C / NH;
-    const blk_args a = {q, k, v, q_ld, kv_ld, B, Tq, Tk, C, NH, hs,
-                        q_pos, k_pos, causal, 1.0f / sqrtf((float)hs)};
+    const blk_args a = blk_make(q, q_ld, k, v, kv_ld, B, Tq, Tk, NH, NKV, hs, q_pos, k_pos,
+                                causal);
     /* The scratch holds the most keys any row sees; a fully masked block
      * needs none and costs the scalar path only its zeros and -inf. */
     const int ld = fully_masked(&a) ? 0 : visible(&a, Tq - 1);
@@ -341,6 +354,14 @@ void loco_attention_block_fwd(float *out, float *lse, const float *q, int q_ld, 
     for (int bh = 0; bh < B * NH; bh++)
         fwd_head(out, lse, S, ld, &a, bh / NH, bh % NH);
     loco_free(S);
+}
+
+void loco_attention_block_fwd(float *out, float *lse, const float *q, int q_ld, const float *k,
+                              const float *v, int kv_ld, int B, int Tq, int Tk, int C, int NH,
+                              int q_pos, int k_pos, bool causal)
+{
+    loco_attention_block_gqa_fwd(out, lse, q, q_ld, k, v, kv_ld, B, Tq, Tk, NH, NH, C / NH,
+                                 q_pos, k_pos, causal);
 }
 
 /* (o, l1) <- the union of (o, l1) and (bo, l2), both normalised, l1 and l2
@@ -391,18 +412,20 @@ void loco_attention_delta(float *delta, const float *dout, const float *out, int
     }
 }
 
-void loco_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
-                              const float *dout, const float *lse, const float *delta,
-                              const float *q, int q_ld, const float *k, const float *v, int kv_ld,
-                              int B, int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
-                              bool causal)
+/* The query heads of a group add into their kv head's dk, dv one after
+ * another, in head order: the BLAS path runs every head in turn, the
+ * scalar one gives each (batch, kv head) to one thread. */
+void loco_attention_block_gqa_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
+                                  const float *dout, const float *lse, const float *delta,
+                                  const float *q, int q_ld, const float *k, const float *v,
+                                  int kv_ld, int B, int Tq, int Tk, int NH, int NKV, int hs,
+                                  int q_pos, int k_pos, bool causal)
 {
-    const int hs = C / NH;
-    const blk_args a = {q, k, v, q_ld, kv_ld, B, Tq, Tk, C, NH, hs,
-                        q_pos, k_pos, causal, 1.0f / sqrtf((float)hs)};
+    const blk_args a = blk_make(q, q_ld, k, v, kv_ld, B, Tq, Tk, NH, NKV, hs, q_pos, k_pos,
+                                causal);
     if (fully_masked(&a))
         return;
-    const int ld = visible(&a, Tq - 1), heads = B * NH;
+    const int ld = visible(&a, Tq - 1), heads = B * NH, kv_heads = B * NKV;
     float *P = loco_alloc((size_t)2 * Tq * ld * sizeof *P);
     if (P) {
         for (int bh = 0; bh < heads; bh++)
@@ -411,8 +434,19 @@ void loco_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dk
         loco_free(P);
         return;
     }
-    /* No scratch: each (batch, head) on one thread, which owns its dk, dv. */
+    /* No scratch: each (batch, kv head) on one thread, which owns its dk, dv. */
 #pragma omp parallel for schedule(static) if ((long)heads * Tq * Tk * hs > BLK_PARALLEL_MIN)
-    for (int bh = 0; bh < heads; bh++)
-        bwd_head_scalar(dq, dq_ld, dk, dv, dkv_ld, dout, lse, delta, &a, bh / NH, bh % NH);
+    for (int bk = 0; bk < kv_heads; bk++)
+        for (int h = bk % NKV * a.group; h < (bk % NKV + 1) * a.group; h++)
+            bwd_head_scalar(dq, dq_ld, dk, dv, dkv_ld, dout, lse, delta, &a, bk / NKV, h);
+}
+
+void loco_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld,
+                              const float *dout, const float *lse, const float *delta,
+                              const float *q, int q_ld, const float *k, const float *v, int kv_ld,
+                              int B, int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
+                              bool causal)
+{
+    loco_attention_block_gqa_bwd(dq, dq_ld, dk, dv, dkv_ld, dout, lse, delta, q, q_ld, k, v,
+                                 kv_ld, B, Tq, Tk, NH, NH, C / NH, q_pos, k_pos, causal);
 }
