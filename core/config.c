@@ -319,6 +319,11 @@ int loco_config_validate(const loco_config *cfg) {
         return LOCO_ERR(LOCO_EINVAL,
                         "model.n_embd (%lld) must be divisible by model.n_head (%lld)",
                         (long long)cfg->model.n_embd, (long long)cfg->model.n_head);
+    if (cfg->model.n_kv_head > 0 && cfg->model.n_head % cfg->model.n_kv_head != 0)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "model.n_kv_head (%lld) must divide model.n_head (%lld): each key/value "
+                        "head serves n_head / n_kv_head query heads",
+                        (long long)cfg->model.n_kv_head, (long long)cfg->model.n_head);
     if (cfg->parallel.pp_layers[0] && cfg->parallel.pp < 2)
         return LOCO_ERR(LOCO_EINVAL, "parallel.pp_layers = \"%s\" needs parallel.pp > 1",
                         cfg->parallel.pp_layers);

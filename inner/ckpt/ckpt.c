@@ -31,6 +31,26 @@ int loco__ckpt_file_hash(const char *path, uint64_t *h) {
 
 int loco__ckpt_write_hf_config(const char *path, const loco_gpt_config *c) {
     cJSON *j = cJSON_CreateObject();
+    if (!loco_gpt_is_gpt2(c)) {
+        /* Another family: the checkpoint's tensors are loco's fused layout,
+         * which no Hugging Face class reads; `loco ckpt export` writes one. */
+        cJSON_AddStringToObject(j, "model_type", "loco");
+        cJSON_AddStringToObject(j, "note", "loco's own layout: `loco ckpt export` writes the "
+                                           "Hugging Face one (LlamaForCausalLM)");
+        cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+        cJSON_AddNumberToObject(j, "n_embd", c->n_embd);
+        cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
+        cJSON_AddNumberToObject(j, "n_head", c->n_head);
+        cJSON_AddNumberToObject(j, "n_kv_head", loco_gpt_kv_heads(c));
+        cJSON_AddNumberToObject(j, "ffn_hidden", loco_gpt_ffn(c));
+        char *s = cJSON_Print(j);
+        cJSON_Delete(j);
+        if (!s)
+            return LOCO_ERR(LOCO_ENOMEM, "config.json");
+        int rc = write_text(path, s);
+        cJSON_free(s);
+        return rc;
+    }
     const bool moe = c->n_experts > 0;
     /* GPT-2 with MoE MLPs: no Hugging Face class loads it, so it does not
      * claim to be one; tests/fixtures/make_fixtures.py --load-check does. */

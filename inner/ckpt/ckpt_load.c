@@ -414,6 +414,10 @@ int loco_ckpt_export(const char *dir, const char *out) {
     loco_ckpt_view v = {.tt = &tt, .model = mc, .params = params, .p_lo = 0, .p_hi = tt.numel};
     LOCO_CHECK_GOTO(loco_ckpt_load_view(dir, &cfg, &v, NULL), out);
     LOCO_CHECK_GOTO(loco_mkdirs(out), out);
+    if (!loco_gpt_is_gpt2(&mc)) { /* LlamaForCausalLM */
+        rc = loco__hf_llama_export(out, &tt, params, &mc);
+        goto out;
+    }
     snprintf(path, sizeof path, "%s/" MODEL_FILE, out);
     const char *meta[] = {"producer", "loco ckpt export", NULL};
     LOCO_CHECK_GOTO(loco_st_write(path, &tt, params, NULL, meta), out);

@@ -18,29 +18,7 @@
 
 #define HF_PREFIX "transformer."
 
-/* One tensor of the file's header. */
-typedef struct {
-    const char *name; /* as in the file (points into the cJSON tree) */
-    int dtype;        /* HF_F32, HF_F16, HF_BF16, or HF_OTHER */
-    const char *dtype_name;
-    int ndim;
-    int64_t shape[LOCO_TENSOR_MAX_DIM];
-    const unsigned char *data;
-    size_t numel;
-} hf_entry;
-
-enum { HF_F32, HF_F16, HF_BF16, HF_OTHER };
-
-typedef struct {
-    char path[LOCO_PATH_MAX + 32];
-    unsigned char *file;
-    size_t len;
-    cJSON *header;
-    hf_entry *e;
-    int n;
-} hf_file;
-
-static void hf_file_close(hf_file *f) {
+void loco__hf_file_close(hf_file *f) {
     cJSON_Delete(f->header);
     loco_free(f->e);
     loco_free(f->file);
@@ -66,7 +44,7 @@ static int dtype_of(const char *s, size_t *esize) {
 /* Reads and validates a safetensors file: header length, JSON, dtypes,
  * shapes against byte counts, offsets inside the data (a truncated file is
  * named as such). */
-static int hf_file_open(hf_file *f, const char *dir) {
+int loco__hf_file_open(hf_file *f, const char *dir) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s/model.safetensors", dir);
     LOCO_CHECK(loco_file_read(f->path, (void **)&f->file, &f->len));
@@ -167,7 +145,7 @@ static float f16_to_f32(uint16_t h) {
 }
 
 /* Element i of a tensor as fp32 (the file's data may be unaligned). */
-static float hf_elem(const hf_entry *e, size_t i) {
+float loco__hf_elem(const hf_entry *e, size_t i) {
     if (e->dtype == HF_F32) {
         float x;
         memcpy(&x, e->data + 4 * i, 4);
@@ -183,7 +161,7 @@ static float hf_elem(const hf_entry *e, size_t i) {
     return x;
 }
 
-static void shape_str(char *out, size_t cap, int ndim, const int64_t *shape) {
+void loco__hf_shape_str(char *out, size_t cap, int ndim, const int64_t *shape) {
     size_t n = (size_t)snprintf(out, cap, "[");
     for (int d = 0; d < ndim && n < cap; d++)
         n += (size_t)snprintf(out + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -354,8 +332,8 @@ static int check_tensors(const hf_file *f, const loco_ttable *whole, const loco_
         const bool is_wte = !strcmp(t->name, HF_PREFIX "wte.weight");
         if (!strcmp(t->name, HF_PREFIX "wpe.weight"))
             shape[0] = n_positions; /* rows beyond model.seq_len are not used */
-        shape_str(want, sizeof want, t->ndim, shape);
-        shape_str(got, sizeof got, e->ndim, e->shape);
+        loco__hf_shape_str(want, sizeof want, t->ndim, shape);
+        loco__hf_shape_str(got, sizeof got, e->ndim, e->shape);
         if (e->dtype == HF_OTHER)
             return LOCO_ERR(LOCO_EPROTO,
                             "init_from %s: tensor '%s' is %s, expected F32, F16 or "
@@ -391,7 +369,7 @@ static int check_tensors(const hf_file *f, const loco_ttable *whole, const loco_
     }
     if (head->ndim != 2 || head->shape[1] != C || head->shape[0] < mc->vocab_size) {
         char got[96];
-        shape_str(got, sizeof got, head->ndim, head->shape);
+        loco__hf_shape_str(got, sizeof got, head->ndim, head->shape);
         return LOCO_ERR(LOCO_EPROTO,
                         "init_from %s: tensor 'lm_head.weight' has shape %s, expected "
                         "[%d, %lld]",
@@ -399,7 +377,7 @@ static int check_tensors(const hf_file *f, const loco_ttable *whole, const loco_
     }
     const size_t n = (size_t)mc->vocab_size * (size_t)C;
     for (size_t k = 0; k < n; k++) {
-        const float a = hf_elem(head, k), b = hf_elem(wte, k);
+        const float a = loco__hf_elem(head, k), b = loco__hf_elem(wte, k);
         if (a != b && !(isnan(a) && isnan(b)))
             return LOCO_ERR(LOCO_EPROTO,
                             "init_from %s: lm_head.weight differs from %s (row %zu, column %zu: "
@@ -411,6 +389,8 @@ static int check_tensors(const hf_file *f, const loco_ttable *whole, const loco_
 }
 
 int loco_hf_import_view(const char *dir, const loco_ckpt_view *v) {
+    if (!loco_gpt_is_gpt2(&v->model)) /* LlamaForCausalLM */
+        return loco__hf_llama_import_view(dir, v);
     loco_gpt_config whole_cfg = v->model;
     whole_cfg.tp = 1;
     whole_cfg.ep = 1;
@@ -425,7 +405,7 @@ int loco_hf_import_view(const char *dir, const loco_ckpt_view *v) {
     int rc = found ? 0 : LOCO_ERR(LOCO_ENOMEM, "tensor map");
     if (rc < 0)
         goto out_table;
-    LOCO_CHECK_GOTO(hf_file_open(&f, dir), out_file);
+    LOCO_CHECK_GOTO(loco__hf_file_open(&f, dir), out_file);
     LOCO_CHECK_GOTO(check_tensors(&f, &whole, &v->model, n_positions, tied, found), out_file);
     const int t = v->model.tp > 1 ? v->model.tp : 1;
     for (int i = 0; i < v->tt->n; i++) {
@@ -443,13 +423,13 @@ int loco_hf_import_view(const char *dir, const loco_ckpt_view *v) {
         for (size_t x = lo; x < hi; x++) {
             size_t g;
             const bool real = loco_gpt_tp_global(&whole.t[w], t, v->tp_rank, x - lt->offset, &g);
-            v->params[x - v->p_lo] = real ? hf_elem(found[w], g) : 0.0f;
+            v->params[x - v->p_lo] = real ? loco__hf_elem(found[w], g) : 0.0f;
         }
     }
     loco_info("init_from %s: %d tensors loaded (%s)", dir, whole.n,
               t > 1 ? "this rank's tp slice" : "fp32");
 out_file:
-    hf_file_close(&f);
+    loco__hf_file_close(&f);
 out_table:
     loco_free(found);
     loco_ttable_fini(&whole);

@@ -27,6 +27,42 @@ int loco__ckpt_moments_table(loco_ttable *both, const loco_ttable *tt);
 loco_ckpt_view loco__ckpt_model_view(const loco_gpt *m, const loco_adamw *opt);
 int loco__ckpt_write_hf_config(const char *path, const loco_gpt_config *c);
 
+/* A Hugging Face model.safetensors read whole (hf_import.c), shared with
+ * the Llama layout (hf_llama.c): its entries, validated on open. */
+/* One tensor of the file's header. */
+typedef struct {
+    const char *name; /* as in the file (points into the cJSON tree) */
+    int dtype;        /* HF_F32, HF_F16, HF_BF16, or HF_OTHER */
+    const char *dtype_name;
+    int ndim;
+    int64_t shape[LOCO_TENSOR_MAX_DIM];
+    const unsigned char *data;
+    size_t numel;
+} hf_entry;
+
+enum { HF_F32, HF_F16, HF_BF16, HF_OTHER };
+
+typedef struct {
+    char path[LOCO_PATH_MAX + 32];
+    unsigned char *file;
+    size_t len;
+    cJSON *header;
+    hf_entry *e;
+    int n;
+} hf_file;
+
+int loco__hf_file_open(hf_file *f, const char *dir);
+void loco__hf_file_close(hf_file *f);
+/* Element i of a tensor as fp32 (the file's data may be unaligned). */
+float loco__hf_elem(const hf_entry *e, size_t i);
+void loco__hf_shape_str(char *out, size_t cap, int ndim, const int64_t *shape);
+/* The Llama family (hf_llama.c): import into a view, export of a whole
+ * model's parameters (the tp = 1 table tt) to OUT/model.safetensors and
+ * OUT/config.json. */
+int loco__hf_llama_import_view(const char *dir, const loco_ckpt_view *v);
+int loco__hf_llama_export(const char *out, const loco_ttable *tt, const float *params,
+                          const loco_gpt_config *mc);
+
 /* The single layout's files, verified and opened, and its tensors in the
  * order of a whole-model table: x[3 i + a] for a = 0 (parameters), 1
  * (exp_avg), 2 (exp_avg_sq; the moments only when asked for). */

@@ -167,6 +167,9 @@ int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B,
 int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                                  bool bf16, size_t lo, size_t hi) {
     *out = NULL;
+    if (!loco_gpt_is_gpt2(cfg))
+        return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda runs GPT-2's description only so far "
+                                      "(model.arch = llama and its keys run on the CPU path)");
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
         cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||

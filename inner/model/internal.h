@@ -18,20 +18,20 @@
  * one shared buffer (selective): they hold the last block computed. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;   /* (R, C), (R), (R) */
-    float *qkv;                         /* (N, 3Cl) */
+    float *qkv;                         /* (N, Wl) */
     float *atty;                        /* (N, Cl) */
     float *att;                         /* (B, NHl, T, T) */
     float *attproj;                     /* (R, C) */
     float *res2;                        /* (R, C) */
     float *ln2, *ln2_mean, *ln2_rstd;   /* (R, C), (R), (R) */
-    float *fch, *fch_gelu;              /* (N, Fl) */
+    float *fch, *fch_gelu;              /* (N, Fl) c_fc's output, (N, Hl) its activation */
     float *fcproj;                      /* (R, C) */
     float *res3;                        /* (R, C) the block's output: always kept */
     /* A pipeline stage's blocks: what the weight half (W) of a split
      * backward needs from the input half (B), per activation slot. */
     float *keep_out, *keep_mid;         /* (N, C) gradients of the two c_proj outputs */
     float *keep_fch;                    /* (N, Fl) of c_fc's output */
-    float *keep_qkv;                    /* (N, 3Cl) of c_attn's output */
+    float *keep_qkv;                    /* (N, Wl) of c_attn's output */
     /* An MoE block's MLP instead of fch, fch_gelu (k = top_k, E experts;
      * at most N k packed rows, expert-major; kernels.h, "mixture of
      * experts"): */
@@ -67,10 +67,10 @@ typedef struct {
     float *dbtc;   /* (R, C) */
     float *full;   /* (N, C) partial sums before a reduction, gathered gradients */
     float *gather; /* (N, C) gathered LayerNorm output (sp) */
-    float *dqkv;   /* (N, 3Cl) */
+    float *dqkv;   /* (N, Wl) */
     float *datt;   /* (B, NHl, T, T) */
     float *dfch;   /* (N, Fl) */
-    float *dfchg;  /* (N, Fl) */
+    float *dfchg;  /* (N, max(Hl, Cl)) */
     float *atty;   /* (N, Cl) attention output of a selective recompute */
     float *drep;   /* (max(6C, T*C)) sp: this rank's part of replicated gradients */
     float *dkeep3, *dkeep2; /* (N, C) gradients of mlp.c_proj's and attn.c_proj's
@@ -122,11 +122,34 @@ struct loco_gpt {
     struct loco_gpt_moe *moe;
     float loss_scale;
     bool rerun;             /* a block's forward rerun by full recompute */
+    /* RoPE (cfg.pos = rope): cos and sin of every position's angles
+     * (seq_len, hs/2), loco_rope_tables. */
+    float *rope_cos, *rope_sin;
 };
 
 static inline int loco__gpt_tp_of(const loco_gpt_config *cfg) {
     return cfg->tp > 1 ? cfg->tp : 1;
 }
+
+/* The tensors of block l in table order (Hugging Face GPT-2 names for
+ * every family: loco's layouts, which `loco ckpt export` renames): what
+ * loco_gpt_build_table adds and bind_views binds, one list for both. */
+typedef struct {
+    const char *suffix;
+    size_t field; /* offsetof(loco_gpt_block, ...) */
+    int ndim;
+    int64_t shape[2];
+    int split, split_parts;
+    bool decay;
+} loco__gpt_block_tensor;
+
+enum { LOCO__GPT_BLOCK_TENSORS_MAX = 12 };
+/* Block l's tensors into out (LOCO__GPT_BLOCK_TENSORS_MAX at most); their
+ * count. An MoE block's experts follow them in the table. */
+int loco__gpt_block_tensors(const loco_gpt_config *cfg, int l, loco__gpt_block_tensor *out);
+/* The description's own constraints and the paths not yet taught it
+ * (LOCO_EINVAL / LOCO_ENOTSUP with the reason). */
+int loco__gpt_check_description(const loco_gpt_config *cfg);
 
 /* The shapes of the passes on this rank: rows of the residual regions,
  * the tp slice's widths and where this rank's rows and vocabulary start. */
@@ -134,7 +157,14 @@ typedef struct {
     int t, k; /* tp size and rank */
     bool sp;
     size_t N, R, row0; /* all rows, this rank's residual rows, its first row */
-    int C, Cl, Fl, NHl, Vl, v_lo, v_valid;
+    int C, Cl, NHl, Vl, v_lo, v_valid;
+    /* The description's widths, tp slices: c_attn's output Wl (NHl query
+     * and NKVl key/value heads of hs), c_fc's output Fl (SwiGLU: gate and
+     * up, 2 Hl) and the MLP's hidden width Hl (GPT-2: Wl = 3Cl, Fl = Hl =
+     * 4C/t). */
+    int hs, NKVl, Wl, Fl, Hl;
+    int Wa; /* c_attn's output rows as kept: Wl, or wider where Ulysses
+             * replicates key/value heads in place (c wu) */
 } loco__gpt_shape;
 
 /* The shapes of a B x T batch's passes on this rank. */
@@ -234,10 +264,17 @@ typedef struct loco_gpt_cp {
     int32_t *tok, *tgt;    /* (B, Tl) the rank's tokens and targets */
     float *buf;            /* the slab the buffers below live in */
     float *wpe, *dwpe;     /* (Tl, C) the rows' positions in wpe, their gradient */
-    float *kv[2], *dkv[2]; /* ring: (B Tl, 2 Cl) K|V travelling, dK|dV following */
-    float *dkv_part;       /* ring: (B Tl, 2 Cl) a step's dK|dV before the accumulator's */
+    int *pos;              /* (Tl) the global position of each local row (RoPE) */
+    /* The attention's widths: Ckv = NKVl hs of keys (or values) in a row;
+     * Ulysses gives rank x hq = NHl/c query heads' columns and hk of key
+     * (and value) heads': NKVl/c heads, or the one its queries read when
+     * there are fewer key/value heads than ranks (replicated, its gradient
+     * summed on the way back); a head-sharded row is wu = hq + 2 hk. */
+    int Ckv, hq, hk, wu;
+    float *kv[2], *dkv[2]; /* ring: (B Tl, 2 Ckv) K|V travelling, dK|dV following */
+    float *dkv_part;       /* ring: (B Tl, 2 Ckv) a step's dK|dV before the accumulator's */
     float *blk_out, *blk_lse, *delta; /* ring: a block's (Tc, Cl), (NHl, Tc); (B, 2, NHl, Tc) */
-    float *send, *recv;    /* Ulysses: all-to-all buffers (B Tl 3 Cl) */
+    float *send, *recv;    /* Ulysses: all-to-all buffers (c B Tl wu) */
     float *hout, *hdout, *hdqkv; /* Ulysses: head-sharded output, its gradient, dqkv */
     size_t bytes_held;     /* allocated */
     double bytes;          /* sent by this rank */

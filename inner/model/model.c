@@ -1,6 +1,7 @@
-/* GPT-2 over flat buffers (llm.c's structure, Hugging Face's names and
- * layouts), on one rank or on a tensor-parallel slice: its tables, units,
- * lifecycle and initialisation. The passes are model_pass.c; model_tp.c
+/* The model over flat buffers (llm.c's structure, Hugging Face's names and
+ * layouts), on one rank or on a tensor-parallel slice: its units, views,
+ * lifecycle and initialisation. The description and the table it makes
+ * are model_desc.c; the passes are model_pass.c; model_tp.c
  * holds the tp pieces, model_stage.c the pipeline stages, model_acts.c
  * the activation slab. Every loop lives in kernels/. */
 #include "inner/comm/comm.h"
@@ -8,88 +9,8 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
-
-loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
-    loco_gpt_config c = {
-        .n_layer = (int)cfg->model.n_layer,
-        .n_head = (int)cfg->model.n_head,
-        .n_embd = (int)cfg->model.n_embd,
-        .seq_len = (int)cfg->model.seq_len,
-        .vocab_size = (int)cfg->model.vocab_size,
-        .n_experts = (int)cfg->model.n_experts,
-        .top_k = (int)cfg->model.top_k,
-        .moe_every = (int)cfg->model.moe_every,
-        .capacity_factor = (float)cfg->model.capacity_factor,
-        .aux_loss = (float)cfg->model.aux_loss,
-        .z_loss = (float)cfg->model.z_loss,
-    };
-    return c;
-}
-
-int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
-    const int t = loco__gpt_tp_of(cfg);
-    if (cfg->n_head % t || (4 * (int64_t)cfg->n_embd) % t)
-        return LOCO_ERR(LOCO_EINVAL,
-                        "parallel.tp = %d must divide model.n_head (%d) and 4 x model.n_embd "
-                        "(%lld): Megatron tensor parallelism splits whole heads and MLP columns",
-                        t, cfg->n_head, 4 * (long long)cfg->n_embd);
-    const int64_t C = cfg->n_embd, maxT = cfg->seq_len;
-    const int64_t Vl = loco_gpt_vocab_padded(cfg) / t, Cl = C / t, Fl = 4 * C / t;
-    loco_ttable_init(tt);
-    /* split_dim: the dimension Megatron-style tensor parallelism splits —
-     * columns of c_attn/c_fc (dim 1 in Conv1D layout), rows of the output
-     * projections (dim 0), vocabulary rows of wte. The shapes are the slice
-     * one tp rank holds (the whole tensor when tp = 1). */
-    int rc;
-#define ADD1(name, n0, split, decay)                                                               \
-    LOCO_CHECK_GOTO(loco_ttable_add(tt, name, 1, (int64_t[]){n0}, split, decay), out_fail)
-#define ADD2(name, n0, n1, split)                                                                  \
-    LOCO_CHECK_GOTO(loco_ttable_add(tt, name, 2, (int64_t[]){n0, n1}, split, true), out_fail)
-    ADD2("transformer.wte.weight", Vl, C, 0);
-    ADD2("transformer.wpe.weight", maxT, C, -1);
-    for (int l = 0; l < cfg->n_layer; l++) {
-        char n[LOCO_TENSOR_NAME_MAX];
-#define NAME(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), n)
-        ADD1(NAME("ln_1.weight"), C, -1, false);
-        ADD1(NAME("ln_1.bias"), C, -1, false);
-        ADD2(NAME("attn.c_attn.weight"), C, 3 * Cl, 1);
-        tt->t[tt->n - 1].split_parts = 3; /* q, k and v each split by heads */
-        ADD1(NAME("attn.c_attn.bias"), 3 * Cl, 0, false);
-        tt->t[tt->n - 1].split_parts = 3;
-        ADD2(NAME("attn.c_proj.weight"), Cl, C, 0);
-        ADD1(NAME("attn.c_proj.bias"), C, -1, false);
-        ADD1(NAME("ln_2.weight"), C, -1, false);
-        ADD1(NAME("ln_2.bias"), C, -1, false);
-        if (loco_gpt_is_moe(cfg, l)) {
-            ADD2(NAME("mlp.router.weight"), cfg->n_experts, C, -1);
-            const int ep = cfg->ep > 1 ? cfg->ep : 1, El = cfg->n_experts / ep;
-            for (int j = cfg->ep_rank * El; j < (cfg->ep_rank + 1) * El; j++) {
-                char e[64];
-#define EXPERT(suffix) (snprintf(e, sizeof e, "mlp.experts.%d.%s", j, suffix), NAME(e))
-                ADD2(EXPERT("c_fc.weight"), C, 4 * C, -1);
-                ADD1(EXPERT("c_fc.bias"), 4 * C, -1, false);
-                ADD2(EXPERT("c_proj.weight"), 4 * C, C, -1);
-                ADD1(EXPERT("c_proj.bias"), C, -1, false);
-#undef EXPERT
-            }
-            continue;
-        }
-        ADD2(NAME("mlp.c_fc.weight"), C, Fl, 1);
-        ADD1(NAME("mlp.c_fc.bias"), Fl, 0, false);
-        ADD2(NAME("mlp.c_proj.weight"), Fl, C, 0);
-        ADD1(NAME("mlp.c_proj.bias"), C, -1, false);
-#undef NAME
-    }
-    ADD1("transformer.ln_f.weight", C, -1, false);
-    ADD1("transformer.ln_f.bias", C, -1, false);
-#undef ADD1
-#undef ADD2
-    return 0;
-out_fail:
-    loco_ttable_fini(tt);
-    return rc;
-}
 
 /* The unit a tensor of the (whole or stage) table belongs to: 0 for wte
  * and wpe, l + 1 for block l, L + 1 for ln_f and a wte that follows it. */
@@ -97,7 +18,7 @@ int loco__gpt_unit_of(const loco_tensor *t, int L, bool after_lnf) {
     int l;
     if (sscanf(t->name, "transformer.h.%d.", &l) == 1)
         return l + 1;
-    if (strstr(t->name, ".ln_f.") || after_lnf)
+    if (strstr(t->name, ".ln_f.") || !strcmp(t->name, "lm_head.weight") || after_lnf)
         return L + 1;
     return 0;
 }
@@ -152,30 +73,23 @@ static void bind_views(loco_gpt *m, loco_gpt_tensors *v, int unit, float *base) 
         return; /* not held */
     if (unit == 0) {
         v->wte = NEXT;
-        v->wpe = NEXT;
+        if (m->cfg.pos == LOCO_POS_LEARNED)
+            v->wpe = NEXT;
     } else if (unit <= m->cfg.n_layer) {
         loco_gpt_block *b = &v->h[unit - 1];
-        b->ln1w = NEXT;
-        b->ln1b = NEXT;
-        b->qkvw = NEXT;
-        b->qkvb = NEXT;
-        b->attprojw = NEXT;
-        b->attprojb = NEXT;
-        b->ln2w = NEXT;
-        b->ln2b = NEXT;
-        if (loco_gpt_is_moe(&m->cfg, unit - 1)) {
-            b->routerw = NEXT;
+        loco__gpt_block_tensor bt[LOCO__GPT_BLOCK_TENSORS_MAX];
+        const int nb = loco__gpt_block_tensors(&m->cfg, unit - 1, bt);
+        for (int k = 0; k < nb; k++)
+            *(float **)((char *)b + bt[k].field) = NEXT;
+        if (loco_gpt_is_moe(&m->cfg, unit - 1))
             b->experts = NEXT; /* the experts' tensors follow back to back */
-            return;
-        }
-        b->fcw = NEXT;
-        b->fcb = NEXT;
-        b->fcprojw = NEXT;
-        b->fcprojb = NEXT;
     } else {
         v->lnfw = NEXT;
-        v->lnfb = NEXT;
-        if (i < last) /* the tied head's own wte (a stage without the embeddings) */
+        if (m->cfg.norm == LOCO_NORM_LAYERNORM)
+            v->lnfb = NEXT;
+        if (i < last && m->cfg.untied)
+            v->lm_head = NEXT;
+        else if (i < last) /* the tied head's own wte (a stage without the embeddings) */
             v->wte = NEXT;
     }
 #undef NEXT
@@ -204,8 +118,15 @@ loco__gpt_shape loco__gpt_shape_of(const loco_gpt *m, int B, int T) {
     d.row0 = d.sp ? d.R * (size_t)d.k : 0;
     d.C = m->cfg.n_embd;
     d.Cl = d.C / d.t;
-    d.Fl = 4 * d.C / d.t;
     d.NHl = m->cfg.n_head / d.t;
+    d.hs = loco_gpt_head_size(&m->cfg);
+    d.NKVl = loco_gpt_kv_heads(&m->cfg) / d.t;
+    d.Wl = loco_gpt_qkv_width(&m->cfg) / d.t;
+    d.Fl = loco_gpt_fc_width(&m->cfg) / d.t;
+    d.Hl = loco_gpt_ffn(&m->cfg) / d.t;
+    d.Wa = d.Wl;
+    if (m->cp && m->cp->algo == LOCO_CP_ULYSSES && m->cp->c * m->cp->wu > d.Wl)
+        d.Wa = m->cp->c * m->cp->wu;
     d.Vl = loco_gpt_vocab_padded(&m->cfg) / d.t;
     d.v_lo = d.k * d.Vl;
     int valid = m->cfg.vocab_size - d.v_lo;
@@ -258,6 +179,7 @@ static int gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsig
     static const loco_gpt_parallel none = {0};
     if (!par)
         par = &none;
+    LOCO_CHECK(loco__gpt_check_description(cfg));
     LOCO_CHECK(check_parallel(cfg, B, T, par));
     m->cfg = *cfg;
     m->cfg.tp = loco__gpt_tp_of(cfg);
@@ -323,6 +245,20 @@ static int gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsig
     m->a = m->slot_acts[0];
     if (want_a)
         loco__gpt_carve_acts(m, m->act_slab);
+    if (cfg->pos == LOCO_POS_ROPE) {
+        const int hs = loco_gpt_head_size(cfg);
+        const size_t n = (size_t)cfg->seq_len * (size_t)(hs / 2);
+        m->rope_cos = loco_alloc(2 * n * sizeof(float));
+        if (!m->rope_cos) {
+            rc = LOCO_ERR(LOCO_ENOMEM, "RoPE tables of %zu floats", 2 * n);
+            goto out_fail;
+        }
+        m->rope_sin = m->rope_cos + n;
+        const loco_rope_scaling sc = {cfg->rope_factor, cfg->rope_low_freq, cfg->rope_high_freq,
+                                      cfg->rope_original_max_pos};
+        loco_rope_tables(m->rope_cos, m->rope_sin, cfg->seq_len, hs,
+                         cfg->rope_theta > 0 ? cfg->rope_theta : 10000.0f, &sc);
+    }
     for (int u = 0; u < loco_gpt_num_units(m); u++) {
         size_t lo, hi;
         loco_gpt_unit_range(m, u, &lo, &hi);
@@ -349,6 +285,7 @@ static void gpt_fini(loco_gpt *m) {
     loco_free(m->unit_t0);
     loco_free(m->tp_counts);
     loco_free(m->act_slab);
+    loco_free(m->rope_cos);
     loco__gpt_cp_fini(m);
     loco__gpt_moe_fini(m);
     memset(m, 0, sizeof *m);
@@ -517,13 +454,3 @@ void loco_gpt_zero_grad(loco_gpt *m) {
         memset(m->grads, 0, m->n_params * sizeof(float));
 }
 
-double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {
-    const double L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab_size;
-    /* the matmul parameters a token meets: an MoE block's top_k experts
-     * and its router in place of the MLP */
-    double matmul_params = L * 12.0 * C * C + V * C;
-    for (int l = 0; l < cfg->n_layer; l++)
-        if (loco_gpt_is_moe(cfg, l))
-            matmul_params += (cfg->top_k - 1) * 8.0 * C * C + (double)cfg->n_experts * C;
-    return 6.0 * matmul_params + 12.0 * L * C * T;
-}

@@ -11,10 +11,31 @@
 
 struct loco_comm;
 
+/* The architecture's choices. Zero is GPT-2's in every field, so a config
+ * written for GPT-2 (designated initialisers, memset) is GPT-2. */
+typedef enum { LOCO_NORM_LAYERNORM = 0, LOCO_NORM_RMSNORM } loco_norm_kind;
+typedef enum { LOCO_POS_LEARNED = 0, LOCO_POS_ROPE } loco_pos_kind;
+typedef enum { LOCO_MLP_GELU = 0, LOCO_MLP_SWIGLU } loco_mlp_kind;
+
 typedef struct {
     int n_layer, n_head, n_embd; /* L, NH, C */
-    int seq_len;                 /* maxT: rows of the position table */
+    int seq_len;                 /* maxT: rows of the position table, RoPE's positions */
     int vocab_size;              /* V */
+    /* The block description (model.arch and its keys, resolved by
+     * loco_gpt_config_from; read through the loco_gpt_* helpers below,
+     * which turn the zeros into GPT-2's values). */
+    loco_norm_kind norm;         /* ln_1, ln_2, ln_f */
+    float norm_eps;              /* 0: 1e-5 */
+    loco_pos_kind pos;
+    float rope_theta;            /* 0: 10000 */
+    /* Llama 3.1 RoPE scaling (factor 0: none) */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_original_max_pos;
+    loco_mlp_kind mlp;           /* the dense MLP and every expert */
+    int ffn_hidden;              /* F; 0: 4C (gelu) or Llama's 8C/3 rule (swiglu) */
+    int n_kv_head;               /* NKV; 0: n_head */
+    bool no_bias;                /* no biases in the four projections (Llama) */
+    bool untied;                 /* an own lm_head (V, C) instead of wte */
     int tp;                      /* tensor-parallel degree t: tables, buffers and passes
                                   * hold one tp rank's slice (0 or 1: the whole model) */
     /* Mixture of experts (n_experts = 0: dense): blocks l with
@@ -28,12 +49,52 @@ typedef struct {
     int ep, ep_rank;
 } loco_gpt_config;
 
+/* The description's values with GPT-2's for the zeros. */
+static inline int loco_gpt_kv_heads(const loco_gpt_config *cfg) {
+    return cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
+}
+static inline int loco_gpt_head_size(const loco_gpt_config *cfg) {
+    return cfg->n_embd / cfg->n_head;
+}
+/* F, the MLP's hidden width (SwiGLU's gate and up are each F wide). */
+static inline int loco_gpt_ffn(const loco_gpt_config *cfg) {
+    if (cfg->ffn_hidden > 0)
+        return cfg->ffn_hidden;
+    if (cfg->mlp == LOCO_MLP_SWIGLU)
+        return (8 * cfg->n_embd / 3 + 63) / 64 * 64;
+    return 4 * cfg->n_embd;
+}
+/* Width of the fused c_attn output: NH + 2 NKV heads. */
+static inline int loco_gpt_qkv_width(const loco_gpt_config *cfg) {
+    return (cfg->n_head + 2 * loco_gpt_kv_heads(cfg)) * loco_gpt_head_size(cfg);
+}
+/* Width of c_fc's output: F, or 2F for SwiGLU's gate and up side by side. */
+static inline int loco_gpt_fc_width(const loco_gpt_config *cfg) {
+    return (cfg->mlp == LOCO_MLP_SWIGLU ? 2 : 1) * loco_gpt_ffn(cfg);
+}
+static inline float loco_gpt_norm_eps(const loco_gpt_config *cfg) {
+    return cfg->norm_eps > 0 ? cfg->norm_eps : 1e-5f;
+}
+/* Whether the description is GPT-2's (the paths not yet taught the
+ * other families refuse anything else). */
+static inline bool loco_gpt_is_gpt2(const loco_gpt_config *cfg) {
+    return cfg->norm == LOCO_NORM_LAYERNORM && cfg->pos == LOCO_POS_LEARNED &&
+           cfg->mlp == LOCO_MLP_GELU && loco_gpt_kv_heads(cfg) == cfg->n_head &&
+           !cfg->no_bias && !cfg->untied && loco_gpt_ffn(cfg) == 4 * cfg->n_embd &&
+           loco_gpt_norm_eps(cfg) == 1e-5f;
+}
+
 /* Whether block l's MLP is a mixture of experts. */
 static inline bool loco_gpt_is_moe(const loco_gpt_config *cfg, int l) {
     return cfg->n_experts > 0 && cfg->moe_every > 0 && l % cfg->moe_every == cfg->moe_every - 1;
 }
 
-/* Views of one block's tensors inside a flat buffer (HF GPT-2 layouts). */
+/* Views of one block's tensors inside a flat buffer (HF GPT-2 layouts and
+ * names for every family; W = loco_gpt_qkv_width, F = loco_gpt_ffn; the
+ * shapes below are GPT-2's). Biases are NULL without them (cfg->no_bias),
+ * the norms' biases NULL with RMSNorm. c_attn's columns are the NH query
+ * heads, then NKV key heads, then NKV value heads (C, W); c_fc's are
+ * SwiGLU's gate then up (C, 2F), or GELU's (C, F). */
 typedef struct {
     float *ln1w, *ln1b;         /* (C) */
     float *qkvw;                /* (C, 3C)  attn.c_attn.weight */
@@ -65,9 +126,10 @@ static inline loco_gpt_expert loco_gpt_expert_at(float *experts, int C, int j) {
 
 typedef struct {
     float *wte;          /* (V, C), also the tied output head */
-    float *wpe;          /* (maxT, C) */
+    float *wpe;          /* (maxT, C); NULL with RoPE */
     loco_gpt_block *h;   /* (L) */
-    float *lnfw, *lnfb;  /* (C) */
+    float *lnfw, *lnfb;  /* (C); lnfb NULL with RMSNorm */
+    float *lm_head;      /* (V, C) an untied head (cfg->untied), else NULL */
 } loco_gpt_tensors;
 
 

@@ -14,6 +14,7 @@ static bool holds_block(const loco_gpt *m, int l) {
 static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
                           const loco__gpt_shape *d, size_t att, const loco_gpt_config *moe) {
     const size_t C = (size_t)d->C, N = d->N, R = d->R, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
+    const size_t Hl = (size_t)d->Hl;
 #define CARVE(field, count)                                                                        \
     do {                                                                                           \
         if (base)                                                                                  \
@@ -23,7 +24,7 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
     CARVE(la->ln1, R * C);
     CARVE(la->ln1_mean, R);
     CARVE(la->ln1_rstd, R);
-    CARVE(la->qkv, N * 3 * Cl);
+    CARVE(la->qkv, N * (size_t)d->Wa);
     CARVE(la->atty, N * Cl);
     if (att)
         CARVE(la->att, att);
@@ -62,7 +63,7 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
 #undef CARVEI
     } else {
         CARVE(la->fch, N * Fl);
-        CARVE(la->fch_gelu, N * Fl);
+        CARVE(la->fch_gelu, N * Hl);
     }
     CARVE(la->fcproj, R * C);
 #undef CARVE
@@ -80,6 +81,7 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
     const size_t T = (size_t)m->T, C = (size_t)d.C, N = d.N, R = d.R;
     const size_t Cl = (size_t)d.Cl, Fl = (size_t)d.Fl, att = loco__gpt_att_floats(m, &d);
+    const size_t Wl = (size_t)d.Wl, Hl = (size_t)d.Hl;
     /* Ring attention keeps only each row's log-sum-exp: per block, even
      * under selective recompute (nothing to rerun). */
     const bool ring = m->cp && m->cp->algo == LOCO_CP_RING;
@@ -126,7 +128,7 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
                 CARVE(la->keep_out, N * C);
                 CARVE(la->keep_mid, N * C);
                 CARVE(la->keep_fch, N * Fl);
-                CARVE(la->keep_qkv, N * 3 * Cl);
+                CARVE(la->keep_qkv, N * Wl);
             }
             if (base && full) {
                 float *res3 = la->res3;
@@ -157,10 +159,10 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
     }
     CARVE(s->dkeep3, N * C);
     CARVE(s->dkeep2, N * C);
-    CARVE(s->dqkv, N * 3 * Cl);
+    CARVE(s->dqkv, N * Wl);
     CARVE(s->datt, ring ? 0 : att);
     CARVE(s->dfch, N * Fl);
-    CARVE(s->dfchg, N * Fl);
+    CARVE(s->dfchg, N * (Hl > Cl ? Hl : Cl)); /* also datty (N, Cl) */
     if (selective)
         CARVE(s->atty, N * Cl);
     if (any_moe) {
@@ -198,7 +200,9 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
      * router probabilities (E), lse (1), per choice expert, slot, weight,
      * token (4k), the packed rows' inputs and outputs (2kC) and, on the
      * experts' side (ep times the rows), c_fc's output and GELU (8kC ep). */
-    double mlp = 8 * C / t;
+    const double W = loco_gpt_qkv_width(&m->cfg), Fc = loco_gpt_fc_width(&m->cfg);
+    const double H = loco_gpt_ffn(&m->cfg);
+    double mlp = (Fc + H) / t;
     if (loco_gpt_is_moe(&m->cfg, 0)) {
         const double E = m->cfg.n_experts, k = m->cfg.top_k, ep = m->cfg.ep > 1 ? m->cfg.ep : 1;
         mlp = E + 1 + 4 * k + 2 * k * C + 8 * k * C * ep;
@@ -206,7 +210,7 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
     const double per_token =
         mode == LOCO_RECOMPUTE_FULL
             ? C * rows
-            : (6 * C + 4) * rows + 4 * C / t + mlp +
+            : (6 * C + 4) * rows + (W + C) / t + mlp +
                   (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
     return 4.0 * per_token * (double)d.N;
 }

@@ -45,6 +45,14 @@ int loco__gpt_cp_check(const loco_gpt_config *cfg, int B, int T, const loco_gpt_
                         "parallel.cp_algo = ulysses: the %d attention heads%s do not split over "
                         "parallel.cp = %d ranks (use a cp dividing them, or cp_algo = ring)",
                         cfg->n_head / t, t > 1 ? " of a tp rank" : "", c);
+    const int NKVl = loco_gpt_kv_heads(cfg) / t;
+    if (par->cp_algo == LOCO_CP_ULYSSES && NKVl % c && c % NKVl)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "parallel.cp_algo = ulysses: the %d key/value heads%s neither split over "
+                        "parallel.cp = %d ranks nor divide it (each rank needs whole key/value "
+                        "heads: use a cp that model.n_kv_head divides or that divides it, or "
+                        "cp_algo = ring)",
+                        NKVl, t > 1 ? " of a tp rank" : "", c);
     if (par->sp && ((size_t)B * (size_t)(T / c)) % (size_t)t)
         return LOCO_ERR(LOCO_EINVAL,
                         "parallel.sp with cp = %d: the %d x %d tokens of a rank do not split "
@@ -58,6 +66,7 @@ void loco__gpt_cp_fini(loco_gpt *m) {
     if (!cp)
         return;
     loco_free(cp->tok);
+    loco_free(cp->pos);
     loco_free(cp->buf);
     loco_free(cp);
     m->cp = NULL;
@@ -80,38 +89,47 @@ int loco__gpt_cp_init(loco_gpt *m, int B, int T) {
     cp->T = T;
     cp->Tc = T / (2 * c);
     cp->Tl = 2 * cp->Tc;
-    const int t = loco__gpt_tp_of(&m->cfg);
+    const int t = loco__gpt_tp_of(&m->cfg), hs = loco_gpt_head_size(&m->cfg);
+    const int NKVl = loco_gpt_kv_heads(&m->cfg) / t;
     const size_t C = (size_t)m->cfg.n_embd, Cl = C / (size_t)t, NHl = (size_t)m->cfg.n_head / t;
     const size_t rows = (size_t)B * (size_t)cp->Tl, Tc = (size_t)cp->Tc;
+    cp->Ckv = NKVl * hs;
+    cp->hq = (int)(NHl / (size_t)c) * hs;
+    cp->hk = (NKVl >= c ? NKVl / c : 1) * hs;
+    cp->wu = cp->hq + 2 * cp->hk;
+    const size_t Ckv = (size_t)cp->Ckv, wu = (size_t)cp->wu;
     cp->tok = loco_alloc(2 * rows * sizeof(int32_t));
+    cp->pos = loco_alloc((size_t)cp->Tl * sizeof(int));
     /* One slab: wpe rows and their gradient, then the algorithm's buffers. */
     size_t n = 2 * (size_t)cp->Tl * C;
     if (cp->algo == LOCO_CP_RING)
-        n += 5 * rows * 2 * Cl + Tc * Cl + NHl * Tc + (size_t)B * 2 * NHl * Tc;
+        n += 5 * rows * 2 * Ckv + Tc * Cl + NHl * Tc + (size_t)B * 2 * NHl * Tc;
     else
-        n += 2 * rows * 3 * Cl + 2 * rows * Cl + rows * 3 * Cl;
+        n += 2 * (size_t)c * rows * wu + 2 * rows * Cl + (size_t)c * rows * wu;
     cp->buf = loco_alloc(n * sizeof(float));
-    if (!cp->tok || !cp->buf) {
+    if (!cp->tok || !cp->pos || !cp->buf) {
         loco__gpt_cp_fini(m);
         return LOCO_ERR(LOCO_ENOMEM, "context-parallel buffers of %zu floats", n);
     }
     cp->bytes_held = n * sizeof(float) + 2 * rows * sizeof(int32_t);
     cp->tgt = cp->tok + rows;
+    for (int i = 0; i < cp->Tl; i++)
+        cp->pos[i] = row_pos(cp->r, c, cp->Tc, i);
     float *at = cp->buf;
     cp->wpe = at, at += (size_t)cp->Tl * C;
     cp->dwpe = at, at += (size_t)cp->Tl * C;
     if (cp->algo == LOCO_CP_RING) {
         for (int i = 0; i < 2; i++) {
-            cp->kv[i] = at, at += rows * 2 * Cl;
-            cp->dkv[i] = at, at += rows * 2 * Cl;
+            cp->kv[i] = at, at += rows * 2 * Ckv;
+            cp->dkv[i] = at, at += rows * 2 * Ckv;
         }
-        cp->dkv_part = at, at += rows * 2 * Cl;
+        cp->dkv_part = at, at += rows * 2 * Ckv;
         cp->blk_out = at, at += Tc * Cl;
         cp->blk_lse = at, at += NHl * Tc;
         cp->delta = at;
     } else {
-        cp->send = at, at += rows * 3 * Cl;
-        cp->recv = at, at += rows * 3 * Cl;
+        cp->send = at, at += (size_t)c * rows * wu;
+        cp->recv = at, at += (size_t)c * rows * wu;
         cp->hout = at, at += rows * Cl;
         cp->hdout = at, at += rows * Cl;
         cp->hdqkv = at;
@@ -197,10 +215,11 @@ size_t loco__gpt_att_floats(const loco_gpt *m, const loco__gpt_shape *d) {
 
 /* ----------------------------------------------------------------- ring */
 
-/* The rank's K|V rows side by side, (B Tl, 2 Cl), from qkv (B Tl, 3 Cl). */
-static void pack_kv(float *kv, const float *qkv, size_t rows, int Cl) {
+/* The rank's K|V rows side by side, (B Tl, 2 Ckv), from qkv (B Tl, Wl):
+ * the key and value heads follow the NHl query heads' Cl columns. */
+static void pack_kv(float *kv, const float *qkv, size_t rows, const loco__gpt_shape *d, int Ckv) {
     for (size_t i = 0; i < rows; i++)
-        memcpy(kv + i * 2 * Cl, qkv + i * 3 * Cl + Cl, 2 * (size_t)Cl * sizeof(float));
+        memcpy(kv + i * 2 * Ckv, qkv + i * d->Wl + d->Cl, 2 * (size_t)Ckv * sizeof(float));
 }
 
 /* Posts the next block's transfer: receive from the previous rank, send
@@ -225,8 +244,9 @@ static int ring_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, float *ls
                     const float *qkv, int B) {
     loco_gpt_cp *cp = m->cp;
     const int c = cp->c, r = cp->r, Tc = cp->Tc, Tl = cp->Tl, Cl = d->Cl, NHl = d->NHl;
-    const size_t rows = (size_t)B * Tl, n = rows * 2 * Cl;
-    pack_kv(cp->kv[0], qkv, rows, Cl);
+    const int Ckv = cp->Ckv, W = d->Wl;
+    const size_t rows = (size_t)B * Tl, n = rows * 2 * Ckv;
+    pack_kv(cp->kv[0], qkv, rows, d, Ckv);
     for (size_t i = 0; i < rows * Cl; i++)
         out[i] = 0;
     for (size_t i = 0; i < (size_t)B * 2 * NHl * Tc; i++)
@@ -243,10 +263,11 @@ static int ring_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, float *ls
                     const int qp = chunk_pos(r, c, Tc, j), kp = chunk_pos(src, c, Tc, i);
                     if (kp > qp + Tc - 1)
                         continue; /* every key is in the future */
-                    const float *q = qkv + ((size_t)b * Tl + (size_t)j * Tc) * 3 * Cl;
-                    const float *k = cp->kv[cur] + ((size_t)b * Tl + (size_t)i * Tc) * 2 * Cl;
-                    loco_attention_block_fwd(cp->blk_out, cp->blk_lse, q, 3 * Cl, k, k + Cl,
-                                             2 * Cl, 1, Tc, Tc, Cl, NHl, qp, kp, true);
+                    const float *q = qkv + ((size_t)b * Tl + (size_t)j * Tc) * W;
+                    const float *k = cp->kv[cur] + ((size_t)b * Tl + (size_t)i * Tc) * 2 * Ckv;
+                    loco_attention_block_gqa_fwd(cp->blk_out, cp->blk_lse, q, W, k, k + Ckv,
+                                                 2 * Ckv, 1, Tc, Tc, NHl, d->NKVl, d->hs, qp, kp,
+                                                 true);
                     loco_attention_merge(out + ((size_t)b * Tl + (size_t)j * Tc) * Cl,
                                          lse + ((size_t)b * 2 + j) * NHl * Tc, cp->blk_out,
                                          cp->blk_lse, 1, Tc, Cl, NHl);
@@ -265,6 +286,7 @@ static void ring_bwd_block(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, c
                            int src) {
     const loco_gpt_cp *cp = m->cp;
     const int c = cp->c, r = cp->r, Tc = cp->Tc, Tl = cp->Tl, Cl = d->Cl, NHl = d->NHl;
+    const int Ckv = cp->Ckv, W = d->Wl;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < 2; j++)
             for (int i = 0; i < 2; i++) {
@@ -273,13 +295,13 @@ static void ring_bwd_block(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, c
                     continue;
                 const size_t qrow = (size_t)b * Tl + (size_t)j * Tc;
                 const size_t krow = (size_t)b * Tl + (size_t)i * Tc;
-                const float *k = kv + krow * 2 * Cl;
-                float *dk = dkv + krow * 2 * Cl;
+                const float *k = kv + krow * 2 * Ckv;
+                float *dk = dkv + krow * 2 * Ckv;
                 const size_t stat = ((size_t)b * 2 + j) * NHl * Tc;
-                loco_attention_block_bwd(dqkv + qrow * 3 * Cl, 3 * Cl, dk, dk + Cl, 2 * Cl,
-                                         dout + qrow * Cl, lse + stat, cp->delta + stat,
-                                         qkv + qrow * 3 * Cl, 3 * Cl, k, k + Cl, 2 * Cl, 1, Tc, Tc,
-                                         Cl, NHl, qp, kp, true);
+                loco_attention_block_gqa_bwd(dqkv + qrow * W, W, dk, dk + Ckv, 2 * Ckv,
+                                             dout + qrow * Cl, lse + stat, cp->delta + stat,
+                                             qkv + qrow * W, W, k, k + Ckv, 2 * Ckv, 1, Tc, Tc, NHl,
+                                             d->NKVl, d->hs, qp, kp, true);
             }
 }
 
@@ -287,14 +309,15 @@ static int ring_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, const fl
                     const float *qkv, const float *out, const float *lse, int B) {
     loco_gpt_cp *cp = m->cp;
     const int c = cp->c, r = cp->r, Tc = cp->Tc, Tl = cp->Tl, Cl = d->Cl, NHl = d->NHl;
-    const size_t rows = (size_t)B * Tl, n = rows * 2 * Cl;
+    const int Ckv = cp->Ckv;
+    const size_t rows = (size_t)B * Tl, n = rows * 2 * Ckv;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < 2; j++) {
             const size_t at = ((size_t)b * Tl + (size_t)j * Tc) * Cl;
             loco_attention_delta(cp->delta + ((size_t)b * 2 + j) * NHl * Tc, dout + at, out + at, 1,
                                  Tc, Cl, NHl);
         }
-    pack_kv(cp->kv[0], qkv, rows, Cl);
+    pack_kv(cp->kv[0], qkv, rows, d, Ckv);
     /* Each block's dK|dV accumulator follows it around the ring. A step
      * computes its contribution apart (part) while the accumulator from
      * the previous rank is in flight, adds it on arrival and sends it on;
@@ -338,9 +361,9 @@ static int ring_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, const fl
     const int rc2 = loco_comm_wait(sreq[(c + 1) % 2]);
     LOCO_CHECK(rc < 0 ? rc : rc2);
     for (size_t i = 0; i < rows; i++) {
-        float *o = dqkv + i * 3 * Cl + Cl;
-        const float *in = mine + i * 2 * Cl;
-        for (int x = 0; x < 2 * Cl; x++)
+        float *o = dqkv + i * d->Wl + Cl;
+        const float *in = mine + i * 2 * Ckv;
+        for (int x = 0; x < 2 * Ckv; x++)
             o[x] += in[x];
     }
     return 0;
@@ -348,21 +371,38 @@ static int ring_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, const fl
 
 /* -------------------------------------------------------------- Ulysses */
 
-/* Rows of `parts` blocks of Cl columns (local layout, B x Tl rows) ->
- * send: for each rank x, its heads' hc = Cl/c columns of every part. */
-static void pack_heads(const loco_gpt_cp *cp, float *send, const float *src, int B, int Cl,
-                       int parts) {
-    const int c = cp->c, Tl = cp->Tl, hc = Cl / c;
-    for (int x = 0; x < c; x++)
-        for (size_t row = 0; row < (size_t)B * Tl; row++)
-            for (int p = 0; p < parts; p++)
-                memcpy(send + (((size_t)x * B * Tl + row) * parts + p) * hc,
-                       src + row * parts * Cl + (size_t)p * Cl + (size_t)x * hc,
-                       (size_t)hc * sizeof(float));
+/* Rank x's columns of a local row: its query heads' (parts 1: the
+ * attention output's row of Cl), or those, then its key and value heads'
+ * (parts 3: c_attn's row of Wl). *col and *w receive the segments. */
+static int segments(const loco_gpt_cp *cp, const loco__gpt_shape *d, int x, int parts, int *col,
+                    int *w) {
+    col[0] = x * cp->hq, w[0] = cp->hq;
+    if (parts == 1)
+        return 1;
+    const int kv0 = x * d->NKVl / cp->c * d->hs; /* its queries' first key/value head */
+    col[1] = d->Cl + kv0, w[1] = cp->hk;
+    col[2] = d->Cl + cp->Ckv + kv0, w[2] = cp->hk;
+    return 3;
 }
 
-/* From rank x: its rows of this rank's heads -> dst (B, T, parts hc) at
- * their global positions. */
+/* Local rows (B x Tl, ld columns) -> send: for each rank x, its columns of
+ * every row (rows of hq, or of wu = hq + 2 hk). */
+static void pack_heads(const loco_gpt_cp *cp, const loco__gpt_shape *d, float *send,
+                       const float *src, int B, int ld, int parts) {
+    const size_t rows = (size_t)B * cp->Tl, wx = parts == 1 ? (size_t)cp->hq : (size_t)cp->wu;
+    for (int x = 0; x < cp->c; x++) {
+        int col[3], w[3];
+        const int n = segments(cp, d, x, parts, col, w);
+        for (size_t row = 0; row < rows; row++) {
+            float *o = send + ((size_t)x * rows + row) * wx;
+            for (int g = 0; g < n; g++, o += w[g - 1])
+                memcpy(o, src + row * ld + col[g], (size_t)w[g] * sizeof(float));
+        }
+    }
+}
+
+/* From rank x: its rows of this rank's heads -> dst (B, T, w) at their
+ * global positions. */
 static void place_rows(const loco_gpt_cp *cp, float *dst, const float *recv, int B, int w) {
     const int c = cp->c, Tl = cp->Tl;
     for (int x = 0; x < c; x++)
@@ -384,22 +424,27 @@ static void pick_rows(const loco_gpt_cp *cp, float *send, const float *src, int 
                        (size_t)w * sizeof(float));
 }
 
-/* From rank x: this rank's rows of x's heads -> dst (B Tl rows of parts
- * blocks of Cl), added or written at columns x hc of each part. */
-static void unpack_heads(const loco_gpt_cp *cp, float *dst, const float *recv, int B, int Cl,
-                         int parts, bool add) {
-    const int c = cp->c, Tl = cp->Tl, hc = Cl / c;
-    for (int x = 0; x < c; x++)
-        for (size_t row = 0; row < (size_t)B * Tl; row++)
-            for (int p = 0; p < parts; p++) {
-                float *o = dst + row * parts * Cl + (size_t)p * Cl + (size_t)x * hc;
-                const float *in = recv + (((size_t)x * B * Tl + row) * parts + p) * hc;
+/* From rank x: this rank's rows of x's heads -> dst (B Tl rows of ld
+ * columns), added or written at x's columns. A key/value head replicated
+ * to several ranks gets the sum of their gradients. */
+static void unpack_heads(const loco_gpt_cp *cp, const loco__gpt_shape *d, float *dst,
+                         const float *recv, int B, int ld, int parts, bool add) {
+    const size_t rows = (size_t)B * cp->Tl, wx = parts == 1 ? (size_t)cp->hq : (size_t)cp->wu;
+    for (int x = 0; x < cp->c; x++) {
+        int col[3], w[3];
+        const int n = segments(cp, d, x, parts, col, w);
+        for (size_t row = 0; row < rows; row++) {
+            const float *in = recv + ((size_t)x * rows + row) * wx;
+            for (int g = 0; g < n; in += w[g], g++) {
+                float *o = dst + row * ld + col[g];
                 if (add)
-                    for (int e = 0; e < hc; e++)
+                    for (int e = 0; e < w[g]; e++)
                         o[e] += in[e];
                 else
-                    memcpy(o, in, (size_t)hc * sizeof(float));
+                    memcpy(o, in, (size_t)w[g] * sizeof(float));
             }
+        }
+    }
 }
 
 static int alltoall(loco_gpt_cp *cp, size_t per_rank) {
@@ -407,36 +452,36 @@ static int alltoall(loco_gpt_cp *cp, size_t per_rank) {
     return loco_comm_alltoall(cp->comm, cp->send, cp->recv, per_rank, LOCO_DT_F32);
 }
 
-/* qkv (B Tl, 3 Cl) local rows becomes, in place, (B, T, 3 hc): every row
- * of this rank's heads, as plain attention reads it. */
+/* qkv (B Tl, Wl) local rows becomes, in place, (B, T, wu): every row of
+ * this rank's heads, as plain attention reads it (d->Wa makes room when
+ * key/value heads are replicated). */
 static int ulysses_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, float *att, float *qkv,
                        int B) {
     loco_gpt_cp *cp = m->cp;
-    const int Cl = d->Cl, hc = Cl / cp->c;
     const size_t rows = (size_t)B * cp->Tl;
-    pack_heads(cp, cp->send, qkv, B, Cl, 3);
-    LOCO_CHECK(alltoall(cp, rows * 3 * hc));
-    place_rows(cp, qkv, cp->recv, B, 3 * hc);
-    loco_attention_fwd(cp->hout, att, qkv, B, cp->T, hc, d->NHl / cp->c);
-    pick_rows(cp, cp->send, cp->hout, B, hc);
-    LOCO_CHECK(alltoall(cp, rows * hc));
-    unpack_heads(cp, out, cp->recv, B, Cl, 1, false);
+    pack_heads(cp, d, cp->send, qkv, B, d->Wl, 3);
+    LOCO_CHECK(alltoall(cp, rows * (size_t)cp->wu));
+    place_rows(cp, qkv, cp->recv, B, cp->wu);
+    loco_attention_gqa_fwd(cp->hout, att, qkv, B, cp->T, d->NHl / cp->c, cp->hk / d->hs, d->hs);
+    pick_rows(cp, cp->send, cp->hout, B, cp->hq);
+    LOCO_CHECK(alltoall(cp, rows * (size_t)cp->hq));
+    unpack_heads(cp, d, out, cp->recv, B, d->Cl, 1, false);
     return 0;
 }
 
 static int ulysses_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, float *datt,
                        const float *dout, const float *qkv, const float *att, int B) {
     loco_gpt_cp *cp = m->cp;
-    const int Cl = d->Cl, hc = Cl / cp->c;
     const size_t rows = (size_t)B * cp->Tl;
-    pack_heads(cp, cp->send, dout, B, Cl, 1);
-    LOCO_CHECK(alltoall(cp, rows * hc));
-    place_rows(cp, cp->hdout, cp->recv, B, hc);
-    memset(cp->hdqkv, 0, rows * 3 * Cl * sizeof(float));
-    loco_attention_bwd(cp->hdqkv, datt, cp->hdout, qkv, att, B, cp->T, hc, d->NHl / cp->c);
-    pick_rows(cp, cp->send, cp->hdqkv, B, 3 * hc);
-    LOCO_CHECK(alltoall(cp, rows * 3 * hc));
-    unpack_heads(cp, dqkv, cp->recv, B, Cl, 3, true);
+    pack_heads(cp, d, cp->send, dout, B, d->Cl, 1);
+    LOCO_CHECK(alltoall(cp, rows * (size_t)cp->hq));
+    place_rows(cp, cp->hdout, cp->recv, B, cp->hq);
+    memset(cp->hdqkv, 0, (size_t)cp->c * rows * (size_t)cp->wu * sizeof(float));
+    loco_attention_gqa_bwd(cp->hdqkv, datt, cp->hdout, qkv, att, B, cp->T, d->NHl / cp->c,
+                           cp->hk / d->hs, d->hs);
+    pick_rows(cp, cp->send, cp->hdqkv, B, cp->wu);
+    LOCO_CHECK(alltoall(cp, rows * (size_t)cp->wu));
+    unpack_heads(cp, d, dqkv, cp->recv, B, d->Wl, 3, true);
     return 0;
 }
 
@@ -444,6 +489,10 @@ static int ulysses_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, float
 
 int loco__gpt_attention_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, float *att,
                             float *qkv, int B, int T) {
+    if (!m->cp && d->NKVl != d->NHl) { /* grouped-query attention */
+        loco_attention_gqa_fwd(out, att, qkv, B, T, d->NHl, d->NKVl, d->hs);
+        return 0;
+    }
     if (!m->cp) {
         loco_attention_fwd(out, att, qkv, B, T, d->Cl, d->NHl);
         return 0;
@@ -454,11 +503,13 @@ int loco__gpt_attention_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out, f
 
 int loco__gpt_attention_rerun(loco_gpt *m, const loco__gpt_shape *d, float *scratch, float *att,
                               const float *qkv, int B, int T) {
-    if (!m->cp)
+    if (!m->cp && d->NKVl != d->NHl)
+        loco_attention_gqa_fwd(scratch, att, qkv, B, T, d->NHl, d->NKVl, d->hs);
+    else if (!m->cp)
         loco_attention_fwd(scratch, att, qkv, B, T, d->Cl, d->NHl);
     else if (m->cp->algo == LOCO_CP_ULYSSES) /* qkv is already head-sharded */
-        loco_attention_fwd(m->cp->hout, att, qkv, B, m->cp->T, d->Cl / m->cp->c,
-                           d->NHl / m->cp->c);
+        loco_attention_gqa_fwd(m->cp->hout, att, qkv, B, m->cp->T, d->NHl / m->cp->c,
+                               m->cp->hk / d->hs, d->hs);
     /* ring keeps each row's log-sum-exp: nothing to recompute */
     return 0;
 }
@@ -466,6 +517,10 @@ int loco__gpt_attention_rerun(loco_gpt *m, const loco__gpt_shape *d, float *scra
 int loco__gpt_attention_bwd(loco_gpt *m, const loco__gpt_shape *d, float *dqkv, float *datt,
                             const float *dout, const float *qkv, const float *out,
                             const float *att, int B, int T) {
+    if (!m->cp && d->NKVl != d->NHl) {
+        loco_attention_gqa_bwd(dqkv, datt, dout, qkv, att, B, T, d->NHl, d->NKVl, d->hs);
+        return 0;
+    }
     if (!m->cp) {
         loco_attention_bwd(dqkv, datt, dout, qkv, att, B, T, d->Cl, d->NHl);
         return 0;

@@ -48,6 +48,61 @@ int loco__gpt_check_tokens(const loco_gpt *m, const int32_t *inputs, int B, int 
 
 /* ---------------------------------------------------------------- passes */
 
+/* The description's norm: LayerNorm (mean, rstd kept) or RMSNorm (rstd). */
+static void norm_fwd(const loco_gpt *m, float *out, float *mean, float *rstd, const float *in,
+                     const float *w, const float *b, int R, int C) {
+    if (m->cfg.norm == LOCO_NORM_RMSNORM)
+        loco_rmsnorm_fwd(out, rstd, in, w, R, C, loco_gpt_norm_eps(&m->cfg));
+    else
+        loco_layernorm_fwd(out, mean, rstd, in, w, b, R, C);
+}
+
+static void norm_bwd(const loco_gpt *m, float *din, float *dw, float *db, const float *dout,
+                     const float *in, const float *w, const float *mean, const float *rstd, int R,
+                     int C) {
+    if (m->cfg.norm == LOCO_NORM_RMSNORM)
+        loco_rmsnorm_bwd(din, dw, dout, in, w, rstd, R, C);
+    else
+        loco_layernorm_bwd(din, dw, db, dout, in, w, mean, rstd, R, C);
+}
+
+/* RoPE on the query and key heads of c_attn's output (N, Wl), in place:
+ * forward turns them by their positions, backward turns their gradients
+ * back. */
+static void rope(const loco_gpt *m, const loco__gpt_shape *d, float *qkv, int B, int T,
+                 bool backward) {
+    if (m->cfg.pos != LOCO_POS_ROPE)
+        return;
+    void (*turn)(float *, int, int, int, int, int, const int *, const float *, const float *) =
+        backward ? loco_rope_bwd : loco_rope_fwd;
+    const int *pos = m->cp ? m->cp->pos : NULL; /* the rows' global positions */
+    turn(qkv, d->Wl, B, T, d->NHl, d->hs, pos, m->rope_cos, m->rope_sin);
+    turn(qkv + (size_t)d->NHl * d->hs, d->Wl, B, T, d->NKVl, d->hs, pos, m->rope_cos,
+         m->rope_sin);
+}
+
+/* The MLP's activation: GELU of c_fc's output, or SwiGLU of its gate and
+ * up halves; its backward accumulates into dfc. */
+static void mlp_act_fwd(const loco_gpt *m, const loco__gpt_shape *d, float *out, const float *fc) {
+    if (m->cfg.mlp == LOCO_MLP_SWIGLU)
+        loco_swiglu_fwd(out, fc, (int)d->N, d->Hl);
+    else
+        loco_gelu_fwd(out, fc, d->N * (size_t)d->Fl);
+}
+
+static void mlp_act_bwd(const loco_gpt *m, const loco__gpt_shape *d, float *dfc, const float *fc,
+                        const float *dout) {
+    if (m->cfg.mlp == LOCO_MLP_SWIGLU)
+        loco_swiglu_bwd(dfc, fc, dout, (int)d->N, d->Hl);
+    else
+        loco_gelu_bwd(dfc, fc, dout, d->N * (size_t)d->Fl);
+}
+
+/* The output head's weight: wte (tied) or lm_head. */
+static float *head_weight(const loco_gpt_tensors *v, const loco_gpt *m) {
+    return m->cfg.untied ? v->lm_head : v->wte;
+}
+
 /* A block's input: the previous block's output, or, for the first block
  * of the chunk a pass runs, a.encoded (the embeddings, or the activation a
  * pipeline stage received). */
@@ -60,14 +115,15 @@ int loco__gpt_block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco
     const loco_gpt_block *w = &m->p.h[l];
     const int N = (int)d->N, R = (int)d->R, C = d->C;
     const float *res = block_input(m, l), *x;
-    loco_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, res, w->ln1w, w->ln1b, R, C);
+    norm_fwd(m, la->ln1, la->ln1_mean, la->ln1_rstd, res, w->ln1w, w->ln1b, R, C);
     LOCO_CHECK(loco__gpt_column_input(m, d, la->ln1, &x));
-    loco_matmul_fwd(la->qkv, x, w->qkvw, w->qkvb, N, C, 3 * d->Cl, false);
+    loco_matmul_fwd(la->qkv, x, w->qkvw, w->qkvb, N, C, d->Wl, false);
+    rope(m, d, la->qkv, B, T, false);
     LOCO_CHECK(loco__gpt_attention_fwd(m, d, la->atty, la->att, la->qkv, B, T));
     LOCO_CHECK(
         loco__gpt_row_parallel_fwd(m, d, la->attproj, la->atty, w->attprojw, w->attprojb, d->Cl));
     loco_residual_fwd(la->res2, res, la->attproj, (size_t)R * C);
-    loco_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, R, C);
+    norm_fwd(m, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, R, C);
     if (loco_gpt_is_moe(&m->cfg, l)) {
         LOCO_CHECK(loco__gpt_moe_fwd(m, d, l, la));
         loco_residual_fwd(la->res3, la->res2, la->fcproj, (size_t)R * C);
@@ -75,9 +131,9 @@ int loco__gpt_block_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco
     }
     LOCO_CHECK(loco__gpt_column_input(m, d, la->ln2, &x));
     loco_matmul_fwd(la->fch, x, w->fcw, w->fcb, N, C, d->Fl, false);
-    loco_gelu_fwd(la->fch_gelu, la->fch, (size_t)N * d->Fl);
+    mlp_act_fwd(m, d, la->fch_gelu, la->fch);
     LOCO_CHECK(
-        loco__gpt_row_parallel_fwd(m, d, la->fcproj, la->fch_gelu, w->fcprojw, w->fcprojb, d->Fl));
+        loco__gpt_row_parallel_fwd(m, d, la->fcproj, la->fch_gelu, w->fcprojw, w->fcprojb, d->Hl));
     loco_residual_fwd(la->res3, la->res2, la->fcproj, (size_t)R * C);
     return 0;
 }
@@ -107,30 +163,29 @@ int loco__gpt_block_bwd_input(loco_gpt *m, const loco__gpt_shape *d, int l,
     if (loco_gpt_is_moe(&m->cfg, l)) { /* the whole MoE backward, weights too */
         LOCO_CHECK(loco__gpt_moe_bwd(m, d, l, la));
     } else {
-        memset(s->dfchg, 0, (size_t)N * d->Fl * sizeof(float));
+        memset(s->dfchg, 0, (size_t)N * d->Hl * sizeof(float));
         LOCO_CHECK(loco__gpt_row_parallel_bwd_input(m, d, s->dfchg, fpb, s->dres, k->d_out,
-                                                    w->fcprojw, d->Fl));
+                                                    w->fcprojw, d->Hl));
         memset(k->d_fch, 0, (size_t)N * d->Fl * sizeof(float));
-        loco_gelu_bwd(k->d_fch, la->fch, s->dfchg, (size_t)N * d->Fl);
+        mlp_act_bwd(m, d, k->d_fch, la->fch, s->dfchg);
         LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_fch, w->fcw, d->Fl));
     }
-    loco_layernorm_bwd(s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd,
-                       R, C);
+    norm_bwd(m, s->dres, ln2w, ln2b, s->dbtc, la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd, R, C);
     /* res2 = res + attproj: dres flows to both. */
     if (m->par.recompute == LOCO_RECOMPUTE_SELECTIVE && !loco__gpt_full_recompute(m, l)) {
         /* The attention core again: the probabilities were not kept. */
         LOCO_CHECK(loco__gpt_attention_rerun(m, d, s->atty, la->att, la->qkv, B, T));
     }
-    float *datty = s->dfchg; /* (N, Cl) fits in (N, Fl) */
+    float *datty = s->dfchg; /* (N, Cl) fits (model_acts.c) */
     memset(datty, 0, (size_t)N * d->Cl * sizeof(float));
     LOCO_CHECK(
         loco__gpt_row_parallel_bwd_input(m, d, datty, apb, s->dres, k->d_mid, w->attprojw, d->Cl));
-    memset(k->d_qkv, 0, (size_t)N * 3 * d->Cl * sizeof(float));
+    memset(k->d_qkv, 0, (size_t)N * d->Wl * sizeof(float));
     LOCO_CHECK(loco__gpt_attention_bwd(m, d, k->d_qkv, s->datt, datty, la->qkv, la->atty, la->att,
                                        B, T));
-    LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_qkv, w->qkvw, 3 * d->Cl));
-    loco_layernorm_bwd(s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R,
-                       C);
+    rope(m, d, k->d_qkv, B, T, true);
+    LOCO_CHECK(loco__gpt_column_parallel_bwd_input(m, d, s->dbtc, k->d_qkv, w->qkvw, d->Wl));
+    norm_bwd(m, s->dres, ln1w, ln1b, s->dbtc, res, w->ln1w, la->ln1_mean, la->ln1_rstd, R, C);
     if (d->sp) {
         float *dst[6] = {g->ln1w, g->ln1b, g->attprojb, g->ln2w, g->ln2b, g->fcprojb};
         const size_t len[6] = {(size_t)C, (size_t)C, (size_t)C, (size_t)C, (size_t)C, (size_t)C};
@@ -145,13 +200,12 @@ int loco__gpt_block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
                                const loco_gpt_layer_acts *la, const loco__gpt_block_keep *k) {
     loco_gpt_block *g = &m->g.h[l];
     if (!loco_gpt_is_moe(&m->cfg, l)) { /* an MoE block's came with its input half */
-        loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Fl);
+        loco__gpt_row_parallel_bwd_weight(d, g->fcprojw, k->d_out, la->fch_gelu, d->Hl);
         LOCO_CHECK(
             loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
     }
     loco__gpt_row_parallel_bwd_weight(d, g->attprojw, k->d_mid, la->atty, d->Cl);
-    return loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1,
-                                                3 * d->Cl);
+    return loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1, d->Wl);
 }
 
 /* Block l's whole backward: both halves at once, keeping in scratch. */
@@ -170,11 +224,11 @@ int loco__gpt_head_fwd(loco_gpt *m, const loco__gpt_shape *d) {
     /* Under sp this rank's rows of ln_f land in place in the whole (N, C)
      * buffer, which the all-gather then completes. */
     float *lnf_rows = a->lnf + d->row0 * (size_t)C;
-    loco_layernorm_fwd(lnf_rows, a->lnf_mean, a->lnf_rstd, a->layer[L - 1].res3, m->p.lnfw,
-                       m->p.lnfb, (int)d->R, C);
+    norm_fwd(m, lnf_rows, a->lnf_mean, a->lnf_rstd, a->layer[L - 1].res3, m->p.lnfw, m->p.lnfb,
+             (int)d->R, C);
     if (d->sp)
         LOCO_CHECK(loco__gpt_tp_allgather(m, lnf_rows, a->lnf, d->R * (size_t)C));
-    loco_matmul_fwd(a->logits, a->lnf, m->p.wte, NULL, (int)d->N, C, d->Vl, true);
+    loco_matmul_fwd(a->logits, a->lnf, head_weight(&m->p, m), NULL, (int)d->N, C, d->Vl, true);
     return 0;
 }
 
@@ -187,7 +241,7 @@ int loco__gpt_head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
     const int L = m->cfg.n_layer, C = d->C, N = (int)d->N;
     float *dlnf = d->t == 1 ? s->dbtc : s->full;
     memset(dlnf, 0, d->N * (size_t)C * sizeof(float));
-    loco_matmul_bwd(dlnf, NULL, NULL, a->logits, NULL, m->p.wte, N, C, d->Vl, true);
+    loco_matmul_bwd(dlnf, NULL, NULL, a->logits, NULL, head_weight(&m->p, m), N, C, d->Vl, true);
     if (d->t > 1) {
         if (d->sp)
             LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, s->full, s->dbtc, d->R * (size_t)C));
@@ -201,8 +255,8 @@ int loco__gpt_head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
         memset(s->drep, 0, 2 * (size_t)C * sizeof(float));
         lnfw = s->drep, lnfb = s->drep + C;
     }
-    loco_layernorm_bwd(s->dres, lnfw, lnfb, dln, a->layer[L - 1].res3, m->p.lnfw, a->lnf_mean,
-                       a->lnf_rstd, (int)d->R, C);
+    norm_bwd(m, s->dres, lnfw, lnfb, dln, a->layer[L - 1].res3, m->p.lnfw, a->lnf_mean,
+             a->lnf_rstd, (int)d->R, C);
     if (d->sp) {
         float *dst[2] = {m->g.lnfw, m->g.lnfb};
         const size_t len[2] = {(size_t)C, (size_t)C};
@@ -211,10 +265,11 @@ int loco__gpt_head_bwd_input(loco_gpt *m, const loco__gpt_shape *d) {
     return 0;
 }
 
-/* The head's weight half: the tied wte's gradient from the logits'. */
+/* The head's weight half: the head weight's (tied wte or lm_head)
+ * gradient from the logits'. */
 void loco__gpt_head_bwd_weight(loco_gpt *m, const loco__gpt_shape *d) {
-    loco_matmul_bwd(NULL, m->g.wte, NULL, m->a.logits, m->a.lnf, NULL, (int)d->N, d->C, d->Vl,
-                    true);
+    loco_matmul_bwd(NULL, head_weight(&m->g, m), NULL, m->a.logits, m->a.lnf, NULL, (int)d->N,
+                    d->C, d->Vl, true);
 }
 
 /* A whole-model pass: not on a pipeline stage, tokens in the vocabulary. */

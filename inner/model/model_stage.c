@@ -38,7 +38,8 @@ int loco_gpt_build_stage_table(loco_ttable *tt, const loco_gpt_config *cfg,
             const int u = loco__gpt_unit_of(t, L, false);
             bool keep;
             if (pass == 1) /* the tied head's own wte, after ln_f */
-                keep = head && !embed && u == 0 && !strcmp(t->name, "transformer.wte.weight");
+                keep = head && !embed && !cfg->untied && u == 0 &&
+                       !strcmp(t->name, "transformer.wte.weight");
             else if (u == 0)
                 keep = embed;
             else if (u == L + 1)

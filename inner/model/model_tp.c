@@ -202,6 +202,10 @@ int loco__gpt_sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, 
 int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B,
                         int T) {
     const int C = d->C;
+    if (m->cfg.pos == LOCO_POS_ROPE && d->t == 1) { /* positions turn q and k instead */
+        loco_embed_fwd(m->a.encoded, inputs, m->p.wte, 0, d->Vl, (int)d->N, C);
+        return 0;
+    }
     const float *wpe = loco__gpt_cp_wpe(m); /* the rows' positions */
     if (d->t == 1) {
         loco_encoder_fwd(m->a.encoded, inputs, m->p.wte, wpe, B, T, C);
@@ -220,6 +224,10 @@ int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *in
 int loco__gpt_embed_bwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B,
                         int T) {
     const int C = d->C;
+    if (m->cfg.pos == LOCO_POS_ROPE && d->t == 1) {
+        loco_embed_bwd(m->g.wte, m->s.dres, inputs, 0, d->Vl, (int)d->N, C);
+        return 0;
+    }
     float *dwpe = loco__gpt_cp_dwpe(m);
     if (d->t == 1) {
         loco_encoder_bwd(m->g.wte, dwpe, m->s.dres, inputs, B, T, C);

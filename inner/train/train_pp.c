@@ -173,10 +173,11 @@ static void chunk_range(const loco_gpt *m, int chunk, size_t *lo, size_t *hi) {
 }
 
 /* Chunks of the stage whose passes write wte's gradient: the embedding's
- * and the tied head's. */
+ * and the tied head's (an untied head writes lm_head's). */
 static int wte_writers(const loco_gpt *m) {
     const loco_gpt_stage *st = loco_gpt_stage_of(m);
-    return (st->first[0] == 0) + (st->end[st->n - 1] == loco_gpt_cfg(m)->n_layer);
+    const loco_gpt_config *cfg = loco_gpt_cfg(m);
+    return (st->first[0] == 0) + (!cfg->untied && st->end[st->n - 1] == cfg->n_layer);
 }
 
 int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, int T,
@@ -205,7 +206,7 @@ int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, i
      * are two ranks, sum their wte gradients and share its values. */
     const int first = loco_pp_chunk_rank(pp->sched, 0);
     const int last = loco_pp_chunk_rank(pp->sched, pp->n_chunks - 1);
-    if (first != last) {
+    if (first != last && !mc->untied) {
         const bool member = pp->rank == first || pp->rank == last;
         LOCO_CHECK(loco_comm_split(pp->pp, member ? 0 : LOCO_COMM_COLOR_NONE, pp->rank == first ? 0 : 1,
                                    &pp->tied));

@@ -26,6 +26,8 @@
 
 static int embd = 32;    /* wider for runs that need several codec chunks */
 static int chunk_mb = 4;
+static bool llama = false; /* the islands train tiny-llama's block */
+#define LLAMA_ARGS " --set model.arch=llama --set model.n_kv_head=1 --set model.rope_theta=10000"
 
 static void small(loco_config *cfg, const char *codec) {
     loco_config_defaults(cfg);
@@ -37,6 +39,11 @@ static void small(loco_config *cfg, const char *codec) {
     snprintf(cfg->compress.codec, sizeof cfg->compress.codec, "%s", codec);
     snprintf(cfg->compress.zstd, sizeof cfg->compress.zstd, "on");
     cfg->compress.chunk_mb = chunk_mb;
+    if (llama) {
+        cr_assert_eq(loco_config_set(cfg, "model.arch=llama"), 0);
+        cr_assert_eq(loco_config_set(cfg, "model.n_kv_head=1"), 0);
+        cr_assert_eq(loco_config_set(cfg, "model.rope_theta=10000"), 0);
+    }
 }
 
 static float *reference(int K, const char *codec, size_t *n_params, size_t sent[][8]) {
@@ -59,13 +66,14 @@ static void check_islands_with(int K, const char *codec, const char *extra, bool
     static char out[1 << 18];
     int rc = test_run(out, sizeof out,
                  LOCO " launch configs/multisite-%d.ini" ARGS
-                      " --set compress.codec=%s --set run.dir=%s %s",
-                 K, codec, dir, extra);
+                      " --set compress.codec=%s --set run.dir=%s %s %s",
+                 K, codec, dir, extra, llama ? LLAMA_ARGS : "");
     cr_assert_eq(rc, 0, "%s", out);
     cr_expect(strstr(out, "coordinator] ") && strstr(out, "run finished; θ_global agreed"), "%s",
               out);
-    const loco_gpt_config mc = {
-        .n_layer = 2, .n_head = 2, .n_embd = embd, .seq_len = 32, .vocab_size = 256};
+    loco_config run_cfg;
+    small(&run_cfg, codec);
+    const loco_gpt_config mc = loco_gpt_config_from(&run_cfg);
     loco_ttable tt;
     cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0);
     cr_assert_eq(tt.numel, n);
@@ -119,6 +127,13 @@ TestSuite(multisite, .timeout = 180);
 Test(multisite, two_islands_int8_zstd_agree_with_the_reference) { check_islands(2, "int8"); }
 Test(multisite, four_islands_int8_zstd_agree_with_the_reference) { check_islands(4, "int8"); }
 Test(multisite, two_islands_fp32_agree_with_the_reference) { check_islands(2, "none"); }
+
+/* The Llama block (RMSNorm, RoPE, multi-query attention, SwiGLU, untied
+ * head): DiLoCo is the same algorithm over another parameter table. */
+Test(multisite, two_islands_llama_int8_agree_with_the_reference) {
+    llama = true;
+    check_islands(2, "int8");
+}
 
 /* Reduce-scatter + all-gather with a lossless codec is the same sum in the
  * same order: bit-identical to the reference. The model is wide enough
