@@ -10,7 +10,13 @@
  * interleaved in chunks of 4; dot products are summed with shuffles, so
  * every loop runs the same trip count for the whole block. The backward is
  * two kernels that accumulate nothing across blocks (deterministic, no
- * atomics): one per key row for dk and dv, one per query row for dq. */
+ * atomics): one per key row for dk and dv, one per query row for dq.
+ *
+ * Grouped-query attention (the _gqa_ entry points; the MHA ones are NKV =
+ * NH): q rows hold NH heads, k and v rows NKV heads, query head h reads kv
+ * head h / (NH/NKV). As in attention.cu, a dk, dv CUDA block owns the rows
+ * of one kv head and walks its group's query heads in turn, summing in
+ * registers: no atomics, no scratch. */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
@@ -30,7 +36,7 @@ template <int HS> struct blk_geo {
 struct blk_args {
     const float *q, *k, *v;
     int q_ld, kv_ld;
-    int B, Tq, Tk, C, NH, hs;
+    int B, Tq, Tk, C, NH, NKV, group, hs; /* C = NH hs: out's row */
     int q_pos, k_pos;
     bool causal;
     float scale;
@@ -106,10 +112,10 @@ __global__ void __launch_bounds__(blk_geo<HS>::threads)
     constexpr int S = blk_geo<HS>::split, DP = blk_geo<HS>::dp, KT = blk_geo<HS>::tile;
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = sm + KT * HS;
-    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, hs = a.hs;
+    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, hs = a.hs, kh = h / a.group;
     const int part = threadIdx.x % S, q0 = blockIdx.x * BLK_ROWS, i = q0 + threadIdx.x / S;
-    const float *kb = a.k + (size_t)b * a.Tk * a.kv_ld + (size_t)h * hs;
-    const float *vb = a.v + (size_t)b * a.Tk * a.kv_ld + (size_t)h * hs;
+    const float *kb = a.k + (size_t)b * a.Tk * a.kv_ld + (size_t)kh * hs;
+    const float *vb = a.v + (size_t)b * a.Tk * a.kv_ld + (size_t)kh * hs;
     float q[DP], o[DP];
     blk_load_own<HS>(q, a.q + ((size_t)b * a.Tq + i) * a.q_ld + (size_t)h * hs, part, i < a.Tq,
                      hs, a.scale);
@@ -221,8 +227,9 @@ __global__ void blk_delta_kernel(float *delta, const float *dout, const float *o
 
 /* -------------------------------------------------------------- backward */
 
-/* dk, dv of one key row each (its `split` threads): the query rows of the
- * block at or after the key's position stream through shared memory. */
+/* dk, dv of one key row of one kv head each (its `split` threads): the
+ * query rows of the block at or after the key's position stream through
+ * shared memory, for each query head of the kv head's group in turn. */
 template <int HS>
 __global__ void __launch_bounds__(blk_geo<HS>::threads)
     blk_dkv_kernel(float *dk, float *dv, int dkv_ld, const float *dout, const float *lse,
@@ -230,51 +237,54 @@ __global__ void __launch_bounds__(blk_geo<HS>::threads)
     constexpr int S = blk_geo<HS>::split, DP = blk_geo<HS>::dp, QT = blk_geo<HS>::tile;
     extern __shared__ float sm[];
     float *Qs = sm, *dOs = Qs + QT * HS, *ls = dOs + QT * HS, *Ds = ls + QT;
-    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, hs = a.hs;
+    const int b = blockIdx.y / a.NKV, kh = blockIdx.y % a.NKV, hs = a.hs;
     const int part = threadIdx.x % S, k0 = blockIdx.x * BLK_ROWS, j = k0 + threadIdx.x / S;
-    const float *qb = a.q + (size_t)b * a.Tq * a.q_ld + (size_t)h * hs;
-    const float *dob = dout + (size_t)b * a.Tq * a.C + (size_t)h * hs;
-    const size_t krow = ((size_t)b * a.Tk + j) * a.kv_ld + (size_t)h * hs;
+    const size_t krow = ((size_t)b * a.Tk + j) * a.kv_ld + (size_t)kh * hs;
     float k[DP], v[DP], dk_[DP], dv_[DP];
     blk_load_own<HS>(k, a.k + krow, part, j < a.Tk, hs, a.scale);
     blk_load_own<HS>(v, a.v + krow, part, j < a.Tk, hs, 1.0f);
 #pragma unroll
     for (int r = 0; r < DP; r++)
         dk_[r] = dv_[r] = 0.0f;
-    for (int i0 = blk_first_query(a, k0); i0 < a.Tq; i0 += QT) {
-        __syncthreads();
-        blk_load_rows<HS>(Qs, qb, a.q_ld, i0, QT, a.Tq, hs);
-        blk_load_rows<HS>(dOs, dob, a.C, i0, QT, a.Tq, hs);
-        for (int r = threadIdx.x; r < QT; r += blockDim.x) {
-            const bool in = i0 + r < a.Tq;
-            ls[r] = in ? lse[(size_t)bh * a.Tq + i0 + r] : 0.0f;
-            Ds[r] = in ? delta[(size_t)bh * a.Tq + i0 + r] : 0.0f;
-        }
-        __syncthreads();
-        const int iend = min(QT, a.Tq - i0); /* the same for the block */
-        for (int ii = 0; ii < iend; ii++) {
-            float ps = 0.0f, pdp = 0.0f;
-#pragma unroll
-            for (int r = 0; r < DP; r++) {
-                const int d = blk_dim<HS>(part, r);
-                ps += Qs[ii * HS + d] * k[r];
-                pdp += dOs[ii * HS + d] * v[r];
+    for (int h = kh * a.group; h < (kh + 1) * a.group; h++) {
+        const size_t bh = (size_t)b * a.NH + h;
+        const float *qb = a.q + (size_t)b * a.Tq * a.q_ld + (size_t)h * hs;
+        const float *dob = dout + (size_t)b * a.Tq * a.C + (size_t)h * hs;
+        for (int i0 = blk_first_query(a, k0); i0 < a.Tq; i0 += QT) {
+            __syncthreads();
+            blk_load_rows<HS>(Qs, qb, a.q_ld, i0, QT, a.Tq, hs);
+            blk_load_rows<HS>(dOs, dob, a.C, i0, QT, a.Tq, hs);
+            for (int r = threadIdx.x; r < QT; r += blockDim.x) {
+                const bool in = i0 + r < a.Tq;
+                ls[r] = in ? lse[(size_t)bh * a.Tq + i0 + r] : 0.0f;
+                Ds[r] = in ? delta[(size_t)bh * a.Tq + i0 + r] : 0.0f;
             }
-            const float sv = blk_row_sum<S>(ps), dp = blk_row_sum<S>(pdp);
-            const bool vis = j < a.Tk && j < blk_visible(a, i0 + ii);
-            const float p = vis ? expf(sv - ls[ii]) : 0.0f;
-            const float ds = p * (dp - Ds[ii]);
+            __syncthreads();
+            const int iend = min(QT, a.Tq - i0); /* the same for the block */
+            for (int ii = 0; ii < iend; ii++) {
+                float ps = 0.0f, pdp = 0.0f;
 #pragma unroll
-            for (int r = 0; r < DP; r++) {
-                const int d = blk_dim<HS>(part, r);
-                dv_[r] += p * dOs[ii * HS + d];
-                dk_[r] += ds * Qs[ii * HS + d];
+                for (int r = 0; r < DP; r++) {
+                    const int d = blk_dim<HS>(part, r);
+                    ps += Qs[ii * HS + d] * k[r];
+                    pdp += dOs[ii * HS + d] * v[r];
+                }
+                const float sv = blk_row_sum<S>(ps), dp = blk_row_sum<S>(pdp);
+                const bool vis = j < a.Tk && j < blk_visible(a, i0 + ii);
+                const float p = vis ? expf(sv - ls[ii]) : 0.0f;
+                const float ds = p * (dp - Ds[ii]);
+#pragma unroll
+                for (int r = 0; r < DP; r++) {
+                    const int d = blk_dim<HS>(part, r);
+                    dv_[r] += p * dOs[ii * HS + d];
+                    dk_[r] += ds * Qs[ii * HS + d];
+                }
             }
         }
     }
     if (j >= a.Tk)
         return;
-    const size_t grow = ((size_t)b * a.Tk + j) * dkv_ld + (size_t)h * hs;
+    const size_t grow = ((size_t)b * a.Tk + j) * dkv_ld + (size_t)kh * hs;
     blk_store_own<HS>(dk + grow, dk_, part, hs, a.scale, true);
     blk_store_own<HS>(dv + grow, dv_, part, hs, 1.0f, true);
 }
@@ -288,11 +298,11 @@ __global__ void __launch_bounds__(blk_geo<HS>::threads)
     constexpr int S = blk_geo<HS>::split, DP = blk_geo<HS>::dp, KT = blk_geo<HS>::tile;
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = Ks + KT * HS;
-    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, hs = a.hs;
+    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, hs = a.hs, kh = h / a.group;
     const int part = threadIdx.x % S, q0 = blockIdx.x * BLK_ROWS, i = q0 + threadIdx.x / S;
     const bool in = i < a.Tq;
-    const float *kb = a.k + (size_t)b * a.Tk * a.kv_ld + (size_t)h * hs;
-    const float *vb = a.v + (size_t)b * a.Tk * a.kv_ld + (size_t)h * hs;
+    const float *kb = a.k + (size_t)b * a.Tk * a.kv_ld + (size_t)kh * hs;
+    const float *vb = a.v + (size_t)b * a.Tk * a.kv_ld + (size_t)kh * hs;
     float q[DP], g[DP], dq_[DP];
     blk_load_own<HS>(q, a.q + ((size_t)b * a.Tq + i) * a.q_ld + (size_t)h * hs, part, in, hs,
                      a.scale);
@@ -352,7 +362,7 @@ static int bwd_hs(float *dq, int dq_ld, float *dk, float *dv, int dkv_ld, const 
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
     CUDA_CHECK(cudaFuncSetAttribute(blk_dq_kernel<HS>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    const dim3 grid_kv((a.Tk + BLK_ROWS - 1) / BLK_ROWS, a.B * a.NH);
+    const dim3 grid_kv((a.Tk + BLK_ROWS - 1) / BLK_ROWS, a.B * a.NKV);
     blk_dkv_kernel<HS><<<grid_kv, blk_geo<HS>::threads, smem_kv, s>>>(dk, dv, dkv_ld, dout, lse,
                                                                       delta, a);
     CUDA_LAUNCHED("attention_block_bwd (dk, dv)");
@@ -372,12 +382,37 @@ static int blk_check(int B, int Tq, int Tk, int C, int NH) {
     return 0;
 }
 
+static int blk_check_gqa(int B, int Tq, int Tk, int NH, int NKV, int hs) {
+    if (NKV <= 0 || NH <= 0 || NH % NKV != 0)
+        return LOCO_ERR(LOCO_EINVAL, "attention_block: NKV=%d must divide NH=%d", NKV, NH);
+    if (hs < 1 || hs > 128)
+        return LOCO_ERR(LOCO_EINVAL, "attention_block: head size %d (must be 1..128)", hs);
+    return blk_check(B, Tq, Tk, NH * hs, NH);
+}
+
 static blk_args blk_make(const float *q, int q_ld, const float *k, const float *v, int kv_ld,
-                         int B, int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
+                         int B, int Tq, int Tk, int NH, int NKV, int hs, int q_pos, int k_pos,
                          bool causal) {
-    const int hs = C / NH;
-    return blk_args{q,  k,     v,     q_ld,   kv_ld, B, Tq, Tk, C, NH, hs,
+    return blk_args{q,     k,      v, q_ld, kv_ld, B, Tq, Tk, NH * hs, NH, NKV, NH / NKV, hs,
                     q_pos, k_pos, causal, 1.0f / sqrtf((float)hs)};
+}
+
+extern "C" int loco_cuda_attention_block_gqa_fwd(float *out, float *lse, const float *q,
+                                                 int q_ld, const float *k, const float *v,
+                                                 int kv_ld, int B, int Tq, int Tk, int NH,
+                                                 int NKV, int hs, int q_pos, int k_pos,
+                                                 bool causal, loco_stream s) {
+    LOCO_CHECK(blk_check_gqa(B, Tq, Tk, NH, NKV, hs));
+    if ((size_t)B * Tq == 0)
+        return 0;
+    /* a fully masked block still writes its zeros and -inf */
+    const blk_args a = blk_make(q, q_ld, k, v, kv_ld, B, Tq, Tk, NH, NKV, hs, q_pos, k_pos,
+                                causal);
+    if (a.hs <= 32)
+        return fwd_hs<32>(out, lse, a, s);
+    if (a.hs <= 64)
+        return fwd_hs<64>(out, lse, a, s);
+    return fwd_hs<128>(out, lse, a, s);
 }
 
 extern "C" int loco_cuda_attention_block_fwd(float *out, float *lse, const float *q, int q_ld,
@@ -385,15 +420,8 @@ extern "C" int loco_cuda_attention_block_fwd(float *out, float *lse, const float
                                              int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
                                              bool causal, loco_stream s) {
     LOCO_CHECK(blk_check(B, Tq, Tk, C, NH));
-    if ((size_t)B * Tq == 0)
-        return 0;
-    /* a fully masked block still writes its zeros and -inf */
-    const blk_args a = blk_make(q, q_ld, k, v, kv_ld, B, Tq, Tk, C, NH, q_pos, k_pos, causal);
-    if (a.hs <= 32)
-        return fwd_hs<32>(out, lse, a, s);
-    if (a.hs <= 64)
-        return fwd_hs<64>(out, lse, a, s);
-    return fwd_hs<128>(out, lse, a, s);
+    return loco_cuda_attention_block_gqa_fwd(out, lse, q, q_ld, k, v, kv_ld, B, Tq, Tk, NH, NH,
+                                             C / NH, q_pos, k_pos, causal, s);
 }
 
 extern "C" int loco_cuda_attention_merge(float *out, float *lse, const float *blk_out,
@@ -423,14 +451,16 @@ extern "C" int loco_cuda_attention_delta(float *delta, const float *dout, const 
     return 0;
 }
 
-extern "C" int loco_cuda_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv,
-                                             int dkv_ld, const float *dout, const float *lse,
-                                             const float *delta, const float *q, int q_ld,
-                                             const float *k, const float *v, int kv_ld, int B,
-                                             int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
-                                             bool causal, loco_stream s) {
-    LOCO_CHECK(blk_check(B, Tq, Tk, C, NH));
-    const blk_args a = blk_make(q, q_ld, k, v, kv_ld, B, Tq, Tk, C, NH, q_pos, k_pos, causal);
+extern "C" int loco_cuda_attention_block_gqa_bwd(float *dq, int dq_ld, float *dk, float *dv,
+                                                 int dkv_ld, const float *dout, const float *lse,
+                                                 const float *delta, const float *q, int q_ld,
+                                                 const float *k, const float *v, int kv_ld, int B,
+                                                 int Tq, int Tk, int NH, int NKV, int hs,
+                                                 int q_pos, int k_pos, bool causal,
+                                                 loco_stream s) {
+    LOCO_CHECK(blk_check_gqa(B, Tq, Tk, NH, NKV, hs));
+    const blk_args a = blk_make(q, q_ld, k, v, kv_ld, B, Tq, Tk, NH, NKV, hs, q_pos, k_pos,
+                                causal);
     if ((size_t)B * Tq * Tk == 0 || blk_visible(a, Tq - 1) == 0) /* nothing visible */
         return 0;
     if (a.hs <= 32)
@@ -438,4 +468,16 @@ extern "C" int loco_cuda_attention_block_bwd(float *dq, int dq_ld, float *dk, fl
     if (a.hs <= 64)
         return bwd_hs<64>(dq, dq_ld, dk, dv, dkv_ld, dout, lse, delta, a, s);
     return bwd_hs<128>(dq, dq_ld, dk, dv, dkv_ld, dout, lse, delta, a, s);
+}
+
+extern "C" int loco_cuda_attention_block_bwd(float *dq, int dq_ld, float *dk, float *dv,
+                                             int dkv_ld, const float *dout, const float *lse,
+                                             const float *delta, const float *q, int q_ld,
+                                             const float *k, const float *v, int kv_ld, int B,
+                                             int Tq, int Tk, int C, int NH, int q_pos, int k_pos,
+                                             bool causal, loco_stream s) {
+    LOCO_CHECK(blk_check(B, Tq, Tk, C, NH));
+    return loco_cuda_attention_block_gqa_bwd(dq, dq_ld, dk, dv, dkv_ld, dout, lse, delta, q, q_ld,
+                                             k, v, kv_ld, B, Tq, Tk, NH, NH, C / NH, q_pos, k_pos,
+                                             causal, s);
 }

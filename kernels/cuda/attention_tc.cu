@@ -25,7 +25,19 @@
  * tiles before it (recomputing S and dP), so nothing is summed with
  * atomics and the result is the same bits every run. Loops have the same
  * trip count for the whole block (masked scores are computed, then
- * dropped), as the warp-wide MMAs and the emulator's barriers need. */
+ * dropped), as the warp-wide MMAs and the emulator's barriers need.
+ *
+ * Grouped-query attention (the _gqa_ entry points; the MHA ones are NKV =
+ * NH): qkv rows hold NH query heads, NKV key heads, NKV value heads, and
+ * query head h reads kv head h / (NH/NKV). The forward and the dQ pass
+ * just read the shared kv head. The dK, dV pass has one CUDA block per
+ * (64-key block, batch, kv head) that keeps its K, V fragments and walks
+ * the query heads of its group in turn, accumulating into the same fp32
+ * registers: the group's sum needs no atomics and no scratch (the (B,NH,T)
+ * one of the MHA contract still holds D), and dK, dV are rounded to bf16
+ * once. The price is NH/NKV times fewer blocks in that pass; a per query
+ * head scratch of dK, dV partials and a reduction would keep them but cost
+ * (NH/NKV) x the dK, dV memory in fp32 and a third pass. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -119,16 +131,18 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_fwd_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int T_, int C, int NH,
-                  float sl2) {
+    tc_fwd_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int T_, int NH,
+                  int NKV, float sl2) {
     extern __shared__ float sm[];
     unsigned *Qs = reinterpret_cast<unsigned *>(sm), *Ks = Qs + TC_TILE_WORDS,
              *Vs = Ks + TC_TILE_WORDS;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV), C = NH * TC_HS;
     const int lane = threadIdx.x & 31, w16 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     const int q0 = blockIdx.x * TC_ROWS, irow[2] = {q0 + w16 + g, q0 + w16 + g + 8};
-    const size_t C3 = 3 * (size_t)C;
-    const __nv_bfloat16 *base = qkv + (size_t)b * T_ * C3 + (size_t)h * TC_HS;
+    const size_t C3 = (size_t)(NH + 2 * NKV) * TC_HS; /* the qkv row */
+    const __nv_bfloat16 *x = qkv + (size_t)b * T_ * C3, *base = x + (size_t)h * TC_HS;
+    const __nv_bfloat16 *kb = x + (size_t)(NH + kh) * TC_HS;
+    const __nv_bfloat16 *vb = x + (size_t)(NH + NKV + kh) * TC_HS;
     tc_load_tile(Qs, base, C3, q0, T_);
     __syncthreads();
     unsigned qa[4][4];
@@ -140,8 +154,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int last = min(q0 + TC_ROWS, T_) - 1;
     for (int k0 = 0; k0 <= last; k0 += TC_ROWS) {
         __syncthreads();
-        tc_load_tile(Ks, base + C, C3, k0, T_);
-        tc_load_tile_t(Vs, base + 2 * C, C3, k0, T_);
+        tc_load_tile(Ks, kb, C3, k0, T_);
+        tc_load_tile_t(Vs, vb, C3, k0, T_);
         __syncthreads();
         float s[8][4];
         tc_mul_rows(s, qa, Ks, g, t);
@@ -193,10 +207,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* D[bh, i] = sum_d dO[i, d] O[i, d] (FlashAttention-2's preprocessing). */
 __global__ void tc_dsum_kernel(float *D, const __nv_bfloat16 *dout, const __nv_bfloat16 *out,
-                               int B, int T_, int C, int NH) {
+                               int B, int T_, int NH) {
     const size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= (size_t)B * NH * T_)
         return;
+    const size_t C = (size_t)NH * TC_HS;
     const size_t bh = r / T_, i = r % T_, b = bh / NH, h = bh % NH;
     const size_t off = (b * T_ + i) * C + h * TC_HS;
     float s = 0.0f;
@@ -205,24 +220,25 @@ __global__ void tc_dsum_kernel(float *D, const __nv_bfloat16 *dout, const __nv_b
     D[r] = s;
 }
 
-/* dK, dV of one block of 64 keys over the query tiles at or after it. */
+/* dK, dV of one block of 64 keys of one kv head over the query tiles at or
+ * after it, of every query head of its group. */
 __global__ void __launch_bounds__(TC_THREADS)
     tc_bwd_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
-                      const float *lse, const float *D, int T_, int C, int NH, float sl2,
+                      const float *lse, const float *D, int T_, int NH, int NKV, float sl2,
                       float scale) {
     extern __shared__ float sm[];
     unsigned *Ks = reinterpret_cast<unsigned *>(sm), *Vs = Ks + TC_TILE_WORDS,
              *Qs = Vs + TC_TILE_WORDS, *dOs = Qs + TC_TILE_WORDS, *Qt = dOs + TC_TILE_WORDS,
              *dOt = Qt + TC_TILE_WORDS;
     float *ls = reinterpret_cast<float *>(dOt + TC_TILE_WORDS), *Ds = ls + TC_ROWS;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int b = blockIdx.y / NKV, kh = blockIdx.y % NKV, group = NH / NKV, C = NH * TC_HS;
     const int lane = threadIdx.x & 31, w16 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     const int k0 = blockIdx.x * TC_ROWS, jrow[2] = {k0 + w16 + g, k0 + w16 + g + 8};
-    const size_t C3 = 3 * (size_t)C;
-    const __nv_bfloat16 *base = qkv + (size_t)b * T_ * C3 + (size_t)h * TC_HS;
-    const __nv_bfloat16 *dobase = dout + (size_t)b * T_ * C + (size_t)h * TC_HS;
-    tc_load_tile(Ks, base + C, C3, k0, T_);
-    tc_load_tile(Vs, base + 2 * C, C3, k0, T_);
+    const size_t C3 = (size_t)(NH + 2 * NKV) * TC_HS; /* the qkv row */
+    const __nv_bfloat16 *x = qkv + (size_t)b * T_ * C3;
+    const size_t kcol = (size_t)(NH + kh) * TC_HS, vcol = (size_t)(NH + NKV + kh) * TC_HS;
+    tc_load_tile(Ks, x + kcol, C3, k0, T_);
+    tc_load_tile(Vs, x + vcol, C3, k0, T_);
     __syncthreads();
     unsigned ka[4][4], va[4][4];
     tc_a_frags(ka, Ks, w16, g, t);
@@ -233,39 +249,44 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dk[nt][e] = dv[nt][e] = 0.0f;
-    for (int i0 = k0; i0 < T_; i0 += TC_ROWS) {
-        __syncthreads();
-        tc_load_tile(Qs, base, C3, i0, T_);
-        tc_load_tile(dOs, dobase, C, i0, T_);
-        tc_load_tile_t(Qt, base, C3, i0, T_);
-        tc_load_tile_t(dOt, dobase, C, i0, T_);
-        for (int r = threadIdx.x; r < TC_ROWS; r += blockDim.x) {
-            const bool in = i0 + r < T_;
-            ls[r] = in ? lse[(size_t)bh * T_ + i0 + r] * TC_LOG2E : 0.0f;
-            Ds[r] = in ? D[(size_t)bh * T_ + i0 + r] : 0.0f;
-        }
-        __syncthreads();
-        float s[8][4], dp[8][4]; /* S^T, dP^T: rows keys, columns queries */
-        tc_mul_rows(s, ka, Qs, g, t);
-        tc_mul_rows(dp, va, dOs, g, t);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int c = 8 * nt + 2 * t + (e & 1), i = i0 + c, j = jrow[e >> 1];
-                const float p = j <= i && i < T_ ? exp2f(s[nt][e] * sl2 - ls[c]) : 0.0f;
-                s[nt][e] = p;
-                dp[nt][e] = p * (dp[nt][e] - Ds[c]);
+    for (int h = kh * group; h < (kh + 1) * group; h++) {
+        const size_t bh = (size_t)b * NH + h;
+        const __nv_bfloat16 *base = x + (size_t)h * TC_HS;
+        const __nv_bfloat16 *dobase = dout + (size_t)b * T_ * C + (size_t)h * TC_HS;
+        for (int i0 = k0; i0 < T_; i0 += TC_ROWS) {
+            __syncthreads();
+            tc_load_tile(Qs, base, C3, i0, T_);
+            tc_load_tile(dOs, dobase, C, i0, T_);
+            tc_load_tile_t(Qt, base, C3, i0, T_);
+            tc_load_tile_t(dOt, dobase, C, i0, T_);
+            for (int r = threadIdx.x; r < TC_ROWS; r += blockDim.x) {
+                const bool in = i0 + r < T_;
+                ls[r] = in ? lse[(size_t)bh * T_ + i0 + r] * TC_LOG2E : 0.0f;
+                Ds[r] = in ? D[(size_t)bh * T_ + i0 + r] : 0.0f;
             }
-        tc_mul_tile_t(dv, s, dOt, g, t);
-        tc_mul_tile_t(dk, dp, Qt, g, t);
+            __syncthreads();
+            float s[8][4], dp[8][4]; /* S^T, dP^T: rows keys, columns queries */
+            tc_mul_rows(s, ka, Qs, g, t);
+            tc_mul_rows(dp, va, dOs, g, t);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = 8 * nt + 2 * t + (e & 1), i = i0 + c, j = jrow[e >> 1];
+                    const float p = j <= i && i < T_ ? exp2f(s[nt][e] * sl2 - ls[c]) : 0.0f;
+                    s[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - Ds[c]);
+                }
+            tc_mul_tile_t(dv, s, dOt, g, t);
+            tc_mul_tile_t(dk, dp, Qt, g, t);
+        }
     }
     for (int r = 0; r < 2; r++) {
         const int j = jrow[r];
         if (j >= T_)
             continue;
-        __nv_bfloat16 *dkrow = dqkv + ((size_t)b * T_ + j) * C3 + C + (size_t)h * TC_HS;
-        __nv_bfloat16 *dvrow = dkrow + C;
+        __nv_bfloat16 *dkrow = dqkv + ((size_t)b * T_ + j) * C3 + kcol;
+        __nv_bfloat16 *dvrow = dqkv + ((size_t)b * T_ + j) * C3 + vcol;
         for (int nt = 0; nt < 8; nt++)
             for (int e = 0; e < 2; e++) {
                 const int d = 8 * nt + 2 * t + e;
@@ -278,16 +299,18 @@ __global__ void __launch_bounds__(TC_THREADS)
 /* dQ of one block of 64 queries over the key tiles before it. */
 __global__ void __launch_bounds__(TC_THREADS)
     tc_bwd_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
-                     const float *lse, const float *D, int T_, int C, int NH, float sl2,
+                     const float *lse, const float *D, int T_, int NH, int NKV, float sl2,
                      float scale) {
     extern __shared__ float sm[];
     unsigned *Qs = reinterpret_cast<unsigned *>(sm), *dOs = Qs + TC_TILE_WORDS,
              *Ks = dOs + TC_TILE_WORDS, *Vs = Ks + TC_TILE_WORDS, *Kt = Vs + TC_TILE_WORDS;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV), C = NH * TC_HS;
     const int lane = threadIdx.x & 31, w16 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     const int q0 = blockIdx.x * TC_ROWS, irow[2] = {q0 + w16 + g, q0 + w16 + g + 8};
-    const size_t C3 = 3 * (size_t)C;
-    const __nv_bfloat16 *base = qkv + (size_t)b * T_ * C3 + (size_t)h * TC_HS;
+    const size_t C3 = (size_t)(NH + 2 * NKV) * TC_HS; /* the qkv row */
+    const __nv_bfloat16 *x = qkv + (size_t)b * T_ * C3, *base = x + (size_t)h * TC_HS;
+    const __nv_bfloat16 *kb = x + (size_t)(NH + kh) * TC_HS;
+    const __nv_bfloat16 *vb = x + (size_t)(NH + NKV + kh) * TC_HS;
     tc_load_tile(Qs, base, C3, q0, T_);
     tc_load_tile(dOs, dout + (size_t)b * T_ * C + (size_t)h * TC_HS, C, q0, T_);
     __syncthreads();
@@ -306,9 +329,9 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int last = min(q0 + TC_ROWS, T_) - 1;
     for (int k0 = 0; k0 <= last; k0 += TC_ROWS) {
         __syncthreads();
-        tc_load_tile(Ks, base + C, C3, k0, T_);
-        tc_load_tile(Vs, base + 2 * C, C3, k0, T_);
-        tc_load_tile_t(Kt, base + C, C3, k0, T_);
+        tc_load_tile(Ks, kb, C3, k0, T_);
+        tc_load_tile(Vs, vb, C3, k0, T_);
+        tc_load_tile_t(Kt, kb, C3, k0, T_);
         __syncthreads();
         float s[8][4], dp[8][4];
         tc_mul_rows(s, qa, Ks, g, t);
@@ -338,24 +361,32 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* The tiles load bf16 pairs as 32-bit words: qkv and dout 4-byte aligned
  * (the slab's ranges are 256-byte aligned). */
-static int tc_check(int B, int T_, int C, int NH, const void *qkv, const void *dout) {
-    if (B < 0 || T_ < 0 || NH <= 0 || C % NH != 0)
-        return LOCO_ERR(LOCO_EINVAL, "tensor-core attention: C=%d, NH=%d, B=%d, T=%d", C, NH, B,
-                        T_);
+static int tc_check(int B, int T_, int NH, int NKV, int hs, const void *qkv, const void *dout) {
+    if (B < 0 || T_ < 0 || NH <= 0 || NKV <= 0 || NH % NKV != 0 || hs < 1)
+        return LOCO_ERR(LOCO_EINVAL, "tensor-core attention: NH=%d, NKV=%d, hs=%d, B=%d, T=%d", NH,
+                        NKV, hs, B, T_);
     if ((uintptr_t)qkv % 4 || (uintptr_t)dout % 4)
         return LOCO_ERR(LOCO_EINVAL, "tensor-core attention: qkv %p / dout %p not 4-byte aligned",
                         qkv, dout);
-    if (C / NH != TC_HS)
+    if (hs != TC_HS)
         return LOCO_ERR(LOCO_ENOTSUP,
-                        "tensor-core attention: head size %d (C=%d / NH=%d); it has head size "
-                        "64 only (the reference kernel takes 1..128)",
-                        C / NH, C, NH);
+                        "tensor-core attention: head size %d; it has head size 64 only (the "
+                        "reference kernel takes 1..128)",
+                        hs);
     return 0;
 }
 
-extern "C" int loco_cuda_attention_tc_fwd_bf16(loco_bf16 *out, float *lse, const loco_bf16 *qkv,
-                                               int B, int T, int C, int NH, loco_stream s) {
-    LOCO_CHECK(tc_check(B, T, C, NH, qkv, NULL));
+/* The MHA entry points' (C, NH): NKV = NH, head size C / NH. */
+static int tc_check_mha(int C, int NH) {
+    if (NH <= 0 || C % NH != 0)
+        return LOCO_ERR(LOCO_EINVAL, "tensor-core attention: C=%d, NH=%d", C, NH);
+    return 0;
+}
+
+extern "C" int loco_cuda_attention_tc_gqa_fwd_bf16(loco_bf16 *out, float *lse,
+                                                   const loco_bf16 *qkv, int B, int T, int NH,
+                                                   int NKV, int hs, loco_stream s) {
+    LOCO_CHECK(tc_check(B, T, NH, NKV, hs, qkv, NULL));
     if ((size_t)B * T == 0)
         return 0;
     const size_t smem = 3 * TC_TILE_WORDS * sizeof(unsigned);
@@ -363,38 +394,55 @@ extern "C" int loco_cuda_attention_tc_fwd_bf16(loco_bf16 *out, float *lse, const
                                     (int)smem));
     const float scale = 1.0f / sqrtf((float)TC_HS);
     const dim3 grid((T + TC_ROWS - 1) / TC_ROWS, B * NH);
-    tc_fwd_kernel<<<grid, TC_THREADS, smem, s>>>(bf(out), lse, bf(qkv), T, C, NH,
+    tc_fwd_kernel<<<grid, TC_THREADS, smem, s>>>(bf(out), lse, bf(qkv), T, NH, NKV,
                                                  scale * TC_LOG2E);
     CUDA_LAUNCHED("attention_tc_fwd");
     return 0;
 }
 
-extern "C" int loco_cuda_attention_tc_bwd_bf16(loco_bf16 *dqkv, float *scratch,
-                                               const loco_bf16 *dout, const loco_bf16 *out,
-                                               const loco_bf16 *qkv, const float *lse, int B,
-                                               int T, int C, int NH, loco_stream s) {
-    LOCO_CHECK(tc_check(B, T, C, NH, qkv, dout));
+extern "C" int loco_cuda_attention_tc_gqa_bwd_bf16(loco_bf16 *dqkv, float *scratch,
+                                                   const loco_bf16 *dout, const loco_bf16 *out,
+                                                   const loco_bf16 *qkv, const float *lse, int B,
+                                                   int T, int NH, int NKV, int hs, loco_stream s) {
+    LOCO_CHECK(tc_check(B, T, NH, NKV, hs, qkv, dout));
     const size_t rows = (size_t)B * NH * T;
     if (rows == 0)
         return 0;
     tc_dsum_kernel<<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(scratch, bf(dout), bf(out), B,
-                                                                  T, C, NH);
+                                                                  T, NH);
     CUDA_LAUNCHED("attention_tc_bwd (D)");
     const float scale = 1.0f / sqrtf((float)TC_HS);
-    const dim3 grid((T + TC_ROWS - 1) / TC_ROWS, B * NH);
+    const dim3 grid_kv((T + TC_ROWS - 1) / TC_ROWS, B * NKV);
+    const dim3 grid_q((T + TC_ROWS - 1) / TC_ROWS, B * NH);
     const size_t smem_kv = 6 * TC_TILE_WORDS * sizeof(unsigned) + 2 * TC_ROWS * sizeof(float);
     const size_t smem_q = 5 * TC_TILE_WORDS * sizeof(unsigned);
     CUDA_CHECK(cudaFuncSetAttribute(tc_bwd_dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem_kv));
     CUDA_CHECK(cudaFuncSetAttribute(tc_bwd_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem_q));
-    tc_bwd_dkv_kernel<<<grid, TC_THREADS, smem_kv, s>>>(bf(dqkv), bf(dout), bf(qkv), lse, scratch,
-                                                        T, C, NH, scale * TC_LOG2E, scale);
+    tc_bwd_dkv_kernel<<<grid_kv, TC_THREADS, smem_kv, s>>>(bf(dqkv), bf(dout), bf(qkv), lse,
+                                                           scratch, T, NH, NKV, scale * TC_LOG2E,
+                                                           scale);
     CUDA_LAUNCHED("attention_tc_bwd (dk, dv)");
-    tc_bwd_dq_kernel<<<grid, TC_THREADS, smem_q, s>>>(bf(dqkv), bf(dout), bf(qkv), lse, scratch, T,
-                                                      C, NH, scale * TC_LOG2E, scale);
+    tc_bwd_dq_kernel<<<grid_q, TC_THREADS, smem_q, s>>>(bf(dqkv), bf(dout), bf(qkv), lse, scratch,
+                                                        T, NH, NKV, scale * TC_LOG2E, scale);
     CUDA_LAUNCHED("attention_tc_bwd (dq)");
     return 0;
+}
+
+extern "C" int loco_cuda_attention_tc_fwd_bf16(loco_bf16 *out, float *lse, const loco_bf16 *qkv,
+                                               int B, int T, int C, int NH, loco_stream s) {
+    LOCO_CHECK(tc_check_mha(C, NH));
+    return loco_cuda_attention_tc_gqa_fwd_bf16(out, lse, qkv, B, T, NH, NH, C / NH, s);
+}
+
+extern "C" int loco_cuda_attention_tc_bwd_bf16(loco_bf16 *dqkv, float *scratch,
+                                               const loco_bf16 *dout, const loco_bf16 *out,
+                                               const loco_bf16 *qkv, const float *lse, int B,
+                                               int T, int C, int NH, loco_stream s) {
+    LOCO_CHECK(tc_check_mha(C, NH));
+    return loco_cuda_attention_tc_gqa_bwd_bf16(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NH,
+                                               C / NH, s);
 }
 
 /* The device's compute capability as major * 10 + minor. */
