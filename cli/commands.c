@@ -75,11 +75,18 @@ int cli_train(int argc, char **argv) {
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }
 
-/* DIR/tokenizer.json when the checkpoint has one (*t NULL: byte-level). */
-static int load_ckpt_tokenizer(const char *dir, int vocab_size, loco_tok **t) {
+/* DIR/tokenizer.json when the checkpoint has one (*t NULL: byte-level),
+ * splitting with data.tokenizer_pattern unless that is auto. */
+static int load_ckpt_tokenizer(const char *dir, const loco_config *cfg, loco_tok **t) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    return loco_tok_load_optional(t, path, vocab_size);
+    LOCO_CHECK(loco_tok_load_optional(t, path, (int)cfg->model.vocab_size));
+    int rc = *t ? loco_tok_set_pattern(*t, cfg->data.tokenizer_pattern) : 0;
+    if (rc < 0) {
+        loco_tok_destroy(*t);
+        *t = NULL;
+    }
+    return rc;
 }
 
 int cli_eval(int argc, char **argv) {
@@ -117,7 +124,7 @@ int cli_eval(int argc, char **argv) {
     loco_tok *tok = NULL;
     uint32_t *tbytes = NULL; /* text bytes of each id (NULL: one, byte-level) */
     loco_eval_result r;
-    rc = load_ckpt_tokenizer(ckpt, V, &tok);
+    rc = load_ckpt_tokenizer(ckpt, &cfg, &tok);
     if (rc == 0 && tok && !(tbytes = loco_alloc((size_t)V * sizeof *tbytes)))
         rc = LOCO_ERR(LOCO_ENOMEM, "eval: %d token lengths", V);
     if (rc == 0 && tok)
@@ -211,7 +218,7 @@ int cli_sample(int argc, char **argv) {
         goto out;
     }
     /* The checkpoint's BPE (tokenizer.json) when it has one, else bytes. */
-    LOCO_CHECK_GOTO(load_ckpt_tokenizer(ckpt, V, &tok), out);
+    LOCO_CHECK_GOTO(load_ckpt_tokenizer(ckpt, &cfg, &tok), out);
     size_t n = 0;
     if (tok) {
         int32_t *pids;
@@ -252,10 +259,10 @@ static void prep_progress(size_t done, size_t total, void *arg) {
  * preparation scripts put one before every document; the text's own
  * <|endoftext|> markers separate further documents) into shards, and the
  * tokenizer beside them as PREFIX_tokenizer.json. */
-static int prep_bpe(const char *text, const char *prefix, const char *spec, double val_frac,
-                    size_t shard_tokens) {
+static int prep_bpe(const char *text, const char *prefix, const char *spec, const char *pattern,
+                    double val_frac, size_t shard_tokens) {
     loco_tok *t;
-    LOCO_CHECK(loco_tok_load(&t, spec));
+    LOCO_CHECK(loco_tok_load_pattern(&t, spec, pattern));
     uint8_t *data = NULL;
     int32_t *ids = NULL;
     size_t len = 0, n = 0;
@@ -283,7 +290,7 @@ out:
 }
 
 int cli_prep(int argc, char **argv) {
-    const char *text = NULL, *prefix = NULL, *tokenizer = NULL;
+    const char *text = NULL, *prefix = NULL, *tokenizer = NULL, *pattern = NULL;
     double val_frac = 0.1;
     long long shard_tokens = 1 << 20;
     for (int i = 0; i < argc; i++) {
@@ -297,6 +304,8 @@ int cli_prep(int argc, char **argv) {
                 return usage_error("prep", "--shard-tokens expects an integer >= 1024", argv[i]);
         } else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
             tokenizer = argv[++i];
+        } else if (!strcmp(argv[i], "--pattern") && i + 1 < argc) {
+            pattern = argv[++i];
         } else if (argv[i][0] != '-' && !text)
             text = argv[i];
         else if (argv[i][0] != '-' && !prefix)
@@ -306,7 +315,10 @@ int cli_prep(int argc, char **argv) {
     }
     if (!text || !prefix)
         return usage_error("prep", "expected TEXT OUT_PREFIX", NULL);
-    int rc = tokenizer ? prep_bpe(text, prefix, tokenizer, val_frac, (size_t)shard_tokens)
+    if (pattern && !tokenizer)
+        return usage_error("prep", "--pattern needs --tokenizer FILE (bytes have no pattern)",
+                           pattern);
+    int rc = tokenizer ? prep_bpe(text, prefix, tokenizer, pattern, val_frac, (size_t)shard_tokens)
                        : loco_data_prep_bytes(text, prefix, val_frac, (size_t)shard_tokens);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

@@ -1,5 +1,5 @@
 /* `loco tokenizer train|encode|decode`: argument parsing and the calls into
- * tokenizer/. */
+ * tokenizer/. encode and decode take --pattern NAME (the pre-tokenizer). */
 #include "tokenizer/tokenizer.h"
 #include "cli/cli.h"
 
@@ -11,11 +11,14 @@ static int tok_usage(const char *msg, const char *arg) {
     fprintf(stderr,
             "loco tokenizer: %s%s%s\n"
             "usage: loco tokenizer train TEXT --vocab N --out FILE\n"
-            "       loco tokenizer encode --tokenizer FILE [TEXT_FILE]   (ids, one line)\n"
+            "       loco tokenizer encode --tokenizer FILE [--pattern NAME] [TEXT_FILE]   (ids, "
+            "one line)\n"
             "       loco tokenizer decode --tokenizer FILE [IDS_FILE]    (bytes)\n"
             "FILE: tokenizer.json, ENCODER_JSON,VOCAB_BPE or a tiktoken file; input from "
-            "stdin without a file\n",
-            msg, arg ? ": " : "", arg ? arg : "");
+            "stdin without a file\n"
+            "NAME: the pre-tokenizer regex: auto (what FILE declares; gpt2 for tiktoken files), "
+            "%s\n",
+            msg, arg ? ": " : "", arg ? arg : "", LOCO_TOK_PATTERN_NAMES);
     return CLI_USAGE;
 }
 
@@ -84,10 +87,12 @@ static int tok_train(int argc, char **argv) {
 }
 
 static int tok_codec(int encode, int argc, char **argv) {
-    const char *spec = NULL, *in = NULL;
+    const char *spec = NULL, *in = NULL, *pattern = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
             spec = argv[++i];
+        else if (!strcmp(argv[i], "--pattern") && i + 1 < argc)
+            pattern = argv[++i];
         else if ((argv[i][0] != '-' || !strcmp(argv[i], "-")) && !in)
             in = argv[i];
         else
@@ -96,7 +101,7 @@ static int tok_codec(int encode, int argc, char **argv) {
     if (!spec)
         return tok_usage("missing --tokenizer FILE", NULL);
     loco_tok *t;
-    int rc = loco_tok_load(&t, spec);
+    int rc = loco_tok_load_pattern(&t, spec, pattern);
     if (rc < 0)
         return cli_fail(rc);
     uint8_t *data = NULL, *text = NULL;

@@ -57,6 +57,7 @@ LOCO_SECTION_BEGIN(data)
 LOCO_KEY_STR(data, train, "data/kjv_train_*.bin", "training shards (glob or comma-separated list, llm.c .bin format)")
 LOCO_KEY_STR(data, val, "data/kjv_val_*.bin", "validation shards (glob or comma-separated list)")
 LOCO_KEY_STR(data, tokenizer, "", "tokenizer.json of the shards' BPE ids (`loco prep --tokenizer` writes PREFIX_tokenizer.json); copied into every checkpoint as tokenizer.json for sample and eval; empty = byte-level")
+LOCO_KEY_ENUM(data, tokenizer_pattern, "auto", "auto|gpt2|cl100k|o200k|llama3", "pre-tokenizer regex of data.tokenizer when sample and eval encode text: auto = what the tokenizer.json declares (its Split regex, else GPT-2's; `loco prep --pattern` writes it there), or a named pattern: gpt2, cl100k and o200k as in tiktoken, llama3 as Llama 3's tokenizer")
 LOCO_SECTION_END(data)
 
 LOCO_SECTION_BEGIN(run)

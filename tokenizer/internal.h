@@ -35,8 +35,39 @@ struct loco_tok {
     int nspecial;
     int32_t special[TOK_MAX_SPECIAL]; /* ids of special tokens */
     pcre2_code *re;
-    int jit; /* re was JIT-compiled */
+    int jit;                  /* re was JIT-compiled */
+    char *regex;              /* re's source as the file or name gave it */
+    const char *pattern_name; /* "gpt2", "cl100k", "o200k", "llama3" or "custom" */
+    int whole_pieces; /* a piece that is a token is that token (tokenizer.json ignore_merges) */
 };
+
+/* A named pattern and, for OpenAI's encodings, the special tokens tiktoken
+ * gives them with exactly nranks ranks. */
+typedef struct {
+    const char *name, *regex;
+    int nranks;
+    struct {
+        const char *text;
+        int id;
+    } special[6];
+} tok_pattern;
+
+const tok_pattern *loco__tok_pattern(const char *name); /* NULL when unknown */
+int loco__tok_pattern_auto(const char *name);           /* NULL, "" or "auto" */
+/* 0 for "auto" or a known name; LOCO_EINVAL naming the known ones. */
+int loco__tok_pattern_check(const char *name, const char *what);
+/* Compiles regex (tiktoken / Hugging Face syntax) as t's pre-tokenizer. */
+int loco__tok_use_regex(loco_tok *t, const char *regex, const char *what);
+/* The text may be cut into chunks (a named pattern, whose pieces never
+ * cross a cut of encode_parallel). */
+int loco__tok_chunkable(const loco_tok *t);
+/* The regex a tokenizer.json's pre_tokenizer declares (GPT-2's for none,
+ * ByteLevel alone, use_regex true); LOCO_EPROTO naming path for what loco
+ * cannot follow. */
+struct cJSON;
+int loco__tok_hf_pre_tokenizer(const char *path, const struct cJSON *pre, const char **regex);
+/* t's pre_tokenizer as a tokenizer.json writes it. */
+struct cJSON *loco__tok_hf_pre_tokenizer_json(const loco_tok *t);
 
 uint64_t loco__tok_hash(const uint8_t *p, size_t n);
 /* An empty tokenizer for ids 0..vocab-1 (none set yet). */
@@ -48,7 +79,8 @@ int loco__tok_set(loco_tok *t, int id, const uint8_t *b, size_t n, int special, 
 int loco__tok_lookup(const loco_tok *t, const uint8_t *b, size_t n); /* id or -1 */
 /* Appends merge (l, r) with the next rank; its result must be a token. */
 int loco__tok_add_merge(loco_tok *t, int l, int r, const char *file, const char *where);
-/* Checks the 256 bytes are present and compiles the regex. */
+/* Checks the 256 bytes are present and compiles GPT-2's regex unless t
+ * has one. */
 int loco__tok_finish(loco_tok *t, const char *file);
 /* Rank and result of merging (l, r); rank -1 when not a merge. */
 int loco__tok_merge(const loco_tok *t, int32_t l, int32_t r, int32_t *res);

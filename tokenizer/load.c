@@ -198,6 +198,10 @@ int loco_tok_load_hf(loco_tok **out, const char *path) {
         rc = LOCO_ERR(LOCO_EPROTO, "%s: added_tokens: expected an array", path);
         goto out;
     }
+    const char *regex;
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer");
+    LOCO_CHECK_GOTO(loco__tok_hf_pre_tokenizer(path, pre, &regex), out);
+    const cJSON *ignore = cJSON_GetObjectItemCaseSensitive(model, "ignore_merges");
     int maxid = -1, sid[TOK_MAX_SPECIAL], ns = 0;
     char where[160];
     const cJSON *e;
@@ -235,6 +239,8 @@ int loco_tok_load_hf(loco_tok **out, const char *path) {
                         out);
     }
     LOCO_CHECK_GOTO(set_vocab(t, path, "model.vocab", vocab, sid, ns), out);
+    LOCO_CHECK_GOTO(loco__tok_use_regex(t, regex, path), out);
+    t->whole_pieces = cJSON_IsTrue(ignore);
     LOCO_CHECK_GOTO(loco__tok_finish(t, path), out);
     int mi = 0;
     cJSON_ArrayForEach(e, merges) {
@@ -324,8 +330,29 @@ static int tt_cmp(const void *a, const void *b) {
     return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-int loco_tok_load_tiktoken(loco_tok **out, const char *path) {
+/* The special tokens of a tiktoken file: OpenAI's of the pattern when the
+ * file holds exactly that encoding's number of ranks (0..nranks-1), else
+ * <|endoftext|> after the largest rank. */
+static int tt_specials(loco_tok **t, const char *path, const tok_pattern *p, size_t n,
+                       int maxrank) {
+    int openai = p && p->nranks && n == (size_t)p->nranks && maxrank == p->nranks - 1;
+    int vocab = maxrank + 2;
+    for (int i = 0; openai && i < 6 && p->special[i].text; i++)
+        vocab = p->special[i].id + 1 > vocab ? p->special[i].id + 1 : vocab;
+    LOCO_CHECK(loco__tok_new(t, vocab, path));
+    if (!openai)
+        return loco__tok_set(*t, maxrank + 1, (const uint8_t *)LOCO_TOK_EOT, strlen(LOCO_TOK_EOT),
+                             1, path, "end");
+    for (int i = 0; i < 6 && p->special[i].text; i++)
+        LOCO_CHECK(loco__tok_set(*t, p->special[i].id, (const uint8_t *)p->special[i].text,
+                                 strlen(p->special[i].text), 1, path, p->name));
+    return 0;
+}
+
+static int load_tiktoken(loco_tok **out, const char *path, const char *pattern) {
     *out = NULL;
+    LOCO_CHECK(loco__tok_pattern_check(pattern, path));
+    const tok_pattern *pat = loco__tok_pattern(pattern);
     char *text = NULL;
     size_t len;
     LOCO_CHECK(read_text(path, &text, &len));
@@ -403,16 +430,15 @@ int loco_tok_load_tiktoken(loco_tok **out, const char *path) {
         goto out;
     }
     qsort(ent, n, sizeof *ent, tt_cmp);
-    LOCO_CHECK_GOTO(loco__tok_new(&t, maxrank + 2, path), out);
+    LOCO_CHECK_GOTO(tt_specials(&t, path, pat, n, maxrank), out);
     char where[64];
     for (size_t i = 0; i < n; i++) {
         snprintf(where, sizeof where, "line %d", ent[i].line);
         LOCO_CHECK_GOTO(
             loco__tok_set(t, ent[i].rank, pool + ent[i].off, ent[i].len, 0, path, where), out);
     }
-    LOCO_CHECK_GOTO(loco__tok_set(t, maxrank + 1, (const uint8_t *)LOCO_TOK_EOT,
-                                  strlen(LOCO_TOK_EOT), 1, path, "end"),
-                    out);
+    if (pat)
+        LOCO_CHECK_GOTO(loco__tok_use_regex(t, pat->regex, path), out);
     LOCO_CHECK_GOTO(loco__tok_finish(t, path), out);
     /* merges: each multi-byte token is the BPE, under the merges of lower
      * ranks, of exactly two tokens */
@@ -448,9 +474,19 @@ out:
     return rc;
 }
 
+int loco_tok_load_tiktoken(loco_tok **out, const char *path) {
+    return load_tiktoken(out, path, NULL);
+}
+
 int loco_tok_load(loco_tok **out, const char *spec) {
+    return loco_tok_load_pattern(out, spec, NULL);
+}
+
+int loco_tok_load_pattern(loco_tok **out, const char *spec, const char *pattern) {
     *out = NULL;
+    LOCO_CHECK(loco__tok_pattern_check(pattern, spec));
     const char *comma = strchr(spec, ',');
+    int rc;
     if (comma) {
         char enc[4096];
         size_t el = (size_t)(comma - spec);
@@ -458,15 +494,23 @@ int loco_tok_load(loco_tok **out, const char *spec) {
             return LOCO_ERR(LOCO_EINVAL, "tokenizer %s: path too long", spec);
         memcpy(enc, spec, el);
         enc[el] = 0;
-        return loco_tok_load_gpt2(out, enc, comma + 1);
+        rc = loco_tok_load_gpt2(out, enc, comma + 1);
+    } else {
+        char *text = NULL;
+        size_t len;
+        LOCO_CHECK(read_text(spec, &text, &len));
+        size_t i = 0;
+        while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
+            i++;
+        int json = i < len && text[i] == '{';
+        loco_free(text);
+        if (!json) /* the pattern also decides the special tokens */
+            return load_tiktoken(out, spec, pattern);
+        rc = loco_tok_load_hf(out, spec);
     }
-    char *text = NULL;
-    size_t len;
-    LOCO_CHECK(read_text(spec, &text, &len));
-    size_t i = 0;
-    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
-        i++;
-    int json = i < len && text[i] == '{';
-    loco_free(text);
-    return json ? loco_tok_load_hf(out, spec) : loco_tok_load_tiktoken(out, spec);
+    if (rc == 0 && (rc = loco_tok_set_pattern(*out, pattern)) < 0) {
+        loco_tok_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
 }

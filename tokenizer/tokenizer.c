@@ -1,6 +1,7 @@
-/* Byte-level BPE: the vocabulary tables, GPT-2's pre-tokenisation through
- * PCRE2, the per-piece merge loop (a min-heap of adjacent pairs keyed by
- * merge rank, leftmost first on ties) with a cache of pieces, and decoding.
+/* Byte-level BPE: the vocabulary tables, pre-tokenisation through PCRE2
+ * (pattern.c compiles the regex), the per-piece merge loop (a min-heap of
+ * adjacent pairs keyed by merge rank, leftmost first on ties) with a cache of
+ * pieces, and decoding.
  *
  * One file: the vocabulary, merges and piece cache are one structure that
  * loading, encoding and decoding all read; training is in its own functions. */
@@ -78,6 +79,7 @@ void loco_tok_destroy(loco_tok *t) {
         return;
     if (t->re)
         pcre2_code_free(t->re);
+    loco_free(t->regex);
     loco_free(t->off);
     loco_free(t->len);
     loco_free(t->pool);
@@ -207,19 +209,7 @@ int loco__tok_finish(loco_tok *t, const char *file) {
                             "%s: byte 0x%02x has no token (a byte-level BPE "
                             "vocabulary holds all 256 single bytes)",
                             file, b);
-    int err;
-    PCRE2_SIZE erroff;
-    t->re = pcre2_compile((PCRE2_SPTR)LOCO_TOK_GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_NO_UTF_CHECK,
-                          &err, &erroff, NULL);
-    if (!t->re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        return LOCO_ERR(LOCO_EINVAL, "tokenizer regex: PCRE2 compile error at %zu: %s",
-                        (size_t)erroff, (const char *)msg);
-    }
-    t->jit = pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE) == 0; /* else the interpreter */
-    return 0;
+    return t->re ? 0 : loco__tok_use_regex(t, LOCO_TOK_GPT2_PATTERN, file);
 }
 
 /* ------------------------------------------------------------ byte mapping */
@@ -514,9 +504,11 @@ static int regex_pieces(const loco_tok *t, pcre2_match_data *md, const uint8_t *
                         tok_piece_fn fn, void *arg) {
     size_t off = 0;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    /* a file's own regex may match the empty string: look for others */
+    const uint32_t opts = loco__tok_chunkable(t) ? 0 : PCRE2_NOTEMPTY;
     while (off < n) {
-        int rc = t->jit ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, off, 0, md, NULL)
-                        : pcre2_match(t->re, (PCRE2_SPTR)s, n, off, 0, md, NULL);
+        int rc = t->jit ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, off, opts, md, NULL)
+                        : pcre2_match(t->re, (PCRE2_SPTR)s, n, off, opts, md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) {
             LOCO_CHECK(fn(s + off, n - off, -1, arg));
             break;
@@ -529,7 +521,7 @@ static int regex_pieces(const loco_tok *t, pcre2_match_data *md, const uint8_t *
         }
         if (ov[0] > off)
             LOCO_CHECK(fn(s + off, ov[0] - off, -1, arg));
-        if (ov[1] <= ov[0]) /* cannot happen with GPT-2's pattern; never loop */
+        if (ov[1] <= ov[0]) /* cannot happen with the named patterns; never loop */
             return LOCO_ERR(LOCO_EINVAL, "tokenizer: empty regex match at byte %zu", ov[0]);
         LOCO_CHECK(fn(s + ov[0], ov[1] - ov[0], -1, arg));
         off = ov[1];
@@ -587,6 +579,11 @@ static int enc_piece(const uint8_t *p, size_t n, int special, void *arg) {
         c->ids[c->n++] = special;
         return 0;
     }
+    int whole = c->t->whole_pieces ? loco__tok_lookup(c->t, p, n) : -1;
+    if (whole >= 0) {
+        c->ids[c->n++] = whole;
+        return 0;
+    }
     long k = loco__tok_bpe(c->t, c->w, p, n, c->ids + c->n);
     if (k < 0)
         return (int)k;
@@ -631,14 +628,19 @@ int loco_tok_encode(const loco_tok *t, const uint8_t *text, size_t len, int32_t 
     return 0;
 }
 
-/* A chunk may start at p when text[p-1] is a newline and text[p] is not
- * white space: no piece of the regex (nor a special token without newline)
- * crosses that place. */
+/* A chunk may start at p when text[p-1] is a newline, text[p-2] is ASCII and
+ * not white space and text[p] is an ASCII letter or digit: the newline is a
+ * piece of its own or ends the punctuation before it, whether the text goes
+ * on after it or not, under each named pattern (a longer run of white space
+ * before p is not: GPT-2's "\n\n" is two pieces before a word, one at the
+ * end of a text; nor a '/' at p: o200k's punctuation takes "\n/"), and no
+ * piece starts before p and takes text[p]. */
 static size_t next_cut(const uint8_t *text, size_t len, size_t from) {
-    for (size_t p = from; p < len; p++) {
-        uint8_t c = text[p];
-        if (text[p - 1] == '\n' && c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\v' &&
-            c != '\f' && c < 0x80)
+    for (size_t p = from < 2 ? 2 : from; p < len; p++) {
+        uint8_t a = text[p - 2], c = text[p];
+        if (text[p - 1] == '\n' && a < 0x80 && a != ' ' && a != '\t' && a != '\n' && a != '\r' &&
+            a != '\v' && a != '\f' &&
+            ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
             return p;
     }
     return len;
@@ -654,6 +656,8 @@ int loco_tok_encode_parallel(const loco_tok *t, const uint8_t *text, size_t len,
     for (int i = 0; i < t->nspecial; i++) /* a special with a newline could be cut */
         if (memchr(t->pool + t->off[t->special[i]], '\n', t->len[t->special[i]]))
             chunk_bytes = len + 1;
+    if (!loco__tok_chunkable(t)) /* a regex of the file's own: no safe cut known */
+        chunk_bytes = len + 1;
     /* chunk boundaries */
     size_t nchunks = 0, cap = len / chunk_bytes + 2;
     size_t *cut = loco_alloc((cap + 1) * sizeof *cut);

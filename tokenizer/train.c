@@ -338,7 +338,7 @@ int loco_tok_save_hf(const loco_tok *t, const char *path) {
         cJSON_AddItemToArray(added, a);
     }
     cJSON_AddNullToObject(root, "normalizer");
-    cJSON_AddItemToObject(root, "pre_tokenizer", byte_level("ByteLevel", 0, 1));
+    cJSON_AddItemToObject(root, "pre_tokenizer", loco__tok_hf_pre_tokenizer_json(t));
     cJSON_AddItemToObject(root, "post_processor", byte_level("ByteLevel", 1, 0));
     cJSON_AddItemToObject(root, "decoder", byte_level("ByteLevel", 1, 1));
     cJSON *model = cJSON_AddObjectToObject(root, "model");
@@ -349,6 +349,8 @@ int loco_tok_save_hf(const loco_tok *t, const char *path) {
     cJSON_AddStringToObject(model, "end_of_word_suffix", "");
     cJSON_AddBoolToObject(model, "fuse_unk", 0);
     cJSON_AddBoolToObject(model, "byte_fallback", 0);
+    if (t->whole_pieces)
+        cJSON_AddBoolToObject(model, "ignore_merges", 1);
     cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
     for (int id = 0; id < t->vocab; id++) {
         if (t->len[id] == TOK_ABSENT)
