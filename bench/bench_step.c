@@ -1,6 +1,7 @@
 /* `loco bench step`: tokens/s and achieved GFLOP/s of a full training step
  * (forward, backward, clip, AdamW) beside OpenBLAS sgemm measured in the
- * same run, the ceiling of this CPU path. */
+ * same run, the ceiling of this CPU path: the tiny GPT-2, the tiny Llama
+ * (scripts/llama-cpu-bench.sh puts PyTorch's beside it) and GPT-2 124M. */
 #include "bench/bench.h"
 #include "core/core.h"
 #include "inner/model/model.h"
@@ -91,15 +92,22 @@ int loco_bench_step(int argc, char **argv) {
         else
             return LOCO_ERR(LOCO_EINVAL,
                             "bench step: unknown option '%s' (--threads N, --big-steps N, "
-                            "--tiny-only)",
+                            "--tiny-only: the two tiny models)",
                             argv[i]);
     }
     int nt = loco_set_threads(threads);
-    loco_config d;
+    loco_config d, ll;
     loco_config_defaults(&d);
+    /* configs/tiny-llama.ini's model: the defaults' shape with a Llama block */
+    loco_config_defaults(&ll);
+    LOCO_CHECK(loco_config_set(&ll, "model.arch=llama"));
+    LOCO_CHECK(loco_config_set(&ll, "model.n_kv_head=2"));
+    LOCO_CHECK(loco_config_set(&ll, "model.rope_theta=10000"));
     shape shapes[] = {
         {"tiny (configs/tiny.ini)", loco_gpt_config_from(&d), (int)d.train.batch_size,
          (int)d.model.seq_len, 2, 10},
+        {"tiny-llama (configs/tiny-llama.ini)", loco_gpt_config_from(&ll),
+         (int)d.train.batch_size, (int)d.model.seq_len, 2, 10},
         {"GPT-2 124M", {.n_layer = 12, .n_head = 12, .n_embd = 768, .seq_len = 1024,
                         .vocab_size = 50257}, 1, 1024, 1, big_steps > 0 ? big_steps : 1},
     };
@@ -108,7 +116,7 @@ int loco_bench_step(int argc, char **argv) {
     printf("reference: OpenBLAS sgemm 2048^3 = %.1f GFLOP/s (same run)\n\n", ceiling);
     printf("| model | B x T | params | step s | tokens/s | GFLOP/s | %% of sgemm |\n");
     printf("|---|---|---|---|---|---|---|\n");
-    for (int i = 0; i < (skip_big ? 1 : 2); i++) {
+    for (int i = 0; i < (skip_big ? 2 : 3); i++) {
         double tok_s = 0, gf = 0, step_s = 0;
         LOCO_CHECK(bench_shape(&shapes[i], &tok_s, &gf, &step_s));
         loco_ttable tt;
