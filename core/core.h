@@ -190,6 +190,9 @@ typedef struct {
     int split_dim; /* dimension tensor parallelism splits, -1 for none */
     int split_parts; /* fused parts along split_dim split one by one (3 for
                       * c_attn's q, k, v); 1 otherwise */
+    int64_t part_len[LOCO_TENSOR_MAX_DIM]; /* the parts' lengths along split_dim in
+                      * the whole tensor when they differ (grouped-query
+                      * c_attn: NH, NKV, NKV heads); all 0: equal parts */
     bool decay;    /* weight decay applies (2-D weights) */
 } loco_tensor;
 

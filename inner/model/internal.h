@@ -140,6 +140,7 @@ typedef struct {
     int ndim;
     int64_t shape[2];
     int split, split_parts;
+    int64_t part_len[3]; /* unequal parts' lengths in the whole tensor (c_attn with GQA) */
     bool decay;
 } loco__gpt_block_tensor;
 

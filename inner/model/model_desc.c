@@ -61,9 +61,18 @@ int loco__gpt_check_description(const loco_gpt_config *cfg) {
                         (double)cfg->norm_eps);
     if (loco_gpt_is_gpt2(cfg))
         return 0;
-    if (loco__gpt_tp_of(cfg) > 1)
-        return LOCO_ERR(LOCO_ENOTSUP, "parallel.tp > 1 runs GPT-2's description only so far "
-                                      "(grouped-query and SwiGLU splits are not written yet)");
+    const int t = loco__gpt_tp_of(cfg);
+    if (t > 1 && NKV % t)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.tp = %d with model.n_kv_head = %d: tensor parallelism splits "
+                        "whole key/value heads; fewer (or a count tp does not divide) would be "
+                        "replicated, which is not written yet",
+                        t, NKV);
+    if (t > 1 && loco_gpt_ffn(cfg) % t)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "parallel.tp = %d must divide the MLP's hidden width %d "
+                        "(model.ffn_hidden): Megatron splits whole columns",
+                        t, loco_gpt_ffn(cfg));
     if (cfg->n_experts > 0)
         return LOCO_ERR(LOCO_ENOTSUP, "model.n_experts > 0 runs GPT-2's description only so far "
                                       "(SwiGLU experts are not written yet)");
@@ -76,14 +85,27 @@ int loco__gpt_block_tensors(const loco_gpt_config *cfg, int l, loco__gpt_block_t
     const int64_t Fl = loco_gpt_fc_width(cfg) / t, Hl = loco_gpt_ffn(cfg) / t;
     const bool ln = cfg->norm == LOCO_NORM_LAYERNORM, bias = !cfg->no_bias;
     int n = 0;
-#define T1(sfx, f, n0, sp, parts)                                                                      out[n++] = (loco__gpt_block_tensor){sfx, offsetof(loco_gpt_block, f), 1, {n0, 0}, sp, parts, false}
-#define T2(sfx, f, n0, n1, sp, parts)                                                                  out[n++] = (loco__gpt_block_tensor){sfx, offsetof(loco_gpt_block, f), 2, {n0, n1}, sp, parts, true}
+#define T1(sfx, f, n0, sp, parts)                                                                  \
+    out[n++] = (loco__gpt_block_tensor){                                                           \
+        sfx, offsetof(loco_gpt_block, f), 1, {n0, 0}, sp, parts, {0}, false}
+#define T2(sfx, f, n0, n1, sp, parts)                                                              \
+    out[n++] = (loco__gpt_block_tensor){                                                           \
+        sfx, offsetof(loco_gpt_block, f), 2, {n0, n1}, sp, parts, {0}, true}
     T1("ln_1.weight", ln1w, C, -1, 0);
     if (ln)
         T1("ln_1.bias", ln1b, C, -1, 0);
-    T2("attn.c_attn.weight", qkvw, C, Wl, 1, 3); /* q, k and v each split by heads */
-    if (bias)
+    /* q, k and v each split by heads; with grouped-query attention the
+     * parts differ: NH, NKV and NKV heads */
+    const int64_t hs = loco_gpt_head_size(cfg), NKV = loco_gpt_kv_heads(cfg);
+    const int64_t gqa[3] = {cfg->n_head * hs, NKV * hs, NKV * hs};
+    T2("attn.c_attn.weight", qkvw, C, Wl, 1, 3);
+    if (NKV != cfg->n_head)
+        memcpy(out[n - 1].part_len, gqa, sizeof gqa);
+    if (bias) {
         T1("attn.c_attn.bias", qkvb, Wl, 0, 3);
+        if (NKV != cfg->n_head)
+            memcpy(out[n - 1].part_len, gqa, sizeof gqa);
+    }
     T2("attn.c_proj.weight", attprojw, Cl, C, 0, 0);
     if (bias)
         T1("attn.c_proj.bias", attprojb, C, -1, 0);
@@ -140,6 +162,8 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
                             out_fail);
             if (bt[i].split_parts) /* else loco_ttable_add's one part */
                 tt->t[tt->n - 1].split_parts = bt[i].split_parts;
+            for (int p = 0; bt[i].part_len[0] && p < bt[i].split_parts; p++)
+                tt->t[tt->n - 1].part_len[p] = bt[i].part_len[p];
         }
         if (loco_gpt_is_moe(cfg, l)) {
             const int ep = cfg->ep > 1 ? cfg->ep : 1, El = cfg->n_experts / ep;

@@ -16,6 +16,8 @@ int loco_gpt_vocab_padded(const loco_gpt_config *cfg) {
 /* Extent of gt's split dimension over all t ranks: rounded up to t parts
  * (only wte's vocabulary ever needs it; the rest divide exactly). */
 static size_t tp_extent(const loco_tensor *gt, int t) {
+    if (gt->part_len[0]) /* unequal parts: each divides by t (model_desc.c checks) */
+        return (size_t)gt->shape[gt->split_dim];
     const size_t n = (size_t)gt->shape[gt->split_dim], q = (size_t)t * (size_t)gt->split_parts;
     return (n + q - 1) / q * q;
 }
@@ -28,6 +30,11 @@ static void split_strides(const loco_tensor *gt, size_t *inner) {
         *inner *= (size_t)gt->shape[d];
 }
 
+/* Length of part p along the split dimension (of ext, the padded extent). */
+static size_t part_len(const loco_tensor *gt, size_t ext, int p) {
+    return gt->part_len[0] ? (size_t)gt->part_len[p] : ext / (size_t)gt->split_parts;
+}
+
 void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_t *j) {
     if (gt->split_dim < 0 || t <= 1) {
         *rank = t <= 1 ? 0 : -1;
@@ -37,10 +44,14 @@ void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_
     size_t inner;
     split_strides(gt, &inner);
     const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
-    const size_t parts = (size_t)gt->split_parts, part_len = ext / parts, chunk = part_len / t;
     const size_t outer = g / (inner * n), x = g / inner % n, in = g % inner;
-    const size_t part = x / part_len, r = x % part_len;
-    const size_t xl = part * chunk + r % chunk, nl = ext / (size_t)t;
+    /* the part holding x; each part splits into t chunks, the slice holds
+     * every part's chunk k side by side */
+    size_t start = 0, lstart = 0, len = part_len(gt, ext, 0);
+    for (int p = 1; x >= start + len; p++)
+        start += len, lstart += len / (size_t)t, len = part_len(gt, ext, p);
+    const size_t r = x - start, chunk = len / (size_t)t;
+    const size_t xl = lstart + r % chunk, nl = ext / (size_t)t;
     *rank = (int)(r / chunk);
     *j = (outer * nl + xl) * inner + in;
 }
@@ -53,10 +64,12 @@ bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g
     size_t inner;
     split_strides(gt, &inner);
     const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
-    const size_t parts = (size_t)gt->split_parts, chunk = ext / parts / (size_t)t;
     const size_t nl = ext / (size_t)t;
     const size_t outer = j / (inner * nl), xl = j / inner % nl, in = j % inner;
-    const size_t x = xl / chunk * (ext / parts) + (size_t)k * chunk + xl % chunk;
+    size_t start = 0, lstart = 0, len = part_len(gt, ext, 0);
+    for (int p = 1; xl >= lstart + len / (size_t)t; p++)
+        start += len, lstart += len / (size_t)t, len = part_len(gt, ext, p);
+    const size_t x = start + (size_t)k * (len / (size_t)t) + (xl - lstart);
     if (x >= n)
         return false;
     *g = (outer * n + x) * inner + in;
@@ -125,7 +138,8 @@ int loco__gpt_row_parallel_fwd(loco_gpt *m, const loco__gpt_shape *d, float *out
         loco_matmul_fwd(m->s.full, in, w, NULL, N, K, C, false);
         LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, m->s.full, out, d->R * (size_t)C));
     }
-    loco_bias_fwd(out, bias, (int)d->R, C);
+    if (bias) /* NULL: the description has none */
+        loco_bias_fwd(out, bias, (int)d->R, C);
     return 0;
 }
 
@@ -189,7 +203,7 @@ int loco__gpt_sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, 
     LOCO_CHECK(loco__gpt_tp_allreduce(m, m->s.drep, total, LOCO_OP_SUM));
     const float *src = m->s.drep;
     for (int i = 0; i < n; i++) {
-        for (size_t j = 0; j < len[i]; j++)
+        for (size_t j = 0; dst[i] && j < len[i]; j++) /* NULL: a bias the description lacks */
             dst[i][j] += src[j];
         src += len[i];
     }
@@ -202,11 +216,12 @@ int loco__gpt_sp_reduce_into(loco_gpt *m, float *const *dst, const size_t *len, 
 int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B,
                         int T) {
     const int C = d->C;
-    if (m->cfg.pos == LOCO_POS_ROPE && d->t == 1) { /* positions turn q and k instead */
+    const bool rope = m->cfg.pos == LOCO_POS_ROPE; /* positions turn q and k instead */
+    if (rope && d->t == 1) {
         loco_embed_fwd(m->a.encoded, inputs, m->p.wte, 0, d->Vl, (int)d->N, C);
         return 0;
     }
-    const float *wpe = loco__gpt_cp_wpe(m); /* the rows' positions */
+    const float *wpe = rope ? NULL : loco__gpt_cp_wpe(m); /* the rows' positions */
     if (d->t == 1) {
         loco_encoder_fwd(m->a.encoded, inputs, m->p.wte, wpe, B, T, C);
         return 0;
@@ -217,15 +232,26 @@ int loco__gpt_embed_fwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *in
         LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, m->s.full, m->a.encoded, d->R * (size_t)C));
     else
         LOCO_CHECK(loco__gpt_tp_allreduce(m, m->a.encoded, d->N * (size_t)C, LOCO_OP_SUM));
-    loco_pos_fwd(m->a.encoded, wpe, (int)d->row0, (int)d->R, T, C);
+    if (wpe)
+        loco_pos_fwd(m->a.encoded, wpe, (int)d->row0, (int)d->R, T, C);
     return 0;
 }
 
 int loco__gpt_embed_bwd(loco_gpt *m, const loco__gpt_shape *d, const int32_t *inputs, int B,
                         int T) {
     const int C = d->C;
-    if (m->cfg.pos == LOCO_POS_ROPE && d->t == 1) {
+    const bool rope = m->cfg.pos == LOCO_POS_ROPE;
+    if (rope && d->t == 1) {
         loco_embed_bwd(m->g.wte, m->s.dres, inputs, 0, d->Vl, (int)d->N, C);
+        return 0;
+    }
+    if (rope) { /* no position table: wte's rows alone, gathered under sp */
+        const float *dfull = m->s.dres;
+        if (d->sp) {
+            LOCO_CHECK(loco__gpt_tp_allgather(m, m->s.dres, m->s.full, d->R * (size_t)C));
+            dfull = m->s.full;
+        }
+        loco_embed_bwd(m->g.wte, dfull, inputs, d->v_lo, d->Vl, (int)d->N, C);
         return 0;
     }
     float *dwpe = loco__gpt_cp_dwpe(m);

@@ -122,35 +122,42 @@ Test(llama_mesh, dp2_zero3, .timeout = 240) {
     check(1, "1f1b", 2, 3, 2, "");
 }
 
-/* cp ranks hold zig-zag rows: pp = 1, dp = 1, the cp group is the mesh;
- * `model` changes the model of both runs. */
-static void check_cp(const char *algo, const char *model) {
-    char more[256];
-    snprintf(more, sizeof more, "--set parallel.cp=2 --set parallel.cp_algo=%s %s", algo, model);
+/* `np` ranks of a mesh given by `mesh` (cp, tp, sp, dp ... with one
+ * micro-batch each) against one rank of the same global batch; `model`
+ * changes the model of both runs. */
+static void check_mesh(int np, int ref_accum, const char *mesh, const char *model) {
+    char what[512];
+    snprintf(what, sizeof what, "%s %s", mesh, model);
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     run_ok(LOCO " train configs/tiny.ini" LLAMA
-                " --set train.grad_accum=2 --set run.dir=%s/ref %s",
-           dir, model);
-    run_ok(MPIRUN "2 " LOCO " train configs/tiny.ini" LLAMA
-                  " --set train.grad_accum=2 --set run.dir=%s/mesh %s",
-           dir, more);
+                " --set train.grad_accum=%d --set run.dir=%s/ref %s",
+           ref_accum, dir, model);
+    run_ok(MPIRUN "%d " LOCO " train configs/tiny.ini" LLAMA " --set run.dir=%s/mesh %s %s", np,
+           dir, mesh, model);
     double got[STEPS + 1] = {0}, ref[STEPS + 1] = {0};
     char a[4200], b[4200];
     snprintf(a, sizeof a, "%s/mesh", dir);
     snprintf(b, sizeof b, "%s/ref", dir);
     test_read_losses(a, got, STEPS);
     test_read_losses(b, ref, STEPS);
-    test_expect_losses(got, ref, 1, STEPS, more);
+    test_expect_losses(got, ref, 1, STEPS, what);
     size_t n1, n2;
     float *p = load_whole("mesh", &n1), *q = load_whole("ref", &n2);
     cr_assert_eq(n1, n2);
     double dd = 0, qq = 0;
     for (size_t i = 0; i < n1; i++)
         dd += ((double)p[i] - q[i]) * ((double)p[i] - q[i]), qq += (double)q[i] * q[i];
-    cr_expect(sqrt(dd / qq) <= 1e-5, "%s: final parameters differ by %g (relative L2)", more,
+    cr_expect(sqrt(dd / qq) <= 1e-5, "%s: final parameters differ by %g (relative L2)", what,
               sqrt(dd / qq));
     free(p), free(q);
+}
+
+static void check_cp(const char *algo, const char *model) {
+    char mesh[128];
+    snprintf(mesh, sizeof mesh,
+             "--set parallel.cp=2 --set parallel.cp_algo=%s --set train.grad_accum=2", algo);
+    check_mesh(2, 2, mesh, model);
 }
 
 Test(llama_mesh, cp2_ring_gqa, .timeout = 240) {
@@ -207,14 +214,31 @@ Test(llama_mesh, export_loads_in_pytorch_and_init_from_reads_it_back, .timeout =
     free(a), free(b);
 }
 
+/* Megatron's splits with grouped-query attention: q, k and v heads each
+ * split over tp (2 key/value heads over 2 ranks), SwiGLU's gate and up
+ * each split by columns, the untied head by vocabulary rows. */
+Test(llama_mesh, tp2_gqa_swiglu_untied_head, .timeout = 240) {
+    check_mesh(2, 1, "--set parallel.tp=2", "");
+}
+
+Test(llama_mesh, tp2_sp_dp2_zero1, .timeout = 240) {
+    check_mesh(4, 2, "--set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2"
+                     " --set parallel.zero_stage=1", "");
+}
+
+Test(llama_mesh, tp2_pp2_cp_ring, .timeout = 300) {
+    check_mesh(8, 2, "--set parallel.tp=2 --set parallel.pp=2 --set train.grad_accum=2"
+                     " --set parallel.cp=2", "");
+}
+
 Test(llama_mesh, tp_refused_with_the_reason, .timeout = 120) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
     int rc = test_run(out, sizeof out,
                       MPIRUN "2 " LOCO " train configs/tiny.ini" LLAMA
-                             " --set parallel.tp=2 --set run.dir=%s/tp",
+                             " --set parallel.tp=2 --set model.n_kv_head=1 --set run.dir=%s/tp",
                       dir);
     cr_expect_neq(rc, 0);
-    cr_expect(strstr(out, "parallel.tp > 1 runs GPT-2's description only"), "%s", out);
+    cr_expect(strstr(out, "tensor parallelism splits whole key/value heads"), "%s", out);
 }

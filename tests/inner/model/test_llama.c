@@ -264,9 +264,14 @@ Test(llama, descriptions_refused_with_the_reason) {
     cr_expect_eq(loco_gpt_create(&m, &c, B, T), LOCO_EINVAL);
     cr_expect(strstr(loco_errmsg(), "layernorm runs at GPT-2's 1e-5 only"), "%s", loco_errmsg());
     c = llama_cfg;
-    c.tp = 2;
+    c.tp = 4; /* 2 key/value heads */
     cr_expect_eq(loco_gpt_create(&m, &c, B, T), LOCO_ENOTSUP);
-    cr_expect(strstr(loco_errmsg(), "parallel.tp > 1 runs GPT-2's description only"), "%s",
+    cr_expect(strstr(loco_errmsg(), "tensor parallelism splits whole key/value heads"), "%s",
               loco_errmsg());
+    c = llama_cfg;
+    c.tp = 2;
+    c.ffn_hidden = 81;
+    cr_expect_eq(loco_gpt_create(&m, &c, B, T), LOCO_EINVAL);
+    cr_expect(strstr(loco_errmsg(), "must divide the MLP's hidden width 81"), "%s", loco_errmsg());
     cr_expect_null(m);
 }
