@@ -193,6 +193,10 @@ typedef struct {
     int64_t part_len[LOCO_TENSOR_MAX_DIM]; /* the parts' lengths along split_dim in
                       * the whole tensor when they differ (grouped-query
                       * c_attn: NH, NKV, NKV heads); all 0: equal parts */
+    int part_units[LOCO_TENSOR_MAX_DIM]; /* with part_len: the indivisible
+                      * units (heads) of part p; over t ranks it is cut into
+                      * min(t, units) chunks, each held by t / that many
+                      * consecutive ranks (key/value heads fewer than tp) */
     bool decay;    /* weight decay applies (2-D weights) */
 } loco_tensor;
 

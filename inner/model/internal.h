@@ -125,6 +125,11 @@ struct loco_gpt {
     /* RoPE (cfg.pos = rope): cos and sin of every position's angles
      * (seq_len, hs/2), loco_rope_tables. */
     float *rope_cos, *rope_sin;
+    /* tp with fewer key/value heads than tp ranks: the block's key|value
+     * weight gradients accumulated before this micro-batch, (C + 1, 2 hs),
+     * and every head's side by side for the sum over its holders, (C + 1,
+     * 2 NKV hs); the last row is the bias's. */
+    float *kv_keep, *kv_all;
 };
 
 static inline int loco__gpt_tp_of(const loco_gpt_config *cfg) {
@@ -141,6 +146,7 @@ typedef struct {
     int64_t shape[2];
     int split, split_parts;
     int64_t part_len[3]; /* unequal parts' lengths in the whole tensor (c_attn with GQA) */
+    int part_units[3];   /* and their heads (loco_tensor.part_units) */
     bool decay;
 } loco__gpt_block_tensor;
 
@@ -151,6 +157,22 @@ int loco__gpt_block_tensors(const loco_gpt_config *cfg, int l, loco__gpt_block_t
 /* The description's own constraints and the paths not yet taught it
  * (LOCO_EINVAL / LOCO_ENOTSUP with the reason). */
 int loco__gpt_check_description(const loco_gpt_config *cfg);
+
+/* Key/value heads a tp rank holds: NKV/t, or the one its query heads read
+ * when there are fewer than t (each then replicated on t/NKV ranks). */
+static inline int loco__gpt_kv_local(const loco_gpt_config *cfg) {
+    const int t = loco__gpt_tp_of(cfg), NKV = loco_gpt_kv_heads(cfg);
+    return NKV >= t ? NKV / t : 1;
+}
+static inline int loco__gpt_kv_rep(const loco_gpt_config *cfg) {
+    const int t = loco__gpt_tp_of(cfg), NKV = loco_gpt_kv_heads(cfg);
+    return NKV >= t ? 1 : t / NKV;
+}
+/* c_attn's output width on a tp rank: its query heads, key and value heads. */
+static inline int loco__gpt_qkv_local(const loco_gpt_config *cfg) {
+    return (cfg->n_head / loco__gpt_tp_of(cfg) + 2 * loco__gpt_kv_local(cfg)) *
+           loco_gpt_head_size(cfg);
+}
 
 /* The shapes of the passes on this rank: rows of the residual regions,
  * the tp slice's widths and where this rank's rows and vocabulary start. */
@@ -167,6 +189,13 @@ typedef struct {
     int Wa; /* c_attn's output rows as kept: Wl, or wider where Ulysses
              * replicates key/value heads in place (c wu) */
 } loco__gpt_shape;
+
+/* tp with replicated key/value heads (loco__gpt_kv_rep > 1): around
+ * c_attn's weight gradient, begin moves the key|value columns accumulated
+ * so far aside (and zeroes them); end sums this micro-batch's over the
+ * ranks that hold the same head and adds the kept ones back. */
+void loco__gpt_kv_replicas_begin(loco_gpt *m, const loco__gpt_shape *d, float *dw, float *db);
+int loco__gpt_kv_replicas_end(loco_gpt *m, const loco__gpt_shape *d, float *dw, float *db);
 
 /* The shapes of a B x T batch's passes on this rank. */
 loco__gpt_shape loco__gpt_shape_of(const loco_gpt *m, int B, int T);

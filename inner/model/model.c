@@ -120,8 +120,8 @@ loco__gpt_shape loco__gpt_shape_of(const loco_gpt *m, int B, int T) {
     d.Cl = d.C / d.t;
     d.NHl = m->cfg.n_head / d.t;
     d.hs = loco_gpt_head_size(&m->cfg);
-    d.NKVl = loco_gpt_kv_heads(&m->cfg) / d.t;
-    d.Wl = loco_gpt_qkv_width(&m->cfg) / d.t;
+    d.NKVl = loco__gpt_kv_local(&m->cfg);
+    d.Wl = loco__gpt_qkv_local(&m->cfg);
     d.Fl = loco_gpt_fc_width(&m->cfg) / d.t;
     d.Hl = loco_gpt_ffn(&m->cfg) / d.t;
     d.Wa = d.Wl;
@@ -245,6 +245,16 @@ static int gpt_init(loco_gpt *m, const loco_gpt_config *cfg, int B, int T, unsig
     m->a = m->slot_acts[0];
     if (want_a)
         loco__gpt_carve_acts(m, m->act_slab);
+    if (m->cfg.tp > 1 && loco__gpt_kv_rep(&m->cfg) > 1) {
+        const size_t hs = (size_t)loco_gpt_head_size(cfg), C = (size_t)cfg->n_embd;
+        const size_t keep = (C + 1) * 2 * hs, all = keep * (size_t)loco_gpt_kv_heads(cfg);
+        m->kv_keep = loco_alloc((keep + all) * sizeof(float));
+        if (!m->kv_keep) {
+            rc = LOCO_ERR(LOCO_ENOMEM, "replicated key/value gradients");
+            goto out_fail;
+        }
+        m->kv_all = m->kv_keep + keep;
+    }
     if (cfg->pos == LOCO_POS_ROPE) {
         const int hs = loco_gpt_head_size(cfg);
         const size_t n = (size_t)cfg->seq_len * (size_t)(hs / 2);
@@ -286,6 +296,7 @@ static void gpt_fini(loco_gpt *m) {
     loco_free(m->tp_counts);
     loco_free(m->act_slab);
     loco_free(m->rope_cos);
+    loco_free(m->kv_keep);
     loco__gpt_cp_fini(m);
     loco__gpt_moe_fini(m);
     memset(m, 0, sizeof *m);
@@ -423,7 +434,8 @@ void loco_gpt_init_weights_range(const loco_gpt *m, loco_rng *rng, float *dst, s
             size_t j = g;
             if (t > 1) {
                 loco_gpt_tp_locate(t_whole, t, g, &rank, &j);
-                if (rank >= 0 && rank != m->tp_rank)
+                const int reps = (int)loco_gpt_tp_replicas(t_whole, t, g);
+                if (rank >= 0 && (m->tp_rank < rank || m->tp_rank >= rank + reps))
                     continue;
             }
             size_t k = t_mine->offset + j;

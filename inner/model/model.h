@@ -247,6 +247,14 @@ int loco_gpt_vocab_padded(const loco_gpt_config *cfg);
  * the element's index *j inside that rank's slice; a replicated tensor
  * gives *rank = -1 (every rank holds it at j = g). */
 void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_t *j);
+/* Sum of squares of g, elements [a, b) of the flat buffer inside tensor
+ * i of m's table, counting each element once over the tp group: a key or
+ * value column this rank holds as a replica of a lower tp rank's counts
+ * zero. */
+double loco_gpt_tp_sumsq(const loco_gpt *m, int i, const float *g, size_t a, size_t b);
+/* How many consecutive tp ranks from loco_gpt_tp_locate's *rank hold
+ * element g (key/value heads replicated when fewer than tp; else 1). */
+size_t loco_gpt_tp_replicas(const loco_tensor *gt, int t, size_t g);
 /* The inverse: element j of tp rank k's slice of gt -> *g in the whole
  * tensor; false for vocabulary padding (no whole-tensor element). */
 bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g);

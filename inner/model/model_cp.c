@@ -45,7 +45,7 @@ int loco__gpt_cp_check(const loco_gpt_config *cfg, int B, int T, const loco_gpt_
                         "parallel.cp_algo = ulysses: the %d attention heads%s do not split over "
                         "parallel.cp = %d ranks (use a cp dividing them, or cp_algo = ring)",
                         cfg->n_head / t, t > 1 ? " of a tp rank" : "", c);
-    const int NKVl = loco_gpt_kv_heads(cfg) / t;
+    const int NKVl = loco__gpt_kv_local(cfg);
     if (par->cp_algo == LOCO_CP_ULYSSES && NKVl % c && c % NKVl)
         return LOCO_ERR(LOCO_EINVAL,
                         "parallel.cp_algo = ulysses: the %d key/value heads%s neither split over "
@@ -90,7 +90,7 @@ int loco__gpt_cp_init(loco_gpt *m, int B, int T) {
     cp->Tc = T / (2 * c);
     cp->Tl = 2 * cp->Tc;
     const int t = loco__gpt_tp_of(&m->cfg), hs = loco_gpt_head_size(&m->cfg);
-    const int NKVl = loco_gpt_kv_heads(&m->cfg) / t;
+    const int NKVl = loco__gpt_kv_local(&m->cfg);
     const size_t C = (size_t)m->cfg.n_embd, Cl = C / (size_t)t, NHl = (size_t)m->cfg.n_head / t;
     const size_t rows = (size_t)B * (size_t)cp->Tl, Tc = (size_t)cp->Tc;
     cp->Ckv = NKVl * hs;

@@ -62,11 +62,11 @@ int loco__gpt_check_description(const loco_gpt_config *cfg) {
     if (loco_gpt_is_gpt2(cfg))
         return 0;
     const int t = loco__gpt_tp_of(cfg);
-    if (t > 1 && NKV % t)
-        return LOCO_ERR(LOCO_ENOTSUP,
+    if (t > 1 && NKV % t && t % NKV)
+        return LOCO_ERR(LOCO_EINVAL,
                         "parallel.tp = %d with model.n_kv_head = %d: tensor parallelism splits "
-                        "whole key/value heads; fewer (or a count tp does not divide) would be "
-                        "replicated, which is not written yet",
+                        "whole key/value heads over tp, or, when there are fewer, replicates "
+                        "each on tp / n_kv_head ranks; neither divides the other",
                         t, NKV);
     if (t > 1 && loco_gpt_ffn(cfg) % t)
         return LOCO_ERR(LOCO_EINVAL,
@@ -81,16 +81,16 @@ int loco__gpt_check_description(const loco_gpt_config *cfg) {
 
 int loco__gpt_block_tensors(const loco_gpt_config *cfg, int l, loco__gpt_block_tensor *out) {
     const int t = loco__gpt_tp_of(cfg);
-    const int64_t C = cfg->n_embd, Cl = C / t, Wl = loco_gpt_qkv_width(cfg) / t;
+    const int64_t C = cfg->n_embd, Cl = C / t, Wl = loco__gpt_qkv_local(cfg);
     const int64_t Fl = loco_gpt_fc_width(cfg) / t, Hl = loco_gpt_ffn(cfg) / t;
     const bool ln = cfg->norm == LOCO_NORM_LAYERNORM, bias = !cfg->no_bias;
     int n = 0;
 #define T1(sfx, f, n0, sp, parts)                                                                  \
     out[n++] = (loco__gpt_block_tensor){                                                           \
-        sfx, offsetof(loco_gpt_block, f), 1, {n0, 0}, sp, parts, {0}, false}
+        sfx, offsetof(loco_gpt_block, f), 1, {n0, 0}, sp, parts, {0}, {0}, false}
 #define T2(sfx, f, n0, n1, sp, parts)                                                              \
     out[n++] = (loco__gpt_block_tensor){                                                           \
-        sfx, offsetof(loco_gpt_block, f), 2, {n0, n1}, sp, parts, {0}, true}
+        sfx, offsetof(loco_gpt_block, f), 2, {n0, n1}, sp, parts, {0}, {0}, true}
     T1("ln_1.weight", ln1w, C, -1, 0);
     if (ln)
         T1("ln_1.bias", ln1b, C, -1, 0);
@@ -98,13 +98,18 @@ int loco__gpt_block_tensors(const loco_gpt_config *cfg, int l, loco__gpt_block_t
      * parts differ: NH, NKV and NKV heads */
     const int64_t hs = loco_gpt_head_size(cfg), NKV = loco_gpt_kv_heads(cfg);
     const int64_t gqa[3] = {cfg->n_head * hs, NKV * hs, NKV * hs};
+    const int units[3] = {cfg->n_head, (int)NKV, (int)NKV};
     T2("attn.c_attn.weight", qkvw, C, Wl, 1, 3);
-    if (NKV != cfg->n_head)
+    if (NKV != cfg->n_head) {
         memcpy(out[n - 1].part_len, gqa, sizeof gqa);
+        memcpy(out[n - 1].part_units, units, sizeof units);
+    }
     if (bias) {
         T1("attn.c_attn.bias", qkvb, Wl, 0, 3);
-        if (NKV != cfg->n_head)
+        if (NKV != cfg->n_head) {
             memcpy(out[n - 1].part_len, gqa, sizeof gqa);
+            memcpy(out[n - 1].part_units, units, sizeof units);
+        }
     }
     T2("attn.c_proj.weight", attprojw, Cl, C, 0, 0);
     if (bias)
@@ -162,8 +167,10 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
                             out_fail);
             if (bt[i].split_parts) /* else loco_ttable_add's one part */
                 tt->t[tt->n - 1].split_parts = bt[i].split_parts;
-            for (int p = 0; bt[i].part_len[0] && p < bt[i].split_parts; p++)
+            for (int p = 0; bt[i].part_len[0] && p < bt[i].split_parts; p++) {
                 tt->t[tt->n - 1].part_len[p] = bt[i].part_len[p];
+                tt->t[tt->n - 1].part_units[p] = bt[i].part_units[p];
+            }
         }
         if (loco_gpt_is_moe(cfg, l)) {
             const int ep = cfg->ep > 1 ? cfg->ep : 1, El = cfg->n_experts / ep;

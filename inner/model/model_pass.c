@@ -205,7 +205,12 @@ int loco__gpt_block_bwd_weight(loco_gpt *m, const loco__gpt_shape *d, int l,
             loco__gpt_column_parallel_bwd_weight(m, d, g->fcw, g->fcb, k->d_fch, la->ln2, d->Fl));
     }
     loco__gpt_row_parallel_bwd_weight(d, g->attprojw, k->d_mid, la->atty, d->Cl);
-    return loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1, d->Wl);
+    const bool kv_rep = d->t > 1 && loco__gpt_kv_rep(&m->cfg) > 1;
+    if (kv_rep) /* this micro-batch's key|value columns apart, to sum over their holders */
+        loco__gpt_kv_replicas_begin(m, d, g->qkvw, g->qkvb);
+    LOCO_CHECK(
+        loco__gpt_column_parallel_bwd_weight(m, d, g->qkvw, g->qkvb, k->d_qkv, la->ln1, d->Wl));
+    return kv_rep ? loco__gpt_kv_replicas_end(m, d, g->qkvw, g->qkvb) : 0;
 }
 
 /* Block l's whole backward: both halves at once, keeping in scratch. */

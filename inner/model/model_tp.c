@@ -35,6 +35,37 @@ static size_t part_len(const loco_tensor *gt, size_t ext, int p) {
     return gt->part_len[0] ? (size_t)gt->part_len[p] : ext / (size_t)gt->split_parts;
 }
 
+/* Ranks sharing each chunk of part p over t ranks (1: the part is cut
+ * into t chunks; more when it has fewer heads than ranks). */
+static size_t part_rep(const loco_tensor *gt, int t, int p) {
+    const int units = gt->part_len[0] ? gt->part_units[p] : 0;
+    return units > 0 && units < t ? (size_t)(t / units) : 1;
+}
+
+/* The part holding x along the split dimension: its index, where it
+ * starts, where its chunk starts in a slice, its length. */
+static int find_part(const loco_tensor *gt, int t, size_t ext, size_t x, size_t *start,
+                     size_t *lstart, size_t *len) {
+    int p = 0;
+    *start = 0, *lstart = 0, *len = part_len(gt, ext, 0);
+    while (x >= *start + *len) {
+        *start += *len;
+        *lstart += *len / ((size_t)t / part_rep(gt, t, p));
+        *len = part_len(gt, ext, ++p);
+    }
+    return p;
+}
+
+size_t loco_gpt_tp_replicas(const loco_tensor *gt, int t, size_t g) {
+    if (gt->split_dim < 0 || t <= 1 || !gt->part_len[0])
+        return 1;
+    size_t inner;
+    split_strides(gt, &inner);
+    const size_t n = (size_t)gt->shape[gt->split_dim], x = g / inner % n;
+    size_t start, lstart, len;
+    return part_rep(gt, t, find_part(gt, t, n, x, &start, &lstart, &len));
+}
+
 void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_t *j) {
     if (gt->split_dim < 0 || t <= 1) {
         *rank = t <= 1 ? 0 : -1;
@@ -45,14 +76,17 @@ void loco_gpt_tp_locate(const loco_tensor *gt, int t, size_t g, int *rank, size_
     split_strides(gt, &inner);
     const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
     const size_t outer = g / (inner * n), x = g / inner % n, in = g % inner;
-    /* the part holding x; each part splits into t chunks, the slice holds
-     * every part's chunk k side by side */
-    size_t start = 0, lstart = 0, len = part_len(gt, ext, 0);
-    for (int p = 1; x >= start + len; p++)
-        start += len, lstart += len / (size_t)t, len = part_len(gt, ext, p);
-    const size_t r = x - start, chunk = len / (size_t)t;
-    const size_t xl = lstart + r % chunk, nl = ext / (size_t)t;
-    *rank = (int)(r / chunk);
+    /* the part holding x; each part splits into t chunks (t / rep, each
+     * held by rep ranks, the first named here), the slice holds every
+     * part's chunk side by side */
+    size_t start, lstart, len;
+    const int p = find_part(gt, t, ext, x, &start, &lstart, &len);
+    const size_t rep = part_rep(gt, t, p), chunk = len / ((size_t)t / rep);
+    const size_t r = x - start, xl = lstart + r % chunk;
+    size_t nl = 0;
+    for (int q = 0; q < gt->split_parts; q++)
+        nl += part_len(gt, ext, q) / ((size_t)t / part_rep(gt, t, q));
+    *rank = (int)(r / chunk * rep);
     *j = (outer * nl + xl) * inner + in;
 }
 
@@ -64,12 +98,16 @@ bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g
     size_t inner;
     split_strides(gt, &inner);
     const size_t n = (size_t)gt->shape[gt->split_dim], ext = tp_extent(gt, t);
-    const size_t nl = ext / (size_t)t;
+    size_t nl = 0;
+    for (int q = 0; q < gt->split_parts; q++)
+        nl += part_len(gt, ext, q) / ((size_t)t / part_rep(gt, t, q));
     const size_t outer = j / (inner * nl), xl = j / inner % nl, in = j % inner;
-    size_t start = 0, lstart = 0, len = part_len(gt, ext, 0);
-    for (int p = 1; xl >= lstart + len / (size_t)t; p++)
-        start += len, lstart += len / (size_t)t, len = part_len(gt, ext, p);
-    const size_t x = start + (size_t)k * (len / (size_t)t) + (xl - lstart);
+    size_t start = 0, lstart = 0, len = part_len(gt, ext, 0), rep = part_rep(gt, t, 0);
+    for (int p = 1; xl >= lstart + len / ((size_t)t / rep); p++) {
+        lstart += len / ((size_t)t / rep);
+        start += len, len = part_len(gt, ext, p), rep = part_rep(gt, t, p);
+    }
+    const size_t x = start + (size_t)k / rep * (len / ((size_t)t / rep)) + (xl - lstart);
     if (x >= n)
         return false;
     *g = (outer * n + x) * inner + in;
@@ -296,5 +334,62 @@ int loco__gpt_cross_entropy(loco_gpt *m, const int32_t *targets, int N, bool bac
     LOCO_CHECK(loco__gpt_tp_allreduce(m, sums, 2 * (size_t)N, LOCO_OP_SUM));
     loco_xent_vp_finish(a->losses, dlogits, a->logits, rowmax, sums, sums + N, targets, d.v_lo, N,
                         d.Vl, d.v_valid, dscale);
+    return 0;
+}
+
+/* ------------------------------------------- replicated key/value heads */
+
+double loco_gpt_tp_sumsq(const loco_gpt *m, int i, const float *g, size_t a, size_t b) {
+    const loco_tensor *t = &m->tt.t[i];
+    const int rep = loco__gpt_kv_rep(&m->cfg);
+    if (rep <= 1 || !t->part_len[0] || m->tp_rank % rep == 0)
+        return loco_sumsq(g, b - a);
+    /* a replica: only the query columns count (c_attn's rows of Wl, or its bias) */
+    const size_t W = (size_t)loco__gpt_qkv_local(&m->cfg);
+    const size_t Q = (size_t)(m->cfg.n_head / m->cfg.tp) * (size_t)loco_gpt_head_size(&m->cfg);
+    double s = 0;
+    for (size_t x = a; x < b; x++) {
+        const size_t col = (x - t->offset) % W;
+        if (col < Q)
+            s += (double)g[x - a] * g[x - a];
+    }
+    return s;
+}
+
+void loco__gpt_kv_replicas_begin(loco_gpt *m, const loco__gpt_shape *d, float *dw, float *db) {
+    const int C = d->C, W = d->Wl, Q = d->NHl * d->hs, K = 2 * d->hs;
+    for (int c = 0; c < C; c++) {
+        memcpy(m->kv_keep + (size_t)c * K, dw + (size_t)c * W + Q, (size_t)K * sizeof(float));
+        memset(dw + (size_t)c * W + Q, 0, (size_t)K * sizeof(float));
+    }
+    if (db) {
+        memcpy(m->kv_keep + (size_t)C * K, db + Q, (size_t)K * sizeof(float));
+        memset(db + Q, 0, (size_t)K * sizeof(float));
+    }
+}
+
+int loco__gpt_kv_replicas_end(loco_gpt *m, const loco__gpt_shape *d, float *dw, float *db) {
+    const int C = d->C, W = d->Wl, Q = d->NHl * d->hs, hs = d->hs;
+    const int NKV = loco_gpt_kv_heads(&m->cfg), head = m->tp_rank / loco__gpt_kv_rep(&m->cfg);
+    const size_t KA = 2 * (size_t)NKV * hs, rows = (size_t)C + (db ? 1 : 0);
+    memset(m->kv_all, 0, rows * KA * sizeof(float));
+    /* row c: every key head, then every value head; this rank's head's */
+    for (size_t c = 0; c < rows; c++) {
+        const float *src = c < (size_t)C ? dw + c * W + Q : db + Q;
+        memcpy(m->kv_all + c * KA + (size_t)head * hs, src, (size_t)hs * sizeof(float));
+        memcpy(m->kv_all + c * KA + (size_t)(NKV + head) * hs, src + hs,
+               (size_t)hs * sizeof(float));
+    }
+    LOCO_CHECK(loco__gpt_tp_allreduce(m, m->kv_all, rows * KA, LOCO_OP_SUM));
+    for (size_t c = 0; c < rows; c++) {
+        float *dst = c < (size_t)C ? dw + c * W + Q : db + Q;
+        const float *keep = m->kv_keep + c * 2 * hs;
+        const float *k = m->kv_all + c * KA + (size_t)head * hs;
+        const float *v = m->kv_all + c * KA + (size_t)(NKV + head) * hs;
+        for (int i = 0; i < hs; i++) {
+            dst[i] = keep[i] + k[i];
+            dst[hs + i] = keep[hs + i] + v[i];
+        }
+    }
     return 0;
 }

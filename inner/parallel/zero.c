@@ -300,7 +300,7 @@ static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi,
         if (a >= b || (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0) ||
             tied_copy(m, i) || (z->ep ? z->expert[i] : false) != experts)
             continue;
-        s += loco_sumsq(g + (a - lo), b - a);
+        s += loco_gpt_tp_sumsq(m, i, g + (a - lo), a, b);
     }
     return s;
 }

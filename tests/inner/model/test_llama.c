@@ -264,10 +264,11 @@ Test(llama, descriptions_refused_with_the_reason) {
     cr_expect_eq(loco_gpt_create(&m, &c, B, T), LOCO_EINVAL);
     cr_expect(strstr(loco_errmsg(), "layernorm runs at GPT-2's 1e-5 only"), "%s", loco_errmsg());
     c = llama_cfg;
-    c.tp = 4; /* 2 key/value heads */
-    cr_expect_eq(loco_gpt_create(&m, &c, B, T), LOCO_ENOTSUP);
-    cr_expect(strstr(loco_errmsg(), "tensor parallelism splits whole key/value heads"), "%s",
-              loco_errmsg());
+    c.n_head = 12; /* head size 4 */
+    c.n_kv_head = 3;
+    c.tp = 2; /* 3 key/value heads: not split over 2, nor replicated */
+    cr_expect_eq(loco_gpt_create(&m, &c, B, T), LOCO_EINVAL);
+    cr_expect(strstr(loco_errmsg(), "neither divides the other"), "%s", loco_errmsg());
     c = llama_cfg;
     c.tp = 2;
     c.ffn_hidden = 81;
