@@ -73,9 +73,17 @@ int loco_trainer_begin_run(loco_trainer *t) {
     if (mc->tp > 1)
         snprintf(slice, sizeof slice, " (%zu in each of %d tp slices)",
                  loco_gpt_num_params(t->model), mc->tp);
-    loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d: %zu parameters%s",
-              mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len,
-              mc->vocab_size, n_whole, slice);
+    char block[160] = ""; /* the description, when it is not GPT-2's */
+    if (!loco_gpt_is_gpt2(mc))
+        snprintf(block, sizeof block, "; %s, %s, %s %d, %d kv heads, %s, %s head",
+                 mc->norm == LOCO_NORM_RMSNORM ? "rmsnorm" : "layernorm",
+                 mc->pos == LOCO_POS_ROPE ? "rope" : "learned positions",
+                 mc->mlp == LOCO_MLP_SWIGLU ? "swiglu" : "gelu", loco_gpt_ffn(mc),
+                 loco_gpt_kv_heads(mc), mc->no_bias ? "no biases" : "biases",
+                 mc->untied ? "untied" : "tied");
+    loco_info("model: %d layers, %d heads, width %d, context %d, vocab %d%s: %zu parameters%s",
+              mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab_size, block, n_whole,
+              slice);
     char pp[160] = "";
     if (t->pp)
         snprintf(pp, sizeof pp, ", pp=%d %s v=%d", t->mesh.size[LOCO_DIM_PP],
