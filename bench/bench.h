@@ -11,6 +11,8 @@ int loco_bench_step(int argc, char **argv);
 /* Bytes per rank of parameters, gradients, optimizer state, unit buffers
  * and activations beside the ZeRO formula (run under mpirun). */
 int loco_bench_memory(int argc, char **argv);
+/* bench_memory.c's --plan: the figures of a mesh from tables and formulas alone. */
+int loco_bench_memory_plan(const loco_config *cfg, const char *path);
 /* One outer step between two islands over emulated WAN, per codec, beside
  * the bound encoded bytes / bandwidth + RTT. */
 int loco_bench_exchange(int argc, char **argv);

@@ -304,8 +304,11 @@ int loco_bench_memory(int argc, char **argv) {
     const char *path = NULL;
     loco_config cfg;
     loco_config_defaults(&cfg);
+    bool plan = false;
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--plan")) {
+            plan = true;
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
             if (!path)
                 return LOCO_ERR(LOCO_EINVAL, "bench memory: CONFIG comes before --set");
             LOCO_CHECK(loco_config_set(&cfg, argv[++i]));
@@ -313,13 +316,17 @@ int loco_bench_memory(int argc, char **argv) {
             path = argv[i];
             LOCO_CHECK(loco_config_load(&cfg, path));
         } else {
-            return LOCO_ERR(LOCO_EINVAL, "bench memory: unexpected argument '%s' (CONFIG [--set k=v]...)",
+            return LOCO_ERR(LOCO_EINVAL,
+                            "bench memory: unexpected argument '%s' (CONFIG [--plan] [--set "
+                            "k=v]...)",
                             argv[i]);
         }
     }
     if (!path)
         return LOCO_ERR(LOCO_EINVAL, "bench memory: missing CONFIG");
     LOCO_CHECK(loco_config_validate(&cfg));
+    if (plan) /* the mesh's figures without its ranks (bench_memory_plan.c) */
+        return loco_bench_memory_plan(&cfg, path);
     loco_comm *world = NULL;
     loco_mesh mesh = {0};
     loco_gpt *m = NULL;

@@ -333,6 +333,9 @@ int loco_gpt_chunk_backward_weight(loco_gpt *m, int slot, int chunk, int B, int 
  * for this model's B, T, tp, sp and a recompute mode: what one block keeps
  * from its forward for its backward. */
 double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode);
+/* The same formula for a model not made (B x T rows, the tp of mc, sp). */
+double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, bool sp,
+                                      loco_recompute mode);
 /* Bytes this rank sent for context parallelism since the model was made
  * (ring: K|V and dK|dV blocks; Ulysses: the all-to-alls' off-rank parts). */
 double loco_gpt_cp_bytes(const loco_gpt *m);

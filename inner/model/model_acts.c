@@ -187,31 +187,37 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
 }
 
 double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
+    return loco_gpt_block_act_formula_for(&m->cfg, m->B, m->T, m->par.sp, mode);
+}
+
+double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, bool sp,
+                                      loco_recompute mode) {
     /* Per token of the batch, in floats: the residual regions keep ln1, ln2
      * (C each), their mean and rstd (2 + 2), attproj, res2, fcproj and res3
-     * (C each): 6C + 4, over t with sp. The tp slice keeps qkv (3C/t), atty
-     * (C/t), fch and its GELU (8C/t): 12C/t, and the attention
-     * probabilities NH*T/t. Selective drops the probabilities; full keeps
-     * only the block's output res3 (C, over t with sp). */
-    const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
-    const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
-    const double rows = d.sp ? 1.0 / t : 1.0;
+     * (C each): 6C + 4, over t with sp. The tp slice keeps qkv (W/t: 3C/t
+     * for GPT-2), atty (C/t), c_fc's output and its activation ((Fc + F)/t:
+     * 8C/t for GPT-2), and the attention probabilities NH*T/t. Selective
+     * drops the probabilities; full keeps only the block's output res3 (C,
+     * over t with sp). */
+    const double C = mc->n_embd, t = mc->tp > 1 ? mc->tp : 1, NH = mc->n_head;
+    const double rows = sp ? 1.0 / t : 1.0, N = (double)B * T;
     /* An MoE block 0 keeps, instead of c_fc's output and its GELU (8C/t):
      * router probabilities (E), lse (1), per choice expert, slot, weight,
      * token (4k), the packed rows' inputs and outputs (2kC) and, on the
      * experts' side (ep times the rows), c_fc's output and GELU (8kC ep). */
-    const double W = loco_gpt_qkv_width(&m->cfg), Fc = loco_gpt_fc_width(&m->cfg);
-    const double H = loco_gpt_ffn(&m->cfg);
+    const double W = loco_gpt_qkv_width(mc), Fc = loco_gpt_fc_width(mc);
+    const double H = loco_gpt_ffn(mc);
     double mlp = (Fc + H) / t;
-    if (loco_gpt_is_moe(&m->cfg, 0)) {
-        const double E = m->cfg.n_experts, k = m->cfg.top_k, ep = m->cfg.ep > 1 ? m->cfg.ep : 1;
+    /* qkv and atty; with key/value heads replicated over tp, the rank's own */
+    const double qkv = loco__gpt_kv_rep(mc) > 1 ? loco__gpt_qkv_local(mc) + C / t : (W + C) / t;
+    if (loco_gpt_is_moe(mc, 0)) {
+        const double E = mc->n_experts, k = mc->top_k, ep = mc->ep > 1 ? mc->ep : 1;
         mlp = E + 1 + 4 * k + 2 * k * C + 8 * k * C * ep;
     }
     const double per_token =
         mode == LOCO_RECOMPUTE_FULL
             ? C * rows
-            : (6 * C + 4) * rows + (W + C) / t + mlp +
-                  (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * T / t);
-    return 4.0 * per_token * (double)d.N;
+            : (6 * C + 4) * rows + qkv + mlp +
+                  (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * (double)T / t);
+    return 4.0 * per_token * N;
 }
-

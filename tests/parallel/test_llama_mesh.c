@@ -242,3 +242,16 @@ Test(llama_mesh, tp2_sp_one_kv_head_replicated_zero2, .timeout = 240) {
     check_mesh(4, 2, "--set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2"
                      " --set parallel.zero_stage=2", "--set model.n_kv_head=1");
 }
+
+/* `loco bench memory --plan` for Llama 3 8B at tp = 4 + sp, dp = 64,
+ * ZeRO-1: one rank holds 1/4 of the 8,029,995,008 split parameters and all
+ * 266,240 norm weights, 2,007,764,992 = 2007.8M; ZeRO-1 keeps 8P + 8P/64
+ * bytes = 16,313,090,560 = 15.19 GiB. */
+Test(llama_mesh, memory_plan_of_llama3_8b) {
+    static char out[1 << 16];
+    const int rc =
+        test_run(out, sizeof out, LOCO " bench memory configs/llama3-8b.ini --plan");
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "8.030B parameters"), "%s", out);
+    cr_expect(strstr(out, "| 0 | 0-31 | 2007.8M | 15.19 |"), "%s", out);
+}

@@ -276,3 +276,23 @@ Test(llama, descriptions_refused_with_the_reason) {
     cr_expect(strstr(loco_errmsg(), "must divide the MLP's hidden width 81"), "%s", loco_errmsg());
     cr_expect_null(m);
 }
+
+/* The shipped Llama 3 configs are Meta's models: their parameter counts
+ * are the published ones (Hugging Face's Meta-Llama-3-8B and -70B). */
+Test(llama, llama3_configs_have_the_published_parameter_counts) {
+    static const struct {
+        const char *path;
+        size_t params;
+    } want[] = {{"configs/llama3-8b.ini", 8030261248u}, {"configs/llama3-70b.ini", 70553706496u}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        loco_config cfg;
+        loco_config_defaults(&cfg);
+        cr_assert_eq(loco_config_load(&cfg, want[i].path), 0, "%s", loco_errmsg());
+        loco_gpt_config mc = loco_gpt_config_from(&cfg);
+        loco_ttable tt;
+        cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0, "%s", loco_errmsg());
+        cr_expect_eq(tt.numel, want[i].params, "%s: %zu parameters, Meta's model has %zu",
+                     want[i].path, tt.numel, want[i].params);
+        loco_ttable_fini(&tt);
+    }
+}
