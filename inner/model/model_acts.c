@@ -52,8 +52,14 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
         CARVEI(la->moe_routed, E);
         CARVE(la->moe_x, Nk * C);
         CARVE(la->moe_y, Nk * C);
-        CARVE(la->moe_h, M * 4 * C);
-        CARVE(la->moe_hg, M * 4 * C);
+        const size_t Fc = (size_t)loco_gpt_fc_width(moe), F = (size_t)loco_gpt_ffn(moe);
+        const size_t S = (size_t)moe->n_shared_experts;
+        CARVE(la->moe_h, M * Fc);
+        CARVE(la->moe_hg, M * F);
+        if (S) {
+            CARVE(la->moe_sh, S * N * Fc);
+            CARVE(la->moe_shg, S * N * F);
+        }
         if (ep > 1) {
             CARVE(la->moe_xo, M * C);
             CARVEI(la->moe_recv, E);
@@ -170,8 +176,10 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
         const size_t M = (m->cfg.ep > 1 ? (size_t)m->cfg.ep : 1) * Nk;
         CARVE(s->moe_dy, M * C);
         CARVE(s->moe_dx, M * C);
-        CARVE(s->moe_dh, M * 4 * C);
-        CARVE(s->moe_dhg, M * 4 * C);
+        CARVE(s->moe_dh, M * (size_t)loco_gpt_fc_width(&m->cfg));
+        CARVE(s->moe_dhg, M * (size_t)loco_gpt_ffn(&m->cfg));
+        if (m->cfg.n_shared_experts > 0)
+            CARVE(s->moe_shy, N * C);
         if (m->cfg.ep > 1) {
             CARVE(s->moe_yo, M * C);
             CARVE(s->moe_xfer, M * C);
@@ -196,16 +204,19 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode) {
     const loco__gpt_shape d = loco__gpt_shape_of(m, m->B, m->T);
     const double C = d.C, t = d.t, T = m->T, NH = m->cfg.n_head;
     const double rows = d.sp ? 1.0 / t : 1.0;
-    /* An MoE block 0 keeps, instead of c_fc's output and its GELU (8C/t):
-     * router probabilities (E), lse (1), per choice expert, slot, weight,
-     * token (4k), the packed rows' inputs and outputs (2kC) and, on the
-     * experts' side (ep times the rows), c_fc's output and GELU (8kC ep). */
+    /* An MoE block 0 keeps, instead of c_fc's output and its activation
+     * (Fc + F, over t): router probabilities (E), lse (1), per choice
+     * expert, slot, weight, token (4k), the packed rows' inputs and
+     * outputs (2kC), on the experts' side (ep times the rows) c_fc's
+     * output and activation ((Fc + F) k ep), and the S shared experts'
+     * ((Fc + F) S). */
     const double W = loco_gpt_qkv_width(&m->cfg), Fc = loco_gpt_fc_width(&m->cfg);
     const double H = loco_gpt_ffn(&m->cfg);
     double mlp = (Fc + H) / t;
     if (loco_gpt_is_moe(&m->cfg, 0)) {
         const double E = m->cfg.n_experts, k = m->cfg.top_k, ep = m->cfg.ep > 1 ? m->cfg.ep : 1;
-        mlp = E + 1 + 4 * k + 2 * k * C + 8 * k * C * ep;
+        const double S = m->cfg.n_shared_experts;
+        mlp = E + 1 + 4 * k + 2 * k * C + (Fc + H) * k * ep + (Fc + H) * S;
     }
     const double per_token =
         mode == LOCO_RECOMPUTE_FULL
