@@ -4,7 +4,8 @@
  * split over ep = 2 (the shared expert replicated like the router, its
  * gradient averaged with the dense ones), pipeline stages, both at once;
  * the losses of 6 steps within 1e-5 relative and the final parameters
- * (loaded whole through loco_ckpt_load_view). The export to Hugging
+ * (loaded whole through loco_ckpt_load_view); an ep = 2 checkpoint resumed
+ * on one rank. The export to Hugging
  * Face's MixtralForCausalLM layout (shared experts under DeepSeek's names)
  * against the PyTorch reference of make_llama_fixtures.py and back
  * through init_from; what Mixtral cannot hold refused with the reason.
@@ -116,6 +117,24 @@ static void check(int pp, const char *schedule, int dp, int zero, int m, const c
  * (zero.c treats it as dense: its name is not an expert's). */
 Test(mixtral_mesh, ep2_shared_expert_replicated, .timeout = 240) {
     check(1, "1f1b", 2, 1, 2, "--set parallel.ep=2");
+}
+
+/* An ep = 2 checkpoint at step 3 goes on along one rank's curve on one
+ * rank: the routed experts gathered and the replicated shared expert
+ * read by name. */
+Test(mixtral_mesh, ep2_checkpoint_resumes_on_one_rank, .timeout = 240) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=2 --set run.dir=%s/ref",
+           dir);
+    run_ok(MPIRUN "2 " LOCO " train configs/tiny.ini" MIXTRAL
+                  " --set parallel.dp=2 --set parallel.ep=2 --set run.ckpt_every=3"
+                  " --set run.dir=%s/a",
+           dir);
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=2 --set run.dir=%s/one"
+                " --resume %s/a/ckpt_00000003",
+           dir, dir);
+    test_expect_resumed(dir, "one", 4, STEPS);
 }
 
 Test(mixtral_mesh, pp2_1f1b, .timeout = 240) {
