@@ -93,10 +93,11 @@ static void hf_to_loco(const loco_gpt *m, const char *prefix, float *dst) {
         else if (!strcmp(t->name, "lm_head.weight"))
             memcpy(d, hf(prefix, "lm_head.weight", V, C), sizeof(float) * V * C);
         else if (sscanf(t->name, "transformer.h.%d.%95s", &l, rest) == 2) {
-#define HF(n, r, c) (snprintf(name, sizeof name, "model.layers.%d.%s", l, n), hf(prefix, name, r, c))
+#define HF(n, r, c)                                                                                \
+    (snprintf(name, sizeof name, "model.layers.%d.%s", l, n), hf(prefix, name, r, c))
 #define MOE(fmt, x, r, c)                                                                          \
-    (snprintf(part, sizeof part, fmt, x), snprintf(name, sizeof name,                             \
-                                                   "model.layers.%d.block_sparse_moe.%s", l, part), \
+    (snprintf(part, sizeof part, fmt, x),                                                          \
+     snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.%s", l, part),                  \
      hf(prefix, name, r, c))
             if (!strcmp(rest, "ln_1.weight"))
                 memcpy(d, HF("input_layernorm.weight", C, 0), sizeof(float) * C);
@@ -172,8 +173,8 @@ Test(mixtral, table_holds_swiglu_experts_and_the_shared_one) {
     const size_t want = (size_t)V * C * 2 + C +
                         L * ((size_t)2 * C + (size_t)C * (NH + 2 * NKV) * HS + (size_t)C * C +
                              (size_t)E * C + (S + E) * expert);
-    cr_expect_eq(loco_gpt_num_params(m), want, "%zu parameters, want %zu",
-                 loco_gpt_num_params(m), want);
+    cr_expect_eq(loco_gpt_num_params(m), want, "%zu parameters, want %zu", loco_gpt_num_params(m),
+                 want);
     const char *names[] = {"transformer.h.0.mlp.router.weight",
                            "transformer.h.0.mlp.shared_experts.0.c_fc.weight",
                            "transformer.h.1.mlp.experts.3.c_proj.weight"};
