@@ -61,6 +61,8 @@ int loco__ckpt_write_hf_config(const char *path, const loco_gpt_config *c) {
         cJSON_AddNumberToObject(j, "n_experts", c->n_experts);
         cJSON_AddNumberToObject(j, "top_k", c->top_k);
         cJSON_AddNumberToObject(j, "moe_every", c->moe_every);
+        if (c->n_shared_experts > 0) /* make_fixtures.py's reference reads them */
+            cJSON_AddNumberToObject(j, "n_shared_experts", c->n_shared_experts);
         cJSON_AddNumberToObject(j, "capacity_factor", c->capacity_factor);
         cJSON_AddNumberToObject(j, "aux_loss", c->aux_loss);
         cJSON_AddNumberToObject(j, "z_loss", c->z_loss);

@@ -10,8 +10,19 @@
  * rotate-half convention of Hugging Face's Llama code, so q_proj and
  * k_proj are plain column blocks (Meta's original checkpoints turn
  * interleaved pairs; Hugging Face's converter permutes those rows once,
- * and its files are what this reads and writes). Shared experts and MoE
- * are not mapped yet: an MoE description is refused before this runs. */
+ * and its files are what this reads and writes).
+ *
+ * A description with experts is MixtralForCausalLM's layout: every block
+ * an MoE block (model.moe_every = 1), no biases; the router is
+ * block_sparse_moe.gate (E, C), expert J's gate, down and up projections
+ * block_sparse_moe.experts.J.w1, w2, w3. Shared experts, which no Mixtral
+ * class has, go under DeepSeek's names and layout: the S of them side by
+ * side along the hidden dimension as one MLP of width S F,
+ * block_sparse_moe.shared_experts.{gate,up,down}_proj (config.json's
+ * n_shared_experts says how many; make_llama_fixtures.py's PyTorch
+ * reference reads them, Hugging Face's Mixtral would refuse the extra
+ * tensors). Such a fused tensor is several map entries, one per shared
+ * expert: pieces at their place in it. */
 #include "inner/ckpt/internal.h"
 
 #include <cjson/cJSON.h>
@@ -30,6 +41,11 @@ typedef struct {
     int64_t rows, cols; /* cols 0: 1-D */
     int src;            /* index in the whole (tp = 1) table */
     int64_t col0;
+    /* The Hugging Face tensor this entry is a piece of: its shape (hrows,
+     * hcols), and where the piece's (0, 0) lies in it (r0, k0); the whole
+     * tensor (rows, cols at 0, 0) but for fused shared experts. Pieces of
+     * one tensor are consecutive entries of the same name. */
+    int64_t hrows, hcols, r0, k0;
 } llama_map;
 
 enum { LLAMA_MAP_PER_LAYER = 16 };
@@ -45,20 +61,44 @@ static int add(llama_map *m, int *n, const loco_ttable *tt, const char *src, int
     vsnprintf(e->name, sizeof e->name, fmt, ap);
     va_end(ap);
     e->rows = rows, e->cols = cols, e->src = i, e->col0 = col0;
+    e->hrows = rows, e->hcols = cols, e->r0 = e->k0 = 0;
     return 0;
 }
 
-/* Whether Hugging Face's Llama class holds this description. */
+/* The last entry is a piece of a (hrows, hcols) tensor at (r0, k0). */
+static void piece(llama_map *m, int n, int64_t hrows, int64_t hcols, int64_t r0, int64_t k0) {
+    llama_map *e = &m[n - 1];
+    e->hrows = hrows, e->hcols = hcols, e->r0 = r0, e->k0 = k0;
+}
+
+/* Index of element (r, k) of entry e in its Hugging Face tensor. */
+static size_t hf_index(const llama_map *e, int64_t r, int64_t k) {
+    return (size_t)((e->r0 + r) * (e->hcols ? e->hcols : 1) + e->k0 + k);
+}
+
+/* Whether entry i starts a Hugging Face tensor (is not a later piece). */
+static bool first_piece(const llama_map *m, int i) {
+    return i == 0 || strcmp(m[i].name, m[i - 1].name);
+}
+
+/* Whether Hugging Face's Llama (or, with experts, Mixtral) class holds
+ * this description. */
 static int check_llama(const loco_gpt_config *mc, const char *what) {
-    if (mc->norm != LOCO_NORM_RMSNORM || mc->pos != LOCO_POS_ROPE || mc->mlp != LOCO_MLP_SWIGLU ||
-        mc->n_experts > 0)
+    if (mc->norm != LOCO_NORM_RMSNORM || mc->pos != LOCO_POS_ROPE || mc->mlp != LOCO_MLP_SWIGLU)
         return LOCO_ERR(LOCO_ENOTSUP,
-                        "%s: LlamaForCausalLM needs model.norm = rmsnorm, model.pos = rope, "
-                        "model.mlp = swiglu and no experts (this model: %s, %s, %s, %d experts); "
-                        "no Hugging Face class holds the mix",
+                        "%s: LlamaForCausalLM needs model.norm = rmsnorm, model.pos = rope and "
+                        "model.mlp = swiglu (this model: %s, %s, %s); no Hugging Face class holds "
+                        "the mix",
                         what, mc->norm == LOCO_NORM_RMSNORM ? "rmsnorm" : "layernorm",
                         mc->pos == LOCO_POS_ROPE ? "rope" : "learned",
-                        mc->mlp == LOCO_MLP_SWIGLU ? "swiglu" : "gelu", mc->n_experts);
+                        mc->mlp == LOCO_MLP_SWIGLU ? "swiglu" : "gelu");
+    if (mc->n_experts > 0 && (mc->moe_every != 1 || !mc->no_bias))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "%s: MixtralForCausalLM needs every block a mixture of experts "
+                        "(model.moe_every = 1, this model: %d) and no biases (model.bias = false, "
+                        "this model: %s): Mixtral has neither dense blocks between its MoE blocks "
+                        "nor biased experts",
+                        what, mc->moe_every, mc->no_bias ? "false" : "true");
     return 0;
 }
 
@@ -66,7 +106,9 @@ static int check_llama(const loco_gpt_config *mc, const char *what) {
 static int build_map(const loco_ttable *tt, const loco_gpt_config *mc, llama_map **out, int *n) {
     const int64_t C = mc->n_embd, hs = loco_gpt_head_size(mc), NH = mc->n_head;
     const int64_t NKV = loco_gpt_kv_heads(mc), F = loco_gpt_ffn(mc), V = mc->vocab_size;
-    llama_map *m = loco_alloc((size_t)(mc->n_layer * LLAMA_MAP_PER_LAYER + 4) * sizeof *m);
+    const int64_t E = mc->n_experts, S = mc->n_shared_experts;
+    const int per_layer = LLAMA_MAP_PER_LAYER + (E > 0 ? 1 + 3 * (int)(E + S) : 0);
+    llama_map *m = loco_alloc((size_t)(mc->n_layer * per_layer + 4) * sizeof *m);
     if (!m)
         return LOCO_ERR(LOCO_ENOMEM, "Llama tensor map");
     *n = 0;
@@ -93,6 +135,40 @@ static int build_map(const loco_ttable *tt, const loco_gpt_config *mc, llama_map
         if (!mc->no_bias)
             ADD(SRC("attn.c_proj.bias"), C, 0, -1, HF "self_attn.o_proj.bias", l);
         ADD(SRC("ln_2.weight"), C, 0, -1, HF "post_attention_layernorm.weight", l);
+        if (E > 0) {
+            char x[48];
+#define MOE "model.layers.%d.block_sparse_moe."
+#define XSRC(fmt, j) (snprintf(x, sizeof x, fmt, j), SRC(x))
+            ADD(SRC("mlp.router.weight"), E, C, -1, MOE "gate.weight", l);
+            for (int j = 0; j < E; j++) {
+                ADD(XSRC("mlp.experts.%d.c_fc.weight", j), F, C, 0, MOE "experts.%d.w1.weight", l,
+                    j);
+                ADD(XSRC("mlp.experts.%d.c_proj.weight", j), C, F, 0, MOE "experts.%d.w2.weight",
+                    l, j);
+                ADD(XSRC("mlp.experts.%d.c_fc.weight", j), F, C, F, MOE "experts.%d.w3.weight", l,
+                    j);
+            }
+            /* DeepSeek's fused shared experts: expert j is rows [j F, (j + 1) F) of
+             * gate_proj and up_proj (S F, C), columns of down_proj (C, S F) */
+            for (int j = 0; j < S; j++) {
+                ADD(XSRC("mlp.shared_experts.%d.c_fc.weight", j), F, C, 0,
+                    MOE "shared_experts.gate_proj.weight", l);
+                piece(m, *n, S * F, C, j * F, 0);
+            }
+            for (int j = 0; j < S; j++) {
+                ADD(XSRC("mlp.shared_experts.%d.c_fc.weight", j), F, C, F,
+                    MOE "shared_experts.up_proj.weight", l);
+                piece(m, *n, S * F, C, j * F, 0);
+            }
+            for (int j = 0; j < S; j++) {
+                ADD(XSRC("mlp.shared_experts.%d.c_proj.weight", j), C, F, 0,
+                    MOE "shared_experts.down_proj.weight", l);
+                piece(m, *n, C, S * F, 0, j * F);
+            }
+#undef XSRC
+#undef MOE
+            continue;
+        }
         ADD(SRC("mlp.c_fc.weight"), F, C, 0, HF "mlp.gate_proj.weight", l);
         ADD(SRC("mlp.c_fc.weight"), F, C, F, HF "mlp.up_proj.weight", l);
         if (!mc->no_bias) {
@@ -136,9 +212,27 @@ static double decimal(float x) {
 
 static int write_config(const char *path, const loco_gpt_config *mc) {
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model_type", "llama");
+    const bool moe = mc->n_experts > 0;
+    cJSON_AddStringToObject(j, "model_type", moe ? "mixtral" : "llama");
     cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+    cJSON_AddItemToArray(arch,
+                         cJSON_CreateString(moe ? "MixtralForCausalLM" : "LlamaForCausalLM"));
+    if (moe) {
+        cJSON_AddNumberToObject(j, "num_local_experts", mc->n_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", mc->top_k);
+        /* loco adds Switch's loss per MoE layer; Hugging Face's Mixtral
+         * over the layers' concatenated router logits */
+        cJSON_AddNumberToObject(j, "router_aux_loss_coef", decimal(mc->aux_loss));
+        cJSON_AddNumberToObject(j, "router_z_loss_coef", decimal(mc->z_loss)); /* loco's */
+        cJSON_AddBoolToObject(j, "output_router_logits", false);
+        cJSON_AddNullToObject(j, "sliding_window");
+        if (mc->n_shared_experts > 0) {
+            /* DeepSeek's keys; no Mixtral class reads them (nor the shared
+             * experts' tensors): make_llama_fixtures.py's reference does */
+            cJSON_AddNumberToObject(j, "n_shared_experts", mc->n_shared_experts);
+            cJSON_AddNumberToObject(j, "moe_intermediate_size", loco_gpt_ffn(mc));
+        }
+    }
     cJSON_AddNumberToObject(j, "vocab_size", mc->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", mc->n_embd);
     cJSON_AddNumberToObject(j, "intermediate_size", loco_gpt_ffn(mc));
@@ -229,9 +323,21 @@ static int check_config(const char *dir, const loco_gpt_config *mc) {
     }
     char why[2048] = "";
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (!cJSON_IsString(x) || strcmp(x->valuestring, "llama"))
-        complain(why, sizeof why, "model_type = %s, not llama",
-                 cJSON_IsString(x) ? x->valuestring : "(missing)");
+    const char *type = mc->n_experts > 0 ? "mixtral" : "llama";
+    if (!cJSON_IsString(x) || strcmp(x->valuestring, type))
+        complain(why, sizeof why, "model_type = %s, not %s (model.n_experts = %d)",
+                 cJSON_IsString(x) ? x->valuestring : "(missing)", type, mc->n_experts);
+    if (mc->n_experts > 0) {
+        expect_num(why, sizeof why, root, "num_local_experts", mc->n_experts, "model.n_experts",
+                   true);
+        expect_num(why, sizeof why, root, "num_experts_per_tok", mc->top_k, "model.top_k", true);
+    }
+    double shared;
+    if (!num(root, "n_shared_experts", &shared))
+        shared = 0;
+    if (shared != mc->n_shared_experts)
+        complain(why, sizeof why, "n_shared_experts = %g but model.n_shared_experts = %d", shared,
+                 mc->n_shared_experts);
     expect_num(why, sizeof why, root, "hidden_size", mc->n_embd, "model.n_embd", true);
     expect_num(why, sizeof why, root, "num_hidden_layers", mc->n_layer, "model.n_layer", true);
     expect_num(why, sizeof why, root, "num_attention_heads", mc->n_head, "model.n_head", true);
@@ -304,18 +410,20 @@ int loco__hf_llama_export(const char *out, const loco_ttable *tt, const float *p
     float *buf = NULL;
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        const int64_t shape[2] = {m[i].rows, m[i].cols};
-        rc = loco_ttable_add(&hf, m[i].name, m[i].cols ? 2 : 1, shape, -1, m[i].cols != 0);
+        const int64_t shape[2] = {m[i].hrows, m[i].hcols};
+        if (first_piece(m, i))
+            rc = loco_ttable_add(&hf, m[i].name, m[i].hcols ? 2 : 1, shape, -1, m[i].hcols != 0);
     }
     if (rc == 0 && !(buf = loco_alloc(hf.numel * sizeof(float))))
         rc = LOCO_ERR(LOCO_ENOMEM, "export buffer of %zu floats", hf.numel);
-    for (int i = 0; i < n && rc == 0; i++) {
+    for (int i = 0, h = -1; i < n && rc == 0; i++) {
+        h += first_piece(m, i); /* its tensor in hf */
         const loco_tensor *src = &tt->t[m[i].src];
-        float *dst = buf + hf.t[i].offset;
+        float *dst = buf + hf.t[h].offset;
         const int64_t cols = m[i].cols ? m[i].cols : 1;
         for (int64_t r = 0; r < m[i].rows; r++)
             for (int64_t k = 0; k < cols; k++)
-                dst[r * cols + k] = params[src->offset + src_index(&m[i], src, r, k)];
+                dst[hf_index(&m[i], r, k)] = params[src->offset + src_index(&m[i], src, r, k)];
     }
     char path[LOCO_PATH_MAX + 32];
     if (rc == 0) {
@@ -350,10 +458,11 @@ static int check_tensors(const hf_file *f, const llama_map *m, int n, const hf_e
         if (j == n)
             return LOCO_ERR(LOCO_EINVAL,
                             "init_from %s: tensor '%s' is not part of this model's Llama layout "
-                            "(model.tie_embeddings, model.bias and the shapes decide which are)",
+                            "(model.tie_embeddings, model.bias, the experts and the shapes decide "
+                            "which are)",
                             f->path, e->name);
-        const int64_t want[2] = {m[j].rows, m[j].cols};
-        const int wnd = m[j].cols ? 2 : 1;
+        const int64_t want[2] = {m[j].hrows, m[j].hcols};
+        const int wnd = m[j].hcols ? 2 : 1;
         if (e->ndim != wnd || e->shape[0] != want[0] || (wnd == 2 && e->shape[1] != want[1])) {
             char got[64], exp[64];
             loco__hf_shape_str(got, sizeof got, e->ndim, e->shape);
@@ -366,9 +475,12 @@ static int check_tensors(const hf_file *f, const llama_map *m, int n, const hf_e
                             f->path, e->name, e->dtype_name);
         found[j] = e;
     }
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < n; j++) {
+        if (!first_piece(m, j)) /* a later piece of the same tensor */
+            found[j] = found[j - 1];
         if (!found[j])
             return LOCO_ERR(LOCO_EINVAL, "init_from %s: tensor '%s' missing", f->path, m[j].name);
+    }
     return 0;
 }
 
@@ -379,6 +491,7 @@ int loco__hf_llama_import_view(const char *dir, const loco_ckpt_view *v) {
     LOCO_CHECK(check_config(dir, &v->model));
     loco_gpt_config whole_cfg = v->model;
     whole_cfg.tp = 1;
+    whole_cfg.ep = 1, whole_cfg.ep_rank = 0; /* every expert; the view holds its own */
     loco_ttable whole;
     LOCO_CHECK(loco_gpt_build_table(&whole, &whole_cfg));
     llama_map *m = NULL;
@@ -406,7 +519,7 @@ int loco__hf_llama_import_view(const char *dir, const loco_ckpt_view *v) {
             for (int64_t k = 0; k < cols; k++) {
                 const size_t x = base + src_index(&m[i], w, r, k);
                 if (x >= v->p_lo && x < v->p_hi)
-                    v->params[x - v->p_lo] = loco__hf_elem(found[i], (size_t)(r * cols + k));
+                    v->params[x - v->p_lo] = loco__hf_elem(found[i], hf_index(&m[i], r, k));
             }
     }
     if (rc == 0)

@@ -81,8 +81,15 @@ static void bind_views(loco_gpt *m, loco_gpt_tensors *v, int unit, float *base) 
         const int nb = loco__gpt_block_tensors(&m->cfg, unit - 1, bt);
         for (int k = 0; k < nb; k++)
             *(float **)((char *)b + bt[k].field) = NEXT;
-        if (loco_gpt_is_moe(&m->cfg, unit - 1))
-            b->experts = NEXT; /* the experts' tensors follow back to back */
+        if (loco_gpt_is_moe(&m->cfg, unit - 1)) { /* the experts follow back to back */
+            const int per = m->cfg.no_bias ? 2 : 4; /* tensors of one expert */
+            b->shared = NULL;
+            if (m->cfg.n_shared_experts > 0) {
+                b->shared = NEXT;
+                i += per * m->cfg.n_shared_experts - 1;
+            }
+            b->experts = NEXT;
+        }
     } else {
         v->lnfw = NEXT;
         if (m->cfg.norm == LOCO_NORM_LAYERNORM)

@@ -40,8 +40,11 @@ typedef struct {
                                   * hold one tp rank's slice (0 or 1: the whole model) */
     /* Mixture of experts (n_experts = 0: dense): blocks l with
      * l % moe_every == moe_every - 1 route each token to top_k of
-     * n_experts GPT-2 MLPs; capacity_factor 0 = dropless. */
-    int n_experts, top_k, moe_every;
+     * n_experts MLPs of the description's kind (mlp, ffn_hidden, bias);
+     * capacity_factor 0 = dropless. n_shared_experts more MLPs of the
+     * same kind (DeepSeek's shared experts) see every token, their
+     * outputs added to the routed experts' combined output. */
+    int n_experts, top_k, moe_every, n_shared_experts;
     float capacity_factor, aux_loss, z_loss;
     /* Expert parallelism: the experts are split over ep ranks (0 or 1:
      * all here); this rank's table holds experts [ep_rank E/ep, (ep_rank +
@@ -106,22 +109,35 @@ typedef struct {
     float *fcb;                 /* (4C) */
     float *fcprojw;             /* (4C, C)  mlp.c_proj.weight */
     float *fcprojb;             /* (C) */
-    /* An MoE block instead of the four mlp tensors: the router and its
-     * experts, each c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight
-     * (4C, C), c_proj.bias (C) back to back (loco_gpt_expert). */
+    /* An MoE block instead of the four mlp tensors: the router, its
+     * shared experts and its routed experts, each an MLP of the
+     * description's kind with c_fc.weight (C, Fc), c_fc.bias (Fc),
+     * c_proj.weight (F, C), c_proj.bias (C) back to back (the biases
+     * absent with cfg->no_bias; Fc = loco_gpt_fc_width; loco_gpt_expert_at). */
     float *routerw;             /* (E, C)   mlp.router.weight */
-    float *experts;             /* expert 0's c_fc.weight */
+    float *shared;              /* shared expert 0's c_fc.weight (mlp.shared_experts.0...);
+                                 * NULL without shared experts */
+    float *experts;             /* expert 0's c_fc.weight (mlp.experts.J...) */
 } loco_gpt_block;
 
-/* Expert j of an MoE block's views (at b->experts of params or grads). */
+/* Expert j of an MoE block's views (at b->experts or b->shared of params
+ * or grads); fcb and projb NULL without biases. */
 typedef struct {
     float *fcw, *fcb, *projw, *projb;
 } loco_gpt_expert;
-static inline loco_gpt_expert loco_gpt_expert_at(float *experts, int C, int j) {
-    const size_t C_ = (size_t)C, size = 8 * C_ * C_ + 5 * C_;
-    float *b = experts + (size_t)j * size;
-    return (loco_gpt_expert){b, b + 4 * C_ * C_, b + 4 * C_ * C_ + 4 * C_,
-                             b + 8 * C_ * C_ + 4 * C_};
+/* Floats of one expert: C Fc + F C, with biases + Fc + C (GPT-2's 8C^2 + 5C). */
+static inline size_t loco_gpt_expert_size(const loco_gpt_config *cfg) {
+    const size_t C = (size_t)cfg->n_embd, Fc = (size_t)loco_gpt_fc_width(cfg);
+    const size_t F = (size_t)loco_gpt_ffn(cfg);
+    return C * Fc + F * C + (cfg->no_bias ? 0 : Fc + C);
+}
+static inline loco_gpt_expert loco_gpt_expert_at(const loco_gpt_config *cfg, float *experts,
+                                                 int j) {
+    const size_t C = (size_t)cfg->n_embd, Fc = (size_t)loco_gpt_fc_width(cfg);
+    const size_t F = (size_t)loco_gpt_ffn(cfg), nb = cfg->no_bias ? 0 : 1;
+    float *b = experts + (size_t)j * loco_gpt_expert_size(cfg);
+    float *fcb = b + C * Fc, *projw = fcb + nb * Fc;
+    return (loco_gpt_expert){b, nb ? fcb : NULL, projw, nb ? projw + F * C : NULL};
 }
 
 typedef struct {

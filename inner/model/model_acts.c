@@ -52,8 +52,14 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
         CARVEI(la->moe_routed, E);
         CARVE(la->moe_x, Nk * C);
         CARVE(la->moe_y, Nk * C);
-        CARVE(la->moe_h, M * 4 * C);
-        CARVE(la->moe_hg, M * 4 * C);
+        const size_t Fc = (size_t)loco_gpt_fc_width(moe), F = (size_t)loco_gpt_ffn(moe);
+        const size_t S = (size_t)moe->n_shared_experts;
+        CARVE(la->moe_h, M * Fc);
+        CARVE(la->moe_hg, M * F);
+        if (S) {
+            CARVE(la->moe_sh, S * N * Fc);
+            CARVE(la->moe_shg, S * N * F);
+        }
         if (ep > 1) {
             CARVE(la->moe_xo, M * C);
             CARVEI(la->moe_recv, E);
@@ -170,8 +176,10 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
         const size_t M = (m->cfg.ep > 1 ? (size_t)m->cfg.ep : 1) * Nk;
         CARVE(s->moe_dy, M * C);
         CARVE(s->moe_dx, M * C);
-        CARVE(s->moe_dh, M * 4 * C);
-        CARVE(s->moe_dhg, M * 4 * C);
+        CARVE(s->moe_dh, M * (size_t)loco_gpt_fc_width(&m->cfg));
+        CARVE(s->moe_dhg, M * (size_t)loco_gpt_ffn(&m->cfg));
+        if (m->cfg.n_shared_experts > 0)
+            CARVE(s->moe_shy, N * C);
         if (m->cfg.ep > 1) {
             CARVE(s->moe_yo, M * C);
             CARVE(s->moe_xfer, M * C);
@@ -201,10 +209,12 @@ double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, b
      * over t with sp). */
     const double C = mc->n_embd, t = mc->tp > 1 ? mc->tp : 1, NH = mc->n_head;
     const double rows = sp ? 1.0 / t : 1.0, N = (double)B * T;
-    /* An MoE block 0 keeps, instead of c_fc's output and its GELU (8C/t):
-     * router probabilities (E), lse (1), per choice expert, slot, weight,
-     * token (4k), the packed rows' inputs and outputs (2kC) and, on the
-     * experts' side (ep times the rows), c_fc's output and GELU (8kC ep). */
+    /* An MoE block 0 keeps, instead of c_fc's output and its activation
+     * (Fc + F, over t): router probabilities (E), lse (1), per choice
+     * expert, slot, weight, token (4k), the packed rows' inputs and
+     * outputs (2kC), on the experts' side (ep times the rows) c_fc's
+     * output and activation ((Fc + F) k ep), and the S shared experts'
+     * ((Fc + F) S). */
     const double W = loco_gpt_qkv_width(mc), Fc = loco_gpt_fc_width(mc);
     const double H = loco_gpt_ffn(mc);
     double mlp = (Fc + H) / t;
@@ -212,7 +222,8 @@ double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, b
     const double qkv = loco__gpt_kv_rep(mc) > 1 ? loco__gpt_qkv_local(mc) + C / t : (W + C) / t;
     if (loco_gpt_is_moe(mc, 0)) {
         const double E = mc->n_experts, k = mc->top_k, ep = mc->ep > 1 ? mc->ep : 1;
-        mlp = E + 1 + 4 * k + 2 * k * C + 8 * k * C * ep;
+        const double S = mc->n_shared_experts;
+        mlp = E + 1 + 4 * k + 2 * k * C + (Fc + H) * k * ep + (Fc + H) * S;
     }
     const double per_token =
         mode == LOCO_RECOMPUTE_FULL

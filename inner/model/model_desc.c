@@ -18,6 +18,7 @@ loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
         .n_experts = (int)cfg->model.n_experts,
         .top_k = (int)cfg->model.top_k,
         .moe_every = (int)cfg->model.moe_every,
+        .n_shared_experts = (int)cfg->model.n_shared_experts,
         .capacity_factor = (float)cfg->model.capacity_factor,
         .aux_loss = (float)cfg->model.aux_loss,
         .z_loss = (float)cfg->model.z_loss,
@@ -73,9 +74,6 @@ int loco__gpt_check_description(const loco_gpt_config *cfg) {
                         "parallel.tp = %d must divide the MLP's hidden width %d "
                         "(model.ffn_hidden): Megatron splits whole columns",
                         t, loco_gpt_ffn(cfg));
-    if (cfg->n_experts > 0)
-        return LOCO_ERR(LOCO_ENOTSUP, "model.n_experts > 0 runs GPT-2's description only so far "
-                                      "(SwiGLU experts are not written yet)");
     return 0;
 }
 
@@ -173,15 +171,27 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
             }
         }
         if (loco_gpt_is_moe(cfg, l)) {
+            /* The shared experts (every rank's, replicated like the router)
+             * before the routed ones: a block's dense tensors stay one
+             * range, its ep-split experts one range at its end. */
             const int ep = cfg->ep > 1 ? cfg->ep : 1, El = cfg->n_experts / ep;
-            for (int j = cfg->ep_rank * El; j < (cfg->ep_rank + 1) * El; j++) {
-                char e[64];
-#define EXPERT(suffix) (snprintf(e, sizeof e, "mlp.experts.%d.%s", j, suffix), NAME(e))
-                ADD2(EXPERT("c_fc.weight"), C, 4 * C, -1);
-                ADD1(EXPERT("c_fc.bias"), 4 * C, -1, false);
-                ADD2(EXPERT("c_proj.weight"), 4 * C, C, -1);
-                ADD1(EXPERT("c_proj.bias"), C, -1, false);
+            const int64_t Fc = loco_gpt_fc_width(cfg), F = loco_gpt_ffn(cfg);
+            for (int shared = 1; shared >= 0; shared--) {
+                const int j0 = shared ? 0 : cfg->ep_rank * El;
+                const int j1 = shared ? cfg->n_shared_experts : (cfg->ep_rank + 1) * El;
+                for (int j = j0; j < j1; j++) {
+                    char e[64];
+#define EXPERT(suffix)                                                                             \
+    (snprintf(e, sizeof e, "mlp.%s.%d.%s", shared ? "shared_experts" : "experts", j, suffix),    \
+     NAME(e))
+                    ADD2(EXPERT("c_fc.weight"), C, Fc, -1);
+                    if (!cfg->no_bias)
+                        ADD1(EXPERT("c_fc.bias"), Fc, -1, false);
+                    ADD2(EXPERT("c_proj.weight"), F, C, -1);
+                    if (!cfg->no_bias)
+                        ADD1(EXPERT("c_proj.bias"), C, -1, false);
 #undef EXPERT
+                }
             }
         }
 #undef NAME
@@ -201,16 +211,18 @@ out_fail:
 
 double loco_gpt_flops_per_token(const loco_gpt_config *cfg, int T) {
     const double L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab_size;
-    /* the matmul parameters a token meets: an MoE block's top_k experts
-     * and its router in place of the MLP */
+    /* the matmul parameters a token meets: an MoE block's top_k experts,
+     * its shared experts and its router in place of the MLP */
     double matmul_params = L * 12.0 * C * C + V * C;
     if (!loco_gpt_is_gpt2(cfg)) /* c_attn (C, W), c_proj (C, C), c_fc (C, Fc), c_proj (F, C) */
         matmul_params = L * C * ((double)loco_gpt_qkv_width(cfg) + C + loco_gpt_fc_width(cfg) +
                                  loco_gpt_ffn(cfg)) +
                         V * C;
+    const double mlp = C * (double)loco_gpt_fc_width(cfg) + (double)loco_gpt_ffn(cfg) * C;
     for (int l = 0; l < cfg->n_layer; l++)
         if (loco_gpt_is_moe(cfg, l))
-            matmul_params += (cfg->top_k - 1) * 8.0 * C * C + (double)cfg->n_experts * C;
+            matmul_params += (cfg->top_k - 1 + cfg->n_shared_experts) * mlp +
+                             (double)cfg->n_experts * C;
     return 6.0 * matmul_params + 12.0 * L * C * T;
 }
 

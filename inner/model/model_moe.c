@@ -1,8 +1,10 @@
 /* Mixture-of-experts MLP of a block (model.n_experts > 0): the router
  * (a linear layer to E logits, softmax, top-k renormalised as Mixtral),
  * capacity per micro-batch of this rank (GShard's group: ceil(k N f / E)
- * assignments per expert, the least probable dropped), the experts (GPT-2
- * MLPs over their packed rows) and the weighted combine; the backward adds
+ * assignments per expert, the least probable dropped), the experts (MLPs
+ * of the description's kind, GELU or SwiGLU, over their packed rows), the
+ * weighted combine, and the shared experts (DeepSeek's: the same MLPs
+ * over every token, added without a gate); the backward adds
  * Switch's load-balancing loss and the router z-loss. Every loop is in
  * kernels/ (kernels.h, "mixture of experts"). Under expert parallelism
  * (cfg.ep = e ranks, E/e experts each) the packed rows travel to their
@@ -10,7 +12,8 @@
  * regrouped expert-major there (each expert's rows by source rank, each
  * source's in token order), and back the same way; the backward mirrors
  * it. Routing and capacity stay decisions of the tokens' own rank, so the
- * result does not depend on ep. */
+ * result does not depend on ep. The shared experts are replicated on every
+ * ep rank and run there on the rank's own tokens, like the router. */
 #include "inner/model/internal.h"
 #include "kernels/kernels.h"
 
@@ -32,6 +35,11 @@ struct loco_gpt_moe {
 
 int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par) {
     if (cfg->n_experts <= 0) {
+        if (cfg->n_shared_experts > 0)
+            return LOCO_ERR(LOCO_EINVAL,
+                            "model.n_shared_experts = %d needs routed experts (model.n_experts "
+                            "> 0): shared experts sit beside them in an MoE block",
+                            cfg->n_shared_experts);
         if (cfg->ep > 1)
             return LOCO_ERR(LOCO_EINVAL,
                             "parallel.ep = %d needs experts to split (model.n_experts > 0)",
@@ -52,6 +60,9 @@ int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par
     if (ep > 1 && (!par->ep || loco_comm_size(par->ep) != ep))
         return LOCO_ERR(LOCO_EINVAL, "experts split over ep = %d ranks need a group of %d ranks",
                         ep, ep);
+    if (cfg->n_shared_experts < 0)
+        return LOCO_ERR(LOCO_EINVAL, "model.n_shared_experts = %d must be at least 0",
+                        cfg->n_shared_experts);
     const char *with = loco__gpt_tp_of(cfg) > 1 ? "tensor parallelism (parallel.tp)"
                        : par->cp               ? "context parallelism (parallel.cp)"
                                                : NULL;
@@ -230,44 +241,113 @@ static int travel(loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const 
     return loco_comm_alltoallv(c, m->s.moe_xfer, m->moe->recvc, dst, m->moe->sendc, LOCO_DT_F32);
 }
 
+/* The description's activation of an expert's c_fc output fc (rows,
+ * Fc): GELU, or SwiGLU of its gate and up halves, into out (rows, F);
+ * its backward accumulates into dfc. */
+static void act_fwd(const loco_gpt_config *cfg, float *out, const float *fc, int rows) {
+    if (cfg->mlp == LOCO_MLP_SWIGLU)
+        loco_swiglu_fwd(out, fc, rows, loco_gpt_ffn(cfg));
+    else
+        loco_gelu_fwd(out, fc, (size_t)rows * loco_gpt_ffn(cfg));
+}
+
+static void act_bwd(const loco_gpt_config *cfg, float *dfc, const float *fc, const float *dout,
+                    int rows) {
+    if (cfg->mlp == LOCO_MLP_SWIGLU)
+        loco_swiglu_bwd(dfc, fc, dout, rows, loco_gpt_ffn(cfg));
+    else
+        loco_gelu_bwd(dfc, fc, dout, (size_t)rows * loco_gpt_ffn(cfg));
+}
+
+/* One expert (an MLP of the description) over `rows` rows of x (rows,
+ * C): c_fc into h (rows, Fc), its activation into hg (rows, F), c_proj
+ * into y (rows, C). */
+static void expert_fwd(const loco_gpt_config *cfg, const loco_gpt_expert *x, float *y, float *h,
+                       float *hg, const float *in, int rows) {
+    const int C = cfg->n_embd, Fc = loco_gpt_fc_width(cfg), F = loco_gpt_ffn(cfg);
+    loco_matmul_fwd(h, in, x->fcw, x->fcb, rows, C, Fc, false);
+    act_fwd(cfg, hg, h, rows);
+    loco_matmul_fwd(y, hg, x->projw, x->projb, rows, F, C, false);
+}
+
+/* Its backward from dy: the expert's gradients (gx) accumulate, din
+ * (rows, C) ACCUMULATES the input's; dh (rows, Fc) and dhg (rows, F) are
+ * scratch. */
+static void expert_bwd(const loco_gpt_config *cfg, const loco_gpt_expert *x,
+                       const loco_gpt_expert *gx, float *din, float *dh, float *dhg,
+                       const float *dy, const float *in, const float *h, const float *hg,
+                       int rows) {
+    const int C = cfg->n_embd, Fc = loco_gpt_fc_width(cfg), F = loco_gpt_ffn(cfg);
+    memset(dhg, 0, (size_t)rows * F * sizeof(float));
+    memset(dh, 0, (size_t)rows * Fc * sizeof(float));
+    loco_matmul_bwd(dhg, gx->projw, gx->projb, dy, hg, x->projw, rows, F, C, false);
+    act_bwd(cfg, dh, h, dhg, rows);
+    loco_matmul_bwd(din, gx->fcw, gx->fcb, dh, in, x->fcw, rows, C, Fc, false);
+}
+
 /* The local experts over their rows: xo -> h, hg -> yo. */
 static void experts_fwd(loco_gpt *m, const loco_gpt_block *w, const loco_gpt_layer_acts *la,
                         float *yo) {
-    const int C = m->cfg.n_embd, El = m->cfg.n_experts / ep_of(m);
+    const loco_gpt_config *cfg = &m->cfg;
+    const int C = cfg->n_embd, El = cfg->n_experts / ep_of(m);
+    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
     for (int j = 0, r = 0; j < El; r += expert_rows(m, la, j++)) {
         const int rows = expert_rows(m, la, j);
         if (rows == 0)
             continue;
-        const loco_gpt_expert x = loco_gpt_expert_at(w->experts, C, j);
-        float *h = la->moe_h + (size_t)r * 4 * C, *hg = la->moe_hg + (size_t)r * 4 * C;
-        loco_matmul_fwd(h, la->moe_xo + (size_t)r * C, x.fcw, x.fcb, rows, C, 4 * C, false);
-        loco_gelu_fwd(hg, h, (size_t)rows * 4 * C);
-        loco_matmul_fwd(yo + (size_t)r * C, hg, x.projw, x.projb, rows, 4 * C, C, false);
+        const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->experts, j);
+        expert_fwd(cfg, &x, yo + (size_t)r * C, la->moe_h + (size_t)r * Fc,
+                   la->moe_hg + (size_t)r * F, la->moe_xo + (size_t)r * C, rows);
     }
 }
 
 /* Their backward: dyo -> dxo, and every local expert's gradients. */
 static void experts_bwd(loco_gpt *m, int l, const loco_gpt_layer_acts *la, const float *dyo,
                         float *dxo) {
-    const int C = m->cfg.n_embd, El = m->cfg.n_experts / ep_of(m);
+    const loco_gpt_config *cfg = &m->cfg;
+    const int C = cfg->n_embd, El = cfg->n_experts / ep_of(m);
+    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
     const loco_gpt_block *w = &m->p.h[l], *g = &m->g.h[l];
     loco_gpt_scratch *s = &m->s;
     for (int j = 0, r = 0; j < El; r += expert_rows(m, la, j++)) {
         const int rows = expert_rows(m, la, j);
         if (rows == 0)
             continue;
-        const loco_gpt_expert x = loco_gpt_expert_at(w->experts, C, j);
-        const loco_gpt_expert gx = loco_gpt_expert_at(g->experts, C, j);
-        const size_t at = (size_t)r * 4 * C;
-        float *dhg = s->moe_dhg + at, *dh = s->moe_dh + at;
-        memset(dhg, 0, (size_t)rows * 4 * C * sizeof(float));
-        memset(dh, 0, (size_t)rows * 4 * C * sizeof(float));
-        loco_matmul_bwd(dhg, gx.projw, gx.projb, dyo + (size_t)r * C, la->moe_hg + at, x.projw,
-                        rows, 4 * C, C, false);
-        loco_gelu_bwd(dh, la->moe_h + at, dhg, (size_t)rows * 4 * C);
+        const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->experts, j);
+        const loco_gpt_expert gx = loco_gpt_expert_at(cfg, g->experts, j);
         memset(dxo + (size_t)r * C, 0, (size_t)rows * C * sizeof(float));
-        loco_matmul_bwd(dxo + (size_t)r * C, gx.fcw, gx.fcb, dh, la->moe_xo + (size_t)r * C, x.fcw,
-                        rows, C, 4 * C, false);
+        expert_bwd(cfg, &x, &gx, dxo + (size_t)r * C, s->moe_dh + (size_t)r * Fc,
+                   s->moe_dhg + (size_t)r * F, dyo + (size_t)r * C, la->moe_xo + (size_t)r * C,
+                   la->moe_h + (size_t)r * Fc, la->moe_hg + (size_t)r * F, rows);
+    }
+}
+
+/* The shared experts over every token of the ln_2 output: their outputs
+ * added into out (N, C). */
+static void shared_fwd(loco_gpt *m, const loco_gpt_block *w, const loco_gpt_layer_acts *la,
+                       float *out, int N) {
+    const loco_gpt_config *cfg = &m->cfg;
+    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
+    for (int j = 0; j < cfg->n_shared_experts; j++) {
+        const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->shared, j);
+        expert_fwd(cfg, &x, m->s.moe_shy, la->moe_sh + (size_t)j * N * Fc,
+                   la->moe_shg + (size_t)j * N * F, la->ln2, N);
+        loco_residual_fwd(out, out, m->s.moe_shy, (size_t)N * cfg->n_embd);
+    }
+}
+
+/* Their backward from dout (N, C): dx (N, C) accumulates, with every
+ * shared expert's gradients. */
+static void shared_bwd(loco_gpt *m, int l, const loco_gpt_layer_acts *la, float *dx,
+                       const float *dout, int N) {
+    const loco_gpt_config *cfg = &m->cfg;
+    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
+    const loco_gpt_block *w = &m->p.h[l], *g = &m->g.h[l];
+    for (int j = 0; j < cfg->n_shared_experts; j++) {
+        const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->shared, j);
+        const loco_gpt_expert gx = loco_gpt_expert_at(cfg, g->shared, j);
+        expert_bwd(cfg, &x, &gx, dx, m->s.moe_dh, m->s.moe_dhg, dout, la->ln2,
+                   la->moe_sh + (size_t)j * N * Fc, la->moe_shg + (size_t)j * N * F, N);
     }
 }
 
@@ -295,6 +375,7 @@ int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
         LOCO_CHECK(travel(m, la, la->moe_y, m->s.moe_yo, true));
     }
     loco_moe_combine(la->fcproj, la->moe_y, la->moe_slot, la->moe_weight, N, k, C);
+    shared_fwd(m, w, la, la->fcproj, N);
     if (m->rerun || !m->moe)
         return 0;
     /* What this micro-batch routed, for metrics. */
@@ -338,5 +419,6 @@ int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
                        la->moe_weight, la->moe_routed, N, E, k, cfg->aux_loss, cfg->z_loss,
                        m->loss_scale);
     loco_matmul_bwd(s->dbtc, g->routerw, NULL, s->moe_dlogits, la->ln2, w->routerw, N, C, E, true);
+    shared_bwd(m, l, la, s->dbtc, s->dres, N);
     return 0;
 }

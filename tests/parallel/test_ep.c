@@ -1,9 +1,10 @@
 /* Mixture of experts under mpirun against one rank with the same global
  * batch: experts split over ep in {2, 4} ranks folded out of dp = 4, with
  * and without dropping, ZeRO-1 and ZeRO-3, recompute; plain dp over an
- * MoE model; the losses of 8 steps and the final parameters equal a
- * single rank's within 1e-5 relative; a checkpoint of ep = 2 resumed at
- * ep = 1 and 4; the export loads in the PyTorch reference with loco's
+ * MoE model; a shared expert replicated over ep; the losses of 8 steps
+ * and the final parameters equal a single rank's within 1e-5 relative; a
+ * checkpoint of ep = 2 resumed at ep = 1 and 4; the export, with and
+ * without shared experts, loads in the PyTorch reference with loco's
  * loss; clear errors for what does not split. Runs build/loco. */
 #include "inner/model/model.h"
 #include "tests/support.h"
@@ -97,6 +98,25 @@ Test(ep, ep4_dropping_zero3) {
 Test(ep, ep2_full_recompute_zero2) {
     check("--set parallel.ep=2 --set train.recompute=full --set parallel.zero_stage=2", "");
 }
+/* A shared expert beside the routed ones: replicated on every ep rank,
+ * its gradient averaged with the dense ones. */
+Test(ep, ep2_shared_expert) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    static char out[1 << 16];
+    loco_gpt_config shared = small_model;
+    shared.n_shared_experts = 1;
+#define SHARED " --set model.n_shared_experts=1"
+    reference(4, SHARED);
+    int rc = test_run(out, sizeof out,
+                      MPIRUN "4 " LOCO " train configs/tiny.ini" SMALL SHARED
+                             " --set parallel.dp=4 --set parallel.ep=2 --set run.dir=%s/ep",
+                      dir);
+#undef SHARED
+    cr_assert_eq(rc, 0, "%s", out);
+    test_expect_like_reference(&shared, dir, "ep", STEPS, "ep 2 with a shared expert");
+}
+
 /* Experts inside pipeline stages: pp 2 x dp 2 (ep 2), two micro-batches
  * each: one rank's four. */
 Test(ep, pp2_ep2_dropping_zero1) {
@@ -136,9 +156,10 @@ Test(ep, resume_with_another_ep_continues_the_curve) {
     }
 }
 
-/* The export of an ep = 2 MoE checkpoint loads in the PyTorch reference
- * of tests/fixtures (which gains the MoE block) with `loco eval`'s loss. */
-Test(ep, export_loads_in_pytorch_with_the_eval_loss) {
+/* The export of an ep = 2 MoE checkpoint (with `model` more settings)
+ * loads in the PyTorch reference of tests/fixtures (which gains the MoE
+ * block) with `loco eval`'s loss. */
+static void check_export(const char *model) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
@@ -148,15 +169,15 @@ Test(ep, export_loads_in_pytorch_with_the_eval_loss) {
     int rc = test_run(out, sizeof out,
                       MPIRUN "2 " LOCO " train configs/tiny.ini" SMALL
                              " --set parallel.dp=2 --set parallel.ep=2"
-                             " --set model.capacity_factor=1.25 --set run.dir=%s/a",
-                      dir);
+                             " --set model.capacity_factor=1.25 %s --set run.dir=%s/a",
+                      model, dir);
     cr_assert_eq(rc, 0, "%s", out);
     rc = test_run(out, sizeof out, LOCO " ckpt export %s/a/ckpt_%08d %s/hf", dir, STEPS, dir);
     cr_assert_eq(rc, 0, "%s", out);
     rc = test_run(out, sizeof out,
-                  LOCO " eval configs/tiny.ini" SMALL " --set model.capacity_factor=1.25"
+                  LOCO " eval configs/tiny.ini" SMALL " --set model.capacity_factor=1.25 %s"
                        " --set train.batch_size=4 --ckpt %s/a/ckpt_%08d --batches 1",
-                  dir, STEPS);
+                  model, dir, STEPS);
     cr_assert_eq(rc, 0, "%s", out);
     const char *p = strstr(out, "\"val_loss\": ");
     cr_assert(p, "%s", out);
@@ -171,6 +192,16 @@ Test(ep, export_loads_in_pytorch_with_the_eval_loss) {
     const double torch_loss = atof(p + 6);
     cr_expect(fabs(torch_loss - eval_loss) <= 1e-4 * fabs(eval_loss),
               "PyTorch loss %.6f, loco eval %.6f", torch_loss, eval_loss);
+}
+
+Test(ep, export_loads_in_pytorch_with_the_eval_loss) {
+    check_export("");
+}
+
+/* GPT-2's MLPs as two shared experts beside the routed ones, replicated
+ * on both ep ranks. */
+Test(ep, export_with_shared_experts_loads_in_pytorch) {
+    check_export("--set model.n_shared_experts=2");
 }
 
 Test(ep, what_cannot_be_split_is_refused_clearly) {

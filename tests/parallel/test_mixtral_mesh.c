@@ -1,0 +1,237 @@
+/* A Mixtral-style model (the Llama block with every MLP a mixture of 4
+ * SwiGLU experts, top-2, and one DeepSeek shared expert) through the
+ * meshes under mpirun, against one rank on the same global batch: experts
+ * split over ep = 2 (the shared expert replicated like the router, its
+ * gradient averaged with the dense ones), pipeline stages, both at once;
+ * the losses of 6 steps within 1e-5 relative and the final parameters
+ * (loaded whole through loco_ckpt_load_view); an ep = 2 checkpoint resumed
+ * on one rank. The export to Hugging
+ * Face's MixtralForCausalLM layout (shared experts under DeepSeek's names)
+ * against the PyTorch reference of make_llama_fixtures.py and back
+ * through init_from; what Mixtral cannot hold refused with the reason.
+ * Runs build/loco. */
+#include "inner/ckpt/ckpt.h"
+#include "inner/model/model.h"
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOCO "\"${LOCO_BIN:-build/loco}\""
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np "
+#define STEPS 6
+/* A Llama of four blocks (4 query heads of 4 sharing 2 key/value heads,
+ * an untied head), every MLP 4 SwiGLU experts of 24, top-2, dropless, and
+ * a shared expert. */
+#define MIXTRAL                                                                                    \
+    " --set model.arch=llama --set model.n_layer=4 --set model.n_head=4 --set model.n_kv_head=2"  \
+    " --set model.n_embd=16 --set model.ffn_hidden=24 --set model.seq_len=16"                     \
+    " --set model.rope_theta=10000 --set model.vocab_size=256 --set train.steps=6"                 \
+    " --set train.warmup_steps=2 --set train.batch_size=2 --set run.threads=1"                     \
+    " --set run.eval_every=0 --set run.log_every=100 --set run.ckpt_every=6"                      \
+    " --set model.n_experts=4 --set model.top_k=2 --set model.n_shared_experts=1"
+
+static char *dir;
+
+static void setup(void) {
+    dir = test_tmpdir("loco-mixtral-mesh");
+    test_mpi_session_dir(dir);
+}
+
+static void teardown(void) {
+    loco_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(mixtral_mesh, .init = setup, .fini = teardown);
+
+/* DIR/RUN/ckpt_STEPS as the whole model's parameters (caller frees). */
+static float *load_whole(const char *run, size_t *n) {
+    char ck[4200], ini[4300];
+    snprintf(ck, sizeof ck, "%s/%s/ckpt_%08d", dir, run, STEPS);
+    snprintf(ini, sizeof ini, "%s/config.ini", ck);
+    loco_config cfg;
+    loco_config_defaults(&cfg);
+    cr_assert_eq(loco_config_load(&cfg, ini), 0, "%s", loco_errmsg());
+    loco_gpt_config mc = loco_gpt_config_from(&cfg);
+    mc.tp = 1;
+    loco_ttable tt;
+    cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0, "%s", loco_errmsg());
+    float *p = malloc(tt.numel * sizeof(float));
+    cr_assert_not_null(p);
+    loco_ckpt_view v = {.tt = &tt, .model = mc, .params = p, .p_lo = 0, .p_hi = tt.numel};
+    cr_assert_eq(loco_ckpt_load_view(ck, &cfg, &v, NULL), 0, "%s: %s", run, loco_errmsg());
+    *n = tt.numel;
+    loco_ttable_fini(&tt);
+    return p;
+}
+
+static void run_ok(const char *cmd_fmt, ...) {
+    static char cmd[4096], out[1 << 16];
+    va_list ap;
+    va_start(ap, cmd_fmt);
+    vsnprintf(cmd, sizeof cmd, cmd_fmt, ap);
+    va_end(ap);
+    cr_assert_eq(test_run(out, sizeof out, "%s", cmd), 0, "%s\n%s", cmd, out);
+}
+
+/* ranks = pp x dp; m micro-batches per rank; against one rank of m x dp. */
+static void check(int pp, const char *schedule, int dp, int zero, int m, const char *extra) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=%d --set run.dir=%s/ref",
+           m * dp, dir);
+    run_ok(MPIRUN "%d " LOCO " train configs/tiny.ini" MIXTRAL
+                  " --set train.grad_accum=%d --set parallel.pp=%d --set parallel.pp_schedule=%s"
+                  " --set parallel.dp=%d --set parallel.zero_stage=%d --set run.dir=%s/mesh %s",
+           pp * dp, m, pp, schedule, dp, zero, dir, extra);
+    char what[256], a[4200], b[4200];
+    snprintf(what, sizeof what, "mixtral pp=%d %s dp=%d zero=%d m=%d %s", pp, schedule, dp, zero, m,
+             extra);
+    double got[STEPS + 1] = {0}, ref[STEPS + 1] = {0};
+    snprintf(a, sizeof a, "%s/mesh", dir);
+    snprintf(b, sizeof b, "%s/ref", dir);
+    test_read_losses(a, got, STEPS);
+    test_read_losses(b, ref, STEPS);
+    test_expect_losses(got, ref, 1, STEPS, what);
+    size_t n1, n2;
+    float *p = load_whole("mesh", &n1), *q = load_whole("ref", &n2);
+    cr_assert_eq(n1, n2);
+    double dd = 0, qq = 0, maxd = 0, maxq = 0;
+    for (size_t i = 0; i < n1; i++) {
+        const double d = (double)p[i] - q[i];
+        dd += d * d, qq += (double)q[i] * q[i];
+        maxd = fmax(maxd, fabs(d)), maxq = fmax(maxq, fabs((double)q[i]));
+    }
+    cr_expect(sqrt(dd / qq) <= 1e-5 && maxd / maxq <= 1e-4,
+              "%s: final parameters differ by %g (relative L2), %g (largest element)", what,
+              sqrt(dd / qq), maxd / maxq);
+    free(p), free(q);
+}
+
+/* ep = 2 folded out of dp = 2: each rank holds 2 of the 4 experts of
+ * every block and the shared expert, whose gradient is averaged over both
+ * (zero.c treats it as dense: its name is not an expert's). */
+Test(mixtral_mesh, ep2_shared_expert_replicated, .timeout = 240) {
+    check(1, "1f1b", 2, 1, 2, "--set parallel.ep=2");
+}
+
+/* An ep = 2 checkpoint at step 3 goes on along one rank's curve on one
+ * rank: the routed experts gathered and the replicated shared expert
+ * read by name. */
+Test(mixtral_mesh, ep2_checkpoint_resumes_on_one_rank, .timeout = 240) {
+    if (!test_have_mpirun())
+        cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=2 --set run.dir=%s/ref",
+           dir);
+    run_ok(MPIRUN "2 " LOCO " train configs/tiny.ini" MIXTRAL
+                  " --set parallel.dp=2 --set parallel.ep=2 --set run.ckpt_every=3"
+                  " --set run.dir=%s/a",
+           dir);
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=2 --set run.dir=%s/one"
+                " --resume %s/a/ckpt_00000003",
+           dir, dir);
+    test_expect_resumed(dir, "one", 4, STEPS);
+}
+
+Test(mixtral_mesh, pp2_1f1b, .timeout = 240) {
+    check(2, "1f1b", 1, 1, 4, "");
+}
+
+/* pp 2 x dp 2 with the experts split over ep = 2 inside each stage. */
+Test(mixtral_mesh, pp2_dp2_ep2_zero3, .timeout = 240) {
+    check(2, "1f1b", 2, 3, 2, "--set parallel.ep=2");
+}
+
+/* Two shared experts: fused side by side in DeepSeek's tensors. */
+#define MIXTRAL2 MIXTRAL " --set model.n_shared_experts=2"
+
+/* `loco ckpt export` writes MixtralForCausalLM's layout and the shared
+ * experts under DeepSeek's names; the PyTorch reference
+ * (make_llama_fixtures.py --load-check) evaluates it to `loco eval`'s
+ * loss; train.init_from reads it back into the checkpoint's exact
+ * parameters (lr 0: the step changes nothing). */
+Test(mixtral_mesh, export_loads_in_pytorch_and_init_from_reads_it_back, .timeout = 240) {
+    static char out[1 << 16];
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL2 " --set run.dir=%s/ref", dir);
+    run_ok(LOCO " ckpt export %s/ref/ckpt_%08d %s/hf", dir, STEPS, dir);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/hf/config.json", dir);
+    char *json;
+    size_t len;
+    cr_assert_eq(loco_file_read(path, (void **)&json, &len), 0, "%s", loco_errmsg());
+    const char *want[] = {"\"model_type\":\t\"mixtral\"", "\"MixtralForCausalLM\"",
+                          "\"num_local_experts\":\t4", "\"num_experts_per_tok\":\t2",
+                          "\"n_shared_experts\":\t2", "\"router_aux_loss_coef\":\t0.01"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect(strstr(json, want[i]), "config.json lacks %s:\n%s", want[i], json);
+    loco_free(json);
+    snprintf(path, sizeof path, "%s/hf/model.safetensors", dir);
+    loco_st *st;
+    cr_assert_eq(loco_st_open(&st, path), 0, "%s", loco_errmsg());
+    const char *names[] = {"model.layers.3.block_sparse_moe.gate.weight",
+                           "model.layers.0.block_sparse_moe.experts.3.w2.weight",
+                           "model.layers.1.block_sparse_moe.shared_experts.down_proj.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const float *x;
+        int nd;
+        int64_t shape[4];
+        cr_expect_eq(loco_st_get(st, names[i], &x, &nd, shape), 0, "%s", names[i]);
+    }
+    loco_st_close(st);
+    int rc = test_run(out, sizeof out,
+                      LOCO " eval configs/tiny.ini" MIXTRAL2 " --set train.batch_size=4"
+                           " --ckpt %s/ref/ckpt_%08d --batches 1",
+                      dir, STEPS);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *p = strstr(out, "\"val_loss\": ");
+    cr_assert(p, "%s", out);
+    const double eval_loss = atof(p + 12);
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
+        rc = test_run(out, sizeof out,
+                      "/usr/bin/python3 tests/fixtures/make_llama_fixtures.py --load-check %s/hf"
+                      " --tokens \"$(ls data/kjv_val_*.bin | head -n 1)\" -B 4 -T 16",
+                      dir);
+        cr_assert_eq(rc, 0, "%s", out);
+        p = strstr(out, "T=16: ");
+        cr_assert(p, "%s", out);
+        const double torch_loss = atof(p + 6);
+        cr_expect(fabs(torch_loss - eval_loss) <= 1e-4 * fabs(eval_loss),
+                  "PyTorch loss %.6f, loco eval %.6f", torch_loss, eval_loss);
+    } else {
+        cr_log_warn("PyTorch not installed (apt-get install python3-torch): the export was "
+                    "not evaluated in PyTorch");
+    }
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL2 " --set train.init_from=%s/hf --set train.lr=0"
+                " --set train.weight_decay=0 --set run.dir=%s/mesh",
+           dir, dir);
+    size_t n1, n2;
+    float *a = load_whole("mesh", &n1), *b = load_whole("ref", &n2);
+    cr_assert_eq(n1, n2);
+    cr_expect(!memcmp(a, b, n1 * sizeof(float)), "init_from the export differs from the "
+                                                  "checkpoint that was exported");
+    free(a), free(b);
+    /* the export's config against another expert count: refused by name */
+    rc = test_run(out, sizeof out,
+                  LOCO " train configs/tiny.ini" MIXTRAL2 " --set model.n_shared_experts=0"
+                       " --set train.init_from=%s/hf --set run.dir=%s/other",
+                  dir, dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "n_shared_experts = 2 but model.n_shared_experts = 0"), "%s", out);
+}
+
+/* Mixtral has neither dense blocks between MoE blocks nor biases. */
+Test(mixtral_mesh, what_mixtral_cannot_hold_is_refused, .timeout = 120) {
+    static char out[1 << 16];
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set model.moe_every=2 --set train.steps=1"
+                " --set run.ckpt_every=1 --set run.dir=%s/two",
+           dir);
+    int rc = test_run(out, sizeof out, LOCO " ckpt export %s/two/ckpt_%08d %s/hf2", dir, 1, dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "MixtralForCausalLM needs every block a mixture of experts "
+                          "(model.moe_every = 1, this model: 2)"),
+              "%s", out);
+}
