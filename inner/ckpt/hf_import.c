@@ -180,8 +180,7 @@ static bool json_int(const cJSON *root, const char *key, long long *out) {
 }
 
 /* Appends one complaint to why[cap], "; "-separated. */
-__attribute__((format(printf, 3, 4))) static void complain(char *why, size_t cap, const char *fmt,
-                                                           ...) {
+void loco__hf_complain(char *why, size_t cap, const char *fmt, ...) {
     size_t n = strlen(why);
     if (n && n + 2 < cap) {
         memcpy(why + n, "; ", 3);
@@ -192,6 +191,8 @@ __attribute__((format(printf, 3, 4))) static void complain(char *why, size_t cap
     vsnprintf(why + n, cap - n, fmt, ap);
     va_end(ap);
 }
+
+#define complain loco__hf_complain
 
 /* "key = X but model.mkey = Y" appended to why. */
 static void mismatch(char *why, size_t cap, const char *key, long long file, const char *mkey,

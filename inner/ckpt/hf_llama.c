@@ -277,18 +277,7 @@ static bool num(const cJSON *root, const char *key, double *out) {
     return true;
 }
 
-__attribute__((format(printf, 3, 4))) static void complain(char *why, size_t cap, const char *fmt,
-                                                           ...) {
-    size_t n = strlen(why);
-    if (n && n + 2 < cap) {
-        memcpy(why + n, "; ", 3);
-        n += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why + n, cap - n, fmt, ap);
-    va_end(ap);
-}
+#define complain loco__hf_complain /* hf_import.c's, shared */
 
 /* key (a number, `need` when it must be there) equal to the model's. */
 static void expect_num(char *why, size_t cap, const cJSON *root, const char *key, double model,

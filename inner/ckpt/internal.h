@@ -56,6 +56,9 @@ void loco__hf_file_close(hf_file *f);
 /* Element i of a tensor as fp32 (the file's data may be unaligned). */
 float loco__hf_elem(const hf_entry *e, size_t i);
 void loco__hf_shape_str(char *out, size_t cap, int ndim, const int64_t *shape);
+/* Appends one complaint to why[cap], "; "-separated (config.json checks). */
+__attribute__((format(printf, 3, 4))) void loco__hf_complain(char *why, size_t cap,
+                                                             const char *fmt, ...);
 /* The Llama family (hf_llama.c): import into a view, export of a whole
  * model's parameters (the tp = 1 table tt) to OUT/model.safetensors and
  * OUT/config.json. */
