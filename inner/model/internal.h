@@ -40,8 +40,8 @@ typedef struct {
     float *moe_weight;                  /* (N, k) renormalised probabilities */
     int32_t *moe_rows, *moe_count, *moe_routed; /* (N k) tokens, (E) kept, (E) routed */
     float *moe_x, *moe_y;               /* (N k, C) packed inputs and outputs */
-    float *moe_h, *moe_hg;              /* (M, Fc) c_fc output, (M, F) its activation */
-    float *moe_sh, *moe_shg;            /* (S, N, Fc), (S, N, F) the same of the S shared
+    float *moe_h, *moe_hg;              /* (M, Fl) c_fc output, (M, Hl) its activation */
+    float *moe_sh, *moe_shg;            /* (S, N, Fl), (S, N, Hl) the same of the S shared
                                          * experts (NULL without) */
     /* Under ep (M = ep N k, else N k and moe_xo = moe_x): the rows this
      * rank's experts received, expert-major, then by source rank, and how
@@ -81,6 +81,7 @@ typedef struct {
     float *moe_dh, *moe_dhg;    /* (M, Fc), (M, F) of c_fc's output and its activation
                                  * (a shared expert's, N <= M rows, too) */
     float *moe_shy;             /* (N, C) a shared expert's output (NULL without) */
+    float *moe_dout;            /* (N, C) sp: the MoE output's gradient, every row */
     float *moe_yo, *moe_xfer;   /* (M, C) ep: the experts' side; all-to-all receive */
     float *moe_dlogits;         /* (N, E) */
     float *moe_dweight;         /* (N, k) */

@@ -125,16 +125,19 @@ typedef struct {
 typedef struct {
     float *fcw, *fcb, *projw, *projb;
 } loco_gpt_expert;
-/* Floats of one expert: C Fc + F C, with biases + Fc + C (GPT-2's 8C^2 + 5C). */
+/* Floats of one expert on a tp rank: C Fc + F C, with biases + Fc + C
+ * (GPT-2's 8C^2 + 5C), Fc and F being the rank's column slices under
+ * tensor parallelism (Megatron's split of each expert's MLP). */
 static inline size_t loco_gpt_expert_size(const loco_gpt_config *cfg) {
-    const size_t C = (size_t)cfg->n_embd, Fc = (size_t)loco_gpt_fc_width(cfg);
-    const size_t F = (size_t)loco_gpt_ffn(cfg);
+    const size_t t = cfg->tp > 1 ? (size_t)cfg->tp : 1, C = (size_t)cfg->n_embd;
+    const size_t Fc = (size_t)loco_gpt_fc_width(cfg) / t, F = (size_t)loco_gpt_ffn(cfg) / t;
     return C * Fc + F * C + (cfg->no_bias ? 0 : Fc + C);
 }
 static inline loco_gpt_expert loco_gpt_expert_at(const loco_gpt_config *cfg, float *experts,
                                                  int j) {
-    const size_t C = (size_t)cfg->n_embd, Fc = (size_t)loco_gpt_fc_width(cfg);
-    const size_t F = (size_t)loco_gpt_ffn(cfg), nb = cfg->no_bias ? 0 : 1;
+    const size_t t = cfg->tp > 1 ? (size_t)cfg->tp : 1, C = (size_t)cfg->n_embd;
+    const size_t Fc = (size_t)loco_gpt_fc_width(cfg) / t, F = (size_t)loco_gpt_ffn(cfg) / t;
+    const size_t nb = cfg->no_bias ? 0 : 1;
     float *b = experts + (size_t)j * loco_gpt_expert_size(cfg);
     float *fcb = b + C * Fc, *projw = fcb + nb * Fc;
     return (loco_gpt_expert){b, nb ? fcb : NULL, projw, nb ? projw + F * C : NULL};

@@ -52,7 +52,7 @@ static size_t carve_block(loco_gpt_layer_acts *la, float *base, size_t off,
         CARVEI(la->moe_routed, E);
         CARVE(la->moe_x, Nk * C);
         CARVE(la->moe_y, Nk * C);
-        const size_t Fc = (size_t)loco_gpt_fc_width(moe), F = (size_t)loco_gpt_ffn(moe);
+        const size_t Fc = Fl, F = Hl; /* each expert's tp slice */
         const size_t S = (size_t)moe->n_shared_experts;
         CARVE(la->moe_h, M * Fc);
         CARVE(la->moe_hg, M * F);
@@ -176,10 +176,12 @@ size_t loco__gpt_carve_acts(loco_gpt *m, float *base) {
         const size_t M = (m->cfg.ep > 1 ? (size_t)m->cfg.ep : 1) * Nk;
         CARVE(s->moe_dy, M * C);
         CARVE(s->moe_dx, M * C);
-        CARVE(s->moe_dh, M * (size_t)loco_gpt_fc_width(&m->cfg));
-        CARVE(s->moe_dhg, M * (size_t)loco_gpt_ffn(&m->cfg));
+        CARVE(s->moe_dh, M * Fl);
+        CARVE(s->moe_dhg, M * Hl);
         if (m->cfg.n_shared_experts > 0)
             CARVE(s->moe_shy, N * C);
+        if (d.sp)
+            CARVE(s->moe_dout, N * C);
         if (m->cfg.ep > 1) {
             CARVE(s->moe_yo, M * C);
             CARVE(s->moe_xfer, M * C);
@@ -213,8 +215,8 @@ double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, b
      * (Fc + F, over t): router probabilities (E), lse (1), per choice
      * expert, slot, weight, token (4k), the packed rows' inputs and
      * outputs (2kC), on the experts' side (ep times the rows) c_fc's
-     * output and activation ((Fc + F) k ep), and the S shared experts'
-     * ((Fc + F) S). */
+     * output and activation ((Fc + F) k ep, over t: each expert's tp
+     * slice), and the S shared experts' ((Fc + F) S, over t). */
     const double W = loco_gpt_qkv_width(mc), Fc = loco_gpt_fc_width(mc);
     const double H = loco_gpt_ffn(mc);
     double mlp = (Fc + H) / t;
@@ -223,7 +225,7 @@ double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, b
     if (loco_gpt_is_moe(mc, 0)) {
         const double E = mc->n_experts, k = mc->top_k, ep = mc->ep > 1 ? mc->ep : 1;
         const double S = mc->n_shared_experts;
-        mlp = E + 1 + 4 * k + 2 * k * C + (Fc + H) * k * ep + (Fc + H) * S;
+        mlp = E + 1 + 4 * k + 2 * k * C + (Fc + H) / t * (k * ep + S);
     }
     const double per_token =
         mode == LOCO_RECOMPUTE_FULL

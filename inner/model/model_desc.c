@@ -175,7 +175,11 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
              * before the routed ones: a block's dense tensors stay one
              * range, its ep-split experts one range at its end. */
             const int ep = cfg->ep > 1 ? cfg->ep : 1, El = cfg->n_experts / ep;
-            const int64_t Fc = loco_gpt_fc_width(cfg), F = loco_gpt_ffn(cfg);
+            const int64_t Fc = loco_gpt_fc_width(cfg) / t, F = loco_gpt_ffn(cfg) / t;
+            /* Under tp each expert splits as the dense MLP (Megatron):
+             * c_fc by columns (SwiGLU: gate and up each), c_proj by rows;
+             * c_proj.bias is replicated and added once. */
+            const int gate_up = cfg->mlp == LOCO_MLP_SWIGLU ? 2 : 0;
             for (int shared = 1; shared >= 0; shared--) {
                 const int j0 = shared ? 0 : cfg->ep_rank * El;
                 const int j1 = shared ? cfg->n_shared_experts : (cfg->ep_rank + 1) * El;
@@ -184,10 +188,15 @@ int loco_gpt_build_table(loco_ttable *tt, const loco_gpt_config *cfg) {
 #define EXPERT(suffix)                                                                             \
     (snprintf(e, sizeof e, "mlp.%s.%d.%s", shared ? "shared_experts" : "experts", j, suffix),    \
      NAME(e))
-                    ADD2(EXPERT("c_fc.weight"), C, Fc, -1);
-                    if (!cfg->no_bias)
-                        ADD1(EXPERT("c_fc.bias"), Fc, -1, false);
-                    ADD2(EXPERT("c_proj.weight"), F, C, -1);
+                    ADD2(EXPERT("c_fc.weight"), C, Fc, 1);
+                    if (gate_up)
+                        tt->t[tt->n - 1].split_parts = gate_up;
+                    if (!cfg->no_bias) {
+                        ADD1(EXPERT("c_fc.bias"), Fc, 0, false);
+                        if (gate_up)
+                            tt->t[tt->n - 1].split_parts = gate_up;
+                    }
+                    ADD2(EXPERT("c_proj.weight"), F, C, 0);
                     if (!cfg->no_bias)
                         ADD1(EXPERT("c_proj.bias"), C, -1, false);
 #undef EXPERT

@@ -13,7 +13,18 @@
  * source's in token order), and back the same way; the backward mirrors
  * it. Routing and capacity stay decisions of the tokens' own rank, so the
  * result does not depend on ep. The shared experts are replicated on every
- * ep rank and run there on the rank's own tokens, like the router. */
+ * ep rank and run there on the rank's own tokens, like the router.
+ * Under tensor parallelism (cfg.tp = t) every expert, routed or shared,
+ * splits as the dense MLP does (Megatron): c_fc by columns, c_proj by
+ * rows, so each tp rank computes a partial sum of every expert's output.
+ * The router is replicated: every tp rank routes the same (gathered,
+ * under sp) tokens the same way, so the plan, the packed rows and the ep
+ * all-to-all are those of one rank; the combined partial outputs are
+ * reduced once, as the dense MLP's are (all-reduce, or reduce-scatter
+ * under sp). In the backward the routing weights' gradient (N k floats,
+ * linear in the partial outputs) is all-reduced before the router's
+ * backward, and the router's share of the input gradient is added by tp
+ * rank 0 alone before the input gradient is reduced. */
 #include "inner/model/internal.h"
 #include "kernels/kernels.h"
 
@@ -63,13 +74,11 @@ int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par
     if (cfg->n_shared_experts < 0)
         return LOCO_ERR(LOCO_EINVAL, "model.n_shared_experts = %d must be at least 0",
                         cfg->n_shared_experts);
-    const char *with = loco__gpt_tp_of(cfg) > 1 ? "tensor parallelism (parallel.tp)"
-                       : par->cp               ? "context parallelism (parallel.cp)"
-                                               : NULL;
+    const char *with = par->cp ? "context parallelism (parallel.cp)" : NULL;
     if (with)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "mixture of experts (model.n_experts = %d) with %s is not built yet; MoE "
-                        "trains with dp, ep, pp, ZeRO and recompute",
+                        "trains with dp, tp, sp, ep, pp, ZeRO and recompute",
                         cfg->n_experts, with);
     return 0;
 }
@@ -242,71 +251,73 @@ static int travel(loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const 
 }
 
 /* The description's activation of an expert's c_fc output fc (rows,
- * Fc): GELU, or SwiGLU of its gate and up halves, into out (rows, F);
+ * Fl): GELU, or SwiGLU of its gate and up halves, into out (rows, Hl);
  * its backward accumulates into dfc. */
-static void act_fwd(const loco_gpt_config *cfg, float *out, const float *fc, int rows) {
-    if (cfg->mlp == LOCO_MLP_SWIGLU)
-        loco_swiglu_fwd(out, fc, rows, loco_gpt_ffn(cfg));
-    else
-        loco_gelu_fwd(out, fc, (size_t)rows * loco_gpt_ffn(cfg));
-}
-
-static void act_bwd(const loco_gpt_config *cfg, float *dfc, const float *fc, const float *dout,
+static void act_fwd(const loco__gpt_shape *d, loco_mlp_kind mlp, float *out, const float *fc,
                     int rows) {
-    if (cfg->mlp == LOCO_MLP_SWIGLU)
-        loco_swiglu_bwd(dfc, fc, dout, rows, loco_gpt_ffn(cfg));
+    if (mlp == LOCO_MLP_SWIGLU)
+        loco_swiglu_fwd(out, fc, rows, d->Hl);
     else
-        loco_gelu_bwd(dfc, fc, dout, (size_t)rows * loco_gpt_ffn(cfg));
+        loco_gelu_fwd(out, fc, (size_t)rows * d->Hl);
 }
 
-/* One expert (an MLP of the description) over `rows` rows of x (rows,
- * C): c_fc into h (rows, Fc), its activation into hg (rows, F), c_proj
- * into y (rows, C). */
-static void expert_fwd(const loco_gpt_config *cfg, const loco_gpt_expert *x, float *y, float *h,
-                       float *hg, const float *in, int rows) {
-    const int C = cfg->n_embd, Fc = loco_gpt_fc_width(cfg), F = loco_gpt_ffn(cfg);
-    loco_matmul_fwd(h, in, x->fcw, x->fcb, rows, C, Fc, false);
-    act_fwd(cfg, hg, h, rows);
-    loco_matmul_fwd(y, hg, x->projw, x->projb, rows, F, C, false);
+static void act_bwd(const loco__gpt_shape *d, loco_mlp_kind mlp, float *dfc, const float *fc,
+                    const float *dout, int rows) {
+    if (mlp == LOCO_MLP_SWIGLU)
+        loco_swiglu_bwd(dfc, fc, dout, rows, d->Hl);
+    else
+        loco_gelu_bwd(dfc, fc, dout, (size_t)rows * d->Hl);
 }
 
-/* Its backward from dy: the expert's gradients (gx) accumulate, din
- * (rows, C) ACCUMULATES the input's; dh (rows, Fc) and dhg (rows, F) are
- * scratch. */
-static void expert_bwd(const loco_gpt_config *cfg, const loco_gpt_expert *x,
+/* One expert (an MLP of the description; its tp slice) over `rows` rows
+ * of x (rows, C): c_fc into h (rows, Fl), its activation into hg (rows,
+ * Hl), c_proj into y (rows, C), its bias by tp rank 0 alone (the outputs
+ * are partial sums over tp). */
+static void expert_fwd(const loco_gpt *m, const loco__gpt_shape *d, const loco_gpt_expert *x,
+                       float *y, float *h, float *hg, const float *in, int rows) {
+    loco_matmul_fwd(h, in, x->fcw, x->fcb, rows, d->C, d->Fl, false);
+    act_fwd(d, m->cfg.mlp, hg, h, rows);
+    loco_matmul_fwd(y, hg, x->projw, d->k == 0 ? x->projb : NULL, rows, d->Hl, d->C, false);
+}
+
+/* Its backward from dy: the expert's gradients (gx) accumulate (c_proj's
+ * bias on every tp rank alike: dy is whole), din (rows, C) ACCUMULATES
+ * the input's (a partial sum over tp); dh (rows, Fl) and dhg (rows, Hl)
+ * are scratch. */
+static void expert_bwd(const loco_gpt *m, const loco__gpt_shape *d, const loco_gpt_expert *x,
                        const loco_gpt_expert *gx, float *din, float *dh, float *dhg,
                        const float *dy, const float *in, const float *h, const float *hg,
                        int rows) {
-    const int C = cfg->n_embd, Fc = loco_gpt_fc_width(cfg), F = loco_gpt_ffn(cfg);
-    memset(dhg, 0, (size_t)rows * F * sizeof(float));
-    memset(dh, 0, (size_t)rows * Fc * sizeof(float));
-    loco_matmul_bwd(dhg, gx->projw, gx->projb, dy, hg, x->projw, rows, F, C, false);
-    act_bwd(cfg, dh, h, dhg, rows);
-    loco_matmul_bwd(din, gx->fcw, gx->fcb, dh, in, x->fcw, rows, C, Fc, false);
+    const int C = d->C, Fl = d->Fl, Hl = d->Hl;
+    memset(dhg, 0, (size_t)rows * Hl * sizeof(float));
+    memset(dh, 0, (size_t)rows * Fl * sizeof(float));
+    loco_matmul_bwd(dhg, gx->projw, gx->projb, dy, hg, x->projw, rows, Hl, C, false);
+    act_bwd(d, m->cfg.mlp, dh, h, dhg, rows);
+    loco_matmul_bwd(din, gx->fcw, gx->fcb, dh, in, x->fcw, rows, C, Fl, false);
 }
 
 /* The local experts over their rows: xo -> h, hg -> yo. */
-static void experts_fwd(loco_gpt *m, const loco_gpt_block *w, const loco_gpt_layer_acts *la,
-                        float *yo) {
+static void experts_fwd(loco_gpt *m, const loco__gpt_shape *d, const loco_gpt_block *w,
+                        const loco_gpt_layer_acts *la, float *yo) {
     const loco_gpt_config *cfg = &m->cfg;
     const int C = cfg->n_embd, El = cfg->n_experts / ep_of(m);
-    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
+    const size_t Fc = (size_t)d->Fl, F = (size_t)d->Hl;
     for (int j = 0, r = 0; j < El; r += expert_rows(m, la, j++)) {
         const int rows = expert_rows(m, la, j);
         if (rows == 0)
             continue;
         const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->experts, j);
-        expert_fwd(cfg, &x, yo + (size_t)r * C, la->moe_h + (size_t)r * Fc,
+        expert_fwd(m, d, &x, yo + (size_t)r * C, la->moe_h + (size_t)r * Fc,
                    la->moe_hg + (size_t)r * F, la->moe_xo + (size_t)r * C, rows);
     }
 }
 
 /* Their backward: dyo -> dxo, and every local expert's gradients. */
-static void experts_bwd(loco_gpt *m, int l, const loco_gpt_layer_acts *la, const float *dyo,
-                        float *dxo) {
+static void experts_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                        const float *dyo, float *dxo) {
     const loco_gpt_config *cfg = &m->cfg;
     const int C = cfg->n_embd, El = cfg->n_experts / ep_of(m);
-    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
+    const size_t Fc = (size_t)d->Fl, F = (size_t)d->Hl;
     const loco_gpt_block *w = &m->p.h[l], *g = &m->g.h[l];
     loco_gpt_scratch *s = &m->s;
     for (int j = 0, r = 0; j < El; r += expert_rows(m, la, j++)) {
@@ -316,37 +327,37 @@ static void experts_bwd(loco_gpt *m, int l, const loco_gpt_layer_acts *la, const
         const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->experts, j);
         const loco_gpt_expert gx = loco_gpt_expert_at(cfg, g->experts, j);
         memset(dxo + (size_t)r * C, 0, (size_t)rows * C * sizeof(float));
-        expert_bwd(cfg, &x, &gx, dxo + (size_t)r * C, s->moe_dh + (size_t)r * Fc,
+        expert_bwd(m, d, &x, &gx, dxo + (size_t)r * C, s->moe_dh + (size_t)r * Fc,
                    s->moe_dhg + (size_t)r * F, dyo + (size_t)r * C, la->moe_xo + (size_t)r * C,
                    la->moe_h + (size_t)r * Fc, la->moe_hg + (size_t)r * F, rows);
     }
 }
 
-/* The shared experts over every token of the ln_2 output: their outputs
- * added into out (N, C). */
-static void shared_fwd(loco_gpt *m, const loco_gpt_block *w, const loco_gpt_layer_acts *la,
-                       float *out, int N) {
+/* The shared experts over every token of the ln_2 output x (N, C,
+ * gathered under sp): their outputs added into out (N, C). */
+static void shared_fwd(loco_gpt *m, const loco__gpt_shape *d, const loco_gpt_block *w,
+                       const loco_gpt_layer_acts *la, float *out, const float *x_in, int N) {
     const loco_gpt_config *cfg = &m->cfg;
-    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
+    const size_t Fc = (size_t)d->Fl, F = (size_t)d->Hl;
     for (int j = 0; j < cfg->n_shared_experts; j++) {
         const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->shared, j);
-        expert_fwd(cfg, &x, m->s.moe_shy, la->moe_sh + (size_t)j * N * Fc,
-                   la->moe_shg + (size_t)j * N * F, la->ln2, N);
+        expert_fwd(m, d, &x, m->s.moe_shy, la->moe_sh + (size_t)j * N * Fc,
+                   la->moe_shg + (size_t)j * N * F, x_in, N);
         loco_residual_fwd(out, out, m->s.moe_shy, (size_t)N * cfg->n_embd);
     }
 }
 
 /* Their backward from dout (N, C): dx (N, C) accumulates, with every
  * shared expert's gradients. */
-static void shared_bwd(loco_gpt *m, int l, const loco_gpt_layer_acts *la, float *dx,
-                       const float *dout, int N) {
+static void shared_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la,
+                       float *dx, const float *x_in, const float *dout, int N) {
     const loco_gpt_config *cfg = &m->cfg;
-    const size_t Fc = (size_t)loco_gpt_fc_width(cfg), F = (size_t)loco_gpt_ffn(cfg);
+    const size_t Fc = (size_t)d->Fl, F = (size_t)d->Hl;
     const loco_gpt_block *w = &m->p.h[l], *g = &m->g.h[l];
     for (int j = 0; j < cfg->n_shared_experts; j++) {
         const loco_gpt_expert x = loco_gpt_expert_at(cfg, w->shared, j);
         const loco_gpt_expert gx = loco_gpt_expert_at(cfg, g->shared, j);
-        expert_bwd(cfg, &x, &gx, dx, m->s.moe_dh, m->s.moe_dhg, dout, la->ln2,
+        expert_bwd(m, d, &x, &gx, dx, m->s.moe_dh, m->s.moe_dhg, dout, x_in,
                    la->moe_sh + (size_t)j * N * Fc, la->moe_shg + (size_t)j * N * F, N);
     }
 }
@@ -357,25 +368,34 @@ int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
     const loco_gpt_config *cfg = &m->cfg;
     const loco_gpt_block *w = &m->p.h[l];
     const int N = (int)d->N, C = d->C, E = cfg->n_experts, k = cfg->top_k;
-    loco_matmul_fwd(la->moe_probs, la->ln2, w->routerw, NULL, N, C, E, true);
+    const float *x; /* the ln_2 output, every row of the micro-batch */
+    LOCO_CHECK(loco__gpt_column_input(m, d, la->ln2, &x));
+    loco_matmul_fwd(la->moe_probs, x, w->routerw, NULL, N, C, E, true);
     loco_moe_route(la->moe_probs, la->moe_lse, la->moe_expert, la->moe_weight, la->moe_probs, N, E,
                    k);
-    const int n = loco_moe_plan(la->moe_slot, la->moe_rows, la->moe_count, la->moe_routed,
-                                la->moe_expert, la->moe_probs, N, E, k, capacity(cfg, N),
-                                m->s.moe_plan);
-    loco_moe_gather(la->moe_x, la->ln2, la->moe_rows, n, C);
+    const int n =
+        loco_moe_plan(la->moe_slot, la->moe_rows, la->moe_count, la->moe_routed, la->moe_expert,
+                      la->moe_probs, N, E, k, capacity(cfg, N), m->s.moe_plan);
+    loco_moe_gather(la->moe_x, x, la->moe_rows, n, C);
     if (ep_of(m) == 1) {
-        experts_fwd(m, w, la, la->moe_y);
+        experts_fwd(m, d, w, la, la->moe_y);
     } else {
         const int El = E / ep_of(m);
-        LOCO_CHECK(loco_comm_alltoall(m->par.ep, la->moe_count, la->moe_recv, (size_t)El,
-                                      LOCO_DT_I32));
+        LOCO_CHECK(
+            loco_comm_alltoall(m->par.ep, la->moe_count, la->moe_recv, (size_t)El, LOCO_DT_I32));
         LOCO_CHECK(travel(m, la, la->moe_xo, la->moe_x, false));
-        experts_fwd(m, w, la, m->s.moe_yo);
+        experts_fwd(m, d, w, la, m->s.moe_yo);
         LOCO_CHECK(travel(m, la, la->moe_y, m->s.moe_yo, true));
     }
-    loco_moe_combine(la->fcproj, la->moe_y, la->moe_slot, la->moe_weight, N, k, C);
-    shared_fwd(m, w, la, la->fcproj, N);
+    /* Under tp the outputs are partial sums: combined into the whole
+     * rows (s.full under sp), then reduced as a row-parallel layer's. */
+    float *out = d->sp ? m->s.full : la->fcproj;
+    loco_moe_combine(out, la->moe_y, la->moe_slot, la->moe_weight, N, k, C);
+    shared_fwd(m, d, w, la, out, x, N);
+    if (d->sp)
+        LOCO_CHECK(loco__gpt_tp_reduce_scatter(m, m->s.full, la->fcproj, d->R * (size_t)C));
+    else if (d->t > 1)
+        LOCO_CHECK(loco__gpt_tp_allreduce(m, la->fcproj, (size_t)N * C, LOCO_OP_SUM));
     if (m->rerun || !m->moe)
         return 0;
     /* What this micro-batch routed, for metrics. */
@@ -393,32 +413,49 @@ int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
     return 0;
 }
 
-/* From s.dres, the gradient of the MoE output: the gradient of its input
- * (the ln_2 output) into s.dbtc, and every router and local expert
- * gradient. */
+/* From s.dres, the gradient of the MoE output (this rank's rows under
+ * sp): the gradient of its input (the ln_2 output) into s.dbtc, and every
+ * router and local expert gradient. */
 int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la) {
     const loco_gpt_config *cfg = &m->cfg;
     const loco_gpt_block *w = &m->p.h[l];
     loco_gpt_block *g = &m->g.h[l];
     loco_gpt_scratch *s = &m->s;
     const int N = (int)d->N, C = d->C, E = cfg->n_experts, k = cfg->top_k;
-    loco_moe_combine_bwd(s->moe_dy, s->moe_dweight, s->dres, la->moe_y, la->moe_slot,
-                         la->moe_weight, N, k, C);
+    const float *x, *dout = s->dres; /* the input and the output's gradient, every row */
+    LOCO_CHECK(loco__gpt_column_input(m, d, la->ln2, &x));
+    if (d->sp) {
+        LOCO_CHECK(loco__gpt_tp_allgather(m, s->dres, s->moe_dout, d->R * (size_t)C));
+        dout = s->moe_dout;
+    }
+    loco_moe_combine_bwd(s->moe_dy, s->moe_dweight, dout, la->moe_y, la->moe_slot, la->moe_weight,
+                         N, k, C);
+    if (d->t > 1) /* each rank's outputs were a part of the sum the weights scale */
+        LOCO_CHECK(loco__gpt_tp_allreduce(m, s->moe_dweight, (size_t)N * k, LOCO_OP_SUM));
     const float *dxe = s->moe_dx; /* the packed rows' input gradients */
     if (ep_of(m) == 1) {
-        experts_bwd(m, l, la, s->moe_dy, s->moe_dx);
+        experts_bwd(m, d, l, la, s->moe_dy, s->moe_dx);
     } else {
         LOCO_CHECK(travel(m, la, s->moe_yo, s->moe_dy, false));
-        experts_bwd(m, l, la, s->moe_yo, s->moe_dx);
+        experts_bwd(m, d, l, la, s->moe_yo, s->moe_dx);
         LOCO_CHECK(travel(m, la, s->moe_dy, s->moe_dx, true));
         dxe = s->moe_dy;
     }
-    memset(s->dbtc, 0, (size_t)N * C * sizeof(float));
-    loco_moe_gather_bwd(s->dbtc, dxe, la->moe_slot, N, k, C);
+    /* The input's gradient over every row (a partial sum over tp), then
+     * reduced into this rank's rows as a column-parallel layer's. */
+    float *dx = d->sp ? s->full : s->dbtc;
+    memset(dx, 0, (size_t)N * C * sizeof(float));
+    loco_moe_gather_bwd(dx, dxe, la->moe_slot, N, k, C);
     loco_moe_route_bwd(s->moe_dlogits, s->moe_dweight, la->moe_probs, la->moe_lse, la->moe_expert,
                        la->moe_weight, la->moe_routed, N, E, k, cfg->aux_loss, cfg->z_loss,
                        m->loss_scale);
-    loco_matmul_bwd(s->dbtc, g->routerw, NULL, s->moe_dlogits, la->ln2, w->routerw, N, C, E, true);
-    shared_bwd(m, l, la, s->dbtc, s->dres, N);
+    /* the router is replicated: its input gradient counted by tp rank 0 */
+    loco_matmul_bwd(d->k == 0 ? dx : NULL, g->routerw, NULL, s->moe_dlogits, x, w->routerw, N, C, E,
+                    true);
+    shared_bwd(m, d, l, la, dx, x, dout, N);
+    if (d->sp)
+        return loco__gpt_tp_reduce_scatter(m, s->full, s->dbtc, d->R * (size_t)C);
+    if (d->t > 1)
+        return loco__gpt_tp_allreduce(m, s->dbtc, (size_t)N * C, LOCO_OP_SUM);
     return 0;
 }

@@ -3,7 +3,8 @@
  * and without dropping, ZeRO-1 and ZeRO-3, recompute; plain dp over an
  * MoE model; a shared expert replicated over ep; the losses of 8 steps
  * and the final parameters equal a single rank's within 1e-5 relative; a
- * checkpoint of ep = 2 resumed at ep = 1 and 4; the export, with and
+ * checkpoint of ep = 2 resumed at ep = 1 and 4; tensor parallelism inside
+ * the experts, with sp, ep, pp and ZeRO-3; the export, with and
  * without shared experts, loads in the PyTorch reference with loco's
  * loss; clear errors for what does not split. Runs build/loco. */
 #include "inner/model/model.h"
@@ -57,9 +58,10 @@ static void reference(int m, const char *extra) {
 }
 
 /* 4 ranks with `extra` (dp = 4 unless it says otherwise; ep folded out
- * of dp) against one rank with `model` (the same MoE settings)
- * accumulating ref_m micro-batches. */
-static void check_with(const char *extra, const char *model, int ref_m) {
+ * of dp) against one rank with `model` (the same MoE settings, mc's
+ * table) accumulating ref_m micro-batches. */
+static void check_model(const loco_gpt_config *mc, const char *extra, const char *model,
+                        int ref_m) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     static char out[1 << 16];
@@ -69,7 +71,11 @@ static void check_with(const char *extra, const char *model, int ref_m) {
                              " --set parallel.dp=4 %s %s --set run.dir=%s/ep",
                       model, extra, dir);
     cr_assert_eq(rc, 0, "%s", out);
-    test_expect_like_reference(&small_model, dir, "ep", STEPS, extra);
+    test_expect_like_reference(mc, dir, "ep", STEPS, extra);
+}
+
+static void check_with(const char *extra, const char *model, int ref_m) {
+    check_model(&small_model, extra, model, ref_m);
 }
 
 #define DROPPING "--set model.capacity_factor=1.25"
@@ -115,6 +121,29 @@ Test(ep, ep2_shared_expert) {
 #undef SHARED
     cr_assert_eq(rc, 0, "%s", out);
     test_expect_like_reference(&shared, dir, "ep", STEPS, "ep 2 with a shared expert");
+}
+
+/* Tensor parallelism inside every expert (Megatron's split of each MLP:
+ * c_fc by columns, c_proj by rows, its bias added once), the router
+ * replicated: tp 2 x dp 2 with dropping; tp 2 with sequence parallelism
+ * x ep 2 (folded out of dp 2) with a shared expert and ZeRO-3; tp 2 x pp
+ * 2 with selective recompute. */
+Test(ep, tp2_dp2_dropping) {
+    check_with("--set parallel.dp=2 --set parallel.tp=2", DROPPING, 2);
+}
+Test(ep, tp2_sp_ep2_shared_expert_zero3) {
+    loco_gpt_config shared = small_model;
+    shared.n_shared_experts = 1;
+    check_model(&shared,
+                "--set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true"
+                " --set parallel.ep=2 --set parallel.zero_stage=3",
+                DROPPING " --set model.n_shared_experts=1", 2);
+}
+Test(ep, tp2_pp2_selective) {
+    check_with(
+        "--set parallel.dp=1 --set parallel.tp=2 --set parallel.pp=2 --set train.grad_accum=2"
+        " --set train.recompute=selective",
+        DROPPING, 2);
 }
 
 /* Experts inside pipeline stages: pp 2 x dp 2 (ep 2), two micro-batches
@@ -210,13 +239,15 @@ Test(ep, what_cannot_be_split_is_refused_clearly) {
     static char out[1 << 16];
     static const char *const bad[][2] = {
         /* 4 experts over 3 ranks */
-        {"--set parallel.dp=3 --set parallel.ep=3", "parallel.ep = 3 must divide model.n_experts = 4"},
+        {"--set parallel.dp=3 --set parallel.ep=3",
+         "parallel.ep = 3 must divide model.n_experts = 4"},
         /* ep not dividing dp */
         {"--set parallel.dp=3 --set parallel.ep=2", "parallel.ep = 2 must divide parallel.dp = 3"},
         /* top_k over E */
-        {"--set parallel.dp=3 --set model.top_k=5", "model.top_k = 5 must be between 1 and model.n_experts = 4"},
-        /* experts with tensor parallelism */
-        {"--set parallel.tp=3", "with tensor parallelism (parallel.tp) is not built yet"},
+        {"--set parallel.dp=3 --set model.top_k=5",
+         "model.top_k = 5 must be between 1 and model.n_experts = 4"},
+        /* experts split over tp by whole columns */
+        {"--set parallel.tp=3 --set model.n_head=1", "parallel.tp = 3 must divide model.n_head"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         int rc = test_run(out, sizeof out,

@@ -78,19 +78,22 @@ static void run_ok(const char *cmd_fmt, ...) {
     cr_assert_eq(test_run(out, sizeof out, "%s", cmd), 0, "%s\n%s", cmd, out);
 }
 
-/* ranks = pp x dp; m micro-batches per rank; against one rank of m x dp. */
-static void check(int pp, const char *schedule, int dp, int zero, int m, const char *extra) {
+/* ranks = tp x pp x dp; m micro-batches per rank; against one rank of
+ * m x dp. */
+static void check_tp(int tp, int pp, const char *schedule, int dp, int zero, int m,
+                     const char *extra) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
     run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=%d --set run.dir=%s/ref",
            m * dp, dir);
     run_ok(MPIRUN "%d " LOCO " train configs/tiny.ini" MIXTRAL
                   " --set train.grad_accum=%d --set parallel.pp=%d --set parallel.pp_schedule=%s"
-                  " --set parallel.dp=%d --set parallel.zero_stage=%d --set run.dir=%s/mesh %s",
-           pp * dp, m, pp, schedule, dp, zero, dir, extra);
+                  " --set parallel.dp=%d --set parallel.zero_stage=%d --set parallel.tp=%d"
+                  " --set run.dir=%s/mesh %s",
+           tp * pp * dp, m, pp, schedule, dp, zero, tp, dir, extra);
     char what[256], a[4200], b[4200];
-    snprintf(what, sizeof what, "mixtral pp=%d %s dp=%d zero=%d m=%d %s", pp, schedule, dp, zero, m,
-             extra);
+    snprintf(what, sizeof what, "mixtral tp=%d pp=%d %s dp=%d zero=%d m=%d %s", tp, pp, schedule,
+             dp, zero, m, extra);
     double got[STEPS + 1] = {0}, ref[STEPS + 1] = {0};
     snprintf(a, sizeof a, "%s/mesh", dir);
     snprintf(b, sizeof b, "%s/ref", dir);
@@ -110,6 +113,10 @@ static void check(int pp, const char *schedule, int dp, int zero, int m, const c
               "%s: final parameters differ by %g (relative L2), %g (largest element)", what,
               sqrt(dd / qq), maxd / maxq);
     free(p), free(q);
+}
+
+static void check(int pp, const char *schedule, int dp, int zero, int m, const char *extra) {
+    check_tp(1, pp, schedule, dp, zero, m, extra);
 }
 
 /* ep = 2 folded out of dp = 2: each rank holds 2 of the 4 experts of
@@ -135,6 +142,19 @@ Test(mixtral_mesh, ep2_checkpoint_resumes_on_one_rank, .timeout = 240) {
                 " --resume %s/a/ckpt_00000003",
            dir, dir);
     test_expect_resumed(dir, "one", 4, STEPS);
+}
+
+/* Tensor parallelism inside every expert, routed and shared (Megatron's
+ * split of each SwiGLU MLP: gate and up by columns, down by rows), the
+ * router replicated: tp 4 with sequence parallelism (the 2 key/value
+ * heads each on 2 ranks), and tp 2 x dp 2 with ep 2 folded
+ * out of dp, ZeRO-3 and full recompute. */
+Test(mixtral_mesh, tp4_sp, .timeout = 240) {
+    check_tp(4, 1, "1f1b", 1, 1, 1, "--set parallel.sp=true");
+}
+
+Test(mixtral_mesh, tp2_dp2_ep2_zero3_full_recompute, .timeout = 240) {
+    check_tp(2, 1, "1f1b", 2, 3, 1, "--set parallel.ep=2 --set train.recompute=full");
 }
 
 Test(mixtral_mesh, pp2_1f1b, .timeout = 240) {
