@@ -25,7 +25,7 @@ static void usage(FILE *f) {
             "        [--pattern NAME]]\n"
             "                         train/val token shards from a text file (bytes, or BPE\n"
             "                         ids with --tokenizer; then also OUT_PREFIX_tokenizer.json)\n"
-            "  tokenizer train TEXT --vocab N --out FILE | encode|decode --tokenizer FILE\n"
+            "  tokenizer train TEXT --vocab N --out FILE [--pattern NAME] | encode|decode --tokenizer FILE\n"
             "        [--pattern NAME] [IN]\n"
             "                         byte-level BPE: train a tokenizer.json, encode, decode;\n"
             "                         NAME: pre-tokenizer gpt2, cl100k, o200k, llama3 (auto:\n"

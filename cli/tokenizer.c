@@ -1,5 +1,5 @@
 /* `loco tokenizer train|encode|decode`: argument parsing and the calls into
- * tokenizer/. encode and decode take --pattern NAME (the pre-tokenizer). */
+ * tokenizer/. train and encode take --pattern NAME (the pre-tokenizer). */
 #include "tokenizer/tokenizer.h"
 #include "cli/cli.h"
 
@@ -10,13 +10,14 @@
 static int tok_usage(const char *msg, const char *arg) {
     fprintf(stderr,
             "loco tokenizer: %s%s%s\n"
-            "usage: loco tokenizer train TEXT --vocab N --out FILE\n"
+            "usage: loco tokenizer train TEXT --vocab N --out FILE [--pattern NAME]\n"
             "       loco tokenizer encode --tokenizer FILE [--pattern NAME] [TEXT_FILE]   (ids, "
             "one line)\n"
             "       loco tokenizer decode --tokenizer FILE [IDS_FILE]    (bytes)\n"
             "FILE: tokenizer.json, ENCODER_JSON,VOCAB_BPE or a tiktoken file; input from "
             "stdin without a file\n"
-            "NAME: the pre-tokenizer regex: auto (what FILE declares; gpt2 for tiktoken files), "
+            "NAME: the pre-tokenizer regex: auto (what FILE declares; gpt2 for tiktoken files and "
+            "for train), "
             "%s\n",
             msg, arg ? ": " : "", arg ? arg : "", LOCO_TOK_PATTERN_NAMES);
     return CLI_USAGE;
@@ -50,7 +51,7 @@ static int read_input(const char *path, uint8_t **data, size_t *len) {
 }
 
 static int tok_train(int argc, char **argv) {
-    const char *text = NULL, *out = NULL;
+    const char *text = NULL, *out = NULL, *pattern = NULL;
     long vocab = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--vocab") && i + 1 < argc) {
@@ -60,6 +61,8 @@ static int tok_train(int argc, char **argv) {
                 return tok_usage("--vocab expects an integer in 258..16777216", argv[i]);
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
+        else if (!strcmp(argv[i], "--pattern") && i + 1 < argc)
+            pattern = argv[++i];
         else if (argv[i][0] != '-' && !text)
             text = argv[i];
         else
@@ -74,14 +77,16 @@ static int tok_train(int argc, char **argv) {
         return cli_fail(rc);
     loco_tok *t;
     double t0 = loco_now();
-    rc = loco_tok_train(&t, data, len, (int)vocab);
+    rc = loco_tok_train(&t, data, len, (int)vocab, pattern);
     loco_free(data);
     if (rc < 0)
         return cli_fail(rc);
     rc = loco_tok_save_hf(t, out);
     if (rc == 0)
-        fprintf(stderr, "tokenizer: %d ids (%d merges) from %zu bytes of %s in %.1f s -> %s\n",
-                loco_tok_vocab_size(t), loco_tok_num_merges(t), len, text, loco_now() - t0, out);
+        fprintf(stderr,
+                "tokenizer: %d ids (%d merges) from %zu bytes of %s split by %s in %.1f s -> %s\n",
+                loco_tok_vocab_size(t), loco_tok_num_merges(t), len, text, loco_tok_pattern_name(t),
+                loco_now() - t0, out);
     loco_tok_destroy(t);
     return rc < 0 ? cli_fail(rc) : CLI_OK;
 }

@@ -70,7 +70,7 @@ static int tokenizer_seeds(const char *root, const char *tmp) {
     loco_tok *t;
     char path[1024];
     snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
-    if (loco_tok_train(&t, (const uint8_t *)text, sizeof text - 1, 270) ||
+    if (loco_tok_train(&t, (const uint8_t *)text, sizeof text - 1, 270, NULL) ||
         loco_tok_save_hf(t, path) || copy(root, "tokenizer", "hf", path, 0))
         return 1;
     /* tiktoken: every id but <|endoftext|>, its bytes in base64, by rank */

@@ -98,11 +98,14 @@ const char *loco_tok_pattern_name(const loco_tok *t);
 void loco_tok_destroy(loco_tok *t); /* accepts NULL */
 
 /* Trains a byte-level BPE of vocab_size ids from text: ids 0..255 are the
- * bytes, then one id per merge, the last id is <|endoftext|>. Pieces are the
- * GPT-2 regex's; each step merges the most frequent adjacent pair (ties: the
- * smaller left id, then the smaller right id), so the result is a function
- * of the text alone. vocab_size must be in 258..1<<24. */
-int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_size);
+ * bytes, then one id per merge, the last id is <|endoftext|>. Pieces are
+ * the named pattern's (LOCO_TOK_PATTERN_NAMES; NULL, "" or "auto": GPT-2's),
+ * which the tokenizer keeps (and loco_tok_save_hf writes); each step merges
+ * the most frequent adjacent pair (ties: the smaller left id, then the
+ * smaller right id), so the result is a function of the text and the
+ * pattern alone. vocab_size must be in 258..1<<24. */
+int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_size,
+                   const char *pattern);
 /* Writes t as a Hugging Face tokenizer.json (model BPE, ByteLevel
  * pre-tokenizer and decoder, added_tokens with the special tokens). A
  * pattern other than GPT-2's is written as a Split of its regex before a

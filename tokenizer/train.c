@@ -75,7 +75,7 @@ static uint64_t pair_hash(uint64_t x) {
 
 /* Counts the regex's pieces of text into pm, split at <|endoftext|> (never
  * a piece of its own) by a tokenizer that knows only the bytes and it. */
-static int count_pieces(const uint8_t *text, size_t len, piece_map *pm) {
+static int count_pieces(const uint8_t *text, size_t len, const char *pattern, piece_map *pm) {
     int rc = 0;
     loco_tok *eot_only = NULL;
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
@@ -91,6 +91,7 @@ static int count_pieces(const uint8_t *text, size_t len, piece_map *pm) {
                                   strlen(LOCO_TOK_EOT), 1, "tokenizer train", "special"),
                     out_destroy_tok);
     LOCO_CHECK_GOTO(loco__tok_finish(eot_only, "tokenizer train"), out_destroy_tok);
+    LOCO_CHECK_GOTO(loco_tok_set_pattern(eot_only, pattern), out_destroy_tok);
     LOCO_CHECK_GOTO(loco__tok_pieces(eot_only, md, text, len, count_piece, pm), out_destroy_tok);
 out_destroy_tok:
     loco_tok_destroy(eot_only);
@@ -253,7 +254,8 @@ out_destroy_tok:
     return rc;
 }
 
-int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_size) {
+int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_size,
+                   const char *pattern) {
     *out = NULL;
     if (vocab_size < 258 || vocab_size > (1 << 24))
         return LOCO_ERR(LOCO_EINVAL,
@@ -265,7 +267,8 @@ int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_si
     piece_map pm = {0};
     words wd = {0};
     int32_t *ml = NULL, *mr = NULL;
-    LOCO_CHECK_GOTO(count_pieces(text, len, &pm), out_free_pieces);
+    LOCO_CHECK(loco__tok_pattern_check(pattern, "tokenizer train"));
+    LOCO_CHECK_GOTO(count_pieces(text, len, pattern, &pm), out_free_pieces);
     LOCO_CHECK_GOTO(words_of(&pm, &wd), out_fini_words);
     ml = loco_alloc((size_t)nmerge * sizeof *ml);
     mr = loco_alloc((size_t)nmerge * sizeof *mr);
@@ -279,6 +282,10 @@ int loco_tok_train(loco_tok **out, const uint8_t *text, size_t len, int vocab_si
                   "instead of %d",
                   done, 257 + done, vocab_size);
     rc = build_tokenizer(out, ml, mr, done);
+    if (rc == 0 && (rc = loco_tok_set_pattern(*out, pattern)) < 0) {
+        loco_tok_destroy(*out);
+        *out = NULL;
+    }
 out_free_merges:
     loco_free(ml);
     loco_free(mr);

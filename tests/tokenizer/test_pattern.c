@@ -406,3 +406,54 @@ Test(tok_pattern, tiktoken_ids, .timeout = 120) {
               checked[0], checked[1], checked[2]);
     loco_free(fix);
 }
+
+/* Longest run of ASCII digits inside one token of t. */
+static size_t longest_digit_token(const loco_tok *t) {
+    size_t best = 0;
+    for (int id = 0; id < loco_tok_vocab_size(t); id++) {
+        size_t len, run = 0;
+        const uint8_t *b = loco_tok_token_bytes(t, id, &len);
+        for (size_t i = 0; b && i < len; i++) {
+            run = b[i] >= '0' && b[i] <= '9' ? run + 1 : 0;
+            best = run > best ? run : best;
+        }
+    }
+    return best;
+}
+
+/* Training splits with the named pattern: GPT-2's keeps a run of digits
+ * one piece, so frequent long numbers become single tokens; Llama 3's
+ * (cl100k's) cuts them into groups of at most three, so no merge can
+ * cross a group. The trained tokenizer keeps the pattern through its
+ * tokenizer.json; an unknown name is refused before any work. */
+Test(tok_pattern, train_splits_with_the_named_pattern) {
+    static char text[1 << 15];
+    size_t n = 0;
+    for (int i = 0; n + 64 < sizeof text; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "In the year 1234567 there were %d men. ",
+                              100000 + i % 7);
+    loco_tok *g = NULL, *l = NULL, *bad = NULL;
+    cr_assert_eq(loco_tok_train(&g, (const uint8_t *)text, n, 285, "gpt2"), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_tok_train(&l, (const uint8_t *)text, n, 285, "llama3"), 0, "%s",
+                 loco_errmsg());
+    cr_expect_geq(longest_digit_token(g), 7, "gpt2: the number should become one token");
+    cr_expect_eq(longest_digit_token(l), 3, "llama3: digits in groups of three");
+    cr_expect_str_eq(loco_tok_pattern_name(l), "llama3");
+    char path[] = "/tmp/loco-tok-train-pattern-XXXXXX";
+    close(mkstemp(path));
+    cr_assert_eq(loco_tok_save_hf(l, path), 0, "%s", loco_errmsg());
+    loco_tok *back = load(path, NULL);
+    cr_expect_str_eq(loco_tok_pattern_name(back), "llama3");
+    int32_t *a, *b;
+    size_t na, nb;
+    cr_assert_eq(loco_tok_encode(l, (const uint8_t *)text, 200, &a, &na), 0);
+    cr_assert_eq(loco_tok_encode(back, (const uint8_t *)text, 200, &b, &nb), 0);
+    cr_expect(na == nb && !memcmp(a, b, na * sizeof *a), "the saved tokenizer encodes alike");
+    cr_expect_eq(loco_tok_train(&bad, (const uint8_t *)text, n, 400, "llama2"), LOCO_EINVAL);
+    cr_expect(strstr(loco_errmsg(), "llama2") && strstr(loco_errmsg(), "llama3"), "%s",
+              loco_errmsg());
+    cr_expect_null(bad);
+    unlink(path);
+    loco_free(a), loco_free(b);
+    loco_tok_destroy(g), loco_tok_destroy(l), loco_tok_destroy(back);
+}

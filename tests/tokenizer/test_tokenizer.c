@@ -224,7 +224,7 @@ Test(tokenizer, train_1k_default_data, .timeout = 120) {
     const uint8_t *text = d;
     size_t ntrain = len * 9 / 10;
     loco_tok *t;
-    cr_assert_eq(loco_tok_train(&t, text, ntrain, 1024), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_tok_train(&t, text, ntrain, 1024, NULL), 0, "%s", loco_errmsg());
     cr_assert_eq(loco_tok_vocab_size(t), 1024);
     cr_assert_eq(loco_tok_num_merges(t), 1024 - 257);
     cr_assert_eq(loco_tok_special_id(t, LOCO_TOK_EOT), 1023);
@@ -243,7 +243,7 @@ Test(tokenizer, train_1k_default_data, .timeout = 120) {
     cr_assert(!memcmp(ids, ids2, n * sizeof *ids));
     /* deterministic: training again gives the same file */
     loco_tok *t2;
-    cr_assert_eq(loco_tok_train(&t2, text, ntrain, 1024), 0);
+    cr_assert_eq(loco_tok_train(&t2, text, ntrain, 1024, NULL), 0);
     char path2[] = "/tmp/loco-tok-train-XXXXXX";
     fd = mkstemp(path2);
     close(fd);
