@@ -393,6 +393,7 @@ int loco_cuda_cast_bf16(loco_bf16 *dst, const float *src, size_t n, loco_stream 
 /* dst (n) = fp32 of src (exact). */
 int loco_cuda_cast_f32(float *dst, const loco_bf16 *src, size_t n, loco_stream s);
 
+/* wpe / dwpe NULL: no position table (RoPE), as the CPU twins. */
 int loco_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
                           int B, int T, int C, loco_stream s);
 int loco_cuda_encoder_fwd_bf16(loco_bf16 *out, const int32_t *tok, const loco_bf16 *wte,

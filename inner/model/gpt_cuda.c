@@ -1,15 +1,17 @@
 /* One file past 600 lines: the slab, the token slots, the passes and the
  * graphs are one state machine over struct loco_gpt_cuda.
  *
- * GPT-2 on one GPU through the kernels/cuda twins (model.h, "model on a
- * GPU"): the CPU model's passes (model.c) kernel for kernel, over device
+ * The dense block description (GPT-2, Llama, or any mix model_desc.c
+ * allows) on one GPU through the kernels/cuda twins (model.h, "model on a
+ * GPU"): the CPU model's passes (model_pass.c) kernel for kernel, over device
  * buffers carved from one slab. One code path serves both precisions: the
  * activations and the weight copy are untyped device pointers, and TWIN()
  * calls the bf16 or the fp32 twin of a kernel (same arguments). Compiled
  * only in a CUDA build.
  *
  * Padded vocabulary: the LM head runs at Vp = V rounded up to a multiple
- * of 64 (50304 for GPT-2's 50257), on a head-only copy of wte (wte_pad,
+ * of 64 (50304 for GPT-2's 50257), on a head-only copy of the head's
+ * weight (wte, or lm_head when untied; wte_pad,
  * Vp rows, rows V.. zero) and a head-only gradient (dwte_pad, folded into
  * the flat gradient's V rows and cleared after each backward). The fp32
  * flat state (params, grads, AdamW m and v) keeps the host layout of
@@ -60,17 +62,25 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t P = g->own_hi - g->own_lo; /* the held state */
     const size_t L = (size_t)g->cfg.n_layer, Vp = (size_t)g->Vp;
     const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
-    const size_t per_layer = N * C * es * 16 + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 40 + 13 * L;
-    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 +
-           N * C * es * 16 + N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 +
-           L * per_layer + n_ranges * 256;
+    /* widths: c_attn's W, c_fc's Fc, the MLP's F (GPT-2: 3C, 4C, 4C) */
+    const size_t W = (size_t)loco_gpt_qkv_width(&g->cfg), Fc = (size_t)loco_gpt_fc_width(&g->cfg);
+    const size_t F = (size_t)loco_gpt_ffn(&g->cfg), wide = 5 * C + W + Fc + F;
+    const size_t rope = g->cfg.pos == LOCO_POS_ROPE
+                            ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
+                            : 0;
+    const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
+    const size_t n_ranges = 42 + 13 * L;
+    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
+           N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + rope + L * per_layer +
+           n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
     const size_t P = g->own_hi - g->own_lo; /* the held state */
     const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
+    const size_t W = (size_t)loco_gpt_qkv_width(&g->cfg), Fc = (size_t)loco_gpt_fc_width(&g->cfg);
+    const size_t F = (size_t)loco_gpt_ffn(&g->cfg);
     SLAB(g->params, P * 4, "params");
     SLAB(g->grads, P * 4, "grads");
     SLAB(g->m, P * 4, "AdamW m");
@@ -102,18 +112,23 @@ static int carve(loco_gpt_cuda *g) {
     SLAB(g->sumsq, LOCO_CUDA_SUMSQ_OUT * 8, "sum of squares");
     SLAB(g->dres, N * C * es, "dres");
     SLAB(g->dbtc, N * C * es, "dbtc");
-    SLAB(g->dfchg, N * 4 * C * es, "dfch_gelu");
-    SLAB(g->dfch, N * 4 * C * es, "dfch");
-    SLAB(g->dqkv, N * 3 * C * es, "dqkv");
+    SLAB(g->dfchg, N * F * es, "dfch_gelu");
+    SLAB(g->dfch, N * Fc * es, "dfch");
+    SLAB(g->dqkv, N * W * es, "dqkv");
+    if (g->cfg.pos == LOCO_POS_ROPE) {
+        const size_t n = (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2);
+        SLAB(g->rope_cos, n * 4, "RoPE cos");
+        SLAB(g->rope_sin, n * 4, "RoPE sin");
+    }
     for (int l = 0; l < g->cfg.n_layer; l++) {
         layer_acts *a = &g->la[l];
         SLAB(a->ln1, N * C * es, "ln1");
-        SLAB(a->qkv, N * 3 * C * es, "qkv");
+        SLAB(a->qkv, N * W * es, "qkv");
         SLAB(a->atty, N * C * es, "atty");
         SLAB(a->res2, N * C * es, "residual2");
         SLAB(a->ln2, N * C * es, "ln2");
-        SLAB(a->fch, N * 4 * C * es, "fch");
-        SLAB(a->fchg, N * 4 * C * es, "fch_gelu");
+        SLAB(a->fch, N * Fc * es, "fch");
+        SLAB(a->fchg, N * F * es, "fch_gelu");
         SLAB(a->res3, N * C * es, "residual3");
         SLAB(a->ln1m, N * 4, "ln1 mean");
         SLAB(a->ln1r, N * 4, "ln1 rstd");
@@ -167,9 +182,16 @@ int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B,
 int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                                  bool bf16, size_t lo, size_t hi) {
     *out = NULL;
-    if (!loco_gpt_is_gpt2(cfg))
-        return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda runs GPT-2's description only so far "
-                                      "(model.arch = llama and its keys run on the CPU path)");
+    if (cfg->n_experts > 0)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "train.device = cuda runs dense blocks only: mixture of "
+                        "experts (model.n_experts = %d) runs on the CPU path",
+                        cfg->n_experts);
+    if (cfg->tp > 1 || cfg->ep > 1)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "the device model holds the whole model (tp = %d, ep = %d: "
+                        "tensor and expert parallelism run on the CPU path)",
+                        cfg->tp, cfg->ep);
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
         cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||
@@ -196,12 +218,13 @@ int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg
     g->copy = loco_cuda_copy_stream();
     LOCO_CHECK_GOTO(loco_gpt_build_table(&g->tt, cfg), out_fail);
     g->P = g->tt.numel;
-    const int wte = loco_ttable_find(&g->tt, "transformer.wte.weight");
-    if (wte < 0 || g->tt.t[wte].numel != (size_t)cfg->vocab_size * cfg->n_embd) {
-        rc = LOCO_ERR(LOCO_EINVAL, "device model: no whole transformer.wte.weight in the table");
+    g->head = cfg->untied ? "lm_head.weight" : "transformer.wte.weight";
+    const int head = loco_ttable_find(&g->tt, g->head);
+    if (head < 0 || g->tt.t[head].numel != (size_t)cfg->vocab_size * cfg->n_embd) {
+        rc = LOCO_ERR(LOCO_EINVAL, "device model: no whole %s in the table", g->head);
         goto out_fail;
     }
-    g->wte_off = g->tt.t[wte].offset;
+    g->head_off = g->tt.t[head].offset;
     if (hi == SIZE_MAX)
         hi = g->P;
     if (lo > hi || hi > g->P) {
@@ -228,6 +251,28 @@ int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg
     LOCO_CHECK_GOTO(loco_blas_create(&g->blas), out_fail);
     LOCO_CHECK_GOTO(carve(g), out_fail);
     LOCO_CHECK_GOTO(index_units(g), out_fail);
+    g->head_unit = g->tunit[head];
+    if (g->rope_cos) { /* the CPU model's tables (model.c), computed once on the host */
+        const int half = loco_gpt_head_size(cfg) / 2;
+        const size_t n = (size_t)cfg->seq_len * half;
+        float *tab = loco_alloc(2 * n * sizeof(float));
+        if (!tab) {
+            rc = LOCO_ERR(LOCO_ENOMEM, "RoPE tables of %zu floats", 2 * n);
+            goto out_fail;
+        }
+        const loco_rope_scaling sc = {cfg->rope_factor, cfg->rope_low_freq, cfg->rope_high_freq,
+                                      cfg->rope_original_max_pos};
+        loco_rope_tables(tab, tab + n, cfg->seq_len, 2 * half,
+                         cfg->rope_theta > 0 ? cfg->rope_theta : 10000.0f, &sc);
+        rc = loco_cuda_copy(g->rope_cos, tab, n * 4, g->stream);
+        if (!rc)
+            rc = loco_cuda_copy(g->rope_sin, tab + n, n * 4, g->stream);
+        if (!rc)
+            rc = loco_cuda_sync(g->stream);
+        loco_free(tab);
+        if (rc)
+            goto out_fail;
+    }
     const size_t vpc = (size_t)g->Vp * cfg->n_embd, own4 = (hi - lo) * 4;
     LOCO_CHECK_GOTO(loco_cuda_zero(g->params, own4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, own4, g->stream), out_fail);
@@ -271,7 +316,7 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
 }
 
 int loco_gpt_cuda_set_attention(loco_gpt_cuda *g, const char *want) {
-    return loco_cuda_attention_select(want, g->cfg.n_embd / g->cfg.n_head, g->bf16, &g->attn);
+    return loco_cuda_attention_select(want, loco_gpt_head_size(&g->cfg), g->bf16, &g->attn);
 }
 
 size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
@@ -284,7 +329,7 @@ size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
 static int refresh_weights(loco_gpt_cuda *g) {
     const size_t vc = (size_t)g->cfg.vocab_size * g->cfg.n_embd;
     g->wversion++;
-    if (g->sharded) { /* the gather source; wte_pad follows unit 0's next binding */
+    if (g->sharded) { /* the gather source; wte_pad follows the head unit's next binding */
         g->head_stale = true;
         if (g->bf16)
             RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->wshard, g->params, g->own_hi - g->own_lo,
@@ -293,9 +338,9 @@ static int refresh_weights(loco_gpt_cuda *g) {
     }
     if (g->bf16) {
         RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->w, g->params, g->P, g->stream));
-        return loco_cuda_copy(g->wte_pad, (loco_bf16 *)g->w + g->wte_off, vc * 2, g->stream);
+        return loco_cuda_copy(g->wte_pad, (loco_bf16 *)g->w + g->head_off, vc * 2, g->stream);
     }
-    return loco_cuda_copy(g->wte_pad, g->params + g->wte_off, vc * 4, g->stream);
+    return loco_cuda_copy(g->wte_pad, g->params + g->head_off, vc * 4, g->stream);
 }
 
 int loco_gpt_cuda_upload(loco_gpt_cuda *g, const float *params, const float *m, const float *v) {
@@ -429,9 +474,88 @@ static const void *residual_in(const loco_gpt_cuda *g, int l) {
     return l == 0 ? g->encoded : g->la[l - 1].res3;
 }
 
-/* Blocks, ln_f and the tied head: logits (N,Vp). */
+/* The description's pieces (model_pass.c's norm_fwd, rope, attention,
+ * mlp_act): GPT-2's kernels where the description is GPT-2's. */
+static int norm_fwd(loco_gpt_cuda *g, void *out, float *mean, float *rstd, const void *in,
+                    const void *w, const void *b, int N) {
+    const int C = g->cfg.n_embd;
+    if (g->cfg.norm == LOCO_NORM_RMSNORM)
+        RUN(LOCO_PROF_LN,
+            TWIN(rmsnorm_fwd, out, rstd, in, w, N, C, loco_gpt_norm_eps(&g->cfg), g->stream));
+    else
+        RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, out, mean, rstd, in, w, b, N, C, g->stream));
+    return 0;
+}
+
+/* din and dw (and db) accumulate. */
+static int norm_bwd(loco_gpt_cuda *g, void *din, float *dw, float *db, const void *dout,
+                    const void *in, const void *w, const float *mean, const float *rstd, int N) {
+    const int C = g->cfg.n_embd;
+    if (g->cfg.norm == LOCO_NORM_RMSNORM)
+        RUN(LOCO_PROF_LN, TWIN(rmsnorm_bwd, din, dw, dout, in, w, rstd, N, C, g->stream));
+    else
+        RUN(LOCO_PROF_LN,
+            TWIN(layernorm_bwd, din, dw, db, dout, in, w, mean, rstd, N, C, g->stream));
+    return 0;
+}
+
+/* RoPE on the query and key heads of c_attn's output (N, W), in place
+ * (backward: their gradients turned back); nothing with learned
+ * positions. */
+static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
+    if (g->cfg.pos != LOCO_POS_ROPE)
+        return 0;
+    const int NH = g->cfg.n_head, NKV = loco_gpt_kv_heads(&g->cfg);
+    const int hs = loco_gpt_head_size(&g->cfg), ld = loco_gpt_qkv_width(&g->cfg);
+    void *k = (char *)qkv + (size_t)NH * hs * g->es;
+    if (backward) {
+        RUN(LOCO_PROF_ELEM,
+            TWIN(rope_bwd, qkv, ld, B, T, NH, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+        RUN(LOCO_PROF_ELEM,
+            TWIN(rope_bwd, k, ld, B, T, NKV, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+    } else {
+        RUN(LOCO_PROF_ELEM,
+            TWIN(rope_fwd, qkv, ld, B, T, NH, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+        RUN(LOCO_PROF_ELEM,
+            TWIN(rope_fwd, k, ld, B, T, NKV, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+    }
+    return 0;
+}
+
+/* The attention's kernels: multi-head (GPT-2's) or grouped-query. */
+#define ATTN_GQA(k, ...)                                                                           \
+    (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_gqa_##k##_bf16(__VA_ARGS__)              \
+                                 : TWIN(attention_gqa_##k, __VA_ARGS__))
+
+static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
+    const int C = g->cfg.n_embd, NH = g->cfg.n_head, NKV = loco_gpt_kv_heads(&g->cfg);
+    loco_stream s = g->stream;
+    if (NKV == NH)
+        RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
+    else
+        RUN(LOCO_PROF_ATTN,
+            ATTN_GQA(fwd, a->atty, a->lse, a->qkv, B, T, NH, NKV, loco_gpt_head_size(&g->cfg), s));
+    return 0;
+}
+
+static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
+    const int C = g->cfg.n_embd, NH = g->cfg.n_head, NKV = loco_gpt_kv_heads(&g->cfg);
+    loco_stream s = g->stream;
+    if (NKV == NH)
+        RUN(LOCO_PROF_ATTN,
+            ATTN(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty, a->qkv, a->lse, B, T, C, NH, s));
+    else
+        RUN(LOCO_PROF_ATTN, ATTN_GQA(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty, a->qkv,
+                                     a->lse, B, T, NH, NKV, loco_gpt_head_size(&g->cfg), s));
+    return 0;
+}
+
+/* Blocks, ln_f and the head: logits (N,Vp). */
 static int forward_body(loco_gpt_cuda *g, int B, int T) {
-    const int C = g->cfg.n_embd, NH = g->cfg.n_head, L = g->cfg.n_layer;
+    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
+    const int Wd = loco_gpt_qkv_width(&g->cfg), Fc = loco_gpt_fc_width(&g->cfg);
+    const int F = loco_gpt_ffn(&g->cfg);
+    const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
     const int N = B * T;
     const size_t nc = (size_t)N * C;
     loco_blas *h = g->blas;
@@ -440,9 +564,10 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
     ACQUIRE(0, false);
     LOCO_CHECK(check_bound(g, 0, false));
-    if (g->head_stale) { /* sharded: the head's copy of the newly bound wte */
-        const size_t vc = (size_t)g->cfg.vocab_size * C;
-        LOCO_CHECK(loco_cuda_copy(g->wte_pad, W("transformer.wte.weight"), vc * g->es, s));
+    /* sharded: the head's copy of the newly bound wte or lm_head */
+    const size_t vce = (size_t)g->cfg.vocab_size * C * g->es;
+    if (g->head_stale && g->head_unit == 0) {
+        LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
         g->head_stale = false;
     }
     RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"),
@@ -452,27 +577,38 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
         const void *res = residual_in(g, l);
         ACQUIRE(l + 1, false);
         LOCO_CHECK(check_bound(g, l + 1, false));
-        RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"),
-                               LW("ln_1.bias"), N, C, s));
+        LOCO_CHECK(
+            norm_fwd(g, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"), LW("ln_1.bias"), N));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
-                                   LW("attn.c_attn.bias"), N, C, 3 * C, false, s));
-        RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
+                                   LW("attn.c_attn.bias"), N, C, Wd, false, s));
+        LOCO_CHECK(rope(g, a->qkv, B, T, false));
+        LOCO_CHECK(attention_fwd(g, a, B, T));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->atty, LW("attn.c_proj.weight"),
                                    LW("attn.c_proj.bias"), N, C, C, false, s));
         RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
-        RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, a->ln2, a->ln2m, a->ln2r, a->res2,
-                               LW("ln_2.weight"), LW("ln_2.bias"), N, C, s));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
-                                   LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, 4 * C, s));
+        LOCO_CHECK(
+            norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), N));
+        if (swiglu) {
+            RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, a->ln2, LW("mlp.c_fc.weight"),
+                                       LW("mlp.c_fc.bias"), N, C, Fc, false, s));
+            RUN(LOCO_PROF_ELEM, TWIN(swiglu_fwd, a->fchg, a->fch, N, F, s));
+        } else {
+            RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
+                                       LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, Fc, s));
+        }
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
-                                   LW("mlp.c_proj.bias"), N, 4 * C, C, false, s));
+                                   LW("mlp.c_proj.bias"), N, F, C, false, s));
         RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
     }
 #undef LW
     ACQUIRE(L + 1, false);
     LOCO_CHECK(check_bound(g, L + 1, false));
-    RUN(LOCO_PROF_LN, TWIN(layernorm_fwd, g->lnf, g->lnfm, g->lnfr, g->la[L - 1].res3,
-                           W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N, C, s));
+    if (g->head_stale && g->head_unit == L + 1) {
+        LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
+        g->head_stale = false;
+    }
+    LOCO_CHECK(norm_fwd(g, g->lnf, g->lnfm, g->lnfr, g->la[L - 1].res3,
+                        W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N));
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, g->wte_pad, NULL, N, C, g->Vp,
                                true, s));
     return 0;
@@ -512,7 +648,10 @@ int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t
 /* The forward and backward of the current token slot, enqueued. */
 static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     LOCO_CHECK(forward_body(g, B, T));
-    const int C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size, L = g->cfg.n_layer;
+    const int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer;
+    const int Wd = loco_gpt_qkv_width(&g->cfg), Fc = loco_gpt_fc_width(&g->cfg);
+    const int F = loco_gpt_ffn(&g->cfg);
+    const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
     const int N = B * T;
     const size_t nc = (size_t)N * C, es = g->es;
     loco_blas *h = g->blas;
@@ -531,12 +670,11 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     /* the head's V real rows into the flat gradient; the side buffer is
      * cleared for the next pass (its padding rows are exactly 0: their
      * dlogits are) */
-    RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G("transformer.wte.weight"), g->dwte_pad,
-                                            (size_t)V * C, s));
+    RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G(g->head), g->dwte_pad, (size_t)V * C, s));
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, nc * es, s));
-    RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, G("transformer.ln_f.weight"),
-                           G("transformer.ln_f.bias"), g->dbtc, g->la[L - 1].res3,
-                           W("transformer.ln_f.weight"), g->lnfm, g->lnfr, N, C, s));
+    LOCO_CHECK(norm_bwd(g, g->dres, G("transformer.ln_f.weight"), G("transformer.ln_f.bias"),
+                        g->dbtc, g->la[L - 1].res3, W("transformer.ln_f.weight"), g->lnfm, g->lnfr,
+                        N));
     GRADS_READY(L + 1);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *a = &g->la[l];
@@ -546,39 +684,42 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
          * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
         int unfused = 1;
-        if (g->bf16)
+        if (g->bf16 && !swiglu)
             RUN(LOCO_PROF_MATMUL,
                 unfused = loco_cuda_matmul_bwd_dgelu_bf16(
                     h, g->dfch, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"), g->dres, a->fchg,
-                    LW("mlp.c_proj.weight"), a->fch, N, 4 * C, C, s));
+                    LW("mlp.c_proj.weight"), a->fch, N, F, C, s));
         if (unfused) {
-            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, nc * 4 * es, s));
-            RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"),
-                                       LG("mlp.c_proj.bias"), g->dres, a->fchg,
-                                       LW("mlp.c_proj.weight"), N, 4 * C, C, false, s));
-            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, nc * 4 * es, s));
-            RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, nc * 4, s));
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, (size_t)N * F * es, s));
+            RUN(LOCO_PROF_MATMUL,
+                TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"),
+                     g->dres, a->fchg, LW("mlp.c_proj.weight"), N, F, C, false, s));
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, (size_t)N * Fc * es, s));
+            if (swiglu)
+                RUN(LOCO_PROF_ELEM, TWIN(swiglu_bwd, g->dfch, a->fch, g->dfchg, N, F, s));
+            else
+                RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
         }
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"),
-                                   LG("mlp.c_fc.bias"), g->dfch, a->ln2, LW("mlp.c_fc.weight"), N,
-                                   C, 4 * C, false, s));
-        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_2.weight"), LG("ln_2.bias"),
-                               g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, N, C, s));
+        RUN(LOCO_PROF_MATMUL,
+            TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"), g->dfch,
+                 a->ln2, LW("mlp.c_fc.weight"), N, C, Fc, false, s));
+        LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_2.weight"), LG("ln_2.bias"), g->dbtc, a->res2,
+                            LW("ln_2.weight"), a->ln2m, a->ln2r, N));
         /* residual2 = res + attproj: dres flows to both. */
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
                                    LG("attn.c_proj.bias"), g->dres, a->atty,
                                    LW("attn.c_proj.weight"), N, C, C, false, s));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, nc * 3 * es, s));
-        RUN(LOCO_PROF_ATTN, ATTN(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty,
-                                 a->qkv, a->lse, B, T, C, NH, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
+        LOCO_CHECK(attention_bwd(g, a, B, T));
+        LOCO_CHECK(rope(g, g->dqkv, B, T, true));
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"),
-                                   LG("attn.c_attn.bias"), g->dqkv, a->ln1,
-                                   LW("attn.c_attn.weight"), N, C, 3 * C, false, s));
-        RUN(LOCO_PROF_LN, TWIN(layernorm_bwd, g->dres, LG("ln_1.weight"), LG("ln_1.bias"),
-                               g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, N, C, s));
+        RUN(LOCO_PROF_MATMUL,
+            TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"), LG("attn.c_attn.bias"), g->dqkv,
+                 a->ln1, LW("attn.c_attn.weight"), N, C, Wd, false, s));
+        LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_1.weight"), LG("ln_1.bias"), g->dbtc, res,
+                            LW("ln_1.weight"), a->ln1m, a->ln1r, N));
         GRADS_READY(l + 1);
     }
 #undef LW

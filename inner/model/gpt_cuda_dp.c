@@ -19,7 +19,7 @@ int loco_gpt_cuda_bind_unit(loco_gpt_cuda *g, int unit, const void *w, float *gr
     if (!g->sharded)
         return LOCO_ERR(LOCO_EINVAL, "device model: only a sharded model binds its units");
     if (w) {
-        g->head_stale |= unit == 0 && g->uw[0] != w;
+        g->head_stale |= unit == g->head_unit && g->uw[unit] != w;
         g->uw[unit] = (void *)w;
     }
     if (grads)

@@ -369,7 +369,7 @@ enum { VOCAB_ALIGN = 64 };
 /* Activations of one block, kept for the backward; element type of the
  * model (bf16 or fp32) unless float. Strided by the capacity B x T. */
 typedef struct {
-    void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3; /* (N,C) .. (N,4C) */
+    void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3; /* (N,C) (N,W) .. (N,Fc) (N,F) */
     float *ln1m, *ln1r, *ln2m, *ln2r;                        /* (N) */
     float *lse;                                              /* (B,NH,T) */
 } layer_acts;
@@ -387,7 +387,10 @@ struct loco_gpt_cuda {
     size_t P;
     int B, T;   /* capacity */
     int Vp;     /* the head's padded vocabulary */
-    size_t wte_off; /* flat offset of wte (V rows) */
+    size_t head_off;  /* flat offset of the head's weight: wte, or lm_head when untied (V rows) */
+    const char *head; /* its name */
+    int head_unit;    /* and unit: 0 (wte) or L + 1 (lm_head) */
+    float *rope_cos, *rope_sin; /* (maxT, hs/2) RoPE's tables, NULL with learned positions */
     bool bf16;
     size_t es;  /* bytes per activation element: 2 (bf16) or 4 */
     loco_cuda_slab *slab;
@@ -409,7 +412,7 @@ struct loco_gpt_cuda {
     float *attn_scratch;           /* (B,NH,T) */
     double *sumsq;                 /* LOCO_CUDA_SUMSQ_OUT */
     layer_acts *la;                /* (L) */
-    void *dres, *dbtc, *dfchg, *dfch, *dqkv; /* (N,C) (N,C) (N,4C) (N,4C) (N,3C) */
+    void *dres, *dbtc, *dfchg, *dfch, *dqkv; /* (N,C) (N,C) (N,F) (N,Fc) (N,W) */
     double *h_out;                 /* pinned: sumsq, loss sum, mean (as float bits) */
     bool graph_on, warm;           /* train.cuda_graph; a plain pass ran (plans made) */
     step_graph graph[2];           /* per token slot */
@@ -425,7 +428,7 @@ struct loco_gpt_cuda {
     size_t own_lo, own_hi;         /* the flat range params, grads, m and v hold */
     bool sharded;                  /* own range < P: weights bound per unit */
     void *wshard;                  /* sharded: the owned weights in the passes' type */
-    bool head_stale;               /* sharded: wte_pad is behind unit 0's weights */
+    bool head_stale;               /* sharded: wte_pad is behind the head's unit's weights */
     uint64_t wversion;             /* bumped whenever the weights are refreshed */
     loco_gpt_cuda_hooks hooks;
 };

@@ -44,7 +44,8 @@ __global__ void encoder_fwd_kernel(T *out, const int32_t *tok, const T *wte, con
     GRID_STRIDE(i, n) {
         const size_t bt = i / C;
         const int c = (int)(i % C), t = (int)(bt % T_);
-        st(out + i, ld(wte + (size_t)tok[bt] * C + c) + ld(wpe + (size_t)t * C + c));
+        st(out + i, wpe ? ld(wte + (size_t)tok[bt] * C + c) + ld(wpe + (size_t)t * C + c)
+                        : ld(wte + (size_t)tok[bt] * C + c));
     }
 }
 
@@ -96,8 +97,11 @@ static int encoder_bwd(float *dwte, float *dwpe, const T *dout, const int32_t *t
     if ((size_t)B * T_ * C == 0)
         return 0;
     const size_t n = (size_t)T_ * C;
-    encoder_bwd_wpe_kernel<T><<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dwpe, dout, B, T_, C);
-    CUDA_LAUNCHED("encoder_bwd (wpe)");
+    if (dwpe) { /* NULL: no position table (RoPE) */
+        encoder_bwd_wpe_kernel<T><<<grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dwpe, dout, B,
+                                                                                 T_, C);
+        CUDA_LAUNCHED("encoder_bwd (wpe)");
+    }
     const dim3 th(32, 8), grid((C + 31) / 32, ENC_BUCKETS / 8);
     encoder_bwd_wte_kernel<T><<<grid, th, 0, s>>>(dwte, dout, tok, (long)B * T_, C);
     CUDA_LAUNCHED("encoder_bwd (wte)");

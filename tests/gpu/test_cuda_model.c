@@ -180,6 +180,103 @@ static void check_model(bool bf16) {
 Test(gpu_model, loss_and_gradients_f32, .timeout = 120) { check_model(false); }
 Test(gpu_model, loss_and_gradients_bf16, .timeout = 120) { check_model(true); }
 
+/* The Llama block on the device: a tiny random model of each description
+ * (Llama: GQA with n_kv_head < n_head, RMSNorm, RoPE, SwiGLU, no biases,
+ * untied head; and GPT-2 with RMSNorm, RoPE and GQA mixed in, biases and
+ * the tied head kept) against the CPU model: loss and every parameter
+ * gradient, fp32 within 1e-5, bf16 within the bounds above. */
+static const loco_gpt_config llama_cfg = {.n_layer = 2,
+                                          .n_head = 4,
+                                          .n_embd = 32,
+                                          .seq_len = 8,
+                                          .vocab_size = 97,
+                                          .norm = LOCO_NORM_RMSNORM,
+                                          .pos = LOCO_POS_ROPE,
+                                          .mlp = LOCO_MLP_SWIGLU,
+                                          .ffn_hidden = 48,
+                                          .n_kv_head = 2,
+                                          .no_bias = true,
+                                          .untied = true,
+                                          .norm_eps = 1e-6f};
+static const loco_gpt_config mixed_cfg = {.n_layer = 1,
+                                          .n_head = 4,
+                                          .n_embd = 32,
+                                          .seq_len = 8,
+                                          .vocab_size = 97,
+                                          .norm = LOCO_NORM_RMSNORM,
+                                          .pos = LOCO_POS_ROPE,
+                                          .n_kv_head = 1};
+
+static void check_description(const loco_gpt_config *mc, bool bf16) {
+    gpu_require();
+    loco_set_threads(2);
+    enum { B = 2, T = 8, N = B * T };
+    loco_gpt *cpu = NULL;
+    cr_assert_eq(loco_gpt_create(&cpu, mc, B, T), 0, "%s", loco_errmsg());
+    loco_rng rng;
+    loco_rng_seed(&rng, 5);
+    loco_gpt_init_weights(cpu, &rng);
+    const size_t P = loco_gpt_num_params(cpu);
+    uint64_t s = 3;
+    int32_t in[N], tg[N];
+    for (int i = 0; i < N; i++) {
+        in[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
+        tg[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
+    }
+    loco_gpt_cuda *dev;
+    GPU_OK(loco_gpt_cuda_create(&dev, mc, B, T, bf16));
+    GPU_OK(loco_gpt_cuda_upload(dev, loco_gpt_params(cpu), NULL, NULL));
+    if (bf16) /* the CPU sees the GPU's bf16 weight copy */
+        for (size_t i = 0; i < P; i++)
+            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
+    float loss = 0, want = 0;
+    loco_gpt_zero_grad(cpu);
+    cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, B, T, 1.0f, &want), 0);
+    GPU_OK(loco_gpt_cuda_zero_grad(dev));
+    GPU_OK(loco_gpt_cuda_forward_backward(dev, in, tg, B, T, 1.0f, &loss));
+    float *grads = malloc(P * sizeof *grads);
+    cr_assert_not_null(grads);
+    GPU_OK(loco_gpt_cuda_download(dev, NULL, grads, NULL, NULL));
+    const double tol = bf16 ? TOL_MODEL_GRAD_BF16 : TOL_F32;
+    const double tol_loss = bf16 ? TOL_MODEL_LOSS_BF16 : TOL_F32;
+    cr_expect_leq(fabs((double)loss - want), tol_loss * want, "loss: gpu %.7f cpu %.7f", loss,
+                  want);
+    double worst = 0;
+    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
+        const double e = rel_err(grads + t->offset, loco_gpt_grads(cpu) + t->offset, t->numel);
+        worst = fmax(worst, e);
+        cr_expect_leq(e, tol, "%s gradient: rel err %.3g > %.3g", t->name, e, tol);
+    }
+    cr_log_info("%s %s: loss gpu %.6f cpu %.6f, worst gradient rel err %.3g",
+                mc->untied ? "llama" : "mixed", bf16 ? "bf16" : "fp32", loss, want, worst);
+    free(grads);
+    loco_gpt_cuda_destroy(dev);
+    loco_gpt_destroy(cpu);
+}
+
+Test(gpu_model, llama_f32, .timeout = 120) {
+    check_description(&llama_cfg, false);
+}
+Test(gpu_model, llama_bf16, .timeout = 120) {
+    check_description(&llama_cfg, true);
+}
+Test(gpu_model, gpt2_rmsnorm_rope_gqa_f32, .timeout = 120) {
+    check_description(&mixed_cfg, false);
+}
+
+/* Refused before any device is touched, so it runs without one too. */
+Test(gpu_model, moe_is_refused) {
+    loco_gpt_config mc = llama_cfg;
+    mc.n_experts = 4;
+    mc.top_k = 2;
+    mc.moe_every = 1;
+    loco_gpt_cuda *dev = NULL;
+    cr_assert_eq(loco_gpt_cuda_create(&dev, &mc, 2, 8, false), LOCO_ENOTSUP);
+    cr_expect(strstr(loco_errmsg(), "dense blocks only: mixture of experts"), "%s", loco_errmsg());
+    cr_assert_null(dev);
+}
+
 /* The padded vocabulary and the step without host waits: V = 257 (the
  * head runs at 320), two micro-steps per step, clip and AdamW queued on
  * the device (loco_gpt_cuda_clip_adamw), two steps against the CPU model

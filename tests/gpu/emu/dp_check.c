@@ -21,7 +21,11 @@
  *                           STEPS + 1 (the owned AdamW moments went to the
  *                           host and back).
  *
- * Built and run by tests/gpu/emu/run.sh (--filter 'gpu_dp/ *'); it prints
+ * LOCO_DP_ARCH=llama: the same checks on the dense Llama block (GQA with
+ * one kv head of two, RMSNorm, RoPE, SwiGLU, no biases, untied head).
+ *
+ * Built and run by tests/gpu/emu/run.sh (--filter 'gpu_dp/ *', and
+ * 'gpu_dp_llama/ *' for the Llama block); it prints
  * " N passed, M failed" per rank and exits non-zero on a failure. */
 #include <math.h>
 #include <stdbool.h>
@@ -61,6 +65,12 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     cfg->model.n_embd = 32;
     cfg->model.seq_len = 16;
     cfg->model.vocab_size = 256;
+    const char *arch = getenv("LOCO_DP_ARCH");
+    if (arch && !strcmp(arch, "llama")) {
+        snprintf(cfg->model.arch, sizeof cfg->model.arch, "llama");
+        cfg->model.n_kv_head = 1;
+        cfg->model.ffn_hidden = 48;
+    }
     cfg->train.batch_size = batch;
     cfg->train.grad_accum = 2; /* ZeRO-3 reduces every micro-step, buckets only the last */
     cfg->train.steps = STEPS + 1;

@@ -73,6 +73,7 @@ run_dp() {
   rm -rf "$d"
 }
 case "$filter" in
+  gpu_dp_llama*) LOCO_DP_ARCH=llama run_dp; exit ;;
   gpu_dp*) run_dp; exit ;;
   "") "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "$@"; run_dp; exit ;;
 esac
