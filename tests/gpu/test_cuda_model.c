@@ -122,6 +122,25 @@ static const loco_gpt_config fx_cfg = {
     .n_layer = 2, .n_head = 4, .n_embd = 48, .seq_len = 16, .vocab_size = 97};
 enum { FX_B = 3, FX_T = 13 };
 
+/* The device's loss and every parameter gradient (grads, as downloaded)
+ * against the CPU model's: fp32 within 1e-5, bf16 within the bounds above. */
+static void expect_like_cpu(const loco_gpt *cpu, const float *grads, float loss, float want,
+                            bool bf16, const char *what) {
+    const double tol = bf16 ? TOL_MODEL_GRAD_BF16 : TOL_F32;
+    const double tol_loss = bf16 ? TOL_MODEL_LOSS_BF16 : TOL_F32;
+    cr_expect_leq(fabs((double)loss - want), tol_loss * want, "loss: gpu %.7f cpu %.7f", loss,
+                  want);
+    double worst = 0;
+    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
+        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
+        const double e = rel_err(grads + t->offset, loco_gpt_grads(cpu) + t->offset, t->numel);
+        worst = fmax(worst, e);
+        cr_expect_leq(e, tol, "%s gradient: rel err %.3g > %.3g", t->name, e, tol);
+    }
+    cr_log_info("%s %s: loss gpu %.6f cpu %.6f, worst gradient rel err %.3g", what,
+                bf16 ? "bf16" : "fp32", loss, want, worst);
+}
+
 static void check_model(bool bf16) {
     gpu_require();
     loco_set_threads(2);
@@ -158,20 +177,8 @@ static void check_model(bool bf16) {
     float *grads = malloc(P * sizeof *grads);
     cr_assert_not_null(grads);
     GPU_OK(loco_gpt_cuda_download(dev, NULL, grads, NULL, NULL));
-    const double tol = bf16 ? TOL_MODEL_GRAD_BF16 : TOL_F32;
-    const double tol_loss = bf16 ? TOL_MODEL_LOSS_BF16 : TOL_F32;
-    cr_expect_leq(fabs((double)loss - want), tol_loss * want, "loss: gpu %.7f cpu %.7f", loss,
-                  want);
+    expect_like_cpu(cpu, grads, loss, want, bf16, "model");
     cr_expect_eq(fwd, loss, "forward-only loss %.7f, with backward %.7f", fwd, loss);
-    double worst = 0;
-    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
-        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
-        const double e = rel_err(grads + t->offset, loco_gpt_grads(cpu) + t->offset, t->numel);
-        worst = fmax(worst, e);
-        cr_expect_leq(e, tol, "%s gradient: rel err %.3g > %.3g", t->name, e, tol);
-    }
-    cr_log_info("%s model: loss gpu %.6f cpu %.6f, worst gradient rel err %.3g",
-                bf16 ? "bf16" : "fp32", loss, want, worst);
     free(grads);
     loco_gpt_cuda_destroy(dev);
     loco_gpt_destroy(cpu);
@@ -238,19 +245,7 @@ static void check_description(const loco_gpt_config *mc, bool bf16) {
     float *grads = malloc(P * sizeof *grads);
     cr_assert_not_null(grads);
     GPU_OK(loco_gpt_cuda_download(dev, NULL, grads, NULL, NULL));
-    const double tol = bf16 ? TOL_MODEL_GRAD_BF16 : TOL_F32;
-    const double tol_loss = bf16 ? TOL_MODEL_LOSS_BF16 : TOL_F32;
-    cr_expect_leq(fabs((double)loss - want), tol_loss * want, "loss: gpu %.7f cpu %.7f", loss,
-                  want);
-    double worst = 0;
-    for (int i = 0; i < loco_gpt_table(cpu)->n; i++) {
-        const loco_tensor *t = &loco_gpt_table(cpu)->t[i];
-        const double e = rel_err(grads + t->offset, loco_gpt_grads(cpu) + t->offset, t->numel);
-        worst = fmax(worst, e);
-        cr_expect_leq(e, tol, "%s gradient: rel err %.3g > %.3g", t->name, e, tol);
-    }
-    cr_log_info("%s %s: loss gpu %.6f cpu %.6f, worst gradient rel err %.3g",
-                mc->untied ? "llama" : "mixed", bf16 ? "bf16" : "fp32", loss, want, worst);
+    expect_like_cpu(cpu, grads, loss, want, bf16, mc->untied ? "llama" : "mixed");
     free(grads);
     loco_gpt_cuda_destroy(dev);
     loco_gpt_destroy(cpu);
