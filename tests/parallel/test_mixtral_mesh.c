@@ -193,6 +193,13 @@ Test(mixtral_mesh, dp2_cp2_ep2, .timeout = 240) {
                "--set parallel.ep=2");
 }
 
+/* pp 2 x cp 2 (Ulysses), dropping: the stages' MoE layers plan over the
+ * cp group's micro-batch. */
+Test(mixtral_mesh, pp2_cp2_ulysses_capacity, .timeout = 240) {
+    check_mesh(MIXTRAL " --set model.capacity_factor=0.75", 2, "1f1b", 1, 2, 1, 4,
+               "--set parallel.cp_algo=ulysses");
+}
+
 /* GPT-2's MoE (GELU experts with biases, no shared expert) under cp. */
 #define GPT2_MOE                                                                                   \
     " --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=16 --set model.seq_len=16"     \
@@ -282,7 +289,8 @@ Test(mixtral_mesh, export_loads_in_pytorch_and_init_from_reads_it_back, .timeout
     cr_expect(strstr(out, "n_shared_experts = 2 but model.n_shared_experts = 0"), "%s", out);
 }
 
-/* Mixtral has neither dense blocks between MoE blocks nor biases. */
+/* Mixtral has neither dense blocks between MoE blocks nor biases; MoE
+ * with tp is refused. */
 Test(mixtral_mesh, what_mixtral_cannot_hold_is_refused, .timeout = 120) {
     static char out[1 << 16];
     run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set model.moe_every=2 --set train.steps=1"
@@ -293,4 +301,13 @@ Test(mixtral_mesh, what_mixtral_cannot_hold_is_refused, .timeout = 120) {
     cr_expect(strstr(out, "MixtralForCausalLM needs every block a mixture of experts "
                           "(model.moe_every = 1, this model: 2)"),
               "%s", out);
+    /* experts with tensor parallelism are not built (cp, ep, pp are) */
+    if (!test_have_mpirun())
+        return;
+    rc = test_run(out, sizeof out,
+                  MPIRUN "2 " LOCO " train configs/tiny.ini" MIXTRAL " --set parallel.tp=2"
+                         " --set run.dir=%s/tp",
+                  dir);
+    cr_expect_neq(rc, 0);
+    cr_expect(strstr(out, "with tensor parallelism (parallel.tp) is not built yet"), "%s", out);
 }
