@@ -1,6 +1,6 @@
 /* Mixture-of-experts MLP of a block (model.n_experts > 0): the router
  * (a linear layer to E logits, softmax, top-k renormalised as Mixtral),
- * capacity per micro-batch of this rank (GShard's group: ceil(k N f / E)
+ * capacity per micro-batch (GShard's group: ceil(k N f / E)
  * assignments per expert, the least probable dropped), the experts (MLPs
  * of the description's kind, GELU or SwiGLU, over their packed rows), the
  * weighted combine, and the shared experts (DeepSeek's: the same MLPs
@@ -13,7 +13,10 @@
  * source's in token order), and back the same way; the backward mirrors
  * it. Routing and capacity stay decisions of the tokens' own rank, so the
  * result does not depend on ep. The shared experts are replicated on every
- * ep rank and run there on the rank's own tokens, like the router. */
+ * ep rank and run there on the rank's own tokens, like the router. Under
+ * context parallelism (cp_plan) the capacity plan and the aux loss's
+ * expert counts are the cp group's micro-batch's (docs/DECISIONS.md,
+ * "MoE under context parallelism"). */
 #include "inner/model/internal.h"
 #include "kernels/kernels.h"
 
