@@ -27,11 +27,6 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
                         "parallel.ep = %lld must divide parallel.dp = %lld: expert parallelism is "
                         "folded out of the data-parallel ranks",
                         (long long)ep, (long long)dp);
-    if (ep > 1 && cp > 1)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.ep = %lld with parallel.cp = %lld is not built yet (the experts "
-                        "fold out of dp alone)",
-                        (long long)ep, (long long)cp);
     const int64_t sizes[LOCO_DIM_COUNT] = {tp, cp, ep, dp / ep, pp};
     for (int d = 0; d < LOCO_DIM_COUNT; d++)
         mesh->size[d] = (int)sizes[d];
@@ -55,7 +50,9 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
             return rc;
         }
     }
-    /* data: ep and expert-dp vary; dp_cp: cp too (ep = 1) or expert-dp. */
+    /* data: ep and expert-dp vary; dp_cp: cp too (ep = 1), or cp and
+     * expert-dp (ep > 1: zero.c averages the dense gradients over ep
+     * first). */
     const int s_cp = mesh->size[LOCO_DIM_TP], s_ep = s_cp * mesh->size[LOCO_DIM_CP];
     const int s_dp = s_ep * mesh->size[LOCO_DIM_EP];
     const int c = mesh->coord[LOCO_DIM_CP], e = mesh->coord[LOCO_DIM_EP];
@@ -63,7 +60,8 @@ int loco_mesh_init(loco_mesh *mesh, const loco_config *cfg, loco_comm *world) {
     mesh->data_rank = e + mesh->size[LOCO_DIM_EP] * d;
     int rc = loco_comm_split(world, me - e * s_ep - d * s_dp, mesh->data_rank, &mesh->data);
     if (rc == 0 && mesh->size[LOCO_DIM_EP] > 1)
-        rc = loco_comm_split(world, me - d * s_dp, d, &mesh->dp_cp);
+        rc = loco_comm_split(world, me - c * s_cp - d * s_dp, d * mesh->size[LOCO_DIM_CP] + c,
+                             &mesh->dp_cp);
     else if (rc == 0)
         rc = loco_comm_split(world, me - c * s_cp - e * s_ep - d * s_dp,
                              mesh->data_rank * mesh->size[LOCO_DIM_CP] + c, &mesh->dp_cp);

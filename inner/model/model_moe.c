@@ -1,6 +1,6 @@
 /* Mixture-of-experts MLP of a block (model.n_experts > 0): the router
  * (a linear layer to E logits, softmax, top-k renormalised as Mixtral),
- * capacity per micro-batch of this rank (GShard's group: ceil(k N f / E)
+ * capacity per micro-batch (GShard's group: ceil(k N f / E)
  * assignments per expert, the least probable dropped), the experts (MLPs
  * of the description's kind, GELU or SwiGLU, over their packed rows), the
  * weighted combine, and the shared experts (DeepSeek's: the same MLPs
@@ -24,7 +24,10 @@
  * under sp). In the backward the routing weights' gradient (N k floats,
  * linear in the partial outputs) is all-reduced before the router's
  * backward, and the router's share of the input gradient is added by tp
- * rank 0 alone before the input gradient is reduced. */
+ * rank 0 alone before the input gradient is reduced. Under context
+ * parallelism (cp_plan) the capacity plan and the aux loss's expert
+ * counts are the cp group's micro-batch's (docs/DECISIONS.md, "MoE under
+ * context parallelism"). */
 #include "inner/model/internal.h"
 #include "kernels/kernels.h"
 
@@ -32,16 +35,21 @@
 #include <string.h>
 
 struct loco_gpt_moe {
-    int n;          /* MoE layers */
-    int *block;     /* (n) their blocks */
-    int *index;     /* (L) block -> MoE layer, -1 */
-    int64_t *routed; /* (n, E) */
+    int n;                          /* MoE layers */
+    int *block;                     /* (n) their blocks */
+    int *index;                     /* (L) block -> MoE layer, -1 */
+    int64_t *routed;                /* (n, E) */
     int64_t *assignments, *dropped; /* (n) */
-    double *aux, *z; /* (n) sums over micro-batches */
-    int64_t *micro; /* (n) */
-    size_t *sendc, *recvc; /* (ep) all-to-all-v counts */
-    size_t *cursor;        /* (ep) regroup's place in each source's rows */
-    double bytes;          /* sent to other ep ranks since the model was made */
+    double *aux, *z;                /* (n) sums over micro-batches */
+    int64_t *micro;                 /* (n) */
+    size_t *sendc, *recvc;          /* (ep) all-to-all-v counts */
+    size_t *cursor;                 /* (ep) regroup's place in each source's rows */
+    double bytes;                   /* sent to other ep ranks since the model was made */
+    /* Under cp: the cp group's micro-batch of ng tokens in global order
+     * (expert ids, the chosen probabilities at (t, e), its plan) and this
+     * rank's share of it (sizes in floats/ints of the slab). */
+    void *glob;
+    size_t glob_n;
 };
 
 int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par) {
@@ -74,12 +82,6 @@ int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par
     if (cfg->n_shared_experts < 0)
         return LOCO_ERR(LOCO_EINVAL, "model.n_shared_experts = %d must be at least 0",
                         cfg->n_shared_experts);
-    const char *with = par->cp ? "context parallelism (parallel.cp)" : NULL;
-    if (with)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "mixture of experts (model.n_experts = %d) with %s is not built yet; MoE "
-                        "trains with dp, tp, sp, ep, pp, ZeRO and recompute",
-                        cfg->n_experts, with);
     return 0;
 }
 
@@ -91,6 +93,7 @@ void loco__gpt_moe_fini(loco_gpt *m) {
     loco_free(s->routed);
     loco_free(s->aux);
     loco_free(s->sendc);
+    loco_free(s->glob);
     loco_free(s);
     m->moe = NULL;
 }
@@ -241,8 +244,8 @@ static int travel(loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const 
         if (x != me)
             m->moe->bytes += (double)(back ? m->moe->recvc[x] : m->moe->sendc[x]) * sizeof(float);
     if (!back) {
-        LOCO_CHECK(loco_comm_alltoallv(c, src, m->moe->sendc, m->s.moe_xfer, m->moe->recvc,
-                                       LOCO_DT_F32));
+        LOCO_CHECK(
+            loco_comm_alltoallv(c, src, m->moe->sendc, m->s.moe_xfer, m->moe->recvc, LOCO_DT_F32));
         regroup(m, la, dst, m->s.moe_xfer, true);
         return 0;
     }
@@ -362,6 +365,89 @@ static void shared_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_
     }
 }
 
+/* ------------------------------------------------ context parallelism */
+
+/* Under cp the micro-batch is the cp group's: c ranks of N rows each, Ng
+ * = c N tokens. The capacity decision is the one loco_moe_plan takes on
+ * one rank over all Ng: every rank all-gathers the per-token choices
+ * (expert ids and their probabilities, N k each; not the activations),
+ * places them at their global positions (b T + pos), plans the whole
+ * micro-batch, and keeps its own assignments that survive, packed as
+ * loco_moe_plan packs (by expert, in token order). la->moe_routed becomes
+ * the micro-batch's expert counts: the aux loss's f_e. n is this rank's
+ * packed rows, *kept the micro-batch's. */
+static int cp_plan(loco_gpt *m, const loco_gpt_layer_acts *la, int N, int *n, int *kept) {
+    const loco_gpt_config *cfg = &m->cfg;
+    loco_gpt_cp *cp = m->cp;
+    struct loco_gpt_moe *s = m->moe;
+    const int E = cfg->n_experts, k = cfg->top_k, c = cp->c, B = N / cp->Tl;
+    const size_t Nk = (size_t)N * k, Ng = (size_t)N * c, Ngk = Ng * k;
+    /* slab: mine (2 Nk), all (2 Ngk), gexp (Ngk), gprob (Ng E), slot,
+     * rows (Ngk each), plan scratch (3 Ngk), count, routed (E each), counts (c) */
+    const size_t need = 2 * Nk + 2 * Ngk + Ngk + Ng * E + 2 * Ngk + 3 * Ngk + 2 * (size_t)E +
+                        (size_t)c * 2; /* counts: c size_t, first for alignment */
+    if (s->glob_n < need) {
+        loco_free(s->glob);
+        s->glob = loco_alloc(need * 4);
+        s->glob_n = s->glob ? need : 0;
+        if (!s->glob)
+            return LOCO_ERR(LOCO_ENOMEM, "MoE under cp: the micro-batch's plan (%zu words)", need);
+    }
+    size_t *counts = s->glob;
+    int32_t *mine = (int32_t *)(counts + c), *all = mine + 2 * Nk, *gexp = all + 2 * Ngk;
+    float *gprob = (float *)(gexp + Ngk);
+    int32_t *gslot = (int32_t *)(gprob + Ng * E), *grows = gslot + Ngk, *scratch = grows + Ngk;
+    int32_t *gcount = scratch + 3 * Ngk, *groutes = gcount + E;
+    /* mine: each assignment's expert id, then its probability's bits */
+    for (size_t i = 0; i < Nk; i++) {
+        const size_t t = i / (size_t)k;
+        const int e = la->moe_expert[i];
+        mine[2 * i] = e;
+        memcpy(&mine[2 * i + 1], &la->moe_probs[t * E + e], 4);
+    }
+    for (int x = 0; x < c; x++)
+        counts[x] = 2 * Nk;
+    LOCO_CHECK(loco_comm_allgather(cp->comm, mine, all, counts, LOCO_DT_I32));
+    memset(gprob, 0, Ng * E * sizeof(float));
+    for (int x = 0; x < c; x++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < cp->Tl; i++) {
+                const int p = (i / cp->Tc == 0 ? x : 2 * c - 1 - x) * cp->Tc + i % cp->Tc;
+                const size_t tg = (size_t)b * cp->T + p, tl = (size_t)b * cp->Tl + i;
+                for (int j = 0; j < k; j++) {
+                    const int32_t *a = all + (size_t)x * 2 * Nk + 2 * (tl * k + j);
+                    gexp[tg * k + j] = a[0];
+                    memcpy(&gprob[tg * E + a[0]], &a[1], 4);
+                }
+            }
+    *kept = loco_moe_plan(gslot, grows, gcount, groutes, gexp, gprob, (int)Ng, E, k,
+                          capacity(cfg, (int)Ng), scratch);
+    /* this rank's survivors, packed by expert in local token order */
+    int total = 0;
+    for (int e = 0; e < E; e++) {
+        int cnt = 0;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < cp->Tl; i++) {
+                const size_t tl = (size_t)b * cp->Tl + i, tg = (size_t)b * cp->T + cp->pos[i];
+                for (int j = 0; j < k; j++) {
+                    if (la->moe_expert[tl * k + j] != e)
+                        continue;
+                    if (gslot[tg * k + j] < 0) {
+                        la->moe_slot[tl * k + j] = -1;
+                        continue;
+                    }
+                    la->moe_slot[tl * k + j] = total + cnt;
+                    la->moe_rows[total + cnt++] = (int32_t)tl;
+                }
+            }
+        la->moe_count[e] = cnt;
+        la->moe_routed[e] = groutes[e];
+        total += cnt;
+    }
+    *n = total;
+    return 0;
+}
+
 /* --------------------------------------------------------------- passes */
 
 int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la) {
@@ -373,9 +459,12 @@ int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
     loco_matmul_fwd(la->moe_probs, x, w->routerw, NULL, N, C, E, true);
     loco_moe_route(la->moe_probs, la->moe_lse, la->moe_expert, la->moe_weight, la->moe_probs, N, E,
                    k);
-    const int n =
-        loco_moe_plan(la->moe_slot, la->moe_rows, la->moe_count, la->moe_routed, la->moe_expert,
-                      la->moe_probs, N, E, k, capacity(cfg, N), m->s.moe_plan);
+    int n = 0, ng_kept = 0;
+    if (m->cp)
+        LOCO_CHECK(cp_plan(m, la, N, &n, &ng_kept));
+    else
+        n = loco_moe_plan(la->moe_slot, la->moe_rows, la->moe_count, la->moe_routed, la->moe_expert,
+                          la->moe_probs, N, E, k, capacity(cfg, N), m->s.moe_plan);
     loco_moe_gather(la->moe_x, x, la->moe_rows, n, C);
     if (ep_of(m) == 1) {
         experts_fwd(m, d, w, la, la->moe_y);
@@ -403,10 +492,18 @@ int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
     const int i = s->index[l];
     double aux, z;
     loco_moe_losses(&aux, &z, la->moe_probs, la->moe_lse, la->moe_routed, N, E, k);
+    int64_t Ng = N, kept = n;
+    if (m->cp) { /* the micro-batch's: see cp_plan; every cp rank holds N rows */
+        const int c = m->cp->c;
+        double v[2] = {aux, z};
+        LOCO_CHECK(loco_comm_allreduce(m->cp->comm, v, 2, LOCO_DT_F64, LOCO_OP_SUM));
+        aux = v[0] / ((double)c * c), z = v[1] / c;
+        Ng = (int64_t)N * c, kept = ng_kept;
+    }
     for (int e = 0; e < E; e++)
         s->routed[(size_t)i * E + e] += la->moe_routed[e];
-    s->assignments[i] += (int64_t)N * k;
-    s->dropped[i] += (int64_t)N * k - n;
+    s->assignments[i] += Ng * k;
+    s->dropped[i] += Ng * k - kept;
     s->aux[i] += aux;
     s->z[i] += z;
     s->micro[i]++;
@@ -447,7 +544,8 @@ int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
     memset(dx, 0, (size_t)N * C * sizeof(float));
     loco_moe_gather_bwd(dx, dxe, la->moe_slot, N, k, C);
     loco_moe_route_bwd(s->moe_dlogits, s->moe_dweight, la->moe_probs, la->moe_lse, la->moe_expert,
-                       la->moe_weight, la->moe_routed, N, E, k, cfg->aux_loss, cfg->z_loss,
+                       la->moe_weight, la->moe_routed, N, E, k,
+                       m->cp ? cfg->aux_loss / (float)m->cp->c : cfg->aux_loss, cfg->z_loss,
                        m->loss_scale);
     /* the router is replicated: its input gradient counted by tp rank 0 */
     loco_matmul_bwd(d->k == 0 ? dx : NULL, g->routerw, NULL, s->moe_dlogits, x, w->routerw, N, C, E,

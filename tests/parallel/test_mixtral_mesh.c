@@ -78,22 +78,22 @@ static void run_ok(const char *cmd_fmt, ...) {
     cr_assert_eq(test_run(out, sizeof out, "%s", cmd), 0, "%s\n%s", cmd, out);
 }
 
-/* ranks = tp x pp x dp; m micro-batches per rank; against one rank of
- * m x dp. */
-static void check_tp(int tp, int pp, const char *schedule, int dp, int zero, int m,
-                     const char *extra) {
+/* ranks = tp x pp x dp x cp of `model`; m micro-batches per rank;
+ * against one rank of m x dp. */
+static void check_mesh(const char *model, int tp, int pp, const char *schedule, int dp, int cp,
+                       int zero, int m, const char *extra) {
     if (!test_have_mpirun())
         cr_skip_test("mpirun not found (apt-get install openmpi-bin)");
-    run_ok(LOCO " train configs/tiny.ini" MIXTRAL " --set train.grad_accum=%d --set run.dir=%s/ref",
+    run_ok(LOCO " train configs/tiny.ini %s --set train.grad_accum=%d --set run.dir=%s/ref", model,
            m * dp, dir);
-    run_ok(MPIRUN "%d " LOCO " train configs/tiny.ini" MIXTRAL
+    run_ok(MPIRUN "%d " LOCO " train configs/tiny.ini %s"
                   " --set train.grad_accum=%d --set parallel.pp=%d --set parallel.pp_schedule=%s"
-                  " --set parallel.dp=%d --set parallel.zero_stage=%d --set parallel.tp=%d"
-                  " --set run.dir=%s/mesh %s",
-           tp * pp * dp, m, pp, schedule, dp, zero, tp, dir, extra);
+                  " --set parallel.dp=%d --set parallel.cp=%d --set parallel.zero_stage=%d"
+                  " --set parallel.tp=%d --set run.dir=%s/mesh %s",
+           tp * pp * dp * cp, model, m, pp, schedule, dp, cp, zero, tp, dir, extra);
     char what[256], a[4200], b[4200];
-    snprintf(what, sizeof what, "mixtral tp=%d pp=%d %s dp=%d zero=%d m=%d %s", tp, pp, schedule,
-             dp, zero, m, extra);
+    snprintf(what, sizeof what, "tp=%d pp=%d %s dp=%d cp=%d zero=%d m=%d %s", tp, pp, schedule, dp,
+             cp, zero, m, extra);
     double got[STEPS + 1] = {0}, ref[STEPS + 1] = {0};
     snprintf(a, sizeof a, "%s/mesh", dir);
     snprintf(b, sizeof b, "%s/ref", dir);
@@ -116,7 +116,7 @@ static void check_tp(int tp, int pp, const char *schedule, int dp, int zero, int
 }
 
 static void check(int pp, const char *schedule, int dp, int zero, int m, const char *extra) {
-    check_tp(1, pp, schedule, dp, zero, m, extra);
+    check_mesh(MIXTRAL, 1, pp, schedule, dp, 1, zero, m, extra);
 }
 
 /* ep = 2 folded out of dp = 2: each rank holds 2 of the 4 experts of
@@ -150,11 +150,11 @@ Test(mixtral_mesh, ep2_checkpoint_resumes_on_one_rank, .timeout = 240) {
  * heads each on 2 ranks), and tp 2 x dp 2 with ep 2 folded
  * out of dp, ZeRO-3 and full recompute. */
 Test(mixtral_mesh, tp4_sp, .timeout = 240) {
-    check_tp(4, 1, "1f1b", 1, 1, 1, "--set parallel.sp=true");
+    check_mesh(MIXTRAL, 4, 1, "1f1b", 1, 1, 1, 1, "--set parallel.sp=true");
 }
 
 Test(mixtral_mesh, tp2_dp2_ep2_zero3_full_recompute, .timeout = 240) {
-    check_tp(2, 1, "1f1b", 2, 3, 1, "--set parallel.ep=2 --set train.recompute=full");
+    check_mesh(MIXTRAL, 2, 1, "1f1b", 2, 1, 3, 1, "--set parallel.ep=2 --set train.recompute=full");
 }
 
 Test(mixtral_mesh, pp2_1f1b, .timeout = 240) {
@@ -164,6 +164,72 @@ Test(mixtral_mesh, pp2_1f1b, .timeout = 240) {
 /* pp 2 x dp 2 with the experts split over ep = 2 inside each stage. */
 Test(mixtral_mesh, pp2_dp2_ep2_zero3, .timeout = 240) {
     check(2, "1f1b", 2, 3, 2, "--set parallel.ep=2");
+}
+
+/* Context parallelism: each rank holds half of every sequence (zig-zag),
+ * the router's statistics and the capacity plan are the micro-batch's. */
+Test(mixtral_mesh, cp2_ring, .timeout = 240) {
+    check_mesh(MIXTRAL, 1, 1, "1f1b", 1, 2, 1, 2, "--set parallel.cp_algo=ring");
+}
+
+Test(mixtral_mesh, cp2_ulysses, .timeout = 240) {
+    check_mesh(MIXTRAL, 1, 1, "1f1b", 1, 2, 1, 2, "--set parallel.cp_algo=ulysses");
+}
+
+/* The largest dropped fraction any MoE layer reports in DIR/RUN's metrics. */
+static double most_dropped(const char *run) {
+    char path[4200], line[4096];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, run);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    double most = 0;
+    while (fgets(line, sizeof line, f))
+        for (const char *p = line; (p = strstr(p, "dropped_frac\":")); p++)
+            most = fmax(most, atof(strchr(p, ':') + 1));
+    fclose(f);
+    return most;
+}
+
+/* Capacity 0.75: a quarter and more of the assignments dropped; the
+ * plan all cp ranks take is the one rank's over the whole micro-batch
+ * (global token order, the same ties). */
+Test(mixtral_mesh, cp2_capacity_drops_as_one_rank, .timeout = 240) {
+    check_mesh(MIXTRAL " --set model.capacity_factor=0.75", 1, 1, "1f1b", 1, 2, 1, 2, "");
+    const double mesh = most_dropped("mesh"), ref = most_dropped("ref");
+    cr_expect(mesh > 0.1, "capacity 0.75 should drop assignments; the cp run dropped %g", mesh);
+    cr_expect_eq(mesh, ref, "dropped fraction: cp %g, one rank %g", mesh, ref);
+}
+
+/* dp 2 x cp 2 with the experts over ep = 2 folded out of dp. */
+Test(mixtral_mesh, dp2_cp2_ep2, .timeout = 240) {
+    check_mesh(MIXTRAL " --set model.capacity_factor=1", 1, 1, "1f1b", 2, 2, 1, 1,
+               "--set parallel.ep=2");
+}
+
+/* tp 2 x cp 2 with sequence parallelism and drops: the tp ranks of a cp
+ * rank route its gathered rows alike, the cp group plans them as one. */
+Test(mixtral_mesh, tp2_sp_cp2_capacity, .timeout = 240) {
+    check_mesh(MIXTRAL " --set model.capacity_factor=0.75", 2, 1, "1f1b", 1, 2, 1, 2,
+               "--set parallel.sp=true");
+}
+
+/* pp 2 x cp 2 (Ulysses), dropping: the stages' MoE layers plan over the
+ * cp group's micro-batch. */
+Test(mixtral_mesh, pp2_cp2_ulysses_capacity, .timeout = 240) {
+    check_mesh(MIXTRAL " --set model.capacity_factor=0.75", 1, 2, "1f1b", 1, 2, 1, 4,
+               "--set parallel.cp_algo=ulysses");
+}
+
+/* GPT-2's MoE (GELU experts with biases, no shared expert) under cp. */
+#define GPT2_MOE                                                                                   \
+    " --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=16 --set model.seq_len=16"     \
+    " --set model.vocab_size=256 --set train.steps=6 --set train.warmup_steps=2"                   \
+    " --set train.batch_size=2 --set run.threads=1 --set run.eval_every=0 --set run.log_every=100" \
+    " --set run.ckpt_every=6 --set model.n_experts=4 --set model.top_k=2"                          \
+    " --set model.capacity_factor=1"
+
+Test(mixtral_mesh, gpt2_moe_cp2_ring, .timeout = 240) {
+    check_mesh(GPT2_MOE, 1, 1, "1f1b", 1, 2, 1, 2, "");
 }
 
 /* Two shared experts: fused side by side in DeepSeek's tensors. */
