@@ -477,7 +477,7 @@ int loco_exchange_probe(const loco_exchange *x, size_t probe_bytes, double *rtt_
     /* Pairs in one global order (lower id pings), so nobody waits on a
      * pair its peer has not reached. */
     for (int k = 0; k < x->n_islands && rc == 0; k++) {
-        if (k == x->me)
+        if (k == x->me || !x->peers[k])
             continue;
         bool first = x->me < k;
         double empty = 0, full = 0;
@@ -498,14 +498,14 @@ int loco_exchange_probe(const loco_exchange *x, size_t probe_bytes, double *rtt_
      * any pinging side saw. */
     double mine[2] = {rtt, -bw};
     for (int k = 0; k < x->n_islands && rc == 0; k++) {
-        if (k == x->me)
+        if (k == x->me || !x->peers[k])
             continue;
         loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = x->epoch, .shard = x->shard};
         rc = loco_link_send(x->peers[k], &h, mine, sizeof mine);
     }
     double agreed[2] = {rtt, -bw};
     for (int k = 0; k < x->n_islands && rc == 0; k++) {
-        if (k == x->me)
+        if (k == x->me || !x->peers[k])
             continue;
         loco_frame_hdr h;
         void *in = NULL;

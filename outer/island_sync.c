@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Tries of the start-up link probe, all within faulttol.timeout_ms. */
+#define LOCO_PROBE_TRIES 2
+
 void loco__island_drop_links(island *is) {
     for (int k = 0; k < LOCO_MAX_ISLANDS; k++) {
         loco_link_destroy(is->links[k]);
@@ -158,6 +161,62 @@ static int decide(island *is, double rtt, double bw, bool announce) {
     return 0;
 }
 
+/* The start-up probe of the links to the members (loco_exchange_probe),
+ * tried twice within faulttol.timeout_ms in all. Only a fresh run probes:
+ * when the run is under way (a restart, a coordinator's resume) the peers
+ * are training, not probing, and would never answer. A silent peer or a
+ * link that is gone is not this island's end: false (every rank of the
+ * island alike) with a warning, and the caller falls back to all-gather. */
+static bool probe_links(island *is, double *rtt, double *bw) {
+    const loco_config *c = &is->cfg;
+    if (is->q.committed > 0) {
+        if (is->rank == 0)
+            loco_info("outer: all-gather until an outer step measures the links (the run is at "
+                      "outer step %lld: its islands are not probing)",
+                      (long long)is->q.committed);
+        return false;
+    }
+    const double deadline = loco_now() + (double)c->faulttol.timeout_ms / 1e3;
+    char why[256] = "";
+    for (int attempt = 0; attempt < LOCO_PROBE_TRIES; attempt++) {
+        /* Every rank gives the attempt what the slowest rank has left. */
+        double used = loco_now() - deadline; /* max of -left = -(min left) */
+        if (loco_comm_allreduce(is->world, &used, 1, LOCO_DT_F64, LOCO_OP_MAX) < 0 || used >= 0)
+            break;
+        const int ms = (int)(-used * 1e3);
+        loco_link *peers[LOCO_MAX_ISLANDS] = {0};
+        int rc = ensure_links(is, is->q.members);
+        for (int k = 0; k < is->K && rc == 0; k++)
+            if (k != is->id && loco_quorum_has(is->q.members, k))
+                peers[k] = is->links[k];
+        loco_exchange x = {.n_islands = is->K,
+                           .me = is->id,
+                           .peers = peers,
+                           .epoch = is->q.epoch,
+                           .shard = (uint32_t)is->rank,
+                           .timeout_ms = ms};
+        if (rc == 0)
+            rc = loco_exchange_probe(&x, 1u << 20, rtt, bw);
+        if (rc < 0)
+            snprintf(why, sizeof why, "%s", loco_errmsg());
+        int bad = rc < 0;
+        if (loco_comm_allreduce(is->world, &bad, 1, LOCO_DT_I32, LOCO_OP_MAX) < 0)
+            bad = 1;
+        if (!bad)
+            return true; /* the island's ranks agree in decide() */
+        /* What the probe left on the links is not an exchange's. */
+        loco__island_drop_links(is);
+        if (is->rank == 0)
+            loco_warn("outer: link probe, attempt %d of %d: %s", attempt + 1, LOCO_PROBE_TRIES,
+                      why[0] ? why : "another rank of this island failed");
+    }
+    if (is->rank == 0)
+        loco_warn("outer: link probe failed within %lld ms; all-gather until an outer step "
+                  "measures the links",
+                  (long long)c->faulttol.timeout_ms);
+    return false;
+}
+
 /* outer.algorithm, or for auto the faster one for this run's islands,
  * fragment size and links (net.rtt_ms / net.link_gbps where given, else
  * measured now and after every outer step); every rank of every island
@@ -183,12 +242,14 @@ int loco__island_choose_algorithm(island *is) {
     is->bytes_per_s = c->net.link_gbps * 1e9 / 8;
     is->measure = is->rtt_s <= 0 || is->bytes_per_s <= 0;
     if (is->measure) {
-        LOCO_CHECK(ensure_links(is, is->q.members));
-        loco_exchange x = {.n_islands = is->K, .me = is->id, .peers = is->links,
-                           .epoch = is->q.epoch, .shard = (uint32_t)is->rank,
-                           .timeout_ms = (int)c->faulttol.timeout_ms};
         double mrtt, mbw;
-        LOCO_CHECK(loco_exchange_probe(&x, 1u << 20, &mrtt, &mbw));
+        if (!probe_links(is, &mrtt, &mbw)) {
+            /* Nothing measured: all-gather, and the first outer step's
+             * figures (agreed by its members) decide from then on. */
+            is->rtt_s = fmax(is->rtt_s, 0);
+            is->bytes_per_s = is->bytes_per_s > 0 ? is->bytes_per_s : 1e12;
+            return 0;
+        }
         if (is->rtt_s <= 0)
             is->rtt_s = mrtt;
         if (is->bytes_per_s <= 0)

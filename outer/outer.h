@@ -252,7 +252,10 @@ loco_exchange_algo loco_exchange_choose(int n_islands, size_t n_chunks, double e
  * every peer (pairs in one global order), then agrees with the peers on the
  * largest round trip and the smallest bandwidth seen, so every island of
  * this rank index gets the same figures (INFINITY bandwidth when the probe
- * could not tell). */
+ * could not tell). Islands whose x->peers entry is NULL (not in the
+ * quorum) are left out. A peer silent for x->timeout_ms, or a link that
+ * fails, is an error: the caller falls back to a default (it must never
+ * end the island). */
 int loco_exchange_probe(const loco_exchange *x, size_t probe_bytes, double *rtt_s,
                         double *bytes_per_s);
 
