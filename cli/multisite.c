@@ -58,6 +58,12 @@ int cli_coordinator(int argc, char **argv) {
     loco_coord *c = NULL;
     if (rc == 0)
         rc = loco_coord_create(&c, &cfg, &np, NULL, 0, events);
+    /* Its decisions, synced before any island hears them: a restart
+     * reads them back (docs/FAULTS.md, "Durable decisions"). */
+    char journal[LOCO_PATH_MAX + 32];
+    snprintf(journal, sizeof journal, "%s/decisions.log", cfg.run.dir);
+    if (rc == 0)
+        rc = loco_coord_open_journal(c, journal);
     cli_metrics *metrics = NULL;
     if (rc == 0)
         rc = cli_metrics_serve_run(&metrics, loco_coord_prom(c), cfg.faulttol.metrics_addr,

@@ -122,6 +122,8 @@ int loco__coord_new_epoch(loco_coord *c, const char *why) {
         c->isl[i].ready_step = 0; /* everyone says ready again */
     c->exchanging = false;
     c->gather_t0 = 0;
+    LOCO_CHECK(loco__coord_journal(c, "{\"k\":\"epoch\",\"epoch\":%llu,\"members\":\"%llx\"}",
+                                   (unsigned long long)c->epoch, (unsigned long long)m));
     uint64_t to = 0;
     for (int i = 0; i < c->n; i++)
         if (c->isl[i].link)
@@ -221,6 +223,8 @@ void loco_coord_destroy(loco_coord *c) {
     for (int i = 0; i < LOCO_MAX_ISLANDS; i++)
         drop_island(&c->isl[i]);
     loco_net_listener_destroy(c->listener);
+    if (c->journal_on)
+        close(c->journal_fd);
     if (c->wake_fd >= 0) /* after every link and the listener that write to it */
         close(c->wake_fd);
     loco_free(c);

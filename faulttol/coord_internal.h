@@ -64,6 +64,13 @@ struct loco_coord {
     int64_t end_step;           /* the run's last inner step: train.steps, moved on while a
                                    fault's cycle is open (faults.max_extra_steps) */
     char events[LOCO_PATH_MAX]; /* the run's timeline, "" = none */
+    /* The decision journal (journal.c): on once loco_coord_open_journal
+     * opened it; journal_committed is the last commit it holds. */
+    bool journal_on;
+    int journal_fd;
+    char journal[LOCO_PATH_MAX];
+    int64_t journal_committed;
+    bool hold_warned; /* said once that no island registered holds the committed state */
     /* Live metrics (faulttol.metrics_addr; NULL = off) and the counts
      * only they report. */
     loco_prom *prom;
@@ -152,6 +159,21 @@ typedef struct {
 } loco__outer_msg;
 /* Parses an OUTER payload: 0, or LOCO_EPROTO when malformed. */
 int loco__coord_outer_parse(loco__outer_msg *m, const char *json, size_t len);
+
+/* journal.c */
+/* Appends one decision (a JSON object from fmt) and syncs it: 0 once it is
+ * on disk, < 0 when it is not (the decision must not be announced). No-op
+ * without a journal. */
+int loco__coord_journal(loco_coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The commit of outer step `step` with `hash` by `members` (how: "commit",
+ * or "resumed" for the state a restart resumes at), unless it is the last
+ * one journalled; LOCO_COORD_CRASH_AFTER_COMMIT=step makes the process
+ * SIGKILL itself right after (the fault lab's crash). */
+int loco__coord_journal_commit(loco_coord *c, int64_t step, uint64_t hash, uint64_t members,
+                               const char *how);
+
+/* coord_step.c: stops the run; every live island hears why. */
+int loco__coord_fail_run(loco_coord *c, const char *why);
 
 /* coord_metrics.c */
 /* Starts serving live metrics when faulttol.metrics_addr is set (the

@@ -14,15 +14,18 @@
 /* Islands that vouch for the state (step, hash): they hold it committed,
  * or finished that step with that hash and never heard its commit; the
  * coordinator counts as one when it committed that state itself. */
+/* Whether an island's registration holds the state (step, hash): it
+ * committed it, or finished that step with that hash. */
+static bool vouchers_one(const loco_island_progress *r, int64_t step, uint64_t hash) {
+    return (r->committed == step && r->hash == hash) ||
+           (r->committed == step - 1 && r->pending == step && r->pending_hash == hash);
+}
+
 static int vouchers(const loco_coord *c, int64_t step, uint64_t hash) {
     int v = c->known && c->committed == step && c->committed_hash == hash;
-    for (int i = 0; i < c->n; i++) {
-        const loco_island_progress *r = &c->isl[i].reg;
-        if (c->isl[i].link &&
-            ((r->committed == step && r->hash == hash) ||
-             (r->committed == step - 1 && r->pending == step && r->pending_hash == hash)))
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link && vouchers_one(&c->isl[i].reg, step, hash))
             v++;
-    }
     return v;
 }
 
@@ -265,6 +268,11 @@ static void resume_point(const loco_coord *c, int64_t *step, uint64_t *hash) {
     bool confirmed = false, any = false, held = false;
     *step = c->known ? c->committed : 0;
     *hash = c->known ? c->committed_hash : 0;
+    /* Its own last commit (remembered, or read back from its journal) is
+     * final: one island that holds it, or finished the step with its
+     * hash, is enough to go on from there. */
+    if (c->known && vouchers(c, c->committed, c->committed_hash) >= 2)
+        return;
     for (int i = 0; i < c->n; i++)
         held |= may_tell(c, i, top) && c->isl[i].reg.committed > 0;
     for (int i = 0; i < c->n; i++) {
@@ -305,9 +313,33 @@ int loco__coord_start_run(loco_coord *c) {
     int64_t step;
     uint64_t hash;
     resume_point(c, &step, &hash);
-    /* Epochs this coordinator never announced are not believed either. */
+    if (c->known && step < c->committed) {
+        /* No island here holds the last committed state: going on from an
+         * older one would commit its steps a second time, with other
+         * values. Wait for one that holds it; with every site here and
+         * none, the state is gone and the run stops saying so. */
+        if (registered < c->n) {
+            if (!c->hold_warned)
+                loco_warn("coordinator: outer step %lld was committed, and none of the %d "
+                          "islands registered holds it; waiting for the others",
+                          (long long)c->committed, registered);
+            c->hold_warned = true;
+            return 0;
+        }
+        char why[512];
+        snprintf(why, sizeof why,
+                 "outer step %lld was committed (hash %016llx), and no island holds its state; "
+                 "going on from an older one would commit steps twice (remove %.300s to accept the "
+                 "loss)",
+                 (long long)c->committed, (unsigned long long)c->committed_hash,
+                 c->journal_on ? c->journal : "the decision journal");
+        return loco__coord_fail_run(c, why);
+    }
+    c->hold_warned = false;
+    /* Epochs this coordinator never announced are not believed either;
+     * the epoch goes on above every one it announced. */
     const uint64_t top_epoch = c->known ? c->epoch : UINT64_MAX;
-    uint64_t epoch = c->known ? c->epoch : 0;
+    uint64_t epoch = c->epoch;
     for (int i = 0; i < c->n; i++) {
         const loco_island_progress *r = &c->isl[i].reg;
         if (c->isl[i].link && !claims_beyond(r, step, hash, top_epoch) && r->epoch > epoch)
@@ -316,11 +348,20 @@ int loco__coord_start_run(loco_coord *c) {
     c->committed = step;
     c->committed_hash = hash;
     c->epoch = epoch;
+    uint64_t holders = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->isl[i].link && vouchers_one(&c->isl[i].reg, step, hash))
+            holders |= 1ull << i;
+    /* What the run resumes at is a decision too (the first a coordinator
+     * without a journal makes). */
+    if (step > 0)
+        LOCO_CHECK(loco__coord_journal_commit(c, step, hash, holders, "resumed"));
     char hh[17];
     loco_hash_hex(c->committed_hash, hh);
     char json[160];
     snprintf(json, sizeof json, "{\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\"}",
              (long long)step, (unsigned long long)c->epoch, hh);
+    bool finished = false;
     for (int i = 0; i < c->n; i++) {
         island *is = &c->isl[i];
         if (!is->link)
@@ -329,14 +370,27 @@ int loco__coord_start_run(loco_coord *c) {
             is->status = MEMBER;
         } else if (is->reg.committed == step - 1 && is->reg.pending == step &&
                    is->reg.pending_hash == hash) {
-            /* It finished the step the others committed: commit it there too. */
+            /* It finished the step the others committed (a coordinator
+             * that recorded the commit and died before it was heard, or
+             * whose COMMIT it missed): commit it there too. */
             is->status = MEMBER;
+            finished = true;
             loco__coord_send_json(is->link, LOCO_FRAME_COMMIT, c->epoch, json);
         } else {
             is->status = OUT;
             if (claims_beyond(&is->reg, step, hash, top_epoch))
                 not_believed(c, i, step);
         }
+    }
+    if (finished) {
+        /* The timeline may lack it (the commit's event comes after its
+         * frames): the same step and hash again, never another. */
+        char list[LOCO_MAX_ISLANDS * 72];
+        loco__coord_mask_sites(c, holders, list, sizeof list);
+        loco__coord_event(c,
+                          "\"kind\":\"commit\",\"outer_step\":%lld,\"epoch\":%llu,\"hash\":\"%s\","
+                          "\"members\":[%s],\"finished_after_restart\":true",
+                          (long long)step, (unsigned long long)c->epoch, hh, list);
     }
     c->started = true;
     c->known = true;

@@ -22,8 +22,7 @@ static void send_error(loco_link *l, const char *text) {
         loco_link_flush(l, LOCO_LINK_FAREWELL_MS);
 }
 
-/* Stops the run: every live island hears why. */
-static int fail_run(loco_coord *c, const char *why) {
+int loco__coord_fail_run(loco_coord *c, const char *why) {
     loco_error("coordinator: stopping the run: %s", why);
     loco__coord_event(c, "\"kind\":\"end\",\"status\":\"failed\",\"reason\":\"%s\"", why);
     for (int i = 0; i < c->n; i++)
@@ -143,7 +142,7 @@ int loco__coord_try_commit(loco_coord *c) {
                  c->sites[other], (unsigned long long)c->isl[other].done_hash);
         loco__coord_event(c, "\"kind\":\"divergence\",\"outer_step\":%lld,\"detail\":\"%s\"",
                           (long long)s, why);
-        return fail_run(c, why);
+        return loco__coord_fail_run(c, why);
     }
     for (int i = 0; i < c->n; i++)
         if (loco_quorum_has(c->go_observers, i)) {
@@ -151,6 +150,9 @@ int loco__coord_try_commit(loco_coord *c) {
             if (is->done_step != s || is->done_epoch != c->epoch)
                 return 0;
         }
+    /* On disk before anyone hears it: a restarted coordinator finishes
+     * this commit instead of redoing the step. */
+    LOCO_CHECK(loco__coord_journal_commit(c, s, h, c->go_members, "commit"));
     const uint64_t ejected = eject_minority(c, s, h);
     c->committed = s;
     c->committed_hash = h;
@@ -326,6 +328,12 @@ int loco__coord_try_go(loco_coord *c) {
                           (unsigned long long)c->epoch, list, (long long)s);
     }
     hold_end(c, s);
+    LOCO_CHECK(
+        loco__coord_journal(c,
+                            "{\"k\":\"go\",\"step\":%lld,\"epoch\":%llu,\"members\":\"%llx\","
+                            "\"observers\":\"%llx\"}",
+                            (long long)s, (unsigned long long)c->epoch, (unsigned long long)mem,
+                            (unsigned long long)obs));
     c->go_members = mem;
     c->go_observers = obs;
     c->exchanging = true;

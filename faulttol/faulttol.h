@@ -72,6 +72,14 @@ typedef struct loco_coord loco_coord;
 int loco_coord_create(loco_coord **out, const loco_config *cfg, const loco_net_params *np,
                       const char *host, int port, const char *events_path);
 int loco_coord_port(const loco_coord *c);
+/* Reads the coordinator's decision journal at path back (missing = empty)
+ * and appends every decision after it from now on, synced before any
+ * island hears it: a restarted coordinator resumes at the last commit it
+ * recorded (islands holding it, committed or only finished, vouch for it;
+ * it waits for one) and believes no island beyond it. A torn last record
+ * is dropped with a warning; a corrupt record before it is LOCO_EIO naming
+ * the file and record. Call before loco_coord_serve. */
+int loco_coord_open_journal(loco_coord *c, const char *path);
 /* The coordinator's live metrics registry (faulttol.metrics_addr set;
  * else NULL), for its caller to serve; valid while c lives. */
 loco_prom *loco_coord_prom(loco_coord *c);

@@ -391,6 +391,9 @@ int loco_launch_certs(const loco_launch_plan *p, const loco_config *cfg) {
 int loco_launch_start(const loco_launch_plan *p, const loco_config *cfg, const char *config,
                       const char *events) {
     unlink(events); /* a new timeline (a baseline inside keeps its own) */
+    char journal[LOCO_PATH_MAX + 32];
+    snprintf(journal, sizeof journal, "%s/decisions.log", cfg->run.dir);
+    unlink(journal); /* and a new run: no decisions of an earlier one */
     char list[LOCO_MAX_ISLANDS * 72] = "";
     size_t o = 0;
     for (int k = 1; k < loco_launch_plan_count(p); k++)
