@@ -21,7 +21,8 @@
 # no outer step commits for --watchdog seconds. At the end every island's
 # last process must have exited 0, and every island must hold the same
 # θ_global (the theta_hash of its last outer.jsonl record, equal to the
-# coordinator's last commit). A fault-free run of the same config (first, in
+# coordinator's last commit), and no outer step may be committed with two
+# hashes on the timeline. A fault-free run of the same config (first, in
 # OUT/baseline, reused when it finished; or --baseline DIR) gives the final
 # loss to compare with. Writes OUT/summary.md (every action with its time,
 # detection and recovery, the hashes, the final losses) and `loco report`'s
@@ -29,7 +30,7 @@
 # failed, 2 on a usage error.
 #
 # Usage: scripts/chaos.sh [--islands K] [--actions N] [--seed S] [--steps N]
-#          [--H H] [--out DIR] [--watchdog SECONDS] [--kinds a,b,...]
+#          [--H H] [--out DIR] [--watchdog SECONDS] [--kinds a,b,...] [--hog N]
 #          [--baseline DIR | --no-baseline] [--short] [--set KEY=VALUE ...]
 # LOCO_BIN names the loco binary (default build/loco).
 set -uo pipefail
@@ -55,11 +56,14 @@ Options:
   --short           3 islands, 3 actions (kill_resume, stop_cont, kill_coord),
                     400 steps, watchdog 60 s: the
                     make-test version
+  --hog N           N busy processes (CPU hogs) beside the chaos run, for a
+                    load far above the core count (default 0; not beside the
+                    fault-free run)
   --set KEY=VALUE   config override for every process (repeatable)
 EOF
 }
 
-islands=4 n_actions=20 seed=1 steps=0 H=5 out="" watchdog=120 kinds="" baseline="" wan=25
+islands=4 n_actions=20 seed=1 steps=0 H=5 out="" watchdog=120 kinds="" baseline="" wan=25 hog=0
 no_baseline=0 short=0 islands_given=0
 sets=()
 cmdline="scripts/chaos.sh $*"
@@ -77,6 +81,7 @@ while [ $# -gt 0 ]; do
     --baseline) baseline=${2:?}; shift 2 ;;
     --no-baseline) no_baseline=1; shift ;;
     --short) short=1; shift ;;
+    --hog) hog=${2:?}; shift 2 ;;
     --set) sets+=(--set "${2:?}"); shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "chaos.sh: unexpected argument: $1 (--help lists the options)" >&2; exit 2 ;;
@@ -89,7 +94,7 @@ if [ "$short" = 1 ]; then
   [ "$steps" = 0 ] && steps=400
   kinds=${kinds:-kill_resume,stop_cont,kill_coord}
 fi
-for v in islands n_actions seed steps H watchdog wan; do
+for v in islands n_actions seed steps H watchdog wan hog; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "chaos.sh: --${v/n_/} expects a number, got '${!v}'" >&2; exit 2; }
 done
 [ "$islands" -ge 2 ] && [ "$islands" -le 26 ] || { echo "chaos.sh: --islands expects 2..26" >&2; exit 2; }
@@ -219,12 +224,27 @@ pick_port() {
 # --------------------------------------------------------- the processes
 cpid="" watcher=""
 pid=() inc=() gone=() est=()
+# CPU hogs: busy loops beside the run (--hog), each its own process.
+hog_pids=()
+start_hog() {
+  for ((h = 0; h < hog; h++)); do
+    ( trap - EXIT INT TERM; while :; do :; done ) &
+    hog_pids+=($!)
+  done
+}
+stop_hog() {
+  local p
+  for p in "${hog_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  hog_pids=()
+}
+
 cleanup() {
   for p in $cpid "${pid[@]}"; do
     kill -CONT "$p" 2>/dev/null
     kill -KILL "$p" 2>/dev/null
   done
   [ -n "$watcher" ] && kill "$watcher" 2>/dev/null
+  stop_hog
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -662,7 +682,11 @@ fi
 echo "chaos: seed $seed, $islands islands, $n_actions actions, $steps steps (outer step every $H), watchdog $watchdog s, in $out/run"
 # Bash's own notices (an island killed by the exchange watcher reads as
 # "Killed") go to OUT/shell.log, not among the progress lines.
+[ "$hog" -gt 0 ] && echo "chaos: $hog CPU hogs beside the run ($(nproc) cores)"
+start_hog
 run_cluster "$out/run" "$n_actions" 2>>"$out/shell.log"
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+stop_hog
 cp "$cfg" "$out/run/chaos.ini"
 
 # Hashes: every island at the same outer step with the same θ_global, the
@@ -675,6 +699,12 @@ while read -r s st h; do
 done <<<"$hashes"
 [ "$C_STEP" = "$outer_total" ] || agree=no
 [ "$agree" = yes ] || { RUN_OK=0; RUN_WHY+="θ_global hashes differ or not at the last outer step; "; }
+# A committed outer step is final: one hash per step on the whole timeline
+# (a restarted coordinator that finishes a commit writes it again, same hash).
+twice=$(grep -a '"kind":"commit"' "$out/run/events.jsonl" |
+  sed -n 's/.*"outer_step":\([0-9]*\),.*"hash":"\([0-9a-f]*\)".*/\1 \2/p' | sort -u |
+  awk '{ n[$1]++ } END { for (s in n) if (n[s] > 1) printf "%s ", s }')
+[ -z "$twice" ] || { RUN_OK=0; RUN_WHY+="outer steps committed with two hashes: ${twice% }; "; }
 exits=""
 all0=yes
 for ((j = 0; j < islands; j++)); do
@@ -724,6 +754,8 @@ summary=$out/summary.md
   echo "- recovery: median $(stat_of recover_med) s, max $(stat_of recover_max) s ($(stat_of recover_n) actions)"
   echo "- suspicions: $(stat_of suspicions), of which not explained by an action: $(stat_of unexplained)$(sed -n 's/^#unexplained\(..*\)/ (\1)/p' <<<"$stats")"
   [ -n "$base_dir" ] && echo "- fault-free run: $base_note; suspicions there: ${bsus:-?}"
+  echo "- outer steps committed with two hashes: ${twice:-none}"
+  echo "- CPU hogs beside the run: $hog (load average at its end: $load_end)"
   echo "- watchdog trips: $WD_TRIPS (limit $watchdog s without a commit)"
   echo "- wall time of the chaos run: $(secs "$RUN_WALL_MS") s"
   echo "- loco report: ${verdict} ($out/run/report.md)"
