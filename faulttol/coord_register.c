@@ -382,9 +382,13 @@ int loco__coord_start_run(loco_coord *c) {
                 not_believed(c, i, step);
         }
     }
-    if (finished) {
-        /* The timeline may lack it (the commit's event comes after its
-         * frames): the same step and hash again, never another. */
+    loco_run_progress tl = {0};
+    if (finished && c->events[0])
+        loco_run_progress_read(&tl, c->events);
+    if (finished && tl.committed < step) {
+        /* The timeline lacks it (the commit's event comes after its
+         * frames, and the coordinator died between): the step and the
+         * hash it recorded. */
         char list[LOCO_MAX_ISLANDS * 72];
         loco__coord_mask_sites(c, holders, list, sizeof list);
         loco__coord_event(c,

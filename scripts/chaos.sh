@@ -700,7 +700,7 @@ done <<<"$hashes"
 [ "$C_STEP" = "$outer_total" ] || agree=no
 [ "$agree" = yes ] || { RUN_OK=0; RUN_WHY+="θ_global hashes differ or not at the last outer step; "; }
 # A committed outer step is final: one hash per step on the whole timeline
-# (a restarted coordinator that finishes a commit writes it again, same hash).
+# (a restarted coordinator that finishes a commit the timeline lacks writes it).
 twice=$(grep -a '"kind":"commit"' "$out/run/events.jsonl" |
   sed -n 's/.*"outer_step":\([0-9]*\),.*"hash":"\([0-9a-f]*\)".*/\1 \2/p' | sort -u |
   awk '{ n[$1]++ } END { for (s in n) if (n[s] > 1) printf "%s ", s }')

@@ -259,6 +259,19 @@ static void expect_one_value_per_step(uint64_t hash[64]) {
     }
 }
 
+/* How many `commit` events of outer step s the timeline holds. */
+static int commit_events(int s) {
+    char want[48], line[2048];
+    snprintf(want, sizeof want, "\"outer_step\":%d,", s);
+    FILE *f = fopen(events, "r");
+    cr_assert(f, "%s", events);
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, "\"kind\":\"commit\"") && strstr(line, want);
+    fclose(f);
+    return n;
+}
+
 /* The coordinator is killed right after the commit record of outer step
  * 3 (before any island hears it); restarted, it reads its journal back and
  * tells the islands that finished step 3 that it is committed, with the
@@ -294,6 +307,9 @@ Test(coord_journal, a_commit_recorded_before_a_crash_is_finished_not_redone, .ti
         cr_expect_eq(f[i].joins, 0, "%s never had to fetch the state", f[i].site);
     }
     cr_expect(strstr(coord_log(2), "read back") != NULL, "%s", coord_log(2));
+    cr_expect_eq(commit_events(3), 1,
+                 "the timeline commits step 3 once (the restarted "
+                 "coordinator writes the event the killed one could not)");
     loco_rmtree(dir);
 }
 
