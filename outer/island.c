@@ -339,11 +339,13 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
      * (loco__island_record): its wait and wall time count from here. */
     is->call_t0 = is->last_record_t = loco_now();
     LOCO_CHECK(loco__island_join(is));
-    if (!loco_quorum_has(is->q.members, is->id) || is->q.join) {
+    const bool member = loco_quorum_has(is->q.members, is->id) && !is->q.join;
+    /* A joiner chooses like the members from its first step on, without
+     * probing: they are training, not probing. */
+    LOCO_CHECK(loco__island_choose_algorithm(is, member));
+    if (!member) {
         loco_info("island %d (%s): the run is under way; rejoining", is->id, site);
         LOCO_CHECK(loco__island_rejoin(is));
-    } else {
-        LOCO_CHECK(loco__island_choose_algorithm(is));
     }
     adopt_end(is); /* a run held past train.steps goes on for a joiner too */
     if (is->fr.F > 1 || is->overlap > 0)

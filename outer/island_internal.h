@@ -76,6 +76,8 @@ struct loco_island {
     bool finished;              /* the run ended during an outer step */
     loco_exchange_algo algo;
     bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
+    uint64_t algo_members;      /* auto: the members that chose is->algo together (the
+                                   probe's, or the last step's); another quorum all-gathers */
     double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
     double elems_max;           /* largest fragment of the island's ranks */
     loco_metrics *metrics;      /* rank 0: outer-step records */
@@ -92,7 +94,9 @@ typedef struct loco_island island;
 void loco__island_drop_links(island *is);
 int loco__island_join(island *is);
 int loco__island_hash(island *is, uint64_t *h);
-int loco__island_choose_algorithm(island *is);
+/* outer.algorithm's choice; may_probe: a member of a fresh run's first
+ * quorum, whose peers probe too (else auto starts with all-gather). */
+int loco__island_choose_algorithm(island *is, bool may_probe);
 int loco__island_check_coordinator(island *is);
 /* Outer step `outer` (fragment `frag`) after inner step `inner`: ready, go,
  * exchange (on a thread when `overlap`), done, redone in each new epoch

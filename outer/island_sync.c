@@ -167,9 +167,9 @@ static int decide(island *is, double rtt, double bw, bool announce) {
  * are training, not probing, and would never answer. A silent peer or a
  * link that is gone is not this island's end: false (every rank of the
  * island alike) with a warning, and the caller falls back to all-gather. */
-static bool probe_links(island *is, double *rtt, double *bw) {
+static bool probe_links(island *is, bool may_probe, double *rtt, double *bw) {
     const loco_config *c = &is->cfg;
-    if (is->q.committed > 0) {
+    if (!may_probe || is->q.committed > 0) {
         if (is->rank == 0)
             loco_info("outer: all-gather until an outer step measures the links (the run is at "
                       "outer step %lld: its islands are not probing)",
@@ -221,7 +221,7 @@ static bool probe_links(island *is, double *rtt, double *bw) {
  * fragment size and links (net.rtt_ms / net.link_gbps where given, else
  * measured now and after every outer step); every rank of every island
  * reaches the same choice. */
-int loco__island_choose_algorithm(island *is) {
+int loco__island_choose_algorithm(island *is, bool may_probe) {
     const loco_config *c = &is->cfg;
     is->algo = LOCO_EXCHANGE_ALLGATHER;
     if (!strcmp(c->outer.algorithm, "allgather") || is->K <= 2) {
@@ -243,7 +243,7 @@ int loco__island_choose_algorithm(island *is) {
     is->measure = is->rtt_s <= 0 || is->bytes_per_s <= 0;
     if (is->measure) {
         double mrtt, mbw;
-        if (!probe_links(is, &mrtt, &mbw)) {
+        if (!probe_links(is, may_probe, &mrtt, &mbw)) {
             /* Nothing measured: all-gather, and the first outer step's
              * figures (agreed by its members) decide from then on. */
             is->rtt_s = fmax(is->rtt_s, 0);
@@ -255,6 +255,7 @@ int loco__island_choose_algorithm(island *is) {
         if (is->bytes_per_s <= 0)
             is->bytes_per_s = isfinite(mbw) ? mbw : 1e12;
     }
+    is->algo_members = is->q.members; /* they decide alike from the same figures */
     return decide(is, is->rtt_s, is->bytes_per_s, true);
 }
 
@@ -292,7 +293,12 @@ static void exchange(island *is) {
         y->rc = 0; /* this rank holds none of the fragment, nor do its peers */
         return;
     }
-    if (is->algo == LOCO_EXCHANGE_RSAG && y->x.n_observers == 0 && !y->observer)
+    /* Under auto, only the members that chose the algorithm together run
+     * it: an island new to them (restarted, rejoined) has not seen the
+     * figures they chose from, so that step all-gathers, and every member
+     * rechooses from the figures it agrees. */
+    const bool chosen_together = !is->auto_algo || is->q.members == is->algo_members;
+    if (is->algo == LOCO_EXCHANGE_RSAG && y->x.n_observers == 0 && !y->observer && chosen_together)
         y->rc = loco_outer_step_rsag(o, &y->x, y->theta, y->outer, &y->st);
     else
         y->rc = loco_outer_step_allgather(o, &y->x, y->theta, y->outer, &y->st);
@@ -410,8 +416,10 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
         loco__island_drop_links(is); /* a failed attempt leaves nothing on the wire */
         return 0;
     }
-    if (!y->observer)
+    if (!y->observer) {
         LOCO_CHECK(rechoose(is, &y->st));
+        is->algo_members = is->q.members;
+    }
     /* zstd=auto weighs the wire against its own cost: the link speed the
      * islands agreed on, unless the config gives one. */
     if (is->cfg.compress.link_gbps <= 0 && y->st.agreed_bytes_per_s > 0 &&
