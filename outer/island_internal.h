@@ -76,8 +76,9 @@ struct loco_island {
     bool finished;              /* the run ended during an outer step */
     loco_exchange_algo algo;
     bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
-    uint64_t algo_members;      /* auto: the members that chose is->algo together (the
-                                   probe's, or the last step's); another quorum all-gathers */
+    uint64_t algo_epoch;        /* auto: the quorum epoch whose members chose is->algo
+                                   together (the probe's, or the last step's); a step in
+                                   another epoch all-gathers */
     double rtt_s, bytes_per_s;  /* this rank's estimate of its links */
     double elems_max;           /* largest fragment of the island's ranks */
     loco_metrics *metrics;      /* rank 0: outer-step records */

@@ -255,7 +255,7 @@ int loco__island_choose_algorithm(island *is, bool may_probe) {
         if (is->bytes_per_s <= 0)
             is->bytes_per_s = isfinite(mbw) ? mbw : 1e12;
     }
-    is->algo_members = is->q.members; /* they decide alike from the same figures */
+    is->algo_epoch = is->q.epoch; /* its members decide alike from the same figures */
     return decide(is, is->rtt_s, is->bytes_per_s, true);
 }
 
@@ -294,10 +294,12 @@ static void exchange(island *is) {
         return;
     }
     /* Under auto, only the members that chose the algorithm together run
-     * it: an island new to them (restarted, rejoined) has not seen the
-     * figures they chose from, so that step all-gathers, and every member
+     * it: those of the epoch they chose it in (an epoch has one
+     * membership, and a step commits only when every member concluded
+     * it). A step in a new epoch (an island restarted, rejoined or left,
+     * a coordinator restarted, a redo) all-gathers, and every member
      * rechooses from the figures it agrees. */
-    const bool chosen_together = !is->auto_algo || is->q.members == is->algo_members;
+    const bool chosen_together = !is->auto_algo || y->x.epoch == is->algo_epoch;
     if (is->algo == LOCO_EXCHANGE_RSAG && y->x.n_observers == 0 && !y->observer && chosen_together)
         y->rc = loco_outer_step_rsag(o, &y->x, y->theta, y->outer, &y->st);
     else
@@ -418,7 +420,7 @@ static int conclude(island *is, bool *ok, uint64_t *suspects, uint64_t *hash) {
     }
     if (!y->observer) {
         LOCO_CHECK(rechoose(is, &y->st));
-        is->algo_members = is->q.members;
+        is->algo_epoch = is->q.epoch;
     }
     /* zstd=auto weighs the wire against its own cost: the link speed the
      * islands agreed on, unless the config gives one. */
