@@ -46,8 +46,8 @@ static bool apply(loco_coord *c, const char *json, size_t len) {
     return ok;
 }
 
-/* Record n (from 1) of path at [line, line + len) (no newline) checks:
- * its hash, then its JSON. */
+/* Whether the record at [line, line + len) (no newline) checks — its
+ * hash, then its JSON — and is taken into c. */
 static bool record_ok(loco_coord *c, const char *line, size_t len) {
     if (len < 18 || line[16] != ' ')
         return false;
