@@ -46,6 +46,9 @@ typedef struct {
      * outputs added to the routed experts' combined output. */
     int n_experts, top_k, moe_every, n_shared_experts;
     float capacity_factor, aux_loss, z_loss;
+    /* DeepSeek-V3's routing bias (0 = none): loco_gpt_router_bias_step's
+     * rate; the bias itself is model state (loco_gpt_router_bias). */
+    float router_bias_rate;
     /* Expert parallelism: the experts are split over ep ranks (0 or 1:
      * all here); this rank's table holds experts [ep_rank E/ep, (ep_rank +
      * 1) E/ep) of every MoE block, under their global names. */
@@ -241,11 +244,32 @@ typedef struct {
     int64_t assignments, dropped;
     const int64_t *routed;           /* (n_experts) */
     double aux, z;
+    /* With model.router_bias_rate > 0: the loads of the global batch the
+     * last loco_gpt_router_bias_step summed (n_experts), and the layer's
+     * routing bias after it (n_experts); NULL otherwise. */
+    const int64_t *load;
+    const float *bias;
 } loco_gpt_moe_stats;
 /* MoE layers of the model (0 for a dense one) and layer i's figures. */
 int loco_gpt_moe_layers(const loco_gpt *m);
 void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out);
 void loco_gpt_moe_reset(loco_gpt *m);
+/* DeepSeek-V3's auxiliary-loss-free routing biases (cfg.router_bias_rate
+ * > 0): (MoE layers, n_experts) floats, layer-major, zero when the model is
+ * made, added to the router probabilities only to choose each token's top-k
+ * experts. Model state, not a parameter: no gradient, no optimizer, no
+ * outer step; in checkpoints' state.json (loco_ckpt_state). NULL, *n =
+ * 0 for a dense model or rate 0. */
+float *loco_gpt_router_bias(const loco_gpt *m, size_t *n);
+/* After an optimizer step: sums the step's routed counts (since
+ * loco_gpt_moe_reset, the forward passes of every micro-batch) over c,
+ * every rank that routed a share of the global batch (dp, which holds ep;
+ * pp stages count 0 for the blocks they do not hold, so c may be the whole
+ * island), then moves each MoE layer's bias by the rate against its load:
+ * b_e += rate sign(mean load - load_e). Every rank of c ends with the same
+ * biases. 0 and nothing done with rate 0; else what the collective
+ * returns. */
+int loco_gpt_router_bias_step(loco_gpt *m, struct loco_comm *c);
 /* Bytes of token rows this rank sent to other ep ranks (dispatch,
  * combine and their backward) since the model was made. */
 double loco_gpt_moe_bytes(const loco_gpt *m);

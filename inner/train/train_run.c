@@ -119,7 +119,8 @@ int loco_trainer_begin_run(loco_trainer *t) {
 /* Per MoE layer, what this rank's micro-batches of the step routed (rank
  * 0's; every dp rank's are alike in distribution): assignments per expert
  * before dropping, the fraction dropped, the load-balancing and z losses
- * (unscaled means over the micro-batches). */
+ * (unscaled means over the micro-batches); with model.router_bias_rate,
+ * the island's load imbalance and the routing biases' range. */
 static int moe_metrics(loco_trainer *t) {
     loco_gpt *m = t->model;
     for (int i = 0; i < loco_gpt_moe_layers(m); i++) {
@@ -135,6 +136,23 @@ static int moe_metrics(loco_trainer *t) {
         loco_metrics_num(t->metrics, key, st.aux);
         snprintf(key, sizeof key, "moe.%d.z_loss", st.block);
         loco_metrics_num(t->metrics, key, st.z);
+        if (!st.load)
+            continue;
+        /* DeepSeek-V3's balancing: the island's load max over mean, and
+         * the biases' range after the step */
+        const int E = loco_gpt_cfg(m)->n_experts;
+        int64_t most = 0, total = 0;
+        float lo = st.bias[0], hi = st.bias[0];
+        for (int e = 0; e < E; e++) {
+            most = st.load[e] > most ? st.load[e] : most, total += st.load[e];
+            lo = fminf(lo, st.bias[e]), hi = fmaxf(hi, st.bias[e]);
+        }
+        snprintf(key, sizeof key, "moe.%d.load_max_over_mean", st.block);
+        loco_metrics_num(t->metrics, key, total ? (double)most * E / (double)total : 0);
+        snprintf(key, sizeof key, "moe.%d.bias_min", st.block);
+        loco_metrics_num(t->metrics, key, lo);
+        snprintf(key, sizeof key, "moe.%d.bias_max", st.block);
+        loco_metrics_num(t->metrics, key, hi);
     }
     return 0;
 }
