@@ -438,6 +438,11 @@ struct loco_gpt_cuda {
     float *attn_scratch;           /* (B,NH,T) */
     double *sumsq;                 /* LOCO_CUDA_SUMSQ_OUT */
     layer_acts *la;                /* (L) */
+    /* Full recompute of blocks [0, n_rerun): their activations alias one
+     * shared set (only res3, the next block's input, is their own); the
+     * backward reruns each one's forward before its own backward. */
+    int n_rerun;
+    size_t act_bytes;              /* the blocks' activations, as carved */
     void *dres, *dbtc, *dfchg, *dfch, *dqkv; /* (N,C) (N,C) (N,F) (N,Fc) (N,W) */
     double *h_out;                 /* pinned: sumsq, loss sum, mean (as float bits) */
     bool graph_on, warm;           /* train.cuda_graph; a plain pass ran (plans made) */

@@ -254,21 +254,15 @@ typedef struct {
 int loco_gpt_moe_layers(const loco_gpt *m);
 void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out);
 void loco_gpt_moe_reset(loco_gpt *m);
-/* DeepSeek-V3's auxiliary-loss-free routing biases (cfg.router_bias_rate
- * > 0): (MoE layers, n_experts) floats, layer-major, zero when the model is
- * made, added to the router probabilities only to choose each token's top-k
- * experts. Model state, not a parameter: no gradient, no optimizer, no
- * outer step; in checkpoints' state.json (loco_ckpt_state). NULL, *n =
- * 0 for a dense model or rate 0. */
+/* DeepSeek-V3's routing biases (cfg.router_bias_rate > 0): (MoE layers,
+ * n_experts) floats, zero at first, added to the probabilities only to
+ * choose the top-k. Model state, not a parameter (no gradient, optimizer
+ * or outer step), in state.json. NULL, *n = 0 for rate 0. */
 float *loco_gpt_router_bias(const loco_gpt *m, size_t *n);
-/* After an optimizer step: sums the step's routed counts (since
- * loco_gpt_moe_reset, the forward passes of every micro-batch) over c,
- * every rank that routed a share of the global batch (dp, which holds ep;
- * pp stages count 0 for the blocks they do not hold, so c may be the whole
- * island), then moves each MoE layer's bias by the rate against its load:
- * b_e += rate sign(mean load - load_e). Every rank of c ends with the same
- * biases. 0 and nothing done with rate 0; else what the collective
- * returns. */
+/* After an optimizer step: sums the step's routed counts over c (the
+ * island: pp stages count 0 for blocks they do not hold) and moves each
+ * layer's biases b_e += rate sign(mean load - load_e), the same on every
+ * rank. 0 with rate 0; else what the collective returns. */
 int loco_gpt_router_bias_step(loco_gpt *m, struct loco_comm *c);
 /* Bytes of token rows this rank sent to other ep ranks (dispatch,
  * combine and their backward) since the model was made. */
@@ -549,6 +543,18 @@ void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs);
  * the ranged calls take [lo, hi). */
 int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                                  bool bf16, size_t lo, size_t hi);
+/* Every choice of a device model: precision, held range (hi = SIZE_MAX:
+ * all), and full recompute of the first `rerun` blocks (0: none): they
+ * keep only their output; the backward reruns each one's forward. */
+typedef struct {
+    bool bf16;
+    size_t lo, hi;
+    int rerun;
+} loco_gpt_cuda_opts;
+int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                              const loco_gpt_cuda_opts *o);
+/* Bytes of the blocks' activations it carved (what recompute saves). */
+size_t loco_gpt_cuda_act_bytes(const loco_gpt_cuda *g);
 /* Called on the host between the launches of a pass, as loco_gpt_hooks
  * (units 0, 1..L, L+1; the kernels before the call are queued, not
  * finished: work on loco_cuda_compute_stream is ordered after them).

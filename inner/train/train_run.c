@@ -100,8 +100,10 @@ int loco_trainer_begin_run(loco_trainer *t) {
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev)
         loco_info("device: one GPU (train.device = cuda), %s passes, fp32 master weights and "
-                  "AdamW state, %.1f MiB of device memory",
-                  c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20));
+                  "AdamW state, %.1f MiB of device memory, of which %.1f MiB the blocks' "
+                  "activations (train.recompute = %s)",
+                  c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20),
+                  (double)loco_gpt_cuda_act_bytes(t->dev) / (1 << 20), c->train.recompute);
     if (t->dev && (loco_comm_size(t->mesh.dp_cp) > 1 || t->dev_comm))
         loco_info("device data parallel: dp=%d, ZeRO-%d%s, gradients and parameters over %s, "
                   "reduced while the backward runs",
