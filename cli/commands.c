@@ -225,8 +225,8 @@ int cli_sample(int argc, char **argv) {
         LOCO_CHECK_GOTO(loco_tok_encode(tok, (const uint8_t *)prompt, plen, &pids, &n), out);
         memcpy(ctx, pids, n * sizeof *ctx);
         loco_free(pids);
-        if (n == 0 && loco_tok_special_id(tok, LOCO_TOK_EOT) >= 0)
-            ctx[n++] = loco_tok_special_id(tok, LOCO_TOK_EOT);
+        if (n == 0 && loco_tok_eot_id(tok) >= 0)
+            ctx[n++] = loco_tok_eot_id(tok);
     } else {
         for (size_t i = 0; i < plen; i++)
             ctx[n++] = (unsigned char)prompt[i] % V;

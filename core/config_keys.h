@@ -30,6 +30,7 @@ LOCO_KEY_INT(model, n_shared_experts, 0, 0, 64, "shared experts of each MoE laye
 LOCO_KEY_NUM(model, capacity_factor, 0, 0, 1024, "expert capacity ceil(top_k x tokens x f / n_experts) over a rank's micro-batch (0 = dropless); the least probable assignments over it are dropped")
 LOCO_KEY_NUM(model, aux_loss, 0.01, 0, 100, "coefficient of Switch's load-balancing loss E sum f_i P_i, per MoE layer")
 LOCO_KEY_NUM(model, z_loss, 0.001, 0, 100, "coefficient of the router z-loss mean (logsumexp of the router logits)^2, per MoE layer")
+LOCO_KEY_NUM(model, router_bias_rate, 0, 0, 1, "DeepSeek-V3's auxiliary-loss-free balancing (0 = off; DeepSeek-V3: 0.001): a per-layer, per-expert bias added to the router probabilities only to choose the top-k (the weights stay unbiased), moved after each optimizer step by this rate against the expert's load over the global batch, b_e += rate sign(mean load - load_e); model state kept in checkpoints, not a parameter")
 LOCO_SECTION_END(model)
 
 LOCO_SECTION_BEGIN(train)

@@ -187,10 +187,12 @@ void loco_attention_block_gqa_bwd(float *dq, int dq_ld, float *dk, float *dv, in
  * assignments are packed expert-major, each expert's in token order. */
 
 /* probs (N,E) = softmax of logits' rows (probs may equal logits), lse (N)
- * their log-sum-exp; expert (N,k) the k most probable (descending, ties:
- * lower index), weight (N,k) their probabilities over their sum. */
+ * their log-sum-exp; expert (N,k) the k largest scores probs[e] + bias[e]
+ * (descending, ties: lower index; bias (E) DeepSeek-V3's auxiliary-loss-free
+ * routing bias, NULL = none: the k most probable), weight (N,k) their
+ * unbiased probabilities over their sum: the bias only chooses. */
 void loco_moe_route(float *probs, float *lse, int32_t *expert, float *weight, const float *logits,
-                    int N, int E, int k);
+                    const float *bias, int N, int E, int k);
 /* Capacity and packing: slot (N,k) the packed row of each assignment or
  * -1 when dropped; rows (<= N k) the token of each packed row; count (E)
  * the rows each expert keeps; routed (E) the assignments routed to it
@@ -640,7 +642,8 @@ int loco_cuda_xent_vp_finish(float *losses, float *dlogits, const float *logits,
 #define LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) \
     ((size_t)4 * (3 * (size_t)(N) * (size_t)(k) + 2 * (size_t)(E) + 3))
 int loco_cuda_moe_route(float *probs, float *lse, int32_t *expert, float *weight,
-                        const float *logits, int N, int E, int k, loco_stream s);
+                        const float *logits, const float *bias, int N, int E, int k,
+                        loco_stream s);
 int loco_cuda_moe_plan(int32_t *slot, int32_t *rows, int32_t *count, int32_t *routed,
                        const int32_t *expert, const float *probs, int N, int E, int k, int cap,
                        void *scratch, loco_stream s);

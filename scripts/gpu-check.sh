@@ -100,11 +100,13 @@ fi
 # starts only if its timeout and grace fit before the deadline, and the
 # summary (10 s at most) runs last whatever is left: under 8 minutes, the
 # most one device call may take, build included.
-STEPS="device build versions tests multi-rank loco-gpt2 loco-attention loco-codecs pytorch-sdpa
-       pytorch-eager pytorch-compile summary"
-declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=90 [multi-rank]=25 [loco-gpt2]=35
-                   [loco-attention]=15 [loco-codecs]=15 [pytorch-sdpa]=20 [pytorch-eager]=30
-                   [pytorch-compile]=65 [summary]=10)
+STEPS="device build versions tests multi-rank loco-gpt2 loco-recompute loco-attention loco-codecs
+       pytorch-sdpa pytorch-eager pytorch-compile summary"
+# (tests ran 20 s of its 90 on the first H200, 2026-12-04: 20 of them went
+# to loco-recompute)
+declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=70 [multi-rank]=25 [loco-gpt2]=35
+                   [loco-recompute]=20 [loco-attention]=15 [loco-codecs]=15 [pytorch-sdpa]=20
+                   [pytorch-eager]=30 [pytorch-compile]=65 [summary]=10)
 for s in $STEPS; do
   v=GPU_CHECK_T_$(tr 'a-z-' 'A-Z_' <<<"$s")
   BUDGET[$s]=${!v:-${BUDGET[$s]}}
@@ -276,6 +278,9 @@ fi
 export PYTHONUNBUFFERED=1
 step loco-gpt2 env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench gpt2 --batch 16 --seq 1024 \
   --steps 20 --warmup 3 --profile 3 --graph both
+# the same steps with every block under full recompute: speed and memory
+step loco-recompute env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench gpt2 --batch 16 --seq 1024 \
+  --steps 10 --warmup 2 --graph off --recompute 12
 step loco-attention env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench attention --batch 16 \
   --seq 1024 --heads 12 --embd 768
 step loco-codecs env LD_LIBRARY_PATH="$LOCO_LD" "$BENCHBIN" --bench codecs
@@ -420,6 +425,15 @@ for ref, what in (("pytorch-eager", f"{tv} eager"), ("pytorch-compile", f"{tv} t
     add(f"gpt2_124m_train_tokens_per_s_vs_{ref.split('-')[1]}", "loco-gpt2", lg["tok_per_s"],
         ref, gpt2[ref]["tok_per_s"],
         what + " (same model, B=16 T=1024, bf16 autocast, SDPA, fused AdamW)", "tokens/s")
+# full recompute of every block against none (loco-gpt2's last line: graph off)
+rows = [r for r in json_lines("loco-recompute") if "tok_per_s" in r]
+rr = rows[-1] if rows else {}
+nr = ([r for r in json_lines("loco-gpt2") if "tok_per_s" in r] or [{}])[-1]
+add("gpt2_124m_full_recompute_tokens_per_s", "loco-recompute", rr.get("tok_per_s"),
+    "loco-gpt2", nr.get("tok_per_s"), "loco without recompute (the same bench, graph off)",
+    "tokens/s")
+add("gpt2_124m_full_recompute_activation_mib", "loco-recompute", rr.get("act_mib"),
+    "loco-gpt2", nr.get("act_mib"), "loco without recompute: the blocks' activations", "MiB")
 # two loco kernels, each beside SDPA: the reference (attention.cu, CUDA
 # cores; lines without "kernel" are its) and the tensor-core one
 att = [r for r in json_lines("loco-attention") if r.get("bench") == "attention"]
@@ -444,7 +458,7 @@ for r in codec_rows:
         "cudaMemcpy device-to-device, same floats (bytes read + written)", "GB/s")
 
 # exit status: tests failed or crashed, a benchmark crashed, the build failed
-bench_steps = ("loco-gpt2", "loco-attention", "loco-codecs", "pytorch-sdpa",
+bench_steps = ("loco-gpt2", "loco-recompute", "loco-attention", "loco-codecs", "pytorch-sdpa",
                "pytorch-eager", "pytorch-compile")
 problems = []
 if how != "dry-run":

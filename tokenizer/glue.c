@@ -1,6 +1,6 @@
 /* What the front ends need around a tokenizer: ids as text, documents with
- * their <|endoftext|>, the text bytes each id stands for, and the optional
- * tokenizer.json beside a checkpoint. */
+ * their separator (<|endoftext|>, Llama 3's <|end_of_text|>), the text bytes
+ * each id stands for, and the optional tokenizer.json beside a checkpoint. */
 #include "tokenizer/tokenizer.h"
 
 #include <stdlib.h>
@@ -52,12 +52,12 @@ int loco_tok_encode_document(const loco_tok *t, const char *what, const uint8_t 
                              void *arg, int32_t **ids, size_t *n) {
     *ids = NULL;
     *n = 0;
-    const int eot = loco_tok_special_id(t, LOCO_TOK_EOT);
+    const int eot = loco_tok_eot_id(t);
     if (eot < 0)
         return LOCO_ERR(LOCO_EINVAL,
-                        "tokenizer %s has no %s special token (needed between "
+                        "tokenizer %s has no %s (or %s) special token (needed between "
                         "documents)",
-                        what, LOCO_TOK_EOT);
+                        what, LOCO_TOK_EOT, LOCO_TOK_LLAMA3_EOT);
     int32_t *body = NULL, *all = NULL;
     size_t nb = 0;
     LOCO_CHECK(
@@ -77,7 +77,7 @@ int loco_tok_encode_document(const loco_tok *t, const char *what, const uint8_t 
 int loco_tok_text_bytes(const loco_tok *t, int n, uint32_t *lens) {
     if (n < 0)
         return LOCO_ERR(LOCO_EINVAL, "text bytes of %d ids, expected n >= 0", n);
-    const int eot = loco_tok_special_id(t, LOCO_TOK_EOT);
+    const int eot = loco_tok_eot_id(t);
     for (int id = 0; id < n; id++) {
         size_t len = 0;
         if (id != eot)

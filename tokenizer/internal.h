@@ -8,7 +8,8 @@
 #include <pcre2.h>
 
 #define TOK_ABSENT UINT32_MAX
-#define TOK_MAX_SPECIAL 64
+/* Llama 3's 256 and room for a tokenizer.json's added tokens */
+#define TOK_MAX_SPECIAL 512
 
 /* Open-addressing map from a byte string to an id (the vocabulary). */
 typedef struct {
@@ -34,6 +35,11 @@ struct loco_tok {
     int nmerges, merges_cap;
     int nspecial;
     int32_t special[TOK_MAX_SPECIAL]; /* ids of special tokens */
+    /* how specials start, so that one pass over the text finds them */
+    uint8_t special_lead[256];   /* per byte: 1 one starts with it, 2 it is one */
+    uint64_t special_pair[1024]; /* bit b0 << 8 | b1: one starts with b0 b1 */
+    int nlead;                   /* distinct first bytes */
+    int lead;                    /* the first byte when nlead is 1 (usually '<') */
     pcre2_code *re;
     int jit;                  /* re was JIT-compiled */
     char *regex;              /* re's source as the file or name gave it */
@@ -41,15 +47,18 @@ struct loco_tok {
     int whole_pieces; /* a piece that is a token is that token (tokenizer.json ignore_merges) */
 };
 
-/* A named pattern and, for OpenAI's encodings, the special tokens tiktoken
- * gives them with exactly nranks ranks. */
+/* A named pattern and, for a known encoding (OpenAI's, Llama 3's), the
+ * special tokens its tokenizer gives a file of exactly nranks ranks: the
+ * named ones, and "<|reserved_special_token_K|>" for every other id in
+ * nranks..special_end-1 (K = 0, 1, ... in id order; none when special_end
+ * is 0), as Meta-Llama-3.1-8B's tokenizer.json names them. */
 typedef struct {
     const char *name, *regex;
-    int nranks;
+    int nranks, special_end;
     struct {
         const char *text;
         int id;
-    } special[6];
+    } special[8];
 } tok_pattern;
 
 const tok_pattern *loco__tok_pattern(const char *name); /* NULL when unknown */

@@ -330,22 +330,32 @@ static int tt_cmp(const void *a, const void *b) {
     return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-/* The special tokens of a tiktoken file: OpenAI's of the pattern when the
- * file holds exactly that encoding's number of ranks (0..nranks-1), else
- * <|endoftext|> after the largest rank. */
+/* The special tokens of a tiktoken file: those of the pattern's encoding
+ * (OpenAI's, Llama 3's) when the file holds exactly that encoding's number
+ * of ranks (0..nranks-1), else <|endoftext|> after the largest rank. */
 static int tt_specials(loco_tok **t, const char *path, const tok_pattern *p, size_t n,
                        int maxrank) {
-    int openai = p && p->nranks && n == (size_t)p->nranks && maxrank == p->nranks - 1;
+    const int nnamed = (int)(sizeof p->special / sizeof p->special[0]);
+    int known = p && p->nranks && n == (size_t)p->nranks && maxrank == p->nranks - 1;
     int vocab = maxrank + 2;
-    for (int i = 0; openai && i < 6 && p->special[i].text; i++)
+    if (known && p->special_end > vocab)
+        vocab = p->special_end;
+    for (int i = 0; known && i < nnamed && p->special[i].text; i++)
         vocab = p->special[i].id + 1 > vocab ? p->special[i].id + 1 : vocab;
     LOCO_CHECK(loco__tok_new(t, vocab, path));
-    if (!openai)
+    if (!known)
         return loco__tok_set(*t, maxrank + 1, (const uint8_t *)LOCO_TOK_EOT, strlen(LOCO_TOK_EOT),
                              1, path, "end");
-    for (int i = 0; i < 6 && p->special[i].text; i++)
+    for (int i = 0; i < nnamed && p->special[i].text; i++)
         LOCO_CHECK(loco__tok_set(*t, p->special[i].id, (const uint8_t *)p->special[i].text,
                                  strlen(p->special[i].text), 1, path, p->name));
+    char text[64];
+    for (int id = p->nranks, k = 0; id < p->special_end; id++) {
+        if ((*t)->len[id] != TOK_ABSENT) /* named */
+            continue;
+        int len = snprintf(text, sizeof text, "<|reserved_special_token_%d|>", k++);
+        LOCO_CHECK(loco__tok_set(*t, id, (const uint8_t *)text, (size_t)len, 1, path, p->name));
+    }
     return 0;
 }
 

@@ -7,10 +7,11 @@
 #include <string.h>
 
 static const tok_pattern patterns[] = {
-    {"gpt2", LOCO_TOK_GPT2_PATTERN, 0, {{NULL, 0}}},
+    {"gpt2", LOCO_TOK_GPT2_PATTERN, 0, 0, {{NULL, 0}}},
     {"cl100k",
      LOCO_TOK_CL100K_PATTERN,
      100256,
+     0,
      {{"<|endoftext|>", 100257},
       {"<|fim_prefix|>", 100258},
       {"<|fim_middle|>", 100259},
@@ -19,8 +20,24 @@ static const tok_pattern patterns[] = {
     {"o200k",
      LOCO_TOK_O200K_PATTERN,
      199998,
+     0,
      {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}},
-    {"llama3", LOCO_TOK_LLAMA3_PATTERN, 0, {{NULL, 0}}},
+    /* Llama 3.1's tokenizer.model: 256 specials after 128000 ranks, 248 of
+     * them reserved, as the added_tokens of Meta-Llama-3.1-8B's
+     * tokenizer.json (meta-llama/llama-models' tokenizer.py has <|step_id|>
+     * at 128005, so its reserved ones from 128011 are numbered one lower) */
+    {"llama3",
+     LOCO_TOK_LLAMA3_PATTERN,
+     128000,
+     128256,
+     {{"<|begin_of_text|>", 128000},
+      {"<|end_of_text|>", 128001},
+      {"<|finetune_right_pad_id|>", 128004},
+      {"<|start_header_id|>", 128006},
+      {"<|end_header_id|>", 128007},
+      {"<|eom_id|>", 128008},
+      {"<|eot_id|>", 128009},
+      {"<|python_tag|>", 128010}}},
 };
 #define NPATTERNS (sizeof patterns / sizeof patterns[0])
 

@@ -140,6 +140,11 @@ int loco__tok_set(loco_tok *t, int id, const uint8_t *b, size_t n, int special, 
             return LOCO_ERR(LOCO_EPROTO, "%s: %s: more than %d special tokens", file, where,
                             TOK_MAX_SPECIAL);
         t->special[t->nspecial++] = id;
+        t->nlead += !t->special_lead[b[0]];
+        t->lead = b[0];
+        t->special_lead[b[0]] |= n == 1 ? 2 : 1;
+        if (n > 1) /* bit b[0] << 8 | b[1] */
+            t->special_pair[b[0] << 2 | b[1] >> 6] |= 1ull << (b[1] & 63);
         return 0;
     }
     if (n == 1)
@@ -293,6 +298,11 @@ int loco_tok_special_id(const loco_tok *t, const char *text) {
             return id;
     }
     return -1;
+}
+
+int loco_tok_eot_id(const loco_tok *t) {
+    int id = loco_tok_special_id(t, LOCO_TOK_EOT);
+    return id >= 0 ? id : loco_tok_special_id(t, LOCO_TOK_LLAMA3_EOT);
 }
 
 const uint8_t *loco_tok_token_bytes(const loco_tok *t, int id, size_t *len) {
@@ -529,37 +539,56 @@ static int regex_pieces(const loco_tok *t, pcre2_match_data *md, const uint8_t *
     return 0;
 }
 
+/* Some special of two bytes or more starts with p[0], p[1]. */
+static int special_pair(const loco_tok *t, const uint8_t *p) {
+    const unsigned pair = (unsigned)p[0] << 8 | p[1];
+    return (int)(t->special_pair[pair >> 6] >> (pair & 63) & 1);
+}
+
+/* The first place at or after pos where a special token starts (the
+ * longest of those starting there in *id), or len (*id -1). One pass over
+ * the text, however many specials (Llama 3 has 256); only a place where a
+ * special's first two bytes (or a one-byte special) are compares them. */
+static size_t next_special(const loco_tok *t, const uint8_t *text, size_t pos, size_t len,
+                           int *id) {
+    for (; pos < len; pos++) {
+        if (t->nlead == 1) { /* memchr skips to the next candidate */
+            const uint8_t *p = memchr(text + pos, t->lead, len - pos);
+            if (!p)
+                break;
+            pos = (size_t)(p - text);
+        }
+        const uint8_t lead = t->special_lead[text[pos]];
+        if (!lead || (!(lead & 2) && (pos + 1 == len || !special_pair(t, text + pos))))
+            continue;
+        int best = -1;
+        for (int i = 0; i < t->nspecial; i++) {
+            int s = t->special[i];
+            if (t->len[s] <= len - pos && (best < 0 || t->len[s] > t->len[best]) &&
+                !memcmp(text + pos, t->pool + t->off[s], t->len[s]))
+                best = s;
+        }
+        if (best >= 0) {
+            *id = best;
+            return pos;
+        }
+    }
+    *id = -1;
+    return len;
+}
+
 int loco__tok_pieces(const loco_tok *t, pcre2_match_data *md, const uint8_t *text, size_t len,
                      tok_piece_fn fn, void *arg) {
     size_t pos = 0;
-    size_t next_at[TOK_MAX_SPECIAL]; /* each special's next place (len: none), found once */
-    for (int i = 0; i < t->nspecial; i++)
-        next_at[i] = SIZE_MAX;
     while (pos < len) {
-        /* the earliest special token at or after pos (longest on a tie) */
-        size_t best = len;
-        int best_id = -1;
-        for (int i = 0; i < t->nspecial; i++) {
-            int id = t->special[i];
-            if (next_at[i] == SIZE_MAX || (next_at[i] < pos && next_at[i] != len)) {
-                const uint8_t *hit =
-                    memmem(text + pos, len - pos, t->pool + t->off[id], t->len[id]);
-                next_at[i] = hit ? (size_t)(hit - text) : len;
-            }
-            size_t at = next_at[i];
-            if (at == len)
-                continue;
-            if (at < best || (at == best && t->len[id] > t->len[best_id])) {
-                best = at;
-                best_id = id;
-            }
-        }
-        if (best > pos)
-            LOCO_CHECK(regex_pieces(t, md, text + pos, best - pos, fn, arg));
-        if (best_id < 0)
+        int id;
+        size_t at = next_special(t, text, pos, len, &id);
+        if (at > pos)
+            LOCO_CHECK(regex_pieces(t, md, text + pos, at - pos, fn, arg));
+        if (id < 0)
             break;
-        LOCO_CHECK(fn(text + best, t->len[best_id], best_id, arg));
-        pos = best + t->len[best_id];
+        LOCO_CHECK(fn(text + at, t->len[id], id, arg));
+        pos = at + t->len[id];
     }
     return 0;
 }

@@ -18,6 +18,8 @@
 #include <stdint.h>
 
 #define LOCO_TOK_EOT "<|endoftext|>"
+/* Llama 3's end of a document (its <|eot_id|> ends a chat turn). */
+#define LOCO_TOK_LLAMA3_EOT "<|end_of_text|>"
 
 /* GPT-2's pre-tokenisation pattern. */
 #define LOCO_TOK_GPT2_PATTERN                                                                      \
@@ -83,8 +85,14 @@ int loco_tok_load(loco_tok **out, const char *spec);
  * encoding (cl100k: <|endoftext|> 100257, <|fim_prefix|> 100258,
  * <|fim_middle|> 100259, <|fim_suffix|> 100260, <|endofprompt|> 100276;
  * o200k: <|endoftext|> 199999, <|endofprompt|> 200018) in place of
- * <|endoftext|> after the largest rank. An unknown name: LOCO_EINVAL naming
- * the known ones. */
+ * <|endoftext|> after the largest rank. Under llama3 a file of exactly
+ * ranks 0..127999 (Llama 3's tokenizer.model) gets Llama 3.1's 256
+ * specials, 128256 ids: <|begin_of_text|> 128000, <|end_of_text|> 128001,
+ * <|finetune_right_pad_id|> 128004, <|start_header_id|> 128006,
+ * <|end_header_id|> 128007, <|eom_id|> 128008, <|eot_id|> 128009,
+ * <|python_tag|> 128010 and <|reserved_special_token_K|> on the others
+ * (K = 0 at 128002, 1, 2 at 128005, 3 at 128011, ... 247 at 128255). An
+ * unknown name: LOCO_EINVAL naming the known ones. */
 int loco_tok_load_pattern(loco_tok **out, const char *spec, const char *pattern);
 /* The regex of a named pattern (as LOCO_TOK_*_PATTERN), or NULL. */
 const char *loco_tok_pattern_regex(const char *name);
@@ -116,6 +124,9 @@ int loco_tok_vocab_size(const loco_tok *t); /* largest id + 1 */
 int loco_tok_num_merges(const loco_tok *t);
 /* Id of a special token by its text, or -1. */
 int loco_tok_special_id(const loco_tok *t, const char *text);
+/* The special token that separates documents: <|endoftext|>, else Llama 3's
+ * <|end_of_text|> (LOCO_TOK_LLAMA3_EOT); -1 when t has neither. */
+int loco_tok_eot_id(const loco_tok *t);
 /* Bytes of one id (NULL with *len 0 for an id outside the vocabulary). */
 const uint8_t *loco_tok_token_bytes(const loco_tok *t, int id, size_t *len);
 
@@ -141,16 +152,16 @@ int loco_tok_decode(const loco_tok *t, const int32_t *ids, size_t n, uint8_t **t
  * *n ids. LOCO_EINVAL "WHAT: byte B: expected a token id" at the first
  * thing that is not an id in 0..INT32_MAX. */
 int loco_tok_parse_ids(const char *text, size_t len, const char *what, int32_t **ids, size_t *n);
-/* One document: <|endoftext|> then the ids of text (as
+/* One document: the separator (loco_tok_eot_id) then the ids of text (as
  * loco_tok_encode_parallel, whose arguments these are), the way llm.c's
  * preparation scripts put one before every document. A fresh array *ids
  * (loco_free) of *n ids; LOCO_EINVAL naming `what` when t has no
- * <|endoftext|>. */
+ * separator. */
 int loco_tok_encode_document(const loco_tok *t, const char *what, const uint8_t *text, size_t len,
                              size_t chunk_bytes, int nthreads, loco_tok_progress_fn progress,
                              void *arg, int32_t **ids, size_t *n);
 /* lens[id] = bytes of text id stands for, for ids 0..n-1: its bytes, 0 for
- * <|endoftext|> (a separator, no text) and for ids outside the vocabulary
+ * the separator (loco_tok_eot_id: no text) and for ids outside the vocabulary
  * (n may exceed loco_tok_vocab_size). */
 int loco_tok_text_bytes(const loco_tok *t, int n, uint32_t *lens);
 /* The tokenizer.json at path when there is one (*out NULL, 0 when there

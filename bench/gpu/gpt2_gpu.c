@@ -23,6 +23,9 @@
  * kernel at head size 64); the JSON line names the kernel that ran.
  * (Until 2026-12-04 the bench never chose, so its model ran the reference
  * kernel while the trainer's ran the tensor-core one.)
+ * --recompute N: full activation recompute of the first N blocks
+ * (train.recompute = full); the JSON line gives the blocks' activations
+ * (act_mib) beside the whole device memory (device_mib).
  *
  * --bench attention: the fused causal attention, bf16, forward + backward,
  * both kernels (loco_cuda_attention_{fwd,bwd}_bf16, the reference, and
@@ -62,6 +65,7 @@
 typedef struct {
     int B, T, L, NH, C, V, steps, warmup, profile;
     int graph; /* 0 off, 1 on, 2 both */
+    int rerun; /* gpt2: blocks under full recompute (train.recompute = full) */
     double peak_tflops, lr;
     const char *data;
     const char *bench;     /* gpt2, attention, codecs, versions */
@@ -106,7 +110,8 @@ static int setup(gpu_model *g) {
     loco_rng_seed(&rng, 1337);
     loco_gpt_init_weights(host, &rng);
     g->P = loco_gpt_num_params(host);
-    int rc = loco_gpt_cuda_create(&g->dev, &g->cfg, o->B, o->T, true);
+    const loco_gpt_cuda_opts co = {.bf16 = true, .lo = 0, .hi = SIZE_MAX, .rerun = o->rerun};
+    int rc = loco_gpt_cuda_create_with(&g->dev, &g->cfg, o->B, o->T, &co);
     if (rc == 0) /* as the trainer: the model starts on the reference kernel */
         rc = loco_gpt_cuda_set_attention(g->dev, o->attention);
     if (rc == 0)
@@ -175,7 +180,7 @@ static void usage(void) {
     fprintf(stderr, "usage: loco-gpu-bench [--bench gpt2|attention|codecs|versions] [--batch B] "
                     "[--seq T] [--layers L] [--heads NH] [--embd C] [--vocab V] [--steps N] "
                     "[--warmup N] [--lr X] [--peak-tflops X] [--data shard.bin] [--profile N] "
-                    "[--iters N] [--elems N] [--graph off|on|both] "
+                    "[--iters N] [--elems N] [--graph off|on|both] [--recompute BLOCKS] "
                     "[--attention auto|tensor|reference]\n");
 }
 
@@ -426,6 +431,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--attention")) o.attention = v;
         else if (!strcmp(a, "--iters")) o.iters = atoi(v);
         else if (!strcmp(a, "--elems")) o.elems = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--recompute")) o.rerun = atoi(v);
         else if (!strcmp(a, "--graph"))
             o.graph = !strcmp(v, "on") ? 1 : !strcmp(v, "both") ? 2 : !strcmp(v, "off") ? 0 : -1;
         else {
@@ -494,9 +500,12 @@ static void json_line(const gpu_model *g, bool graph, double step_ms, float firs
     printf("{\"impl\": \"loco\", \"mode\": \"bf16\", \"attention\": \"%s\", \"graph\": %s, "
            "\"B\": %d, \"T\": %d, "
            "\"params\": %zu, \"step_ms\": %.2f, \"tok_per_s\": %.0f, \"mfu\": %.4f, "
-           "\"loss_first\": %.4f, \"loss_last\": %.4f}\n",
+           "\"loss_first\": %.4f, \"loss_last\": %.4f, \"recompute_blocks\": %d, "
+           "\"act_mib\": %.1f, \"device_mib\": %.1f}\n",
            impl == LOCO_ATTN_TENSOR ? "tensor" : "reference", graph ? "true" : "false",
-           g->o.B, g->o.T, g->P, step_ms, tps, mfu, first, loss);
+           g->o.B, g->o.T, g->P, step_ms, tps, mfu, first, loss, g->o.rerun,
+           (double)loco_gpt_cuda_act_bytes(g->dev) / (1 << 20),
+           (double)loco_gpt_cuda_bytes(g->dev) / (1 << 20));
 }
 
 /* Warm-up and timed steps (with --graph, the graph's first), the profile,

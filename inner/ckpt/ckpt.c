@@ -144,7 +144,7 @@ static int write_configs(const char *tmp, const loco_config *cfg, const loco_gpt
 }
 
 /* The fields both layouts share in state.json. */
-static cJSON *state_json(const loco_ckpt_state *st, int64_t adam_t) {
+static cJSON *state_json(const loco_ckpt_state *st, const loco_ckpt_view *v, int64_t adam_t) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "format", CKPT_FORMAT);
     cJSON_AddNumberToObject(j, "version", CKPT_VERSION);
@@ -161,6 +161,11 @@ static cJSON *state_json(const loco_ckpt_state *st, int64_t adam_t) {
         cJSON_AddItemToArray(r, cJSON_CreateString(h));
     }
     hex_item(j, "model_hash", st->model_hash);
+    if (v->n_router_bias) { /* a float's double prints and parses back exactly */
+        cJSON *b = cJSON_AddArrayToObject(j, "router_bias");
+        for (size_t i = 0; i < v->n_router_bias; i++)
+            cJSON_AddItemToArray(b, cJSON_CreateNumber(v->router_bias[i]));
+    }
     return j;
 }
 
@@ -263,7 +268,7 @@ static int save_local(const char *dir, const loco_config *cfg, const loco_ckpt_v
         LOCO_CHECK_GOTO(loco__ckpt_file_hash(path, &h_optim), out);
     }
     LOCO_CHECK_GOTO(write_configs(tmp, cfg, c), out);
-    j = state_json(st, v->m ? v->adam_t : 0);
+    j = state_json(st, v, v->m ? v->adam_t : 0);
     cJSON *files = cJSON_AddObjectToObject(j, "xxh3");
     hex_item(files, MODEL_FILE, h_model);
     if (v->m)
@@ -287,6 +292,7 @@ loco_ckpt_view loco__ckpt_model_view(const loco_gpt *m, const loco_adamw *opt) {
         .o_hi = opt ? n : 0, .adam_t = opt ? opt->t : 0, .tp_rank = loco_gpt_tp_rank(m),
         /* Its pp rank is not known here: loaded by tensor name. */
         .stage = loco_gpt_stage_of(m), .pp_rank = -1};
+    v.router_bias = loco_gpt_router_bias(m, &v.n_router_bias);
     return v;
 }
 
@@ -440,7 +446,7 @@ int loco_ckpt_write_manifest_pp(const char *tmpdir, const char *dir, const loco_
     /* pp_ranks name groups: pp rank x ep + ep rank */
     LOCO_CHECK_GOTO(check_shard_list(t, pp * ep, P, n_shards, los, his, tp_ranks, pp_ranks), out);
     LOCO_CHECK_GOTO(write_configs(tmpdir, cfg, &v->model), out);
-    j = state_json(st, v->adam_t);
+    j = state_json(st, v, v->adam_t);
     if (pp * ep == 1) {
         cJSON_AddNumberToObject(j, "n_params", (double)P[0]);
     } else {

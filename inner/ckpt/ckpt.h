@@ -46,6 +46,12 @@ typedef struct {
     float *m, *v;
     size_t o_lo, o_hi;
     int64_t adam_t;
+    /* DeepSeek-V3's routing biases (loco_gpt_router_bias: every MoE
+     * layer's, the same on every rank), state.json's "router_bias": saved
+     * when n_router_bias > 0; a load fills them, and the checkpoint must
+     * hold exactly n_router_bias (LOCO_EPROTO otherwise). */
+    float *router_bias;
+    size_t n_router_bias;
 } loco_ckpt_view;
 
 /* The single-file layout above, from a view holding every range of the

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -342,6 +343,24 @@ int loco__ckpt_parse_layout(const char *dir, const cJSON *j, const loco_gpt_conf
     return 0;
 }
 
+/* state.json's "router_bias": exactly n finite numbers into bias. */
+static int read_router_bias(const char *dir, const cJSON *j, float *bias, size_t n) {
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "router_bias");
+    if (!cJSON_IsArray(b) || (size_t)cJSON_GetArraySize(b) != n)
+        return LOCO_ERR(LOCO_EPROTO,
+                        "checkpoint %s: %s should hold \"router_bias\", the %zu routing biases of "
+                        "model.router_bias_rate > 0 (it has %d)",
+                        dir, STATE_FILE, n, cJSON_IsArray(b) ? cJSON_GetArraySize(b) : 0);
+    size_t i = 0;
+    for (const cJSON *x = b->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
+            return LOCO_ERR(LOCO_EPROTO, "checkpoint %s: %s router_bias[%zu] is not a number",
+                            dir, STATE_FILE, i);
+        bias[i] = (float)x->valuedouble;
+    }
+    return 0;
+}
+
 static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                      loco_ckpt_state *st) {
     int rc = 0, tp, ep, pp;
@@ -349,6 +368,7 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
     cJSON *j;
     loco_ckpt_state s;
     loco_gpt_stage *stages = NULL;
+    float *bias = NULL;
     LOCO_CHECK(loco__ckpt_read_state(dir, &j, &s, &adam_t));
     if (s.model_hash != loco_config_hash(cfg, loco__ckpt_model_sections)) {
         rc = LOCO_ERR(LOCO_EINVAL,
@@ -357,6 +377,13 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
                       dir, dir);
         goto out;
     }
+    /* read first, landed last: on error the view is untouched */
+    if (v->n_router_bias && !(bias = loco_alloc(v->n_router_bias * sizeof(float)))) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "routing biases");
+        goto out;
+    }
+    if (v->n_router_bias)
+        LOCO_CHECK_GOTO(read_router_bias(dir, j, bias, v->n_router_bias), out);
     LOCO_CHECK_GOTO(loco__ckpt_parse_layout(dir, j, &v->model, &tp, &ep, &pp, &stages), out);
     const int tv = loco__ckpt_view_tp(v);
     if (v->tp_rank < 0 || v->tp_rank >= tv) {
@@ -375,9 +402,12 @@ static int load_view(const char *dir, const loco_config *cfg, loco_ckpt_view *v,
     else
         LOCO_CHECK_GOTO(load_single(dir, cJSON_GetObjectItemCaseSensitive(j, "xxh3"), v), out);
     v->adam_t = adam_t;
+    if (v->n_router_bias)
+        memcpy(v->router_bias, bias, v->n_router_bias * sizeof(float));
     if (st)
         *st = s;
 out:
+    loco_free(bias);
     loco_free(stages);
     cJSON_Delete(j);
     return rc;

@@ -69,10 +69,11 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
     const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 42 + 13 * L;
+    const size_t n_ranges = 42 + 13 * (L + 1);
+    const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
-           N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + rope + L * per_layer +
-           n_ranges * 256;
+           N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + rope +
+           (kept + shared) * per_layer + (size_t)g->n_rerun * N * C * es + n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
@@ -120,8 +121,19 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->rope_cos, n * 4, "RoPE cos");
         SLAB(g->rope_sin, n * 4, "RoPE sin");
     }
-    for (int l = 0; l < g->cfg.n_layer; l++) {
-        layer_acts *a = &g->la[l];
+    /* blocks [0, n_rerun) share one set (carved last, as block -1) and
+     * keep only res3, the next block's input */
+    layer_acts shared = {0};
+    g->act_bytes = 0;
+    for (int l = g->n_rerun ? -1 : 0; l < g->cfg.n_layer; l++) {
+        layer_acts *a = l < 0 ? &shared : &g->la[l];
+        if (l >= 0 && l < g->n_rerun) {
+            *a = shared;
+            SLAB(a->res3, N * C * es, "residual3");
+            g->act_bytes += N * C * es;
+            continue;
+        }
+        g->act_bytes += N * (5 * C + W + Fc + F) * es + N * 4 * 4 + bnt * 4;
         SLAB(a->ln1, N * C * es, "ln1");
         SLAB(a->qkv, N * W * es, "qkv");
         SLAB(a->atty, N * C * es, "atty");
@@ -176,12 +188,28 @@ static int index_units(loco_gpt_cuda *g) {
 
 int loco_gpt_cuda_create(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                          bool bf16) {
-    return loco_gpt_cuda_create_sharded(out, cfg, B, T, bf16, 0, SIZE_MAX);
+    const loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX};
+    return loco_gpt_cuda_create_with(out, cfg, B, T, &o);
 }
 
 int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                                  bool bf16, size_t lo, size_t hi) {
+    const loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = lo, .hi = hi};
+    return loco_gpt_cuda_create_with(out, cfg, B, T, &o);
+}
+
+size_t loco_gpt_cuda_act_bytes(const loco_gpt_cuda *g) {
+    return g->act_bytes;
+}
+
+int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                              const loco_gpt_cuda_opts *o) {
     *out = NULL;
+    const bool bf16 = o->bf16;
+    size_t lo = o->lo, hi = o->hi;
+    if (o->rerun < 0 || o->rerun > cfg->n_layer)
+        return LOCO_ERR(LOCO_EINVAL, "device model: recompute %d of %d blocks", o->rerun,
+                        cfg->n_layer);
     if (cfg->n_experts > 0)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "train.device = cuda runs dense blocks only: mixture of "
@@ -214,6 +242,7 @@ int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg
     g->Vp = (cfg->vocab_size + VOCAB_ALIGN - 1) / VOCAB_ALIGN * VOCAB_ALIGN;
     g->bf16 = bf16;
     g->es = bf16 ? 2 : 4;
+    g->n_rerun = o->rerun;
     g->stream = loco_cuda_compute_stream();
     g->copy = loco_cuda_copy_stream();
     LOCO_CHECK_GOTO(loco_gpt_build_table(&g->tt, cfg), out_fail);
@@ -550,9 +579,11 @@ static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     return 0;
 }
 
-/* Blocks, ln_f and the head: logits (N,Vp). */
-static int forward_body(loco_gpt_cuda *g, int B, int T) {
-    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
+/* Block l's forward from its input into g->la[l] (its unit's weights
+ * bound): the forward pass, and again in the backward of a recomputed
+ * block. */
+static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
+    const int C = g->cfg.n_embd;
     const int Wd = loco_gpt_qkv_width(&g->cfg), Fc = loco_gpt_fc_width(&g->cfg);
     const int F = loco_gpt_ffn(&g->cfg);
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
@@ -562,6 +593,39 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
     loco_stream s = g->stream;
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
+    layer_acts *a = &g->la[l];
+    const void *res = residual_in(g, l);
+    LOCO_CHECK(norm_fwd(g, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"), LW("ln_1.bias"), N));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
+                               LW("attn.c_attn.bias"), N, C, Wd, false, s));
+    LOCO_CHECK(rope(g, a->qkv, B, T, false));
+    LOCO_CHECK(attention_fwd(g, a, B, T));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->atty, LW("attn.c_proj.weight"),
+                               LW("attn.c_proj.bias"), N, C, C, false, s));
+    RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
+    LOCO_CHECK(
+        norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), N));
+    if (swiglu) {
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, a->ln2, LW("mlp.c_fc.weight"),
+                                   LW("mlp.c_fc.bias"), N, C, Fc, false, s));
+        RUN(LOCO_PROF_ELEM, TWIN(swiglu_fwd, a->fchg, a->fch, N, F, s));
+    } else {
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
+                                   LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, Fc, s));
+    }
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
+                               LW("mlp.c_proj.bias"), N, F, C, false, s));
+    RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
+#undef LW
+    return 0;
+}
+
+/* Blocks, ln_f and the head: logits (N,Vp). */
+static int forward_body(loco_gpt_cuda *g, int B, int T) {
+    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
+    const int N = B * T;
+    loco_blas *h = g->blas;
+    loco_stream s = g->stream;
     ACQUIRE(0, false);
     LOCO_CHECK(check_bound(g, 0, false));
     /* sharded: the head's copy of the newly bound wte or lm_head */
@@ -573,34 +637,10 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
     RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"),
                              W("transformer.wpe.weight"), B, T, C, s));
     for (int l = 0; l < L; l++) {
-        layer_acts *a = &g->la[l];
-        const void *res = residual_in(g, l);
         ACQUIRE(l + 1, false);
         LOCO_CHECK(check_bound(g, l + 1, false));
-        LOCO_CHECK(
-            norm_fwd(g, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"), LW("ln_1.bias"), N));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
-                                   LW("attn.c_attn.bias"), N, C, Wd, false, s));
-        LOCO_CHECK(rope(g, a->qkv, B, T, false));
-        LOCO_CHECK(attention_fwd(g, a, B, T));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->atty, LW("attn.c_proj.weight"),
-                                   LW("attn.c_proj.bias"), N, C, C, false, s));
-        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
-        LOCO_CHECK(
-            norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), N));
-        if (swiglu) {
-            RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, a->ln2, LW("mlp.c_fc.weight"),
-                                       LW("mlp.c_fc.bias"), N, C, Fc, false, s));
-            RUN(LOCO_PROF_ELEM, TWIN(swiglu_fwd, a->fchg, a->fch, N, F, s));
-        } else {
-            RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
-                                       LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, Fc, s));
-        }
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
-                                   LW("mlp.c_proj.bias"), N, F, C, false, s));
-        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
+        LOCO_CHECK(block_fwd(g, l, B, T));
     }
-#undef LW
     ACQUIRE(L + 1, false);
     LOCO_CHECK(check_bound(g, L + 1, false));
     if (g->head_stale && g->head_unit == L + 1) {
@@ -681,6 +721,10 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         const void *res = residual_in(g, l);
         ACQUIRE(l + 1, true);
         LOCO_CHECK(check_bound(g, l + 1, true));
+        /* a recomputed block's activations, from its kept input (the
+         * shared set still holds the last one the forward ran) */
+        if (l < g->n_rerun && l != g->n_rerun - 1)
+            LOCO_CHECK(block_fwd(g, l, B, T));
         /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
          * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
         int unfused = 1;

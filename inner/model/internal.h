@@ -358,6 +358,32 @@ void loco__gpt_moe_fini(loco_gpt *m);
  * backward from s.dres into s.dbtc, with every router and expert gradient. */
 int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
 int loco__gpt_moe_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la);
+/* What the MoE layers keep between passes (inner/model/model_moe.c). */
+struct loco_gpt_moe {
+    int n;                          /* MoE layers */
+    int *block;                     /* (n) their blocks */
+    int *index;                     /* (L) block -> MoE layer, -1 */
+    int64_t *routed;                /* (n, E) */
+    int64_t *assignments, *dropped; /* (n) */
+    double *aux, *z;                /* (n) sums over micro-batches */
+    int64_t *micro;                 /* (n) */
+    size_t *sendc, *recvc;          /* (ep) all-to-all-v counts */
+    size_t *cursor;                 /* (ep) regroup's place in each source's rows */
+    double bytes;                   /* sent to other ep ranks since the model was made */
+    float *bias;                    /* (n, E) routing biases; NULL when rate 0 */
+    int64_t *load;                  /* (n, E) the island's loads of the last bias step */
+    /* Under cp: the cp group's micro-batch of ng tokens in global order
+     * (expert ids, the chosen probabilities at (t, e), its plan) and this
+     * rank's share of it (sizes in floats/ints of the slab). */
+    void *glob;
+    size_t glob_n;
+};
+/* Expert capacity over a micro-batch of N tokens (N when dropless). */
+int loco__gpt_moe_capacity(const loco_gpt_config *cfg, int N);
+/* Under cp: the plan of the cp group's micro-batch into this rank's
+ * packed rows (*n of them; *kept the micro-batch's), la->moe_routed the
+ * micro-batch's expert counts (inner/model/model_moe_cp.c). */
+int loco__gpt_moe_cp_plan(loco_gpt *m, const loco_gpt_layer_acts *la, int N, int *n, int *kept);
 
 #if defined(LOCO_HAVE_CUDA)
 #include "kernels/kernels.h"
@@ -412,6 +438,11 @@ struct loco_gpt_cuda {
     float *attn_scratch;           /* (B,NH,T) */
     double *sumsq;                 /* LOCO_CUDA_SUMSQ_OUT */
     layer_acts *la;                /* (L) */
+    /* Full recompute of blocks [0, n_rerun): their activations alias one
+     * shared set (only res3, the next block's input, is their own); the
+     * backward reruns each one's forward before its own backward. */
+    int n_rerun;
+    size_t act_bytes;              /* the blocks' activations, as carved */
     void *dres, *dbtc, *dfchg, *dfch, *dqkv; /* (N,C) (N,C) (N,F) (N,Fc) (N,W) */
     double *h_out;                 /* pinned: sumsq, loss sum, mean (as float bits) */
     bool graph_on, warm;           /* train.cuda_graph; a plain pass ran (plans made) */

@@ -46,6 +46,9 @@ typedef struct {
      * outputs added to the routed experts' combined output. */
     int n_experts, top_k, moe_every, n_shared_experts;
     float capacity_factor, aux_loss, z_loss;
+    /* DeepSeek-V3's routing bias (0 = none): loco_gpt_router_bias_step's
+     * rate; the bias itself is model state (loco_gpt_router_bias). */
+    float router_bias_rate;
     /* Expert parallelism: the experts are split over ep ranks (0 or 1:
      * all here); this rank's table holds experts [ep_rank E/ep, (ep_rank +
      * 1) E/ep) of every MoE block, under their global names. */
@@ -241,11 +244,26 @@ typedef struct {
     int64_t assignments, dropped;
     const int64_t *routed;           /* (n_experts) */
     double aux, z;
+    /* With model.router_bias_rate > 0: the loads of the global batch the
+     * last loco_gpt_router_bias_step summed (n_experts), and the layer's
+     * routing bias after it (n_experts); NULL otherwise. */
+    const int64_t *load;
+    const float *bias;
 } loco_gpt_moe_stats;
 /* MoE layers of the model (0 for a dense one) and layer i's figures. */
 int loco_gpt_moe_layers(const loco_gpt *m);
 void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out);
 void loco_gpt_moe_reset(loco_gpt *m);
+/* DeepSeek-V3's routing biases (cfg.router_bias_rate > 0): (MoE layers,
+ * n_experts) floats, zero at first, added to the probabilities only to
+ * choose the top-k. Model state, not a parameter (no gradient, optimizer
+ * or outer step), in state.json. NULL, *n = 0 for rate 0. */
+float *loco_gpt_router_bias(const loco_gpt *m, size_t *n);
+/* After an optimizer step: sums the step's routed counts over c (the
+ * island: pp stages count 0 for blocks they do not hold) and moves each
+ * layer's biases b_e += rate sign(mean load - load_e), the same on every
+ * rank. 0 with rate 0; else what the collective returns. */
+int loco_gpt_router_bias_step(loco_gpt *m, struct loco_comm *c);
 /* Bytes of token rows this rank sent to other ep ranks (dispatch,
  * combine and their backward) since the model was made. */
 double loco_gpt_moe_bytes(const loco_gpt *m);
@@ -525,6 +543,18 @@ void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs);
  * the ranged calls take [lo, hi). */
 int loco_gpt_cuda_create_sharded(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                                  bool bf16, size_t lo, size_t hi);
+/* Every choice of a device model: precision, held range (hi = SIZE_MAX:
+ * all), and full recompute of the first `rerun` blocks (0: none): they
+ * keep only their output; the backward reruns each one's forward. */
+typedef struct {
+    bool bf16;
+    size_t lo, hi;
+    int rerun;
+} loco_gpt_cuda_opts;
+int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
+                              const loco_gpt_cuda_opts *o);
+/* Bytes of the blocks' activations it carved (what recompute saves). */
+size_t loco_gpt_cuda_act_bytes(const loco_gpt_cuda *g);
 /* Called on the host between the launches of a pass, as loco_gpt_hooks
  * (units 0, 1..L, L+1; the kernels before the call are queued, not
  * finished: work on loco_cuda_compute_stream is ordered after them).

@@ -22,6 +22,7 @@ loco_gpt_config loco_gpt_config_from(const loco_config *cfg) {
         .capacity_factor = (float)cfg->model.capacity_factor,
         .aux_loss = (float)cfg->model.aux_loss,
         .z_loss = (float)cfg->model.z_loss,
+        .router_bias_rate = (float)cfg->model.router_bias_rate,
     };
     /* model.arch's preset for each key left at auto */
     const bool llama = !strcmp(cfg->model.arch, "llama");

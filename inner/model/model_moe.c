@@ -27,33 +27,29 @@
  * rank 0 alone before the input gradient is reduced. Under context
  * parallelism (cp_plan) the capacity plan and the aux loss's expert
  * counts are the cp group's micro-batch's (docs/DECISIONS.md, "MoE under
- * context parallelism"). */
+ * context parallelism"). DeepSeek-V3's auxiliary-loss-free balancing
+ * (cfg.router_bias_rate > 0) adds a per-expert bias to the probabilities
+ * that choose the top-k; the bias moves after each optimizer step against
+ * the global batch's load. */
 #include "inner/model/internal.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
 #include <string.h>
 
-struct loco_gpt_moe {
-    int n;                          /* MoE layers */
-    int *block;                     /* (n) their blocks */
-    int *index;                     /* (L) block -> MoE layer, -1 */
-    int64_t *routed;                /* (n, E) */
-    int64_t *assignments, *dropped; /* (n) */
-    double *aux, *z;                /* (n) sums over micro-batches */
-    int64_t *micro;                 /* (n) */
-    size_t *sendc, *recvc;          /* (ep) all-to-all-v counts */
-    size_t *cursor;                 /* (ep) regroup's place in each source's rows */
-    double bytes;                   /* sent to other ep ranks since the model was made */
-    /* Under cp: the cp group's micro-batch of ng tokens in global order
-     * (expert ids, the chosen probabilities at (t, e), its plan) and this
-     * rank's share of it (sizes in floats/ints of the slab). */
-    void *glob;
-    size_t glob_n;
-};
 
 int loco__gpt_moe_check(const loco_gpt_config *cfg, const loco_gpt_parallel *par) {
+    if (!(cfg->router_bias_rate >= 0))
+        return LOCO_ERR(LOCO_EINVAL,
+                        "model.router_bias_rate = %g must be at least 0 (0 = off; the bias "
+                        "moves against the load, DeepSeek-V3 used 0.001)",
+                        (double)cfg->router_bias_rate);
     if (cfg->n_experts <= 0) {
+        if (cfg->router_bias_rate > 0)
+            return LOCO_ERR(LOCO_EINVAL,
+                            "model.router_bias_rate = %g needs routed experts (model.n_experts "
+                            "> 0): it balances their load",
+                            (double)cfg->router_bias_rate);
         if (cfg->n_shared_experts > 0)
             return LOCO_ERR(LOCO_EINVAL,
                             "model.n_shared_experts = %d needs routed experts (model.n_experts "
@@ -93,6 +89,8 @@ void loco__gpt_moe_fini(loco_gpt *m) {
     loco_free(s->routed);
     loco_free(s->aux);
     loco_free(s->sendc);
+    loco_free(s->bias);
+    loco_free(s->load);
     loco_free(s->glob);
     loco_free(s);
     m->moe = NULL;
@@ -118,6 +116,14 @@ int loco__gpt_moe_init(loco_gpt *m) {
     if (!s->block || !s->routed || !s->aux || !s->sendc) {
         loco__gpt_moe_fini(m);
         return LOCO_ERR(LOCO_ENOMEM, "MoE statistics");
+    }
+    if (cfg->router_bias_rate > 0) {
+        s->bias = loco_alloc(n * (size_t)E * sizeof(float)); /* zero-filled */
+        s->load = loco_alloc(n * (size_t)E * sizeof(int64_t));
+        if (!s->bias || !s->load) {
+            loco__gpt_moe_fini(m);
+            return LOCO_ERR(LOCO_ENOMEM, "MoE routing biases");
+        }
     }
     s->recvc = s->sendc + ep;
     s->cursor = s->recvc + ep;
@@ -153,7 +159,40 @@ void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out) {
         .routed = s->routed + (size_t)i * m->cfg.n_experts,
         .aux = s->aux[i] / micro,
         .z = s->z[i] / micro,
+        .load = s->load ? s->load + (size_t)i * m->cfg.n_experts : NULL,
+        .bias = s->bias ? s->bias + (size_t)i * m->cfg.n_experts : NULL,
     };
+}
+
+float *loco_gpt_router_bias(const loco_gpt *m, size_t *n) {
+    struct loco_gpt_moe *s = m->moe;
+    *n = s && s->bias ? (size_t)s->n * m->cfg.n_experts : 0;
+    return *n ? s->bias : NULL;
+}
+
+int loco_gpt_router_bias_step(loco_gpt *m, loco_comm *c) {
+    struct loco_gpt_moe *s = m->moe;
+    if (!s || !s->bias)
+        return 0;
+    const int E = m->cfg.n_experts;
+    const size_t n = (size_t)s->n * E;
+    memcpy(s->load, s->routed, n * sizeof(int64_t));
+    if (c && loco_comm_size(c) > 1)
+        LOCO_CHECK(loco_comm_allreduce(c, s->load, n, LOCO_DT_I64, LOCO_OP_SUM));
+    const float rate = m->cfg.router_bias_rate;
+    for (int i = 0; i < s->n; i++) {
+        const int64_t *load = s->load + (size_t)i * E;
+        float *b = s->bias + (size_t)i * E;
+        int64_t total = 0;
+        for (int e = 0; e < E; e++)
+            total += load[e];
+        /* sign(total / E - load_e) in integers: exact on every rank */
+        for (int e = 0; e < E; e++) {
+            const int64_t gap = total - (int64_t)E * load[e];
+            b[e] += gap > 0 ? rate : gap < 0 ? -rate : 0.0f;
+        }
+    }
+    return 0;
 }
 
 void loco_gpt_moe_reset(loco_gpt *m) {
@@ -166,7 +205,7 @@ void loco_gpt_moe_reset(loco_gpt *m) {
 }
 
 /* Rows each expert may keep of a micro-batch of N tokens. */
-static int capacity(const loco_gpt_config *cfg, int N) {
+int loco__gpt_moe_capacity(const loco_gpt_config *cfg, int N) {
     if (cfg->capacity_factor <= 0)
         return N; /* dropless: a token picks an expert at most once */
     const double cap = ceil((double)cfg->top_k * N * cfg->capacity_factor / cfg->n_experts);
@@ -365,91 +404,6 @@ static void shared_bwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_
     }
 }
 
-/* ------------------------------------------------ context parallelism */
-
-/* Under cp the micro-batch is the cp group's: c ranks of N rows each, Ng
- * = c N tokens. The capacity decision is the one loco_moe_plan takes on
- * one rank over all Ng: every rank all-gathers the per-token choices
- * (expert ids and their probabilities, N k each; not the activations),
- * places them at their global positions (b T + pos), plans the whole
- * micro-batch, and keeps its own assignments that survive, packed as
- * loco_moe_plan packs (by expert, in token order). la->moe_routed becomes
- * the micro-batch's expert counts: the aux loss's f_e. n is this rank's
- * packed rows, *kept the micro-batch's. */
-static int cp_plan(loco_gpt *m, const loco_gpt_layer_acts *la, int N, int *n, int *kept) {
-    const loco_gpt_config *cfg = &m->cfg;
-    loco_gpt_cp *cp = m->cp;
-    struct loco_gpt_moe *s = m->moe;
-    const int E = cfg->n_experts, k = cfg->top_k, c = cp->c, B = N / cp->Tl;
-    const size_t Nk = (size_t)N * k, Ng = (size_t)N * c, Ngk = Ng * k;
-    /* slab: mine (2 Nk), all (2 Ngk), gexp (Ngk), gprob (Ng E), slot,
-     * rows (Ngk each), plan scratch (3 Ngk), count, routed (E each), counts (c) */
-    const size_t need = 2 * Nk + 2 * Ngk + Ngk + Ng * E + 2 * Ngk + 3 * Ngk + 2 * (size_t)E +
-                        (size_t)c * 2; /* counts: c size_t, first for alignment */
-    if (s->glob_n < need) {
-        loco_free(s->glob);
-        s->glob = loco_alloc(need * 4);
-        s->glob_n = s->glob ? need : 0;
-        if (!s->glob)
-            return LOCO_ERR(LOCO_ENOMEM, "MoE under cp: the micro-batch's plan (%zu words)", need);
-    }
-    size_t *counts = s->glob;
-    int32_t *mine = (int32_t *)(counts + c), *all = mine + 2 * Nk, *gexp = all + 2 * Ngk;
-    float *gprob = (float *)(gexp + Ngk);
-    int32_t *gslot = (int32_t *)(gprob + Ng * E), *grows = gslot + Ngk, *scratch = grows + Ngk;
-    int32_t *gcount = scratch + 3 * Ngk, *groutes = gcount + E;
-    /* mine: each assignment's expert id, then its probability's bits */
-    for (size_t i = 0; i < Nk; i++) {
-        const size_t t = i / (size_t)k;
-        const int e = la->moe_expert[i];
-        mine[2 * i] = e;
-        memcpy(&mine[2 * i + 1], &la->moe_probs[t * E + e], 4);
-    }
-    for (int x = 0; x < c; x++)
-        counts[x] = 2 * Nk;
-    LOCO_CHECK(loco_comm_allgather(cp->comm, mine, all, counts, LOCO_DT_I32));
-    memset(gprob, 0, Ng * E * sizeof(float));
-    for (int x = 0; x < c; x++)
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < cp->Tl; i++) {
-                const int p = (i / cp->Tc == 0 ? x : 2 * c - 1 - x) * cp->Tc + i % cp->Tc;
-                const size_t tg = (size_t)b * cp->T + p, tl = (size_t)b * cp->Tl + i;
-                for (int j = 0; j < k; j++) {
-                    const int32_t *a = all + (size_t)x * 2 * Nk + 2 * (tl * k + j);
-                    gexp[tg * k + j] = a[0];
-                    memcpy(&gprob[tg * E + a[0]], &a[1], 4);
-                }
-            }
-    *kept = loco_moe_plan(gslot, grows, gcount, groutes, gexp, gprob, (int)Ng, E, k,
-                          capacity(cfg, (int)Ng), scratch);
-    /* this rank's survivors, packed by expert in local token order */
-    int total = 0;
-    for (int e = 0; e < E; e++) {
-        int cnt = 0;
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < cp->Tl; i++) {
-                const size_t tl = (size_t)b * cp->Tl + i, tg = (size_t)b * cp->T + cp->pos[i];
-                for (int j = 0; j < k; j++) {
-                    if (la->moe_expert[tl * k + j] != e)
-                        continue;
-                    if (gslot[tg * k + j] < 0) {
-                        la->moe_slot[tl * k + j] = -1;
-                        continue;
-                    }
-                    la->moe_slot[tl * k + j] = total + cnt;
-                    la->moe_rows[total + cnt++] = (int32_t)tl;
-                }
-            }
-        la->moe_count[e] = cnt;
-        la->moe_routed[e] = groutes[e];
-        total += cnt;
-    }
-    *n = total;
-    return 0;
-}
-
-/* --------------------------------------------------------------- passes */
-
 int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_gpt_layer_acts *la) {
     const loco_gpt_config *cfg = &m->cfg;
     const loco_gpt_block *w = &m->p.h[l];
@@ -457,14 +411,15 @@ int loco__gpt_moe_fwd(loco_gpt *m, const loco__gpt_shape *d, int l, const loco_g
     const float *x; /* the ln_2 output, every row of the micro-batch */
     LOCO_CHECK(loco__gpt_column_input(m, d, la->ln2, &x));
     loco_matmul_fwd(la->moe_probs, x, w->routerw, NULL, N, C, E, true);
-    loco_moe_route(la->moe_probs, la->moe_lse, la->moe_expert, la->moe_weight, la->moe_probs, N, E,
-                   k);
+    const float *bias = m->moe && m->moe->bias ? m->moe->bias + (size_t)m->moe->index[l] * E : NULL;
+    loco_moe_route(la->moe_probs, la->moe_lse, la->moe_expert, la->moe_weight, la->moe_probs, bias,
+                   N, E, k);
     int n = 0, ng_kept = 0;
     if (m->cp)
-        LOCO_CHECK(cp_plan(m, la, N, &n, &ng_kept));
+        LOCO_CHECK(loco__gpt_moe_cp_plan(m, la, N, &n, &ng_kept));
     else
         n = loco_moe_plan(la->moe_slot, la->moe_rows, la->moe_count, la->moe_routed, la->moe_expert,
-                          la->moe_probs, N, E, k, capacity(cfg, N), m->s.moe_plan);
+                          la->moe_probs, N, E, k, loco__gpt_moe_capacity(cfg, N), m->s.moe_plan);
     loco_moe_gather(la->moe_x, x, la->moe_rows, n, C);
     if (ep_of(m) == 1) {
         experts_fwd(m, d, w, la, la->moe_y);

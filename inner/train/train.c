@@ -40,6 +40,7 @@ static bool on_device(const loco_trainer *t) { return !strcmp(t->cfg.train.devic
 static loco_ckpt_view trainer_view(loco_trainer *t) {
     loco_ckpt_view v = {.tt = loco_gpt_table(t->model), .model = *loco_gpt_cfg(t->model),
                         .tp_rank = loco_gpt_tp_rank(t->model)};
+    v.router_bias = loco_gpt_router_bias(t->model, &v.n_router_bias);
     if (t->pp) {
         v.stage = loco_gpt_stage_of(t->model);
         v.pp_rank = t->mesh.coord[LOCO_DIM_PP];
@@ -368,6 +369,10 @@ stepped:
     if (!isfinite(norm))
         return LOCO_ERR(LOCO_EINVAL, "step %lld: gradient norm is %g (training diverged)",
                         (long long)t->step + 1, norm);
+    /* DeepSeek-V3's routing biases follow the step's load over the whole
+     * island (pp stages count 0 for the blocks they do not hold, so every
+     * rank ends with every layer's biases). */
+    LOCO_CHECK(loco_gpt_router_bias_step(t->model, t->world));
     double loss = loss_sum / accum;
     if (loco_comm_size(t->dp) > 1)
         LOCO_CHECK(loco_comm_allreduce(t->dp, &loss, 1, LOCO_DT_F64, LOCO_OP_AVG));

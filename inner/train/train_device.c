@@ -54,12 +54,6 @@ int loco__train_check_device(const loco_config *cfg) {
                             "the CPU path only (on the GPU only data parallelism and ZeRO 0-3 "
                             "are wired); use parallel.%s = 1 or train.device = cpu",
                             dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
-    if (strcmp(cfg->train.recompute, "none"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "train.recompute = %s is built on the CPU path; the GPU model keeps only "
-                        "the attention's log-sum-exp (what selective recompute saves) and has no "
-                        "full recompute yet: use train.recompute = none with train.device = cuda",
-                        cfg->train.recompute);
     if (cfg->model.n_experts > 0)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "model.n_experts = %lld: the mixture of experts trains on the CPU path; "
@@ -277,14 +271,22 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
     /* every backend: local rank % devices (nccl's world chose the same) */
     int device;
     LOCO_CHECK(loco_cuda_select_local_device(loco_comm_rank(t->world), &device));
+    loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX};
     if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */
         loco_zero_owned(loco_gpt_num_params(t->model), loco_comm_rank(dp), loco_comm_size(dp), &lo,
                         &hi);
-        LOCO_CHECK(loco_gpt_cuda_create_sharded(&t->dev, mc, t->B, t->T, bf16, lo, hi));
-    } else {
-        LOCO_CHECK(loco_gpt_cuda_create(&t->dev, mc, t->B, t->T, bf16));
+        o.lo = lo, o.hi = hi;
     }
+    /* full: the first recompute_layers blocks (0: all) rerun their forward
+     * in the backward. selective saves nothing more here: the device's
+     * attention keeps only each row's log-sum-exp, never the
+     * probabilities selective recompute drops. */
+    if (!strcmp(cfg->train.recompute, "full")) {
+        const int L = mc->n_layer, n = (int)cfg->train.recompute_layers;
+        o.rerun = n > 0 && n < L ? n : L;
+    }
+    LOCO_CHECK(loco_gpt_cuda_create_with(&t->dev, mc, t->B, t->T, &o));
     /* train.attention: the tensor-core kernel or the reference */
     LOCO_CHECK(loco_gpt_cuda_set_attention(t->dev, cfg->train.attention));
     loco_gpt_cuda_set_graph(t->dev, !strcmp(cfg->train.cuda_graph, "on"));

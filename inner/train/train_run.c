@@ -100,8 +100,10 @@ int loco_trainer_begin_run(loco_trainer *t) {
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev)
         loco_info("device: one GPU (train.device = cuda), %s passes, fp32 master weights and "
-                  "AdamW state, %.1f MiB of device memory",
-                  c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20));
+                  "AdamW state, %.1f MiB of device memory, of which %.1f MiB the blocks' "
+                  "activations (train.recompute = %s)",
+                  c->train.dtype, (double)loco_gpt_cuda_bytes(t->dev) / (1 << 20),
+                  (double)loco_gpt_cuda_act_bytes(t->dev) / (1 << 20), c->train.recompute);
     if (t->dev && (loco_comm_size(t->mesh.dp_cp) > 1 || t->dev_comm))
         loco_info("device data parallel: dp=%d, ZeRO-%d%s, gradients and parameters over %s, "
                   "reduced while the backward runs",
@@ -119,7 +121,8 @@ int loco_trainer_begin_run(loco_trainer *t) {
 /* Per MoE layer, what this rank's micro-batches of the step routed (rank
  * 0's; every dp rank's are alike in distribution): assignments per expert
  * before dropping, the fraction dropped, the load-balancing and z losses
- * (unscaled means over the micro-batches). */
+ * (unscaled means over the micro-batches); with model.router_bias_rate,
+ * the island's load imbalance and the routing biases' range. */
 static int moe_metrics(loco_trainer *t) {
     loco_gpt *m = t->model;
     for (int i = 0; i < loco_gpt_moe_layers(m); i++) {
@@ -135,6 +138,23 @@ static int moe_metrics(loco_trainer *t) {
         loco_metrics_num(t->metrics, key, st.aux);
         snprintf(key, sizeof key, "moe.%d.z_loss", st.block);
         loco_metrics_num(t->metrics, key, st.z);
+        if (!st.load)
+            continue;
+        /* DeepSeek-V3's balancing: the island's load max over mean, and
+         * the biases' range after the step */
+        const int E = loco_gpt_cfg(m)->n_experts;
+        int64_t most = 0, total = 0;
+        float lo = st.bias[0], hi = st.bias[0];
+        for (int e = 0; e < E; e++) {
+            most = st.load[e] > most ? st.load[e] : most, total += st.load[e];
+            lo = fminf(lo, st.bias[e]), hi = fmaxf(hi, st.bias[e]);
+        }
+        snprintf(key, sizeof key, "moe.%d.load_max_over_mean", st.block);
+        loco_metrics_num(t->metrics, key, total ? (double)most * E / (double)total : 0);
+        snprintf(key, sizeof key, "moe.%d.bias_min", st.block);
+        loco_metrics_num(t->metrics, key, lo);
+        snprintf(key, sizeof key, "moe.%d.bias_max", st.block);
+        loco_metrics_num(t->metrics, key, hi);
     }
     return 0;
 }

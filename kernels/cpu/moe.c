@@ -10,7 +10,7 @@
 #include "kernels/cpu/vmath.h"
 
 void loco_moe_route(float *probs, float *lse, int32_t *expert, float *weight, const float *logits,
-                    int N, int E, int k) {
+                    const float *bias, int N, int E, int k) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         const float *in = logits + (size_t)t * E;
@@ -27,18 +27,21 @@ void loco_moe_route(float *probs, float *lse, int32_t *expert, float *weight, co
         for (int e = 0; e < E; e++)
             p[e] *= inv;
         lse[t] = mx + (float)log(s);
-        /* top-k by selection: the largest not yet taken, lower index first */
+        /* top-k by selection: the largest score not yet taken, lower index
+         * first; the score is the probability plus the bias */
         int32_t *ex = expert + (size_t)t * k;
         float *w = weight + (size_t)t * k;
         double sum = 0;
         for (int j = 0; j < k; j++) {
             int best = -1;
+            float top = 0;
             for (int e = 0; e < E; e++) {
                 bool taken = false;
                 for (int i = 0; i < j; i++)
                     taken |= ex[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best]))
-                    best = e;
+                const float score = bias ? p[e] + bias[e] : p[e];
+                if (!taken && (best < 0 || score > top))
+                    best = e, top = score;
             }
             ex[j] = best;
             w[j] = p[best];

@@ -32,11 +32,12 @@ enum { MOE_THREADS = 256, MOE_SCAN_THREADS = 256, MOE_LOSS_THREADS = 256, MOE_WA
 
 /* ---------------------------------------------------------------- routing */
 
-/* One thread per token: softmax, log-sum-exp, top-k by selection, weights
- * renormalised; the CPU twin's arithmetic step for step (probs may equal
- * logits: the row's thread reads each logit before writing it). */
+/* One thread per token: softmax, log-sum-exp, top-k by selection of the
+ * (biased) scores, weights renormalised from the unbiased probabilities;
+ * the CPU twin's arithmetic step for step (probs may equal logits: the
+ * row's thread reads each logit before writing it). */
 __global__ void moe_route_kernel(float *probs, float *lse, int32_t *expert, float *weight,
-                                 const float *logits, int N, int E, int k) {
+                                 const float *logits, const float *bias, int N, int E, int k) {
     GRID_STRIDE(t, (size_t)N) {
         const float *in = logits + t * E;
         float *p = probs + t * E;
@@ -57,12 +58,14 @@ __global__ void moe_route_kernel(float *probs, float *lse, int32_t *expert, floa
         double sum = 0;
         for (int j = 0; j < k; j++) {
             int best = -1;
+            float top = 0;
             for (int e = 0; e < E; e++) {
                 bool taken = false;
                 for (int i = 0; i < j; i++)
                     taken |= ex[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best]))
-                    best = e;
+                const float score = bias ? p[e] + bias[e] : p[e];
+                if (!taken && (best < 0 || score > top))
+                    best = e, top = score;
             }
             ex[j] = best;
             w[j] = p[best];
@@ -81,12 +84,13 @@ static int moe_check(const char *what, int N, int E, int k) {
 }
 
 extern "C" int loco_cuda_moe_route(float *probs, float *lse, int32_t *expert, float *weight,
-                                   const float *logits, int N, int E, int k, loco_stream s) {
+                                   const float *logits, const float *bias, int N, int E, int k,
+                                   loco_stream s) {
     LOCO_CHECK(moe_check("moe_route", N, E, k));
     if (N == 0)
         return 0;
     moe_route_kernel<<<grid_for((size_t)N, MOE_THREADS), MOE_THREADS, 0, s>>>(
-        probs, lse, expert, weight, logits, N, E, k);
+        probs, lse, expert, weight, logits, bias, N, E, k);
     CUDA_LAUNCHED("moe_route");
     return 0;
 }

@@ -87,7 +87,7 @@ Test(gpu_check, dry_run_writes_results_with_every_gpu_step_skipped) {
                  total);
     cr_expect_lt(total + get(budget, "summary")->valueint, 8 * 60);
     const cJSON *steps = get(r, "steps"), *s;
-    cr_expect_eq(cJSON_GetArraySize(steps), 11); /* multi-rank included */
+    cr_expect_eq(cJSON_GetArraySize(steps), 12); /* multi-rank and loco-recompute included */
     cJSON_ArrayForEach(s, steps) {
         const char *name = get(s, "name")->valuestring;
         cr_expect_str_eq(get(s, "status")->valuestring, "skipped", "%s", name);

@@ -100,22 +100,6 @@ Test(gpu_model, skipped) {
 
 #include "tests/gpu/gpu_test.h"
 
-/* Refused before any device is touched, so it runs without one too. */
-Test(gpu_train, recompute_on_cuda_is_refused) {
-    char *dir = test_tmpdir("loco-gpu-train");
-    loco_config cfg;
-    train_config(&cfg, dir);
-    snprintf(cfg.train.device, sizeof cfg.train.device, "cuda");
-    snprintf(cfg.train.recompute, sizeof cfg.train.recompute, "full");
-    loco_trainer *t = NULL;
-    cr_assert_eq(loco_trainer_create(&t, &cfg, NULL), LOCO_ENOTSUP);
-    cr_expect(strstr(loco_errmsg(), "train.recompute = full is built on the CPU path"), "%s",
-              loco_errmsg());
-    cr_assert_null(t);
-    loco_rmtree(dir);
-    free(dir);
-}
-
 /* ------------------------------------------------------------- model */
 
 static const loco_gpt_config fx_cfg = {
@@ -259,6 +243,75 @@ Test(gpu_model, llama_bf16, .timeout = 120) {
 }
 Test(gpu_model, gpt2_rmsnorm_rope_gqa_f32, .timeout = 120) {
     check_description(&mixed_cfg, false);
+}
+
+/* Full recompute on the device (loco_gpt_cuda_opts.rerun): blocks that
+ * keep only their output and rerun their forward in the backward give
+ * the bits of the model that keeps everything (the same kernels on the
+ * same inputs), which holds against the CPU model as above; the
+ * activations carved shrink to one shared block plus each block's
+ * output. */
+static void check_recompute(const loco_gpt_config *mc, bool bf16, int rerun) {
+    gpu_require();
+    loco_set_threads(2);
+    enum { B = 2, T = 8, N = B * T };
+    loco_gpt *cpu = NULL;
+    cr_assert_eq(loco_gpt_create(&cpu, mc, B, T), 0, "%s", loco_errmsg());
+    loco_rng rng;
+    loco_rng_seed(&rng, 9);
+    loco_gpt_init_weights(cpu, &rng);
+    const size_t P = loco_gpt_num_params(cpu);
+    uint64_t s = 4;
+    int32_t in[N], tg[N];
+    for (int i = 0; i < N; i++) {
+        in[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
+        tg[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
+    }
+    loco_gpt_cuda *dev[2];
+    float loss[2], *grads[2];
+    for (int k = 0; k < 2; k++) {
+        const loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX, .rerun = k ? rerun : 0};
+        GPU_OK(loco_gpt_cuda_create_with(&dev[k], mc, B, T, &o));
+        GPU_OK(loco_gpt_cuda_upload(dev[k], loco_gpt_params(cpu), NULL, NULL));
+        GPU_OK(loco_gpt_cuda_zero_grad(dev[k]));
+        /* twice: the second pass finds the shared block full of the first's */
+        for (int pass = 0; pass < 2; pass++)
+            GPU_OK(loco_gpt_cuda_forward_backward(dev[k], in, tg, B, T, 0.5f, &loss[k]));
+        grads[k] = malloc(P * sizeof(float));
+        cr_assert_not_null(grads[k]);
+        GPU_OK(loco_gpt_cuda_download(dev[k], NULL, grads[k], NULL, NULL));
+    }
+    cr_expect_eq(loss[1], loss[0], "loss: recompute %.9g, none %.9g", loss[1], loss[0]);
+    cr_expect(!memcmp(grads[0], grads[1], P * sizeof(float)),
+              "the recomputed model's gradients differ from the one that kept everything");
+    const size_t kept = loco_gpt_cuda_act_bytes(dev[0]), less = loco_gpt_cuda_act_bytes(dev[1]);
+    const size_t out = (size_t)N * mc->n_embd * (bf16 ? 2 : 4); /* one block's output */
+    const size_t per_block = kept / (size_t)mc->n_layer;
+    cr_expect_eq(less, kept - (size_t)(rerun - 1) * per_block + (size_t)rerun * out,
+                 "activations: %zu kept, %zu with %d blocks recomputed", kept, less, rerun);
+    /* and the independent reference: the CPU model, as check_description */
+    if (bf16)
+        for (size_t i = 0; i < P; i++)
+            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
+    float want = 0;
+    loco_gpt_zero_grad(cpu);
+    for (int pass = 0; pass < 2; pass++)
+        cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, B, T, 0.5f, &want), 0);
+    expect_like_cpu(cpu, grads[1], loss[1], want, bf16, "recompute");
+    for (int k = 0; k < 2; k++) {
+        free(grads[k]);
+        loco_gpt_cuda_destroy(dev[k]);
+    }
+    loco_gpt_destroy(cpu);
+}
+
+Test(gpu_model, llama_full_recompute_f32, .timeout = 120) {
+    check_recompute(&llama_cfg, false, llama_cfg.n_layer);
+}
+/* GPT-2 in bf16 (the GELU gradient fused into c_proj's GEMM epilogue reads
+ * recomputed activations), the first of its 2 blocks only */
+Test(gpu_model, gpt2_first_block_recomputed_bf16, .timeout = 120) {
+    check_recompute(&fx_cfg, true, 1);
 }
 
 /* Refused before any device is touched, so it runs without one too. */
@@ -425,7 +478,7 @@ static void train(const loco_config *cfg, float *losses, double *norms) {
     loco_trainer_destroy(t);
 }
 
-static void check_training(bool bf16, bool llama) {
+static void check_training(bool bf16, bool llama, bool full) {
     gpu_require();
     char *dir = test_tmpdir("loco-gpu-train");
     write_shard(dir);
@@ -436,6 +489,8 @@ static void check_training(bool bf16, bool llama) {
         cfg.model.n_kv_head = 1;
         cfg.model.ffn_hidden = 48;
     }
+    if (full) /* both: the CPU's full recompute gives its usual bits */
+        snprintf(cfg.train.recompute, sizeof cfg.train.recompute, "full");
     float cpu[TRAIN_STEPS], gpu[TRAIN_STEPS];
     double cpu_norm[TRAIN_STEPS], gpu_norm[TRAIN_STEPS];
     train(&cfg, cpu, cpu_norm);
@@ -461,16 +516,20 @@ static void check_training(bool bf16, bool llama) {
 }
 
 Test(gpu_train, twenty_steps_f32_match_cpu, .timeout = TRAIN_TIMEOUT) {
-    check_training(false, false);
+    check_training(false, false, false);
 }
 Test(gpu_train, twenty_steps_bf16_match_cpu, .timeout = TRAIN_TIMEOUT) {
-    check_training(true, false);
+    check_training(true, false, false);
 }
 Test(gpu_train, llama_steps_f32_match_cpu, .timeout = TRAIN_TIMEOUT) {
-    check_training(false, true);
+    check_training(false, true, false);
 }
 Test(gpu_train, llama_steps_bf16_match_cpu, .timeout = TRAIN_TIMEOUT) {
-    check_training(true, true);
+    check_training(true, true, false);
+}
+/* train.recompute = full through the trainer on the device */
+Test(gpu_train, llama_steps_full_recompute_f32_match_cpu, .timeout = TRAIN_TIMEOUT) {
+    check_training(false, true, true);
 }
 
 Test(gpu_train, cuda_without_device_is_a_clear_error) {

@@ -30,6 +30,7 @@ typedef struct {
     int N, E, k, cap, C;
     bool ties;     /* logits from a few rows of small integers */
     bool in_place; /* route with probs == logits */
+    bool biased;   /* DeepSeek-V3's routing bias chooses the top-k */
     uint64_t seed;
 } moe_case;
 
@@ -79,11 +80,15 @@ static void check_route_plan(gpu_env *e, const moe_case *c, moe_routing *r, uint
     void *d_probs = c->in_place ? d_logits : dalloc(e, ne * 4 + 4);
     void *d_lse = dalloc(e, (size_t)N * 4 + 4), *d_w = dalloc(e, nk * 4 + 4);
     void *d_ex = dalloc(e, nk * 4 + 4);
-    GPU_OK(loco_cuda_moe_route(d_probs, d_lse, d_ex, d_w, d_logits, N, E, k, NULL));
+    /* a bias of about a probability's size: it changes many choices */
+    float *bias = c->biased ? rand_f(s, (size_t)E, 0.3) : NULL;
+    void *d_bias = bias ? up(e, bias, (size_t)E * 4) : NULL;
+    GPU_OK(loco_cuda_moe_route(d_probs, d_lse, d_ex, d_w, d_logits, d_bias, N, E, k, NULL));
 
     r->probs = c->in_place ? logits : fill_f(ne, NAN);
     r->lse = fill_f(N, NAN), r->weight = fill_f(nk, NAN), r->expert = fill_i(nk, -7);
-    loco_moe_route(r->probs, r->lse, r->expert, r->weight, logits, N, E, k);
+    loco_moe_route(r->probs, r->lse, r->expert, r->weight, logits, bias, N, E, k);
+    free(bias);
     float *gp = down_f(d_probs, ne), *glse = down_f(d_lse, N), *gw = down_f(d_w, nk);
     int32_t *gex = down_i(d_ex, nk);
     EXPECT_SAME_BITS("route expert", gex, r->expert, nk);
@@ -230,6 +235,10 @@ Test(gpu_moe, random_top_all_dropless)
 {
     check_moe((moe_case){.N = 37, .E = 5, .k = 5, .cap = 37, .C = 19, .seed = 306});
 }
+Test(gpu_moe, random_top2_biased_drops)
+{
+    check_moe((moe_case){.N = 37, .E = 5, .k = 2, .cap = 9, .C = 19, .biased = true, .seed = 312});
+}
 Test(gpu_moe, ties_top2_drops)
 {
     check_moe((moe_case){.N = 37, .E = 5, .k = 2, .cap = 6, .C = 19, .ties = true, .seed = 307});
@@ -258,8 +267,10 @@ Test(gpu_moe, many_tokens_ties_drops)
 Test(gpu_moe, bad_shapes_refused)
 {
     gpu_require();
-    cr_expect_eq(loco_cuda_moe_route(NULL, NULL, NULL, NULL, NULL, 4, 3, 4, NULL), LOCO_EINVAL);
-    cr_expect_eq(loco_cuda_moe_route(NULL, NULL, NULL, NULL, NULL, 4, 3, 0, NULL), LOCO_EINVAL);
+    cr_expect_eq(loco_cuda_moe_route(NULL, NULL, NULL, NULL, NULL, NULL, 4, 3, 4, NULL),
+                 LOCO_EINVAL);
+    cr_expect_eq(loco_cuda_moe_route(NULL, NULL, NULL, NULL, NULL, NULL, 4, 3, 0, NULL),
+                 LOCO_EINVAL);
     cr_expect_eq(loco_cuda_moe_plan(NULL, NULL, NULL, NULL, NULL, NULL, 4, 3, 2, -1, NULL, NULL),
                  LOCO_EINVAL);
     cr_expect_eq(loco_cuda_moe_route_bwd(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 4, 2, 3, 0.0f,

@@ -14,6 +14,7 @@
 #include "inner/model/model.h"
 #include "tests/support.h"
 
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdarg.h>
@@ -230,6 +231,149 @@ Test(mixtral_mesh, pp2_cp2_ulysses_capacity, .timeout = 240) {
 
 Test(mixtral_mesh, gpt2_moe_cp2_ring, .timeout = 240) {
     check_mesh(GPT2_MOE, 1, 1, "1f1b", 1, 2, 1, 2, "");
+}
+
+/* ------------------------- DeepSeek-V3's auxiliary-loss-free balancing */
+
+#define RATE " --set model.router_bias_rate=0.01"
+
+/* DIR/RUN/ckpt_STEP's routing biases (state.json's router_bias) into b
+ * (n of them). */
+static void read_bias(const char *run, int step, float *b, int n) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s/ckpt_%08d/state.json", dir, run, step);
+    char *text;
+    size_t len;
+    cr_assert_eq(loco_file_read(path, (void **)&text, &len), 0, "%s", loco_errmsg());
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "router_bias");
+    cr_assert(cJSON_IsArray(a) && cJSON_GetArraySize(a) == n, "%s: no router_bias of %d", path, n);
+    for (int i = 0; i < n; i++)
+        b[i] = (float)cJSON_GetArrayItem(a, i)->valuedouble;
+    cJSON_Delete(j);
+    loco_free(text);
+}
+
+/* Step STEP's tokens_per_expert of block BLOCK in DIR/RUN's metrics (E). */
+static void read_load(const char *run, int step, int block, int64_t *load, int E) {
+    char path[4200], line[8192], key[64];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, run);
+    snprintf(key, sizeof key, "moe.%d.tokens_per_expert", block);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, key);
+        if (cJSON_IsNumber(st) && st->valueint == step && cJSON_IsArray(a)) {
+            cr_assert_eq(cJSON_GetArraySize(a), E);
+            for (int e = 0; e < E; e++)
+                load[e] = (int64_t)cJSON_GetArrayItem(a, e)->valuedouble;
+            found = true;
+        }
+        cJSON_Delete(j);
+    }
+    fclose(f);
+    cr_assert(found, "%s: no %s at step %d", path, key, step);
+}
+
+/* After every step each bias moved by exactly the rate against the load
+ * the metrics report (one rank: the island's), b += rate sign(mean -
+ * load): the reference is this test's arithmetic on the logged counts. */
+Test(mixtral_mesh, router_bias_moves_by_the_rate_against_the_load, .timeout = 120) {
+    enum { L = 4, E = 4 };
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL RATE " --set run.ckpt_every=1 --set run.dir=%s/ref",
+           dir);
+    float prev[L * E] = {0}, now[L * E];
+    int moved = 0;
+    for (int step = 1; step <= STEPS; step++) {
+        read_bias("ref", step, now, L * E);
+        for (int l = 0; l < L; l++) {
+            int64_t load[E], total = 0;
+            read_load("ref", step, l, load, E);
+            for (int e = 0; e < E; e++)
+                total += load[e];
+            for (int e = 0; e < E; e++) {
+                const double mean = (double)total / E;
+                const float want = prev[l * E + e] + (load[e] < mean   ? 0.01f
+                                                      : load[e] > mean ? -0.01f
+                                                                       : 0.0f);
+                cr_expect_eq(now[l * E + e], want, "step %d layer %d expert %d: bias %.9g, want %.9g",
+                             step, l, e, now[l * E + e], want);
+                moved += now[l * E + e] != prev[l * E + e];
+            }
+        }
+        memcpy(prev, now, sizeof now);
+    }
+    cr_expect_gt(moved, 0, "no bias moved: the test proves nothing");
+}
+
+/* The mean over steps 101..200 of the largest expert load over the mean. */
+static double mean_imbalance(const char *run) {
+    double sum = 0;
+    for (int step = 101; step <= 200; step++) {
+        int64_t load[4], most = 0, total = 0;
+        read_load(run, step, 0, load, 4);
+        for (int e = 0; e < 4; e++)
+            most = load[e] > most ? load[e] : most, total += load[e];
+        sum += (double)most * 4 / (double)total;
+    }
+    return sum / 100;
+}
+
+/* Without the aux loss a tiny GPT-2 MoE's router sends most tokens to
+ * few experts; DeepSeek-V3's rate (0.001) brings the load near even. */
+Test(mixtral_mesh, router_bias_balances_the_load_without_aux_loss, .timeout = 120) {
+    const char *moe = " --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=32"
+                      " --set model.seq_len=32 --set model.vocab_size=256 --set train.steps=200"
+                      " --set train.warmup_steps=2 --set train.batch_size=4 --set run.threads=1"
+                      " --set run.eval_every=0 --set run.log_every=1000 --set model.n_experts=4"
+                      " --set model.top_k=2 --set model.aux_loss=0";
+    run_ok(LOCO " train configs/tiny.ini %s --set run.dir=%s/off", moe, dir);
+    run_ok(LOCO " train configs/tiny.ini %s --set model.router_bias_rate=0.001 --set run.dir=%s/on",
+           moe, dir);
+    const double off = mean_imbalance("off"), on = mean_imbalance("on");
+    cr_expect_gt(off, 1.5, "without the bias the load should be uneven (max/mean %g)", off);
+    cr_expect_lt(on, 0.8 * off, "max/mean load: %g with the bias, %g without", on, off);
+}
+
+/* dp 2 x ep 2 and pp 2 x cp 2 with the bias: the island's loads are the
+ * global batch's, so every rank moves the biases as one rank does; the
+ * final biases are one rank's bits. */
+static void expect_same_bias(void) {
+    float a[16], b[16];
+    read_bias("mesh", STEPS, a, 16);
+    read_bias("ref", STEPS, b, 16);
+    cr_expect(!memcmp(a, b, sizeof a), "the mesh's routing biases differ from one rank's");
+}
+
+Test(mixtral_mesh, router_bias_dp2_ep2_zero3, .timeout = 240) {
+    check_mesh(MIXTRAL RATE, 1, 1, "1f1b", 2, 1, 3, 1, "--set parallel.ep=2");
+    expect_same_bias();
+}
+
+Test(mixtral_mesh, router_bias_pp2_cp2, .timeout = 240) {
+    check_mesh(MIXTRAL RATE, 1, 2, "1f1b", 1, 2, 1, 4, "");
+    expect_same_bias();
+}
+
+/* A resume at step 3 reads the biases back: the same losses, bit for
+ * bit, and the same final biases as the run that never stopped. */
+Test(mixtral_mesh, router_bias_resumes_the_same_curve, .timeout = 120) {
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL RATE " --set run.ckpt_every=3 --set run.dir=%s/ref",
+           dir);
+    run_ok(LOCO " train configs/tiny.ini" MIXTRAL RATE " --set run.dir=%s/mesh --resume %s/ref/ckpt_%08d",
+           dir, dir, 3);
+    double got[STEPS + 1] = {0}, ref[STEPS + 1] = {0};
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/mesh", dir);
+    snprintf(b, sizeof b, "%s/ref", dir);
+    test_read_losses(a, got, STEPS);
+    test_read_losses(b, ref, STEPS);
+    for (int s = 4; s <= STEPS; s++)
+        cr_expect_eq(got[s], ref[s], "step %d: resumed %.17g, uninterrupted %.17g", s, got[s], ref[s]);
+    expect_same_bias();
 }
 
 /* Two shared experts: fused side by side in DeepSeek's tensors. */

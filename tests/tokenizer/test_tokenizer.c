@@ -11,7 +11,7 @@
  *   python3 tests/fixtures/bpe_ref.py formats tests/fixtures/bpe-1k.json 40 \
  *       tests/fixtures/tiny) */
 #include "tests/support.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/internal.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -183,6 +183,70 @@ Test(tokenizer, special_tokens) {
     loco_free(pre);
     loco_free(ids);
     loco_tok_destroy(t);
+}
+
+/* A tokenizer.json of the 256 bytes (no merges: an id per byte) and the
+ * given added tokens (ids 256, 257, ...), at path. */
+static void bytes_and_specials(const char *path, const char *const *sp, int nsp) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    fprintf(f, "{\"added_tokens\": [");
+    for (int i = 0; i < nsp; i++)
+        fprintf(f, "%s{\"id\": %d, \"content\": \"%s\"}", i ? ", " : "", 256 + i, sp[i]);
+    fprintf(f, "], \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {");
+    for (int b = 0; b < 256; b++) {
+        char m[8];
+        uint8_t byte = (uint8_t)b;
+        loco__tok_map(&byte, 1, m);
+        fprintf(f, "%s\"%s%s\": %d", b ? ", " : "", m[0] == '"' || m[0] == '\\' ? "\\" : "", m, b);
+    }
+    fprintf(f, "}}}\n");
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* Specials are found as the plain search finds them: the earliest place
+ * where one starts, the longest of those starting there; one lead byte
+ * or several, one-byte specials, prefixes and overlaps. */
+Test(tokenizer, specials_as_a_plain_search_finds_them) {
+    static const char *const sets[2][6] = {{"<a", "<ab", "<|x|>", "b", "ab|", "zz"},
+                                           {"<a", "<ab", "<|x|>", "<", "<zz", "<b|"}};
+    const char *path = "/tmp/loco-tok-specials.json";
+    const char *alphabet = "<ab|xz \n";
+    uint64_t seed = 7;
+    for (int k = 0; k < 2; k++) {
+        bytes_and_specials(path, sets[k], 6);
+        loco_tok *t = load_ok(path);
+        remove(path);
+        for (int rep = 0; rep < 20; rep++) {
+            uint8_t text[400];
+            size_t len = 1 + rep * 19;
+            for (size_t i = 0; i < len; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                text[i] = (uint8_t)alphabet[(seed >> 33) % 8];
+            }
+            int32_t want[400];
+            size_t nw = 0;
+            for (size_t pos = 0; pos < len;) {
+                int best = -1;
+                size_t blen = 0;
+                for (int i = 0; i < 6; i++) {
+                    size_t sl = strlen(sets[k][i]);
+                    if (sl <= len - pos && sl > blen && !memcmp(text + pos, sets[k][i], sl)) {
+                        best = 256 + i;
+                        blen = sl;
+                    }
+                }
+                want[nw++] = best >= 0 ? best : text[pos];
+                pos += best >= 0 ? blen : 1;
+            }
+            size_t n;
+            int32_t *ids = encode_rt(t, text, len, &n);
+            cr_assert_eq(n, nw, "set %d, %.*s: %zu ids, want %zu", k, (int)len, text, n, nw);
+            cr_assert(!memcmp(ids, want, n * sizeof *ids), "set %d: %.*s", k, (int)len, text);
+            loco_free(ids);
+        }
+        loco_tok_destroy(t);
+    }
 }
 
 Test(tokenizer, three_formats_agree) {

@@ -111,7 +111,7 @@ Test(moe, routing_breaks_ties_by_index_and_position) {
     const float logits[N * E] = {0, 0, 0, 1, 1, 0, 0, 2, 2, 5, 0, 0};
     float probs[N * E], lse[N], weight[N * K];
     int32_t expert[N * K];
-    loco_moe_route(probs, lse, expert, weight, logits, N, E, K);
+    loco_moe_route(probs, lse, expert, weight, logits, NULL, N, E, K);
     const int32_t want[N * K] = {0, 1, 0, 1, 1, 2, 0, 1};
     for (int i = 0; i < N * K; i++)
         cr_expect_eq(expert[i], want[i], "choice %d", i);
@@ -168,4 +168,49 @@ Test(moe, what_is_not_built_or_wrong_is_refused) {
     c.tp = 2;
     loco_gpt_parallel par = {0};
     cr_expect_neq(loco_gpt_create_par(&m, &c, B, T, 0, &par), 0);
+}
+
+/* DeepSeek-V3's routing bias: the top-k by probability + bias (an
+ * insertion sort of the scores here, stable: ties to the lower index), the
+ * weights from the unbiased probabilities of the chosen experts over their
+ * sum. */
+Test(moe, routing_bias_chooses_and_the_probabilities_weigh) {
+    enum { N = 37, E = 6, K = 2 };
+    float logits[N * E], bias[E] = {-0.3f, 0.25f, 0, 0.1f, -0.05f, 0.4f};
+    uint64_t x = 12345;
+    for (int i = 0; i < N * E; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        logits[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2);
+    }
+    float probs[N * E], lse[N], weight[N * K];
+    int32_t expert[N * K];
+    loco_moe_route(probs, lse, expert, weight, logits, bias, N, E, K);
+    int differ = 0; /* tokens whose first choice the bias changed */
+    for (int t = 0; t < N; t++) {
+        double p[E], mx = logits[t * E], s = 0;
+        for (int e = 1; e < E; e++)
+            mx = fmax(mx, logits[t * E + e]);
+        for (int e = 0; e < E; e++)
+            s += p[e] = exp(logits[t * E + e] - mx);
+        int order[E];
+        for (int e = 0; e < E; e++) {
+            p[e] /= s;
+            int i = e;
+            for (; i > 0 && p[order[i - 1]] + bias[order[i - 1]] < p[e] + bias[e]; i--)
+                order[i] = order[i - 1];
+            order[i] = e;
+        }
+        double S = 0;
+        for (int j = 0; j < K; j++)
+            S += p[order[j]];
+        int top = 0;
+        for (int e = 1; e < E; e++)
+            top = p[e] > p[top] ? e : top;
+        differ += order[0] != top;
+        for (int j = 0; j < K; j++) {
+            cr_expect_eq(expert[t * K + j], order[j], "token %d choice %d", t, j);
+            cr_expect(fabs(weight[t * K + j] - p[order[j]] / S) < 1e-6, "token %d weight %d", t, j);
+        }
+    }
+    cr_expect(differ > 0, "the bias changed no token's first choice: the test proves nothing");
 }
