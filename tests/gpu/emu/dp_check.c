@@ -23,6 +23,9 @@
  *
  * LOCO_DP_ARCH=llama: the same checks on the dense Llama block (GQA with
  * one kv head of two, RMSNorm, RoPE, SwiGLU, no biases, untied head).
+ * LOCO_DP_RECOMPUTE=full: the dp runs (not the reference) recompute every
+ * block (the sharded model's backward reruns a block on the weights it
+ * gathered for the backward); the reference keeps everything.
  *
  * Built and run by tests/gpu/emu/run.sh (--filter 'gpu_dp/ *', and
  * 'gpu_dp_llama/ *' for the Llama block); it prints
@@ -78,6 +81,9 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     cfg->train.lr = 1e-2;
     cfg->train.grad_clip = 0.5; /* clipping bites: the global norm matters */
     cfg->parallel.dp = strcmp(backend, "self") ? 2 : 1;
+    const char *rc = getenv("LOCO_DP_RECOMPUTE");
+    if (rc && *rc && cfg->parallel.dp > 1)
+        snprintf(cfg->train.recompute, sizeof cfg->train.recompute, "%s", rc);
     cfg->parallel.zero_stage = zero;
     cfg->parallel.bucket_mb = 0.004; /* several buckets */
     cfg->run.threads = 1;
