@@ -57,7 +57,7 @@ LIB     := $(BUILD)/libloco.a
 BIN     := $(BUILD)/loco
 TESTBIN := $(BUILD)/tests/loco_tests
 
-.PHONY: all rooms run test bench asan tsan clean format deps data data-bpe cuda fuzz print-ldlibs
+.PHONY: all rooms run test test-emu bench asan tsan clean format deps data data-bpe cuda fuzz print-ldlibs
 all: rooms $(BIN) cuda
 
 # The house's rules (docs/ARCHITECTURE.md's rooms table) against the code:
@@ -161,7 +161,16 @@ ifneq ($(NVCC),)
 	@echo "test: building loco without CUDA too (build-nocuda: what a machine without the toolkit compiles)"
 	@$(MAKE) --no-print-directory NVCC= BUILD=build-nocuda build-nocuda/loco
 endif
-	@bash tests/run.sh
+	@NVCC="$(NVCC)" CUDA_LIB="$(CUDA_LIB)" BUILD=$(BUILD) bash tests/run.sh
+
+# The whole kernel emulator (tests/gpu/emu), full sizes, both thread orders;
+# `make test` runs its CI part (tests/gpu/emu/run.sh names what it leaves here).
+test-emu: $(LIB)
+ifeq ($(NVCC),)
+	@echo "test-emu: no nvcc: the emulator needs the CUDA build (kernels/cuda in libloco.a)"; exit 1
+else
+	@CUDA_LIB="$(CUDA_LIB)" BUILD=$(BUILD) bash tests/gpu/emu/run.sh --full
+endif
 
 bench: deps
 	@$(MAKE) --no-print-directory all data

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite: every Criterion test (unit, model against PyTorch
-# fixtures, training, CLI, mpirun runs), then brief fuzz runs. `make test`.
+# fixtures, training, CLI, mpirun runs), then brief fuzz runs and the
+# kernel emulator's CI part (where nvcc is). `make test`.
 # LOCO_TEST_FILTER (a Criterion --filter) runs those tests only, without
 # the fuzz runs and the GPU summary; BUILD names the build directory.
 set -euo pipefail
@@ -59,7 +60,8 @@ run_marked() {
 
 log=$(mktemp)
 gpu_log=$(mktemp)
-trap 'kill_marked; rm -f "$log" "$gpu_log"' EXIT
+emu_log=$(mktemp)
+trap 'kill_marked; rm -f "$log" "$gpu_log" "$emu_log"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 args=(--jobs "${LOCO_TEST_JOBS:-2}")
@@ -73,6 +75,17 @@ if [ -z "${LOCO_TEST_FILTER:-}" ]; then
   if [ -x tests/fuzz.sh ]; then
     bash tests/fuzz.sh || status=$?
   fi
+  # The kernel emulator's CI part (tests/gpu/emu/run.sh --ci): the CUDA
+  # twins and the device model on this CPU. It links the CUDA build's
+  # libloco.a and the toolkit's libraries, so it needs nvcc (NVCC from make;
+  # found as the Makefile finds it when this script runs alone).
+  nvcc=${NVCC-$(ls /usr/local/cuda/bin/nvcc 2>/dev/null || command -v nvcc || true)}
+  if [ -n "$nvcc" ]; then
+    export CUDA_LIB=${CUDA_LIB:-$(dirname "$(dirname "$nvcc")")/lib64}
+    run_marked "$emu_log" 1 bash tests/gpu/emu/run.sh --ci || status=$?
+  else
+    echo "emulator skipped: no nvcc (the CUDA twins and the device model are not checked)"
+  fi
   # GPU tests skip where there is no device or no CUDA build: say so, and why.
   run_marked "$gpu_log" 0 "$build/tests/loco_tests" --filter 'gpu_*/*' --verbose || true
   gpu_skips=$(grep -a '^\[SKIP\] gpu_' "$gpu_log" | grep -av 'Test is disabled' || true)
@@ -85,6 +98,8 @@ if [ -z "${LOCO_TEST_FILTER:-}" ]; then
     echo "PyTorch check of tp export: skipped: python3-torch not installed (apt-get install python3-torch)"
   fi
 fi
+# The emulator's count again, beside the closing line.
+grep -a '^emulator: .* ran' "$emu_log" || true
 # One closing line with the counts, after everything.
 line=$(grep -a "Synthesis: Tested:" "$log" | tail -n 1)
 passed=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")

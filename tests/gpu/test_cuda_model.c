@@ -32,8 +32,8 @@
 #include "tests/support.h"
 
 #define FIXTURE "tests/fixtures/gpt2_tiny.safetensors"
-/* tests/gpu/emu/run.sh builds this file with fewer steps and a longer
- * timeout (every emulated CUDA thread is a host thread). */
+/* tests/gpu/emu/run.sh builds this file with fewer steps in CI (20 in
+ * `make test-emu`) and a longer timeout (a shared CPU emulates the device). */
 #ifndef TRAIN_STEPS
 #define TRAIN_STEPS 20
 #endif

@@ -1,5 +1,6 @@
 /* Host emulation of the CUDA execution model, enough for kernels/cuda:
- * every thread of a block is a std::thread, __syncthreads a barrier, warp
+ * every thread of a block is a fiber (ucontext) on the launching host
+ * thread, __syncthreads a switch back to the block's scheduler, warp
  * shuffles go through a per-block exchange array, __shared__ variables are
  * function statics (blocks run one after another), dynamic shared memory
  * one buffer. Rounded intrinsics (__fadd_rn, ...) are IEEE host operations
@@ -9,7 +10,6 @@
 #define LOCO_GPU_EMU_H
 
 #include <algorithm>
-#include <barrier>
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
@@ -17,8 +17,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
 
 #define LOCO_HAVE_CUDA 1
 extern "C" {
@@ -37,20 +39,142 @@ struct dim3 {
 };
 static dim3 blockIdx, blockDim, gridDim;
 static thread_local dim3 threadIdx;
-static std::barrier<> *g_bar;
 static double g_xchg[1024];
 static float *g_smem;
 static std::vector<float> g_smem_buf;
 
-static inline void __syncthreads() { g_bar->arrive_and_wait(); }
+/* The block's threads as fibers: one OS thread per CUDA thread cost a
+ * thread start and a futex wake per barrier (minutes per test on two
+ * cores). A fiber switch saves the callee-saved registers and changes
+ * stacks: no system call (ucontext's swapcontext makes one per switch, so
+ * it is only the fallback off x86-64). The scheduler runs every live fiber
+ * up to its next barrier (or its end), in thread order, then the next
+ * phase: a barrier releases no one before every live thread of the block
+ * reached it, as __syncthreads does. */
+enum { EMU_MAX_THREADS = 1024, EMU_STACK = 256 << 10, EMU_PAGE = 4096 };
+static char *g_stack[EMU_MAX_THREADS];
+static bool g_done[EMU_MAX_THREADS];
+static unsigned g_cur;
+static const std::function<void()> *g_body;
+
+/* A stack per fiber, kept across launches, with a guard page below it: an
+ * overflow faults instead of writing into the next fiber's stack. */
+static char *emu_stack(unsigned t) {
+    if (!g_stack[t]) {
+        void *m = mmap(NULL, EMU_STACK + EMU_PAGE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (m == MAP_FAILED || mprotect(m, EMU_PAGE, PROT_NONE))
+            abort();
+        g_stack[t] = (char *)m + EMU_PAGE;
+    }
+    return g_stack[t];
+}
+
+#if defined(__x86_64__)
+/* emu_switch(save, to): pushes the callee-saved registers, stores the
+ * stack pointer in *save, continues on the stack `to` (saved the same way,
+ * or prepared by emu_fiber_start) by popping its registers and returning. */
+extern "C" void emu_switch(void **save, void *to);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch, @function\n"
+    "emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch, .-emu_switch\n");
+static void *g_sched_sp, *g_fiber_sp[EMU_MAX_THREADS];
+
+static inline void __syncthreads() { emu_switch(&g_fiber_sp[g_cur], g_sched_sp); }
+
+[[noreturn]] static void emu_fiber_main() {
+    (*g_body)();
+    g_done[g_cur] = true;
+    void *dead;
+    emu_switch(&dead, g_sched_sp); /* never resumed */
+    abort();
+}
+
+/* A new fiber's stack as emu_switch leaves a suspended one: six zero
+ * registers, then emu_fiber_main as the return address, entered with the
+ * stack aligned as after a call (a zero return address above it). */
+static void emu_fiber_start(unsigned t) {
+    void **top = (void **)(emu_stack(t) + EMU_STACK);
+    *--top = NULL;
+    *--top = (void *)emu_fiber_main;
+    for (int r = 0; r < 6; r++)
+        *--top = NULL;
+    g_fiber_sp[t] = top;
+}
+static inline void emu_fiber_run(unsigned t) { emu_switch(&g_sched_sp, g_fiber_sp[t]); }
+#else
+static ucontext_t g_sched, g_fiber[EMU_MAX_THREADS];
+
+static inline void __syncthreads() { swapcontext(&g_fiber[g_cur], &g_sched); }
+
+static void emu_fiber_main() {
+    (*g_body)();
+    g_done[g_cur] = true; /* returns to uc_link, the scheduler */
+}
+
+static void emu_fiber_start(unsigned t) {
+    ucontext_t *c = &g_fiber[t];
+    getcontext(c);
+    c->uc_stack.ss_sp = emu_stack(t);
+    c->uc_stack.ss_size = EMU_STACK;
+    c->uc_link = &g_sched;
+    makecontext(c, emu_fiber_main, 0);
+}
+static inline void emu_fiber_run(unsigned t) { swapcontext(&g_sched, &g_fiber[t]); }
+#endif
+
+/* Runs f as every thread of every block; a thread that returns early drops
+ * out of the block's barriers, as an exited CUDA thread does. Within a
+ * phase the threads run one after another, in thread order, or in reverse
+ * with LOCO_EMU_ORDER=reverse: a read of shared memory that a missing
+ * barrier leaves racing sees the other thread's old value in one of the
+ * two orders, so running both catches it. */
+static void emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
+    if (g_smem_buf.size() < smem / 4 + 1)
+        g_smem_buf.resize(smem / 4 + 1);
+    g_smem = g_smem_buf.data();
+    blockDim = block;
+    gridDim = grid;
+    g_body = &f;
+    static const char *order = getenv("LOCO_EMU_ORDER");
+    static const bool reverse = order && !strcmp(order, "reverse");
+    const unsigned nt = block.x * block.y;
+    if (nt > EMU_MAX_THREADS)
+        abort();
+    for (unsigned by = 0; by < grid.y; by++)
+        for (unsigned bx = 0; bx < grid.x; bx++) {
+            blockIdx = dim3(bx, by);
+            for (unsigned t = 0; t < nt; t++) {
+                emu_fiber_start(t);
+                g_done[t] = false;
+            }
+            for (unsigned live = nt; live;)
+                for (unsigned i = 0; i < nt; i++) {
+                    const unsigned t = reverse ? nt - 1 - i : i;
+                    if (g_done[t])
+                        continue;
+                    g_cur = t;
+                    threadIdx = dim3(t % block.x, t / block.x);
+                    emu_fiber_run(t);
+                    live -= g_done[t];
+                }
+        }
+}
 
 template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;
     double d = 0;
     std::memcpy(&d, &v, sizeof v);
-    g_bar->arrive_and_wait();
+    __syncthreads();
     g_xchg[tid] = d;
-    g_bar->arrive_and_wait();
+    __syncthreads();
     T r;
     std::memcpy(&r, &g_xchg[tid ^ (unsigned)o], sizeof r);
     return r;
@@ -73,14 +197,14 @@ static inline void emu_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const 
                                          const float c[4]) {
     const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x, w0 = tid & ~31u;
     const unsigned lane = tid & 31u, g = lane >> 2, t = lane & 3u;
-    g_bar->arrive_and_wait();
+    __syncthreads();
     unsigned *x = g_mma_x[tid];
     for (int r = 0; r < 4; r++)
         x[r] = a[r];
     x[4] = b[0], x[5] = b[1];
     for (int r = 0; r < 4; r++)
         std::memcpy(&x[6 + r], &c[r], 4);
-    g_bar->arrive_and_wait();
+    __syncthreads();
     /* A[row][k]: lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8),
      * half k % 2. B[k][n]: lane 4 n + (k % 8) / 2, register k >= 8, half k % 2. */
     auto A = [&](unsigned row, unsigned k) {
@@ -101,35 +225,9 @@ static inline void emu_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const 
         std::memcpy(&cv, &x[6 + i], 4);
         out[i] = acc + cv;
     }
-    g_bar->arrive_and_wait();
+    __syncthreads();
     for (int i = 0; i < 4; i++)
         d[i] = out[i];
-}
-
-/* Runs f as every thread of every block; a thread that returns early drops
- * out of the block's barrier, as an exited CUDA thread does. */
-static void emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
-    if (g_smem_buf.size() < smem / 4 + 1)
-        g_smem_buf.resize(smem / 4 + 1);
-    g_smem = g_smem_buf.data();
-    blockDim = block;
-    gridDim = grid;
-    const unsigned nt = block.x * block.y;
-    for (unsigned by = 0; by < grid.y; by++)
-        for (unsigned bx = 0; bx < grid.x; bx++) {
-            blockIdx = dim3(bx, by);
-            std::barrier<> bar(nt);
-            g_bar = &bar;
-            std::vector<std::thread> ts;
-            for (unsigned t = 0; t < nt; t++)
-                ts.emplace_back([&, t] {
-                    threadIdx = dim3(t % block.x, t / block.x);
-                    f();
-                    bar.arrive_and_drop();
-                });
-            for (auto &th : ts)
-                th.join();
-        }
 }
 
 struct __nv_bfloat16 {

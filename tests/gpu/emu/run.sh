@@ -9,24 +9,70 @@
 #      (RMSNorm, RoPE, SwiGLU), unchanged, against the
 #      translated twins (the same assertions as on a GPU);
 #   2. tests/gpu/test_cuda_model.c, the device model
-#      (inner/model/gpt_cuda.c) against the CPU model, fp32 and bf16, and 20
+#      (inner/model/gpt_cuda.c) against the CPU model, fp32 and bf16, and
 #      trainer steps with train.device = cuda against cpu;
 #   3. dp_check.c: train.device = cuda over 2 ranks (mpirun, mpi backend,
 #      host-staged collectives), dp = 2 with ZeRO 0-3 (and ZeRO-3 in bf16) against one rank on
-#      the same global batch (1e-5), a sharded checkpoint resumed.
-#      `run.sh --filter 'gpu_dp/*'` runs only this part.
+#      the same global batch (1e-5), a sharded checkpoint resumed; GPT-2 (gpu_dp)
+#      and the Llama block (gpu_dp_llama).
+#
+#   run.sh --ci      what `make test` runs: the CI column of the table below
+#   run.sh --full    `make test-emu`: everything, full sizes, both thread orders
+#   run.sh [criterion args]   everything at CI sizes
+#   run.sh --filter PATTERN   a part, at CI sizes (--filter 'gpu_dp/*' or
+#                    'gpu_dp_llama/*': that two-rank check only)
 # It checks indexing, reductions, barriers, layouts and the codecs' bytes;
 # not speed, not the real cuBLASLt (a reference of its documented
 # semantics), not what only hardware shows (races the barriers hide,
 # register spills, the fast-math of the real intrinsics). Needs
 # $BUILD/libloco.a (make; BUILD=build by default) and g++ with C++20.
-# Slow: every CUDA thread is a host thread.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+
+# The one list of what CI (`make test`, --ci) runs and what it leaves to
+# `make test-emu` (--full). Every Criterion test and both two-rank checks
+# run in both; the full run adds sizes and an order:
+#                      CI          full
+#   Criterion tests    CI_FILTER   all
+#   trainer steps      4           20 (as on a GPU; adds gpu_train's "loss fell" check)
+#   dp_check steps     3           3 (see below)
+#   dp_check archs     gpt2 llama  gpt2 llama
+#   thread order       forward     forward, then reverse (LOCO_EMU_ORDER, emu.h)
+CI_FILTER='*/*'
+CI_TRAIN_STEPS=4 FULL_TRAIN_STEPS=20
+# dp_check's fp32 parameter bound (1e-5 of max |param|) holds for about 4
+# steps of its config: two ranks' rounding drifts through AdamW (8 steps:
+# 1.8e-5 on the device, 1.4e-5 on the CPU path, 2026-12-05), so the full
+# run keeps 3 steps.
+CI_DP_STEPS=3 FULL_DP_STEPS=3
+CI_ORDERS=forward FULL_ORDERS="forward reverse"
+DP_ARCHS="gpt2 llama"
+
+mode=part
+filter=""
+args=()
+for ((i = 1; i <= $#; i++)); do
+  a=${!i}
+  case "$a" in
+    --ci) mode=ci ;;
+    --full) mode=full ;;
+    --filter) j=$((i + 1)); filter=${!j:-}; args+=("$a" "$filter"); i=$j ;;
+    --filter=*) filter=${a#--filter=}; args+=("$a") ;;
+    *) args+=("$a") ;;
+  esac
+done
+if [ "$mode" = full ]; then
+  train_steps=${EMU_TRAIN_STEPS:-$FULL_TRAIN_STEPS} dp_steps=${EMU_DP_STEPS:-$FULL_DP_STEPS}
+  orders=$FULL_ORDERS
+else
+  train_steps=${EMU_TRAIN_STEPS:-$CI_TRAIN_STEPS} dp_steps=${EMU_DP_STEPS:-$CI_DP_STEPS}
+  orders=$CI_ORDERS
+fi
+
 # BUILD: the make build folder whose libloco.a to link (default build);
-# the emulator's files go to $BUILD/emu.
+# the emulator's files go to $BUILD/emu (EMU_OUT to change).
 build=${BUILD:-build}
-out=$build/emu
+out=${EMU_OUT:-$build/emu}
 mkdir -p "$out"
 [ -f "$build/libloco.a" ] || make -j2 BUILD="$build" "$build/libloco.a"
 CXXFLAGS="-std=c++20 -O2 -I. -w"
@@ -35,7 +81,10 @@ LIBS="$build/libloco.a -lopenblas -linih -lcjson -lxxhash -lzstd -lcurl -lmicroh
 # The trainer's communicator pulls in the nccl backend, which links the
 # real CUDA and NCCL libraries (the twins themselves stay emulated).
 CUDA_LIB=${CUDA_LIB:-/usr/local/cuda/lib64}
-LIBS="$LIBS -L$CUDA_LIB -Wl,-rpath,$CUDA_LIB -lnccl -lcublasLt -lcudart -lstdc++"
+# NCCL where the Makefile found nccl.h (else the library has no nccl backend)
+nccl=""
+[ ! -e "$(dirname "$CUDA_LIB")/include/nccl.h" ] && [ ! -e /usr/include/nccl.h ] || nccl=-lnccl
+LIBS="$LIBS -L$CUDA_LIB -Wl,-rpath,$CUDA_LIB $nccl -lcublasLt -lcudart -lstdc++"
 python3 tests/gpu/emu/translate.py . "$out/twins.cpp"
 g++ $CXXFLAGS -c "$out/twins.cpp" -o "$out/twins.o"
 for t in test_cuda_kernels test_cuda_tp test_cuda_attention_block test_cuda_attention_tc \
@@ -44,37 +93,63 @@ for t in test_cuda_kernels test_cuda_tp test_cuda_attention_block test_cuda_atte
 done
 # the Llama-family twins (gpu_llama/*)
 gcc $CFLAGS -c tests/gpu/test_cuda_llama_kernels.c -o "$out/test_cuda_llama_kernels.o"
-# the trainer comparison over EMU_TRAIN_STEPS steps instead of 20
-gcc $CFLAGS -DTRAIN_STEPS="${EMU_TRAIN_STEPS:-4}" -DTRAIN_TIMEOUT=3000 \
+# the trainer comparison over $train_steps steps (20 on a GPU)
+gcc $CFLAGS -DTRAIN_STEPS="$train_steps" -DTRAIN_TIMEOUT=600 \
   -c tests/gpu/test_cuda_model.c -o "$out/test_cuda_model.o"
 g++ -o "$out/emu_tests" "$out/test_cuda_kernels.o" "$out/test_cuda_tp.o" \
   "$out/test_cuda_attention_block.o" "$out/test_cuda_attention_tc.o" "$out/test_cuda_attention_gqa.o" "$out/test_cuda_moe.o" "$out/test_cuda_codecs.o" \
   "$out/test_cuda_outer.o" "$out/test_cuda_device.o" "$out/test_cuda_sharded.o" "$out/test_cuda_model.o" "$out/twins.o" \
   "$out/test_cuda_llama_kernels.o" \
   $LIBS -lcriterion
-gcc $CFLAGS -DSTEPS="${EMU_DP_STEPS:-3}" -c tests/gpu/emu/dp_check.c -o "$out/dp_check.o"
+gcc $CFLAGS -DSTEPS="$dp_steps" -c tests/gpu/emu/dp_check.c -o "$out/dp_check.o"
 g++ -o "$out/dp_check" "$out/dp_check.o" "$out/twins.o" $LIBS
-# gpu_dp/*: the two-rank device check (not a Criterion suite).
-filter=""
-args=("$@")
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[i]}" in
-    --filter) filter=${args[i + 1]:-} ;;
-    --filter=*) filter=${args[i]#--filter=} ;;
-  esac
-done
-run_dp() {
-  command -v mpirun >/dev/null || { echo "gpu_dp: SKIPPED (no mpirun)"; return 0; }
-  local d
-  d=$(mktemp -d /tmp/loco-emu-dp-XXXXXX)
-  "$out/dp_check" ref "$d"
-  OMPI_MCA_orte_tmpdir_base="$d" mpirun --allow-run-as-root --oversubscribe -np 2 \
-    "$out/dp_check" dp "$d"
-  rm -rf "$d"
+
+# Counts for the closing line: Criterion tests run, two-rank checks run.
+n_tests=0 n_dp=0 status=0
+run_tests() { # ORDER criterion-args...
+  local order=$1 log line n
+  shift
+  log=$(mktemp)
+  echo "emulator: Criterion tests, thread order $order, $train_steps trainer steps"
+  LOCO_EMU_ORDER=$order "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "$@" 2>&1 | tee "$log" ||
+    status=1
+  line=$(grep -a "Synthesis: Tested:" "$log" | tail -n 1 || true)
+  n=$(sed -n 's/.*Tested: \([0-9]*\).*/\1/p' <<<"$line")
+  n_tests=$((n_tests + ${n:-0}))
+  rm -f "$log"
 }
-case "$filter" in
-  gpu_dp_llama*) LOCO_DP_ARCH=llama run_dp; exit ;;
-  gpu_dp*) run_dp; exit ;;
-  "") "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "$@"; run_dp; exit ;;
+# gpu_dp/*: the two-rank device check (not a Criterion suite).
+run_dp() { # ARCH ORDER
+  command -v mpirun >/dev/null || { echo "gpu_dp: SKIPPED (no mpirun)"; return 0; }
+  local d rc=0
+  echo "emulator: dp_check, $1, thread order $2, $dp_steps steps"
+  d=$(mktemp -d /tmp/loco-emu-dp-XXXXXX)
+  LOCO_DP_ARCH=$1 LOCO_EMU_ORDER=$2 "$out/dp_check" ref "$d" || rc=$?
+  [ "$rc" -ne 0 ] || LOCO_DP_ARCH=$1 LOCO_EMU_ORDER=$2 OMPI_MCA_orte_tmpdir_base="$d" \
+    mpirun --allow-run-as-root --oversubscribe -np 2 "$out/dp_check" dp "$d" || rc=$?
+  rm -rf "$d"
+  n_dp=$((n_dp + 1))
+  [ "$rc" -eq 0 ] || { echo "emulator: dp_check $1 ($2) FAILED"; status=1; }
+}
+
+case "$mode:$filter" in
+  part:gpu_dp_llama*) run_dp llama forward; exit "$status" ;;
+  part:gpu_dp*) run_dp gpt2 forward; exit "$status" ;;
+  part:?*) exec "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "${args[@]}" ;;
 esac
-exec "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "$@"
+for order in $orders; do
+  if [ "$mode" = ci ]; then
+    run_tests "$order" --filter "$CI_FILTER" "${args[@]}"
+  else
+    run_tests "$order" "${args[@]}"
+  fi
+  for arch in $DP_ARCHS; do
+    run_dp "$arch" "$order"
+  done
+done
+case "$mode" in
+  full) left="the whole emulator suite (\`make test-emu\`)" ;;
+  *) left="the rest is \`make test-emu\`: $FULL_TRAIN_STEPS trainer steps, the reverse thread order" ;;
+esac
+echo "emulator: $n_tests Criterion tests and $n_dp two-rank checks ran, $([ "$status" -eq 0 ] && echo passed || echo FAILED); $left"
+exit "$status"
