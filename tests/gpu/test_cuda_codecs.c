@@ -121,7 +121,7 @@ Test(gpu_codecs, nonfinite_is_flagged)
     void *d_x = dup_to_dev(&e, x, sizeof x);
     uint8_t *d_pay = dalloc(&e, 4 * n + 64);
     uint32_t *d_bad = dalloc(&e, 4);
-    for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
+    for (int k = 0; k < LOCO_CODEC_TOPK; k++) {
         uint32_t bad = 0;
         GPU_OK(loco_cuda_quant(loco_codec_format((loco_codec_kind)k), d_pay, d_x, NULL, n, &a,
                                d_bad, NULL));

@@ -43,6 +43,8 @@ static float *g_smem;
 static std::vector<float> g_smem_buf;
 
 static inline void __syncthreads() { g_bar->arrive_and_wait(); }
+/* integer histograms (topk.cu): relaxed, as the order cannot change a count */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;
