@@ -262,12 +262,11 @@ static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *le
     for (size_t i = 0; i < *nc; i++) {
         const size_t first = i * ce, m = b->n - first < ce ? b->n - first : ce;
         len[i] = loco_codec_payload_bytes(&p, m);
-        const int rc =
-            p.codec == LOCO_CODEC_TOPK
-                ? loco_topk_quant(b->raw + i * *stride, b->x + first, NULL, m,
-                                  loco_codec_topk_k(&p, m), p.topk_bits)
-                : loco_quant(loco_codec_format(p.codec), b->raw + i * *stride, b->x + first, NULL,
-                             m, &qa);
+        const int rc = p.codec == LOCO_CODEC_TOPK
+                           ? loco_topk_quant(b->raw + i * *stride, b->x + first, NULL, m,
+                                             loco_codec_topk_k(&p, m), p.topk_bits)
+                           : loco_quant(loco_codec_format(p.codec), b->raw + i * *stride,
+                                        b->x + first, NULL, m, &qa);
         if (rc < 0) {
 #pragma omp atomic write
             failed = 1;

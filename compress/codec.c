@@ -130,8 +130,7 @@ static int quant_chunk(const loco_codec_params *p, uint8_t *out, const float *x,
 static bool payload_ok(const loco_chunk_info *info, const uint8_t *payload) {
     if (info->codec == LOCO_CODEC_TOPK)
         return loco_topk_payload_ok(payload, info->raw_len, info->count);
-    return loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count,
-                                 info->block);
+    return loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block);
 }
 
 /* ------------------------------------------------------------- lifecycle */
@@ -489,8 +488,8 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
                             "chunk: raw payload %llu bytes, topk of %llu needs (%d, %zu]",
                             (unsigned long long)raw_len, (unsigned long long)count,
                             LOCO_TOPK_HEADER + 1, loco_topk_payload_max(count));
-    } else if (raw_len != loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec),
-                                                   count, (int)block)) {
+    } else if (raw_len != loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count,
+                                                   (int)block)) {
         const uint64_t want =
             loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count, (int)block);
         return LOCO_ERR(LOCO_EPROTO, "chunk: raw payload %llu bytes, %s of %llu needs %llu",

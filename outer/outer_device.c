@@ -62,8 +62,8 @@ int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
     const size_t per = loco_compress_chunk_elems(c), nn = n ? n : 1;
     const size_t parts = (per + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
     d->raw_cap = loco_codec_payload_bytes(c, per);
-    const size_t work = c->codec == LOCO_CODEC_TOPK ? loco_topk_work_bytes(loco_codec_topk_k(c, per))
-                                                    : 0;
+    const size_t work =
+        c->codec == LOCO_CODEC_TOPK ? loco_topk_work_bytes(loco_codec_topk_k(c, per)) : 0;
     const size_t slab = 6 * nn * sizeof(float) + 2 * per * sizeof(float) + work +
                         SAMPLE_N * sizeof(float) + d->raw_cap + 2 * sizeof(uint32_t) +
                         (1 + parts) * sizeof(double) + 16 * 256;
@@ -212,16 +212,16 @@ int loco__outer_dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t
                                  cp->topk_bits, d->topk_work, d->bad, d->s));
         if (o->poison != 1.0f) {
             DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
-            DEV(loco_cuda_topk_quant(d->pay, d->delta, NULL, count, k, cp->topk_bits,
-                                     d->topk_work, d->bad + 1, d->s));
+            DEV(loco_cuda_topk_quant(d->pay, d->delta, NULL, count, k, cp->topk_bits, d->topk_work,
+                                     d->bad + 1, d->s));
         }
     } else {
         DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta,
                             d->ef ? d->ef + first : NULL, count, &qa, d->bad, d->s));
         if (o->poison != 1.0f) {
             DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
-            DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta, NULL, count,
-                                &qa2, d->bad + 1, d->s));
+            DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta, NULL, count, &qa2,
+                                d->bad + 1, d->s));
         }
     }
     DEV(dev_copy(o, host, d->pay, raw_len, true));

@@ -52,8 +52,7 @@ size_t loco_topk_index_bytes(size_t n, size_t k, int *layout, int *low) {
 size_t loco_topk_payload_bytes(size_t n, size_t k, int bits) {
     if (k == 0 || k > n || n > UINT32_MAX || !bits_ok(bits))
         return 0;
-    return LOCO_TOPK_HEADER + loco_topk_index_bytes(n, k, NULL, NULL) +
-           div_up(k * (size_t)bits, 8);
+    return LOCO_TOPK_HEADER + loco_topk_index_bytes(n, k, NULL, NULL) + div_up(k * (size_t)bits, 8);
 }
 
 size_t loco_topk_payload_max(size_t n) {

@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(TK_THREADS)
 }
 
 /* First j in [0, k) with key(j) >= want, key increasing in j. */
-__device__ __forceinline__ uint32_t tk_lower(const uint32_t *kidx, uint32_t k, int L, bool upper, size_t want) {
+__device__ __forceinline__ uint32_t tk_lower(const uint32_t *kidx, uint32_t k, int L, bool upper,
+                                             size_t want) {
     uint32_t lo = 0, hi = k;
     while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
@@ -225,9 +226,8 @@ __global__ void topk_pack_kernel(uint8_t *payload, const uint8_t *work, uint32_t
     }
 }
 
-extern "C" int loco_cuda_topk_quant(uint8_t *payload, const float *x, float *ef, size_t n,
-                                    size_t k, int bits, void *work, uint32_t *nonfinite,
-                                    loco_stream s) {
+extern "C" int loco_cuda_topk_quant(uint8_t *payload, const float *x, float *ef, size_t n, size_t k,
+                                    int bits, void *work, uint32_t *nonfinite, loco_stream s) {
     const size_t len = loco_topk_payload_bytes(n, k, bits);
     if (len == 0)
         return LOCO_ERR(LOCO_EINVAL, "cuda topk: k = %zu of %zu, %d bits", k, n, bits);

@@ -54,8 +54,8 @@ static void put_bits(uint8_t *buf, size_t pos, uint64_t v, int nbits) {
 }
 
 /* Packs a payload from indices and codes as kernels.h describes it. */
-static size_t ref_pack(uint8_t *out, size_t n, size_t k, int bits, float scale,
-                       const size_t *idx, const uint32_t *code) {
+static size_t ref_pack(uint8_t *out, size_t n, size_t k, int bits, float scale, const size_t *idx,
+                       const uint32_t *code) {
     int L = 0;
     while ((k << (L + 1)) <= n)
         L++;
@@ -131,8 +131,8 @@ static void check_one(size_t n, size_t k, int bits, bool with_ef, bool ties, uin
     for (size_t i = 0; i < len && at == len; i++)
         if (got[i] != want[i])
             at = i;
-    cr_assert_eq(at, len, "n %zu k %zu bits %d ef %d ties %d: byte %zu of %zu: %02x, want %02x",
-                 n, k, bits, with_ef, ties, at, len, got[at], want[at]);
+    cr_assert_eq(at, len, "n %zu k %zu bits %d ef %d ties %d: byte %zu of %zu: %02x, want %02x", n,
+                 k, bits, with_ef, ties, at, len, got[at], want[at]);
     cr_assert(loco_topk_payload_ok(got, len, n));
     loco_topk_dequant_acc(dst, got, n, 1.0f);
     for (size_t i = 0; i < n; i++) {
@@ -213,7 +213,8 @@ Test(compress_topk, payload_checks_refuse_malformed) {
     MUTATE("reserved", q[6] = 1);
     MUTATE("negative scale", q[11] |= 0x80);
     MUTATE("infinite scale", (q[8] = 0, q[9] = 0, q[10] = 0x80, q[11] = 0x7f));
-    MUTATE("scale that decodes past FLT_MAX", (q[8] = 0xff, q[9] = 0xff, q[10] = 0x7f, q[11] = 0x7f));
+    MUTATE("scale that decodes past FLT_MAX",
+           (q[8] = 0xff, q[9] = 0xff, q[10] = 0x7f, q[11] = 0x7f));
     const size_t low = (10 * 6 + 7) / 8; /* L = 6 */
     MUTATE("low padding", q[12 + low - 1] |= 0x80);
     MUTATE("code padding", q[len - 1] |= 0x80);
@@ -234,7 +235,7 @@ Test(compress_topk, payload_checks_refuse_malformed) {
     memcpy(q, p, len);
     for (size_t pos = 8 * ub; pos-- > 0;)
         if (u[pos / 8] >> (pos % 8) & 1) {
-            u[pos / 8] &= (uint8_t)~(1u << (pos % 8));
+            u[pos / 8] &= (uint8_t) ~(1u << (pos % 8));
             break;
         }
     cr_assert_not(loco_topk_payload_ok(q, len, N), "upper bitmap with 9 ones");
@@ -315,9 +316,9 @@ Test(compress_topk, codec_chunks_are_the_kernel_payloads) {
                 cr_assert_eq(loco_topk_quant(pay, x + first, NULL, cn, k, bits), 0);
                 loco_topk_dequant_acc(want + first, pay, cn, 0.5f);
                 if (z == LOCO_ZSTD_OFF)
-                    cr_assert_eq(memcmp(e.buf + e.chunks[i].offset + LOCO_CHUNK_HEADER_BYTES, pay,
-                                        len),
-                                 0, "chunk %zu", i);
+                    cr_assert_eq(
+                        memcmp(e.buf + e.chunks[i].offset + LOCO_CHUNK_HEADER_BYTES, pay, len), 0,
+                        "chunk %zu", i);
                 raw += LOCO_CHUNK_HEADER_BYTES + len;
                 free(pay);
             }
@@ -439,8 +440,8 @@ Test(compress_topk, forged_chunks_refused) {
         uint8_t val;
         const char *what;
     } forged[] = {
-        {H + 0, 0, "k = 0"},          {H + 0, 200, "k = 200"},      {H + 4, 5, "5 bits"},
-        {H + 5, 1, "bitmap layout"},  {H + 11, 0xff, "NaN scale"},  {H + 6, 1, "reserved"},
+        {H + 0, 0, "k = 0"},         {H + 0, 200, "k = 200"},     {H + 4, 5, "5 bits"},
+        {H + 5, 1, "bitmap layout"}, {H + 11, 0xff, "NaN scale"}, {H + 6, 1, "reserved"},
         {0, 0xf0, "code padding"}, /* at = 0: the last byte, or-ed */
     };
     for (size_t f = 0; f < sizeof forged / sizeof *forged; f++) {
