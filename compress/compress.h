@@ -1,5 +1,6 @@
 /* compress/ — pseudo-gradient codecs: block quantizers (bf16, int8, int4,
- * fp8 e4m3, fp4 e2m1) with nearest or stochastic rounding, error feedback,
+ * fp8 e4m3, fp4 e2m1) with nearest or stochastic rounding, sparse top-k
+ * with 2-, 4- or 8-bit values, error feedback,
  * a zstd stage over independent chunk frames, and the self-describing chunk
  * format that crosses the wire (docs/COMPRESS.md has the byte table).
  *
