@@ -70,6 +70,19 @@ static inline uint32_t key_of(const float *x, const float *ef, size_t i, float *
     return f2u(*v) & 0x7fffffffU;
 }
 
+/* Elements the emitting pass tests at once for a key reaching thr. */
+#define EMIT_RUN 8
+
+static bool any_reaches(const float *x, const float *ef, size_t i0, uint32_t thr) {
+    uint32_t mx = 0;
+    float v;
+    for (size_t i = i0; i < i0 + EMIT_RUN; i++) {
+        const uint32_t u = key_of(x, ef, i, &v);
+        mx = u > mx ? u : mx;
+    }
+    return mx >= thr;
+}
+
 /* The bin holding the need-th largest key, counting from the top bin;
  * *need becomes its rank inside that bin (1 = the bin's largest). */
 static uint32_t pick_bin(const uint32_t *hist, uint32_t bins, size_t *need) {
@@ -116,15 +129,14 @@ int loco_topk_quant(uint8_t *payload, const float *x, float *ef, size_t n, size_
     memset(hist, 0, 1024 * sizeof *hist);
     for (size_t i = 0; i < n; i++) {
         const uint32_t u = key_of(x, ef, i, &v);
-        if (u >> 20 == b1)
-            hist[u >> 10 & 1023]++;
+        hist[u >> 10 & 1023] += u >> 20 == b1; /* no branch: a bin can hold most */
     }
     const uint32_t b2 = pick_bin(hist, 1024, &need);
     const uint32_t hi = b1 << 10 | b2;
     memset(hist, 0, 1024 * sizeof *hist);
     for (size_t i = 0; i < n; i++) {
         const uint32_t u = key_of(x, ef, i, &v);
-        if (u >> 10 == hi)
+        if (u >> 10 == hi) /* rare: the branch is predicted */
             hist[u & 1023]++;
     }
     const uint32_t thr = hi << 10 | pick_bin(hist, 1024, &need);
@@ -151,6 +163,14 @@ int loco_topk_quant(uint8_t *payload, const float *x, float *ef, size_t n, size_
     uint8_t *codes = idx + ib;
     size_t j = 0;
     for (size_t i = 0; i < n; i++) {
+        if (i % EMIT_RUN == 0 && i + EMIT_RUN <= n && !any_reaches(x, ef, i, thr)) {
+            /* nothing of this run is kept (the common case): in bulk */
+            if (ef)
+                for (size_t e = i; e < i + EMIT_RUN; e++)
+                    ef[e] = x[e] + ef[e];
+            i += EMIT_RUN - 1;
+            continue;
+        }
         const uint32_t u = key_of(x, ef, i, &v);
         const bool keep = u > thr || (u == thr && ties > 0);
         if (!keep) {
