@@ -33,6 +33,7 @@ static const row_cfg rows[] = {
     {LOCO_CODEC_INT4, false, false, false}, {LOCO_CODEC_INT4, true, false, false},
     {LOCO_CODEC_FP8, false, false, false},  {LOCO_CODEC_FP8, true, false, false},
     {LOCO_CODEC_FP4, false, false, false},  {LOCO_CODEC_FP4, true, false, false},
+    {LOCO_CODEC_TOPK, false, false, false}, {LOCO_CODEC_TOPK, true, false, false},
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 
@@ -253,16 +254,20 @@ static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *le
     loco_codec_params p = row_params(cfg, o, 1, b->n);
     const size_t ce = loco_compress_chunk_elems(&p);
     *nc = loco_compress_chunk_count(b->n, &p);
-    *stride = loco_quant_payload_bytes(loco_codec_format(p.codec), ce, p.block);
+    *stride = loco_codec_payload_bytes(&p, ce);
     const loco_quant_args qa = {.block = p.block,
                                 .planes = p.codec == LOCO_CODEC_NONE || p.codec == LOCO_CODEC_BF16};
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < *nc; i++) {
         const size_t first = i * ce, m = b->n - first < ce ? b->n - first : ce;
-        len[i] = loco_quant_payload_bytes(loco_codec_format(p.codec), m, p.block);
-        if (loco_quant(loco_codec_format(p.codec), b->raw + i * *stride, b->x + first, NULL, m,
-                       &qa) < 0) {
+        len[i] = loco_codec_payload_bytes(&p, m);
+        const int rc = p.codec == LOCO_CODEC_TOPK
+                           ? loco_topk_quant(b->raw + i * *stride, b->x + first, NULL, m,
+                                             loco_codec_topk_k(&p, m), p.topk_bits)
+                           : loco_quant(loco_codec_format(p.codec), b->raw + i * *stride,
+                                        b->x + first, NULL, m, &qa);
+        if (rc < 0) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -271,7 +276,9 @@ static int fill_raw(bufs *b, const row_cfg *cfg, const bench_opts *o, size_t *le
 }
 
 static const char *row_name(const row_cfg *r, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s%s%s", loco_codec_name(r->codec), r->ef ? " +EF" : "",
+    /* topk at the defaults of its keys (1%, 2 bits) */
+    snprintf(buf, cap, "%s%s%s%s", loco_codec_name(r->codec),
+             r->codec == LOCO_CODEC_TOPK ? " 1% 2-bit" : "", r->ef ? " +EF" : "",
              r->stochastic ? " stoch" : "");
     return buf;
 }

@@ -118,6 +118,21 @@ static bool planes_apply(loco_codec_kind k, bool zstd) {
     return zstd && (k == LOCO_CODEC_NONE || k == LOCO_CODEC_BF16);
 }
 
+/* The element loop of codec p->codec over one chunk (or sample). */
+static int quant_chunk(const loco_codec_params *p, uint8_t *out, const float *x, float *ef,
+                       size_t count, const loco_quant_args *qa) {
+    if (p->codec == LOCO_CODEC_TOPK)
+        return loco_topk_quant(out, x, ef, count, loco_codec_topk_k(p, count), p->topk_bits);
+    return loco_quant(loco_codec_format(p->codec), out, x, ef, count, qa);
+}
+
+/* A raw payload of `info`'s chunk that decodes safely. */
+static bool payload_ok(const loco_chunk_info *info, const uint8_t *payload) {
+    if (info->codec == LOCO_CODEC_TOPK)
+        return loco_topk_payload_ok(payload, info->raw_len, info->count);
+    return loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block);
+}
+
 /* ------------------------------------------------------------- lifecycle */
 
 void loco_codec_destroy(loco_codec *c) {
@@ -178,8 +193,7 @@ int loco_codec_create(loco_codec **out, const loco_codec_params *p) {
     const size_t piece =
         (size_t)p->block *
         (SAMPLE_PIECE / (size_t)p->block > 0 ? SAMPLE_PIECE / (size_t)p->block : 1);
-    c->sample_raw_cap =
-        loco_quant_payload_bytes(loco_codec_format(p->codec), SAMPLE_PIECES * piece, p->block);
+    c->sample_raw_cap = loco_codec_payload_bytes(p, SAMPLE_PIECES * piece);
     c->sample_z_cap = ZSTD_compressBound(c->sample_raw_cap);
     c->plan_cctx = ZSTD_createCCtx();
     c->sample_x = loco_alloc(SAMPLE_PIECES * piece * sizeof(float));
@@ -246,9 +260,9 @@ static int sample_zstd(loco_codec *c, const float *src, size_t n, double *ratio,
         xs = c->sample_x;
         m = SAMPLE_PIECES * piece;
     }
-    if (loco_quant(loco_codec_format(p->codec), c->sample_raw, xs, NULL, m, &qa) < 0)
+    if (quant_chunk(p, c->sample_raw, xs, NULL, m, &qa) < 0)
         return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in the zstd sample");
-    const size_t raw = loco_quant_payload_bytes(loco_codec_format(p->codec), m, p->block);
+    const size_t raw = loco_codec_payload_bytes(p, m);
     /* Byte planes are compressed one by one: in a real chunk each zstd block
      * (128 KiB) holds one plane, and a small sample must not mix them. */
     const size_t segs = !qa.planes ? 1 : p->codec == LOCO_CODEC_NONE ? 4 : 2;
@@ -375,7 +389,7 @@ int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_pl
         return LOCO_ERR(LOCO_EINVAL, "compress: chunk index %zu exceeds 32 bits", chunk);
     const size_t first = chunk * c->chunk_elems;
     const size_t count = plan->n - first < c->chunk_elems ? plan->n - first : c->chunk_elems;
-    const size_t raw_len = loco_quant_payload_bytes(loco_codec_format(p->codec), count, p->block);
+    const size_t raw_len = loco_codec_payload_bytes(p, count);
     if (dst_cap < HDR + raw_len)
         return LOCO_ERR(LOCO_EINVAL, "compress: %zu bytes of output for a chunk of up to %zu",
                         dst_cap, HDR + raw_len);
@@ -391,8 +405,7 @@ int loco_codec_encode_chunk_from(loco_codec *c, int worker, const loco_encode_pl
     worker_ws *w = &c->ws[worker];
     uint32_t flags = planes ? FLAG_PLANES : 0;
     size_t enc_len = raw_len;
-    if (loco_quant(loco_codec_format(p->codec), plan->zstd ? w->raw : payload, x, ef, count, &qa) <
-        0)
+    if (quant_chunk(p, plan->zstd ? w->raw : payload, x, ef, count, &qa) < 0)
         return LOCO_ERR(LOCO_EINVAL, "compress: non-finite value in elements [%zu, %zu)", first,
                         first + count);
     if (plan->zstd) {
@@ -466,12 +479,23 @@ int loco_chunk_parse(const void *src, size_t len, loco_chunk_info *info) {
     if (first > UINT64_MAX - count)
         return LOCO_ERR(LOCO_EPROTO, "chunk: first element %llu overflows",
                         (unsigned long long)first);
-    const uint64_t want =
-        loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count, (int)block);
-    if (raw_len != want)
+    if (codec == LOCO_CODEC_TOPK) {
+        /* k and the value bits are in the payload: its exact size is
+         * checked with them (loco_topk_payload_ok); here the range any k
+         * and bits allow */
+        if (raw_len <= LOCO_TOPK_HEADER + 1 || raw_len > loco_topk_payload_max(count))
+            return LOCO_ERR(LOCO_EPROTO,
+                            "chunk: raw payload %llu bytes, topk of %llu needs (%d, %zu]",
+                            (unsigned long long)raw_len, (unsigned long long)count,
+                            LOCO_TOPK_HEADER + 1, loco_topk_payload_max(count));
+    } else if (raw_len != loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count,
+                                                   (int)block)) {
+        const uint64_t want =
+            loco_quant_payload_bytes(loco_codec_format((loco_codec_kind)codec), count, (int)block);
         return LOCO_ERR(LOCO_EPROTO, "chunk: raw payload %llu bytes, %s of %llu needs %llu",
                         (unsigned long long)raw_len, loco_codec_name((loco_codec_kind)codec),
                         (unsigned long long)count, (unsigned long long)want);
+    }
     if ((flags & FLAG_ZSTD) ? (enc_len == 0 || enc_len >= raw_len) : enc_len != raw_len)
         return LOCO_ERR(LOCO_EPROTO, "chunk: encoded payload %llu bytes for %llu raw%s",
                         (unsigned long long)enc_len, (unsigned long long)raw_len,
@@ -510,10 +534,10 @@ static int check_chunk(const loco_codec *c, size_t dst_n, const void *src, size_
     if (loco_hash64(payload, info->enc_len) != loco_get_le64((const uint8_t *)src + 48) &&
         CHECKSUMS_ENFORCED)
         return LOCO_ERR(LOCO_EPROTO, "chunk %u: payload checksum mismatch", info->chunk_index);
-    if (!info->zstd &&
-        !loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count, info->block))
-        return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
-                        info->chunk_index);
+    if (!info->zstd && !payload_ok(info, payload))
+        return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code%s",
+                        info->chunk_index,
+                        info->codec == LOCO_CODEC_TOPK ? ", count, index or padding" : "");
     return 0;
 }
 
@@ -541,10 +565,10 @@ static int unpack_payload(loco_codec *c, int worker, const void *src,
             return LOCO_ERR(LOCO_EPROTO, "chunk %u: zstd: %s", info->chunk_index,
                             ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
         payload = w->raw;
-        if (!loco_quant_payload_ok(loco_codec_format(info->codec), payload, info->count,
-                                   info->block))
-            return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code",
-                            info->chunk_index);
+        if (!payload_ok(info, payload))
+            return LOCO_ERR(LOCO_EREFUSED, "chunk %u: non-finite scale or invalid code%s",
+                            info->chunk_index,
+                            info->codec == LOCO_CODEC_TOPK ? ", count, index or padding" : "");
     }
     *raw = payload;
     return 0;
@@ -555,6 +579,10 @@ static int apply_chunk(loco_codec *c, int worker, float *dst, float weight, cons
                        const loco_chunk_info *info) {
     const uint8_t *payload = NULL;
     LOCO_CHECK(unpack_payload(c, worker, src, info, &payload));
+    if (info->codec == LOCO_CODEC_TOPK) {
+        loco_topk_dequant_acc(dst + info->first, payload, info->count, weight);
+        return 0;
+    }
     loco_dequant_acc(loco_codec_format(info->codec), dst + info->first, payload, info->count,
                      info->block, info->planes, weight);
     return 0;
@@ -642,7 +670,7 @@ int loco_codec_chunk_quant(const loco_codec *c, const loco_encode_plan *plan, si
                         plan->n_chunks);
     *first = chunk * c->chunk_elems;
     *count = plan->n - *first < c->chunk_elems ? plan->n - *first : c->chunk_elems;
-    *raw_len = loco_quant_payload_bytes(loco_codec_format(p->codec), *count, p->block);
+    *raw_len = loco_codec_payload_bytes(p, *count);
     *qa = (loco_quant_args){
         .block = p->block,
         .stochastic = p->stochastic,

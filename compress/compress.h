@@ -1,5 +1,6 @@
 /* compress/ — pseudo-gradient codecs: block quantizers (bf16, int8, int4,
- * fp8 e4m3, fp4 e2m1) with nearest or stochastic rounding, error feedback,
+ * fp8 e4m3, fp4 e2m1) with nearest or stochastic rounding, sparse top-k
+ * with 2-, 4- or 8-bit values, error feedback,
  * a zstd stage over independent chunk frames, and the self-describing chunk
  * format that crosses the wire (docs/COMPRESS.md has the byte table).
  *
@@ -34,11 +35,13 @@ typedef enum {
     LOCO_CODEC_INT4 = 3, /* int4 in [-7, 7], two per byte, block scale */
     LOCO_CODEC_FP8 = 4,  /* fp8 e4m3 (OCP "fn", max 448), block scale */
     LOCO_CODEC_FP4 = 5,  /* fp4 e2m1 (max 6), two per byte, block scale */
+    LOCO_CODEC_TOPK = 6, /* the largest topk of each chunk, topk_bits each */
     LOCO_CODEC_COUNT
 } loco_codec_kind;
 
 /* The quantizers' format of codec k (kernels/kernels.h's element loops);
- * LOCO_QFMT_COUNT, which they refuse, for a k that is no codec. */
+ * LOCO_QFMT_COUNT, which they refuse, for a k that is no codec and for
+ * topk (kernels/kernels.h's loco_topk_* loops). */
 loco_quant_format loco_codec_format(loco_codec_kind k);
 
 typedef enum {
@@ -68,6 +71,8 @@ typedef struct {
     int threads;           /* workers for encode/decode, 0 = OpenMP's count */
     uint64_t seed;         /* stochastic rounding stream */
     size_t n_state;        /* elements of error-feedback state (the shard) */
+    double topk;           /* topk: kept fraction of each chunk, (0, 1] */
+    int topk_bits;         /* topk: bits per kept value, 2, 4 or 8 */
 } loco_codec_params;
 
 /* Defaults: the [compress] keys of core/config_keys.h (int8, block 128,
@@ -79,10 +84,16 @@ int loco_codec_params_from_config(loco_codec_params *p, const loco_config *cfg);
 /* LOCO_EINVAL with the reason when a field is out of range. */
 int loco_codec_params_check(const loco_codec_params *p);
 
-/* "none", "bf16", "int8", "int4", "fp8", "fp4"; "?" for anything else. */
+/* "none", "bf16", "int8", "int4", "fp8", "fp4", "topk"; "?" otherwise. */
 const char *loco_codec_name(loco_codec_kind k);
 /* Inverse of loco_codec_name; LOCO_EINVAL for an unknown name. */
 int loco_codec_parse(const char *name, loco_codec_kind *out);
+
+/* topk: values kept of a chunk of count elements, max(1, round(topk *
+ * count)) capped at count; 0 for count 0. */
+size_t loco_codec_topk_k(const loco_codec_params *p, size_t count);
+/* Raw payload bytes (before zstd) of a chunk of count elements. */
+size_t loco_codec_payload_bytes(const loco_codec_params *p, size_t count);
 
 /* Elements per chunk for these params (a multiple of the block). */
 size_t loco_compress_chunk_elems(const loco_codec_params *p);

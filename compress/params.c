@@ -9,6 +9,7 @@
 static const char *const codec_names[LOCO_CODEC_COUNT] = {
     [LOCO_CODEC_NONE] = "none", [LOCO_CODEC_BF16] = "bf16", [LOCO_CODEC_INT8] = "int8",
     [LOCO_CODEC_INT4] = "int4", [LOCO_CODEC_FP8] = "fp8",   [LOCO_CODEC_FP4] = "fp4",
+    [LOCO_CODEC_TOPK] = "topk",
 };
 
 const char *loco_codec_name(loco_codec_kind k) {
@@ -33,7 +34,7 @@ int loco_codec_parse(const char *name, loco_codec_kind *out) {
             *out = (loco_codec_kind)k;
             return 0;
         }
-    return LOCO_ERR(LOCO_EINVAL, "unknown codec '%s' (none|bf16|int8|int4|fp8|fp4)",
+    return LOCO_ERR(LOCO_EINVAL, "unknown codec '%s' (none|bf16|int8|int4|fp8|fp4|topk)",
                     name ? name : "(null)");
 }
 
@@ -56,6 +57,8 @@ static int fill(loco_codec_params *p, const loco_config *cfg) {
     p->link_gbps = cfg->compress.link_gbps;
     p->threads = (int)(cfg->compress.threads > 0 ? cfg->compress.threads : cfg->run.threads);
     p->seed = (uint64_t)cfg->train.seed;
+    p->topk = cfg->compress.topk;
+    p->topk_bits = (int)cfg->compress.topk_bits;
     return 0;
 }
 
@@ -93,9 +96,32 @@ int loco_codec_params_check(const loco_codec_params *p) {
                         p->auto_min_ratio);
     if (!(p->link_gbps >= 0) || !isfinite(p->link_gbps))
         return LOCO_ERR(LOCO_EINVAL, "compress.link_gbps = %g: expected >= 0", p->link_gbps);
+    if (p->codec == LOCO_CODEC_TOPK && p->stochastic)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "compress.rounding = stochastic: topk rounds its values to nearest "
+                        "(expected rounding = nearest)");
+    if (!(p->topk > 0 && p->topk <= 1))
+        return LOCO_ERR(LOCO_EINVAL, "compress.topk = %g: expected a kept fraction in (0, 1]",
+                        p->topk);
+    if (p->topk_bits != 2 && p->topk_bits != 4 && p->topk_bits != 8)
+        return LOCO_ERR(LOCO_EINVAL, "compress.topk_bits = %d: expected 2, 4 or 8", p->topk_bits);
     if (p->threads < 0 || p->threads > 4096)
         return LOCO_ERR(LOCO_EINVAL, "compress.threads = %d: expected [0, 4096]", p->threads);
     return 0;
+}
+
+size_t loco_codec_topk_k(const loco_codec_params *p, size_t count) {
+    if (count == 0)
+        return 0;
+    const double want = p->topk * (double)count + 0.5;
+    const size_t k = want >= (double)count ? count : (size_t)want;
+    return k > 0 ? k : 1;
+}
+
+size_t loco_codec_payload_bytes(const loco_codec_params *p, size_t count) {
+    if (p->codec == LOCO_CODEC_TOPK)
+        return loco_topk_payload_bytes(count, loco_codec_topk_k(p, count), p->topk_bits);
+    return loco_quant_payload_bytes(loco_codec_format(p->codec), count, p->block);
 }
 
 size_t loco_compress_chunk_elems(const loco_codec_params *p) {
@@ -110,8 +136,7 @@ size_t loco_compress_chunk_count(size_t n, const loco_codec_params *p) {
 }
 
 size_t loco_compress_slot_bytes(const loco_codec_params *p) {
-    const size_t raw = loco_quant_payload_bytes(loco_codec_format(p->codec),
-                                                loco_compress_chunk_elems(p), p->block);
+    const size_t raw = loco_codec_payload_bytes(p, loco_compress_chunk_elems(p));
     return (LOCO_CHUNK_HEADER_BYTES + raw + 63) & ~(size_t)63;
 }
 

@@ -121,7 +121,7 @@ LOCO_KEY_STR(faulttol, metrics_addr, "", "`loco coordinator` serves live metrics
 LOCO_SECTION_END(faulttol)
 
 LOCO_SECTION_BEGIN(compress)
-LOCO_KEY_ENUM(compress, codec, "int8", "none|bf16|int8|int4|fp8|fp4", "pseudo-gradient codec (fp8 = e4m3, fp4 = e2m1)")
+LOCO_KEY_ENUM(compress, codec, "int8", "none|bf16|int8|int4|fp8|fp4|topk", "pseudo-gradient codec (fp8 = e4m3, fp4 = e2m1; topk = the largest compress.topk of each chunk at compress.topk_bits)")
 LOCO_KEY_INT(compress, block, 128, 32, 4096, "elements per absmax scale block (multiple of 8)")
 LOCO_KEY_ENUM(compress, rounding, "nearest", "nearest|stochastic", "rounding of quantized values (stochastic is seeded by train.seed)")
 LOCO_KEY_BOOL(compress, error_feedback, true, "keep what quantization lost per rank and add it before the next round")
@@ -130,6 +130,8 @@ LOCO_KEY_INT(compress, zstd_level, 1, -100, 22, "zstd level (negative = faster, 
 LOCO_KEY_INT(compress, chunk_mb, 4, 1, 1024, "MiB of fp32 input per independently compressed chunk")
 LOCO_KEY_NUM(compress, auto_min_ratio, 1.1, 1, 1000, "zstd=auto: skip zstd when a sample compresses less than this")
 LOCO_KEY_NUM(compress, link_gbps, 0, 0, 1000000, "zstd=auto: link speed in Gbit/s (0 = net.link_gbps, else what the islands measured)")
+LOCO_KEY_NUM(compress, topk, 0.01, 1e-6, 1, "topk: fraction of each chunk's values kept, in [1e-6, 1] (the rest stays in the error feedback)")
+LOCO_KEY_INT(compress, topk_bits, 2, 2, 8, "topk: bits per kept value (2, 4 or 8: a sign and a magnitude level)")
 LOCO_KEY_INT(compress, threads, 0, 0, 4096, "threads that encode and decode chunks (0 = run.threads)")
 LOCO_SECTION_END(compress)
 

@@ -49,6 +49,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.chunk_bytes = 4 * 64; /* many small chunks */
     p.threads = (mode & 0x80) ? 2 : 1;
     p.n_state = n;
+    if (p.codec == LOCO_CODEC_TOPK) { /* nearest only; the rounding bit picks the value bits */
+        p.topk_bits = p.stochastic ? 8 : 2;
+        p.stochastic = false;
+        p.topk = 0.25;
+    }
     loco_codec *c;
     if (loco_codec_create(&c, &p) != 0)
         abort();
@@ -79,6 +84,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ef && fabs((double)y[i] + ef[i] - x[i]) >
                       1e-6 * (fabs((double)x[i]) + fabs((double)ef[i])) + 1e-44)
             abort();
+        if (p.codec == LOCO_CODEC_TOPK) {
+            /* kept: within one level, (m + 1) * amax / Q with m + 1 >= 1
+             * (a value below half a level still decodes to one level);
+             * dropped: 0, and no larger than any kept one of its chunk */
+            const size_t c0 = i / 64 * 64, c1 = c0 + 64 < n ? c0 + 64 : n;
+            double amax = 0, kept_min = INFINITY;
+            size_t kept = 0;
+            for (size_t j = c0; j < c1; j++) {
+                amax = fmax(amax, fabs((double)x[j]));
+                if (y[j] != 0) {
+                    kept++;
+                    kept_min = fmin(kept_min, fabs((double)x[j]));
+                }
+            }
+            if (kept > loco_codec_topk_k(&p, c1 - c0))
+                abort();
+            const double level = amax / (double)(1 << (p.topk_bits - 1));
+            if (y[i] != 0 ? fabs((double)y[i] - x[i]) > level * (1 + 1e-5) + 1e-44
+                          : fabs((double)x[i]) > kept_min)
+                abort();
+            continue;
+        }
         if (p.codec == LOCO_CODEC_BF16) { /* 8 significant bits; subnormal spacing 2^-133 */
             if (fabs((double)y[i] - x[i]) > fabs((double)x[i]) * 0x1p-7 + 0x1p-133)
                 abort();

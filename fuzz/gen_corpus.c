@@ -162,6 +162,7 @@ static int decode_seeds(const char *root) {
             p.block = 64;
             p.chunk_bytes = 4 * 512; /* two chunks: 512 + a tail of 188 */
             p.threads = 1;
+            p.topk = z ? 0.6 : 0.05; /* topk: the bitmap layout, then Elias-Fano */
             loco_codec *c;
             loco_encode_plan plan;
             if (loco_codec_create(&c, &p) || loco_codec_plan(c, &plan, x, N, 0, 0)) {

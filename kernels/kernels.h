@@ -352,6 +352,45 @@ void loco_dequant_acc(loco_quant_format k, float *dst, const uint8_t *payload, s
  * code. (none/bf16 values are not checked.) */
 bool loco_quant_payload_ok(loco_quant_format k, const uint8_t *payload, size_t n, int block);
 
+/* ------------------------------------------------ top-k sparsification
+ * compress/'s topk codec (kernels/cpu/topk.c; CUDA twin below). Of the n
+ * values v = x (+ ef) it keeps the k largest |v| (ties: the lower index)
+ * and sends their indices and a code of `bits` bits each (2, 4 or 8):
+ * a sign bit (the top one) and a magnitude m decoding to (m + 1) * scale,
+ * where scale = max |v| / Q, Q = 2^(bits-1), rounded down when needed so
+ * that Q * scale <= max |v| (0 when Q / max |v| overflows). Payload,
+ * little-endian, any alignment:
+ *   u32 k, u8 bits, u8 layout (0 Elias-Fano, 1 bitmap), u16 0, f32 scale,
+ *   the index section, then ceil(k * bits / 8) bytes of codes (code j at
+ *   bit j * bits, least significant bit first).
+ * Elias-Fano with L = the largest l where k * 2^l <= n: ceil(k * L / 8)
+ * bytes of low parts (index j's low L bits at bit j * L), then the upper
+ * bitmap, bit (index_j >> L) + j set, ((n - 1) >> L) + k bits. The bitmap
+ * layout (bit i: element i kept, n bits) where that is no longer. Every
+ * part is padded to a byte with zero bits. */
+#define LOCO_TOPK_HEADER 12
+/* Index section bytes; *layout (0 Elias-Fano, 1 bitmap) and *low (L) when
+ * not NULL. */
+size_t loco_topk_index_bytes(size_t n, size_t k, int *layout, int *low);
+/* Payload bytes (0 for k outside [1, n] or bits not 2, 4, 8). */
+size_t loco_topk_payload_bytes(size_t n, size_t k, int bits);
+/* Largest payload of n elements, any k and bits. */
+size_t loco_topk_payload_max(size_t n);
+/* Encodes x[0, n) (plus ef when not NULL, which then receives v minus its
+ * decoded value: v for every element not kept). 0, or LOCO_EINVAL for a
+ * non-finite value or bad n, k, bits (nothing is recorded). */
+int loco_topk_quant(uint8_t *payload, const float *x, float *ef, size_t n, size_t k, int bits);
+/* dst[index_j] = fmaf(±(m_j + 1), weight * scale, dst[index_j]) for a
+ * payload of n elements that loco_topk_payload_ok accepted. */
+void loco_topk_dequant_acc(float *dst, const uint8_t *payload, size_t n, float weight);
+/* True when payload[0, len) is exactly one well-formed payload of n
+ * elements: k in [1, n], bits 2, 4 or 8, the layout its n and k give, len
+ * its size, scale in [0, FLT_MAX / Q], k indices strictly increasing below
+ * n, every padding bit zero. */
+bool loco_topk_payload_ok(const uint8_t *payload, size_t len, size_t n);
+/* Device workspace loco_cuda_topk_quant needs for k kept values. */
+size_t loco_topk_work_bytes(size_t k);
+
 /* The outer step's element loops (outer/outer.c; CUDA twins below). */
 /* out = a - b (the pseudo-gradient θ_global - θ_local). */
 void loco_sub(float *out, const float *a, const float *b, size_t n);
@@ -706,6 +745,15 @@ int loco_cuda_quant(loco_quant_format k, uint8_t *payload, const float *x, float
                     const loco_quant_args *a, uint32_t *nonfinite, loco_stream s);
 int loco_cuda_dequant_acc(loco_quant_format k, float *dst, const uint8_t *payload, size_t n,
                           int block, bool planes, float weight, loco_stream s);
+/* The top-k twins (kernels/cuda/topk.cu): loco_topk_quant's bytes and EF
+ * with a device workspace `work` of loco_topk_work_bytes(k) bytes, and
+ * *nonfinite (when not NULL) cleared, then set to 1 for a non-finite
+ * input; the dequantize-accumulate of a payload the host checked
+ * (loco_topk_payload_ok). LOCO_EINVAL for bad n, k, bits. */
+int loco_cuda_topk_quant(uint8_t *payload, const float *x, float *ef, size_t n, size_t k, int bits,
+                         void *work, uint32_t *nonfinite, loco_stream s);
+int loco_cuda_topk_dequant_acc(float *dst, const uint8_t *payload, size_t n, float weight,
+                               loco_stream s);
 /* The outer step's loops (kernels/cuda/quant.cu): the CPU twins' bits.
  * loco_cuda_share_sumsq writes the sum to out[0] (out: 1 +
  * ceil(n / LOCO_SHARE_PART) device doubles, the parts after it) and sets

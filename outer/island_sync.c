@@ -149,8 +149,7 @@ static int decide(island *is, double rtt, double bw, bool announce) {
     rtt = v[0];
     bw = isfinite(v[1]) && v[1] < 0 ? -v[1] : 1e12;
     const loco_codec_params *cp = loco_codec_get_params(loco_outer_codec(is->outer[0]));
-    double bytes = (double)loco_quant_payload_bytes(loco_codec_format(cp->codec),
-                                                    (size_t)is->elems_max, cp->block);
+    double bytes = (double)loco_codec_payload_bytes(cp, (size_t)is->elems_max);
     size_t chunks = loco_compress_chunk_count((size_t)is->elems_max, cp);
     char why[320];
     loco_exchange_algo a = loco_exchange_choose(is->K, chunks, bytes, rtt, bw, why, sizeof why);

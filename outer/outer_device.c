@@ -61,8 +61,10 @@ int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
     const loco_codec_params *c = loco_codec_get_params(o->codec);
     const size_t per = loco_compress_chunk_elems(c), nn = n ? n : 1;
     const size_t parts = (per + LOCO_SHARE_PART - 1) / LOCO_SHARE_PART;
-    d->raw_cap = loco_quant_payload_bytes(loco_codec_format(c->codec), per, c->block);
-    const size_t slab = 6 * nn * sizeof(float) + 2 * per * sizeof(float) +
+    d->raw_cap = loco_codec_payload_bytes(c, per);
+    const size_t work =
+        c->codec == LOCO_CODEC_TOPK ? loco_topk_work_bytes(loco_codec_topk_k(c, per)) : 0;
+    const size_t slab = 6 * nn * sizeof(float) + 2 * per * sizeof(float) + work +
                         SAMPLE_N * sizeof(float) + d->raw_cap + 2 * sizeof(uint32_t) +
                         (1 + parts) * sizeof(double) + 16 * 256;
     d->hpay = loco_alloc((size_t)o->workers * d->raw_cap);
@@ -88,6 +90,8 @@ int loco_outer_create_device(loco_outer **out, const loco_outer_params *p,
                     out_fail);
     LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->bad, 2 * sizeof(uint32_t), "flags"),
                     out_fail);
+    if (work)
+        LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, &d->topk_work, work, "top-k"), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_slab_alloc(d->slab, (void **)&d->ss, (1 + parts) * sizeof(double),
                                          "norms"),
                     out_fail);
@@ -202,12 +206,23 @@ int loco__outer_dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t
     int rc = 0;
     DEV_ENTER(d);
     DEV(loco_cuda_sub(d->delta, d->theta + first, o->theta_local + first, count, d->s));
-    DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta,
-                        d->ef ? d->ef + first : NULL, count, &qa, d->bad, d->s));
-    if (o->poison != 1.0f) {
-        DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
-        DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta, NULL, count, &qa2,
-                            d->bad + 1, d->s));
+    if (cp->codec == LOCO_CODEC_TOPK) {
+        const size_t k = loco_codec_topk_k(cp, count);
+        DEV(loco_cuda_topk_quant(d->pay, d->delta, d->ef ? d->ef + first : NULL, count, k,
+                                 cp->topk_bits, d->topk_work, d->bad, d->s));
+        if (o->poison != 1.0f) {
+            DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
+            DEV(loco_cuda_topk_quant(d->pay, d->delta, NULL, count, k, cp->topk_bits, d->topk_work,
+                                     d->bad + 1, d->s));
+        }
+    } else {
+        DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta,
+                            d->ef ? d->ef + first : NULL, count, &qa, d->bad, d->s));
+        if (o->poison != 1.0f) {
+            DEV(loco_cuda_scale(d->delta, o->poison, count, d->s));
+            DEV(loco_cuda_quant(loco_codec_format(cp->codec), d->pay, d->delta, NULL, count, &qa2,
+                                d->bad + 1, d->s));
+        }
     }
     DEV(dev_copy(o, host, d->pay, raw_len, true));
     DEV(dev_copy(o, bad, d->bad, sizeof bad, true));
@@ -236,6 +251,13 @@ int loco__outer_dev_add_chunk(loco_outer *o, int worker, int island, size_t c, c
     if (rc == LOCO_EREFUSED)
         o->refused = island;
     LOCO_CHECK(rc);
+    /* a peer's codec (or topk fraction) may differ from ours: its payload
+     * must still fit the device buffer sized for our chunks */
+    if (info.raw_len > d->raw_cap) {
+        o->refused = island;
+        return LOCO_ERR(LOCO_EREFUSED, "outer: chunk %u of %llu payload bytes, this run's hold %zu",
+                        info.chunk_index, (unsigned long long)info.raw_len, d->raw_cap);
+    }
     const size_t lo = (size_t)info.first, cnt = (size_t)info.count;
     double ss = 0;
     uint32_t bad = 0;
@@ -246,8 +268,11 @@ int loco__outer_dev_add_chunk(loco_outer *o, int worker, int island, size_t c, c
     }
     DEV(dev_copy(o, d->prev, d->avg + lo, cnt * sizeof(float), false));
     DEV(dev_copy(o, d->pay, raw, (size_t)info.raw_len, true));
-    DEV(loco_cuda_dequant_acc(loco_codec_format(info.codec), d->avg + lo, d->pay, cnt, info.block,
-                              info.planes, 1.0f / (float)o->expect, d->s));
+    if (info.codec == LOCO_CODEC_TOPK)
+        DEV(loco_cuda_topk_dequant_acc(d->avg + lo, d->pay, cnt, 1.0f / (float)o->expect, d->s));
+    else
+        DEV(loco_cuda_dequant_acc(loco_codec_format(info.codec), d->avg + lo, d->pay, cnt,
+                                  info.block, info.planes, 1.0f / (float)o->expect, d->s));
     DEV(loco_cuda_share_sumsq(d->ss, d->avg + lo, d->prev, cnt, (double)o->expect, d->bad, d->s));
     DEV(dev_copy(o, &ss, d->ss, sizeof ss, true));
     DEV(dev_copy(o, &bad, d->bad, sizeof bad, true));

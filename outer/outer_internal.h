@@ -24,6 +24,7 @@ typedef struct outer_dev {
     float *delta, *prev;  /* (chunk elements) one chunk's Δ; avg before a share */
     float *sample;        /* (SAMPLE_N) zstd=auto's sample of Δ */
     uint8_t *pay;         /* (raw_cap) one chunk's raw payload */
+    void *topk_work;      /* (loco_topk_work_bytes(chunk k)) codec topk's selection */
     uint32_t *bad;        /* (2) non-finite flags */
     double *ss;           /* (1 + parts of a chunk) the share's sum of squares */
     size_t raw_cap;

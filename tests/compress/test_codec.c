@@ -88,8 +88,8 @@ Test(compress_codec, roundtrip_every_codec_and_zstd_mode) {
     /* ||q(x) - x|| / ||x||: test_quant.c's roundtrip_error_bounds, where
      * each comes from (the issue's Gaussian bounds; fp4 measured + 6%;
      * bf16 2^-9, its worst case per element); none is exact */
-    const double bound[LOCO_CODEC_COUNT] = {0, 0x1p-9, 0.007, 0.125, 0.027, 0.115};
-    for (int k = 0; k < LOCO_CODEC_COUNT; k++)
+    const double bound[LOCO_CODEC_TOPK] = {0, 0x1p-9, 0.007, 0.125, 0.027, 0.115};
+    for (int k = 0; k < LOCO_CODEC_TOPK; k++)
         for (int z = LOCO_ZSTD_OFF; z <= LOCO_ZSTD_AUTO; z++) {
             loco_codec_params p = params((loco_codec_kind)k, (loco_zstd_mode)z, 256 << 10, 2);
             loco_codec *c;

@@ -329,7 +329,7 @@ Test(compress_quant, fp8_extremes) {
 
 Test(compress_quant, dequant_acc_matches_double) {
     const size_t n = 5003;
-    for (int k = 0; k < LOCO_CODEC_COUNT; k++)
+    for (int k = 0; k < LOCO_CODEC_TOPK; k++)
         for (int planes = 0; planes < 2; planes++) {
             if (planes && k != LOCO_CODEC_NONE && k != LOCO_CODEC_BF16)
                 continue;
@@ -411,7 +411,7 @@ Test(compress_quant, non_finite_input_refused) {
     for (int i = 0; i < 300; i++)
         x[i] = 1.0f;
     uint8_t p[2048];
-    for (int k = 0; k < LOCO_CODEC_COUNT; k++) {
+    for (int k = 0; k < LOCO_CODEC_TOPK; k++) {
         loco_quant_args a = {.block = 128};
         x[257] = NAN;
         cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a),
@@ -435,7 +435,7 @@ Test(compress_quant, non_finite_input_refused) {
      * down so that qmax * scale stays <= absmax */
     for (int i = 0; i < 300; i++)
         x[i] = (i & 1) ? -FLT_MAX : FLT_MAX / (float)(1 + i % 5);
-    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
+    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_TOPK; k++) {
         cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), 0);
         cr_assert(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 300, 128));
         float y[300] = {0};
@@ -446,7 +446,7 @@ Test(compress_quant, non_finite_input_refused) {
     /* a block too tiny to scale decodes to zero, not to garbage */
     for (int i = 0; i < 300; i++)
         x[i] = (i & 1) ? 1e-45f : 0.0f;
-    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
+    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_TOPK; k++) {
         cr_assert_eq(loco_quant(loco_codec_format((loco_codec_kind)k), p, x, NULL, 300, &a), 0);
         cr_assert(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 300, 128));
         float y[300] = {0};
@@ -582,7 +582,7 @@ Test(compress_quant, stochastic_depends_on_key_only) {
 
 Test(compress_quant, error_feedback_records_the_loss) {
     const size_t n = 3000;
-    for (int k = 1; k < LOCO_CODEC_COUNT; k++) {
+    for (int k = 1; k < LOCO_CODEC_TOPK; k++) {
         float *x = fill(n, 9, false, 1.0);
         float *ef = fill(n, 10, false, 0.01);
         float *ef0 = malloc(n * sizeof *ef0);
@@ -612,7 +612,7 @@ Test(compress_quant, payload_ok_rejects_bad_scales_and_nan_codes) {
     float x[256];
     for (int i = 0; i < 256; i++)
         x[i] = (float)i - 100.0f;
-    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_COUNT; k++) {
+    for (int k = LOCO_CODEC_INT8; k < LOCO_CODEC_TOPK; k++) {
         uint8_t *p = quantize((loco_codec_kind)k, x, NULL, 256, 128, false, 0);
         cr_assert(loco_quant_payload_ok(loco_codec_format((loco_codec_kind)k), p, 256, 128));
         const float bad[] = {NAN, INFINITY, -1.0f, FLT_MAX, FLT_MAX / 5.9f};

@@ -278,6 +278,7 @@ static void two_steps(loco_codec_kind k, loco_zstd_mode z)
 Test(gpu_outer, int8_zstd_on) { two_steps(LOCO_CODEC_INT8, LOCO_ZSTD_ON); }
 Test(gpu_outer, int4_stochastic) { two_steps(LOCO_CODEC_INT4, LOCO_ZSTD_OFF); }
 Test(gpu_outer, fp8_zstd_auto) { two_steps(LOCO_CODEC_FP8, LOCO_ZSTD_AUTO); }
+Test(gpu_outer, topk_zstd_on) { two_steps(LOCO_CODEC_TOPK, LOCO_ZSTD_ON); }
 
 /* Rewrites the checksums of a chunk whose payload was patched. */
 static void reseal(unsigned char *b, size_t len)

@@ -27,6 +27,7 @@
 static int embd = 32;    /* wider for runs that need several codec chunks */
 static int chunk_mb = 4;
 static bool llama = false; /* the islands train tiny-llama's block */
+static bool learns = false; /* check that the outer steps carry progress */
 #define LLAMA_ARGS " --set model.arch=llama --set model.n_kv_head=1 --set model.rope_theta=10000"
 
 static void small(loco_config *cfg, const char *codec) {
@@ -116,6 +117,20 @@ static void check_islands_with(int K, const char *codec, const char *extra, bool
         fclose(f);
         if (check_bytes)
             cr_expect_eq(steps, STEPS / OUTER_H);
+        if (learns) {
+            /* the first step after each outer step starts from θ_global:
+             * below the first step's loss only if the averages carried
+             * the islands' progress */
+            double loss[STEPS + 1];
+            snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+            test_read_losses(path, loss, STEPS);
+            cr_log_info("%s: loss %.4f at step 1, %.4f at %d, %.4f at %d, %.4f at %d", names[k],
+                        loss[1], loss[OUTER_H + 1], OUTER_H + 1, loss[2 * OUTER_H + 1],
+                        2 * OUTER_H + 1, loss[STEPS], STEPS);
+            /* measured with topk: 5.53, 5.45 at step 11, 5.28 at 21 */
+            cr_expect_lt(loss[OUTER_H + 1], loss[1], "%s", names[k]);
+            cr_expect_lt(loss[2 * OUTER_H + 1], loss[1] - 0.1, "%s", names[k]);
+        }
     }
     loco_ttable_fini(&tt);
     free(theta);
@@ -127,6 +142,14 @@ TestSuite(multisite, .timeout = 180);
 Test(multisite, two_islands_int8_zstd_agree_with_the_reference) { check_islands(2, "int8"); }
 Test(multisite, four_islands_int8_zstd_agree_with_the_reference) { check_islands(4, "int8"); }
 Test(multisite, two_islands_fp32_agree_with_the_reference) { check_islands(2, "none"); }
+
+/* Top-k at its defaults (1% of each chunk, 2-bit values, error feedback):
+ * the islands agree with the reference, and the outer steps carry the
+ * islands' progress (see `learns`). */
+Test(multisite, two_islands_topk_agree_with_the_reference_and_learn) {
+    learns = true;
+    check_islands(2, "topk");
+}
 
 /* The Llama block (RMSNorm, RoPE, multi-query attention, SwiGLU, untied
  * head): DiLoCo is the same algorithm over another parameter table. */

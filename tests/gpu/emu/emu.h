@@ -167,6 +167,12 @@ static void emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()>
                 }
         }
 }
+/* integer histograms (topk.cu): one fiber runs at a time, the order cannot change a count */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
 
 template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;

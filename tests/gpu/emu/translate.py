@@ -10,6 +10,7 @@ import sys
 FILES = ["device", "elementwise", "layernorm", "xent", "tp", "attention", "attention_tc",
          "attention_block", "quant", "moe", "matmul"]
 FILES += ["rmsnorm", "rope", "swiglu"]  # the Llama-family twins
+FILES += ["topk"]  # the top-k codec
 
 
 
