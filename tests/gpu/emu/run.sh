@@ -133,6 +133,7 @@ run_dp() { # ARCH ORDER
 }
 
 case "$mode:$filter" in
+  part:gpu_dp_recompute*) LOCO_DP_RECOMPUTE=full run_dp llama forward; exit "$status" ;;
   part:gpu_dp_llama*) run_dp llama forward; exit "$status" ;;
   part:gpu_dp*) run_dp gpt2 forward; exit "$status" ;;
   part:?*) exec "$out/emu_tests" --jobs "${LOCO_TEST_JOBS:-2}" "${args[@]}" ;;
@@ -146,6 +147,9 @@ for order in $orders; do
   for arch in $DP_ARCHS; do
     run_dp "$arch" "$order"
   done
+  # train.recompute = full on the device, every ZeRO stage, against the
+  # reference that keeps everything
+  LOCO_DP_RECOMPUTE=full run_dp llama "$order"
 done
 case "$mode" in
   full) left="the whole emulator suite (\`make test-emu\`)" ;;
