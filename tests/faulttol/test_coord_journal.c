@@ -148,6 +148,8 @@ typedef struct {
 
 static void *fake_main(void *arg) {
     fake *f = arg;
+    /* an outer step's training time, not a wait for an event: the
+     * coordinator's verdicts are what the loop waits for */
     const struct timespec pause = {0, 50 * 1000000L};
     loco_net_params p = np;
     snprintf(p.name, sizeof p.name, "%s", f->site);

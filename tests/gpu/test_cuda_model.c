@@ -199,22 +199,31 @@ static const loco_gpt_config mixed_cfg = {.n_layer = 1,
                                           .pos = LOCO_POS_ROPE,
                                           .n_kv_head = 1};
 
-static void check_description(const loco_gpt_config *mc, bool bf16) {
+enum { DESC_B = 2, DESC_T = 8, DESC_N = DESC_B * DESC_T };
+
+/* A CPU model of mc at DESC_B x DESC_T with train seed `seed`'s weights,
+ * and random inputs and targets from `tokens`. */
+static loco_gpt *random_cpu_model(const loco_gpt_config *mc, uint64_t seed, uint64_t tokens,
+                                  int32_t *in, int32_t *tg) {
     gpu_require();
     loco_set_threads(2);
-    enum { B = 2, T = 8, N = B * T };
     loco_gpt *cpu = NULL;
-    cr_assert_eq(loco_gpt_create(&cpu, mc, B, T), 0, "%s", loco_errmsg());
+    cr_assert_eq(loco_gpt_create(&cpu, mc, DESC_B, DESC_T), 0, "%s", loco_errmsg());
     loco_rng rng;
-    loco_rng_seed(&rng, 5);
+    loco_rng_seed(&rng, seed);
     loco_gpt_init_weights(cpu, &rng);
-    const size_t P = loco_gpt_num_params(cpu);
-    uint64_t s = 3;
-    int32_t in[N], tg[N];
-    for (int i = 0; i < N; i++) {
-        in[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
-        tg[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
+    for (int i = 0; i < DESC_N; i++) {
+        in[i] = (int32_t)(gpu_splitmix(&tokens) % (uint64_t)mc->vocab_size);
+        tg[i] = (int32_t)(gpu_splitmix(&tokens) % (uint64_t)mc->vocab_size);
     }
+    return cpu;
+}
+
+static void check_description(const loco_gpt_config *mc, bool bf16) {
+    enum { B = DESC_B, T = DESC_T };
+    int32_t in[DESC_N], tg[DESC_N];
+    loco_gpt *cpu = random_cpu_model(mc, 5, 3, in, tg);
+    const size_t P = loco_gpt_num_params(cpu);
     loco_gpt_cuda *dev;
     GPU_OK(loco_gpt_cuda_create(&dev, mc, B, T, bf16));
     GPU_OK(loco_gpt_cuda_upload(dev, loco_gpt_params(cpu), NULL, NULL));
@@ -252,21 +261,10 @@ Test(gpu_model, gpt2_rmsnorm_rope_gqa_f32, .timeout = 120) {
  * activations carved shrink to one shared block plus each block's
  * output. */
 static void check_recompute(const loco_gpt_config *mc, bool bf16, int rerun) {
-    gpu_require();
-    loco_set_threads(2);
-    enum { B = 2, T = 8, N = B * T };
-    loco_gpt *cpu = NULL;
-    cr_assert_eq(loco_gpt_create(&cpu, mc, B, T), 0, "%s", loco_errmsg());
-    loco_rng rng;
-    loco_rng_seed(&rng, 9);
-    loco_gpt_init_weights(cpu, &rng);
-    const size_t P = loco_gpt_num_params(cpu);
-    uint64_t s = 4;
+    enum { B = DESC_B, T = DESC_T, N = DESC_N };
     int32_t in[N], tg[N];
-    for (int i = 0; i < N; i++) {
-        in[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
-        tg[i] = (int32_t)(gpu_splitmix(&s) % (uint64_t)mc->vocab_size);
-    }
+    loco_gpt *cpu = random_cpu_model(mc, 9, 4, in, tg);
+    const size_t P = loco_gpt_num_params(cpu);
     loco_gpt_cuda *dev[2];
     float loss[2], *grads[2];
     for (int k = 0; k < 2; k++) {
