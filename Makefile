@@ -18,7 +18,7 @@ LDFLAGS += -fopenmp
 
 # The single source list: every .c file of the library rooms.
 ROOMS   := core kernels/cpu inner/model inner/optim inner/ckpt inner/train inner/data \
-           inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer report launch
+           inner/comm inner/mesh inner/parallel compress net faulttol outer tokenizer report launch lab
 SRCS    := $(foreach r,$(ROOMS),$(wildcard $(r)/*.c))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS:= $(wildcard cli/*.c bench/*.c)

@@ -29,6 +29,7 @@ int cli_launch(int argc, char **argv);
 int cli_report(int argc, char **argv);
 int cli_pipeline(int argc, char **argv);
 int cli_tokenizer(int argc, char **argv);
+int cli_lab(int argc, char **argv);
 
 /* ------------------------------------------------- metrics over HTTP
  * cli/metrics_http.c: a registry the library keeps (loco_prom: the

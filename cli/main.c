@@ -38,6 +38,9 @@ static void usage(FILE *f) {
             "                         registers the islands of outer.sites and checks they agree\n"
             "  launch CONFIG [--set k=v]...\n"
             "                         coordinator + every island on this machine, merged output\n"
+            "  lab CONFIG [--seeds N] [--sweep KEY=V1,V2,...]... [--json FILE] [--set k=v]...\n"
+            "                         the quality lab: the islands in one process against data\n"
+            "                         parallelism, over seeds and settings (docs/QUALITY.md)\n"
             "  report FAULT_RUN_DIR BASELINE_RUN_DIR [--out DIR] [--loss-tol X] [--strict-loss]\n"
             "                         report.md + report.html of a fault experiment against its\n"
             "                         baseline; exit 1 on FAIL (divergence, lost update, no finish)\n"
@@ -128,6 +131,8 @@ int main(int argc, char **argv) {
         return cli_pipeline(sub_argc, sub_argv);
     if (!strcmp(cmd, "tokenizer"))
         return cli_tokenizer(sub_argc, sub_argv);
+    if (!strcmp(cmd, "lab"))
+        return cli_lab(sub_argc, sub_argv);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loco %s\n", LOCO_VERSION);
         return CLI_OK;
