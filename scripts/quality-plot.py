@@ -2,13 +2,20 @@
 """The quality lab's sweeps as a markdown table and an SVG plot of the loss
 gap against the traffic reduction (docs/QUALITY.md).
 
-Usage: scripts/quality-plot.py --svg OUT.svg [--title T] [--md OUT.md] LAB.json...
+Usage: scripts/quality-plot.py --svg OUT.svg [--title T] [--md OUT.md]
+                              [--paired SETTING] [PREFIX@]LAB.json...
 
-Each LAB.json is what `loco lab ... --json` wrote. Every setting becomes a
+Each LAB.json is what `loco lab ... --json` wrote; PREFIX@LAB.json puts
+PREFIX before its settings' labels (what the run --set, say). Every setting becomes a
 point: x = traffic reduction against data parallel's ring all-reduce (log
 scale), y = mean loss gap in percent with its 95% interval as a bar. The
 Pareto front (no other point both smaller in gap and larger in reduction)
-is joined by a line. Standard library only: no plotting package needed.
+is joined by a line. With --paired SETTING (a label as the table prints
+it) the table gains a column: each setting's DiLoCo loss against that
+setting's on the same seed, (L - L_ref) / L_ref, as a mean and a Student's
+95% interval over the seeds both ran; pairing removes the seed's share of
+the noise, which dominates the gap to data parallel at this scale.
+Standard library only: no plotting package needed.
 """
 import argparse
 import json
@@ -19,12 +26,14 @@ import sys
 def load(paths):
     pts = []
     for p in paths:
+        prefix, _, p = p.rpartition("@")
         with open(p) as f:
             lab = json.load(f)
         for run in lab["runs"]:
             if "gap_mean" not in run:
                 continue
-            label = " ".join(f"{k}={v}" for k, v in run["setting"].items()) or p
+            label = " ".join([prefix] * bool(prefix) +
+                             [f"{k}={v}" for k, v in run["setting"].items()]) or p
             seeds = run["seeds"]
             pts.append({
                 "label": label,
@@ -37,6 +46,7 @@ def load(paths):
                 "diloco": sum(s["diloco_loss"] for s in seeds) / len(seeds),
                 "dp": sum(s["dp_loss"] for s in seeds) / len(seeds),
                 "per_seed": [s["gap"] * 100 for s in seeds],
+                "by_seed": {s["seed"]: s["diloco_loss"] for s in seeds},
             })
     return pts
 
@@ -50,14 +60,39 @@ def pareto(pts):
     return sorted(front, key=lambda p: p["ratio"])
 
 
-def markdown(pts):
-    out = ["| setting | seeds | DiLoCo loss | DP loss | gap (mean) | 95% interval | per seed | traffic ÷ |",
-           "|---|---|---|---|---|---|---|---|"]
+# Student's t, two-sided 95%, by degrees of freedom (1..30); 1.96 beyond.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def paired(p, ref):
+    """p's DiLoCo loss against ref's on the seeds both ran, in percent."""
+    d = [(p["by_seed"][s] - ref["by_seed"][s]) / ref["by_seed"][s] * 100
+         for s in p["by_seed"] if s in ref["by_seed"]]
+    if len(d) < 2:
+        return "—"
+    m = sum(d) / len(d)
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
+    h = (T975[len(d) - 2] if len(d) - 1 <= len(T975) else 1.96) * sd / math.sqrt(len(d))
+    return f"{m:+.2f}% ({m - h:+.2f} .. {m + h:+.2f})"
+
+
+def markdown(pts, ref=None):
+    head = "| setting | seeds | DiLoCo loss | DP loss | gap (mean) | 95% interval | per seed | traffic ÷ |"
+    rule = "|---|---|---|---|---|---|---|---|"
+    if ref:
+        head += f" vs {ref['label']} (paired) |"
+        rule += "---|"
+    out = [head, rule]
     for p in pts:
         seeds = ", ".join(f"{g:+.2f}" for g in p["per_seed"])
-        out.append(f"| {p['label']} | {p['n']} | {p['diloco']:.4f} | {p['dp']:.4f} | "
-                   f"{p['gap']:+.2f}% | {p['lo']:+.2f} .. {p['hi']:+.2f}% | {seeds} | "
-                   f"{p['ratio']:.0f}× |")
+        row = (f"| {p['label']} | {p['n']} | {p['diloco']:.4f} | {p['dp']:.4f} | "
+               f"{p['gap']:+.2f}% | {p['lo']:+.2f} .. {p['hi']:+.2f}% | {seeds} | "
+               f"{p['ratio']:.0f}× |")
+        if ref:
+            row += " — |" if p is ref else f" {paired(p, ref)} |"
+        out.append(row)
     return "\n".join(out) + "\n"
 
 
@@ -137,6 +172,7 @@ def main():
     ap.add_argument("--svg", required=True)
     ap.add_argument("--md")
     ap.add_argument("--title", default="loss gap against traffic")
+    ap.add_argument("--paired", metavar="SETTING")
     ap.add_argument("json", nargs="+")
     a = ap.parse_args()
     pts = load(a.json)
@@ -145,7 +181,13 @@ def main():
                  " ".join(a.json))
     with open(a.svg, "w") as f:
         f.write(svg(pts, a.title))
-    table = markdown(pts)
+    ref = None
+    if a.paired:
+        ref = next((p for p in pts if p["label"] == a.paired), None)
+        if ref is None:
+            sys.exit(f"quality-plot.py: --paired {a.paired}: no such setting; the settings are: " +
+                     ", ".join(p["label"] for p in pts))
+    table = markdown(pts, ref)
     if a.md:
         with open(a.md, "w") as f:
             f.write(table)

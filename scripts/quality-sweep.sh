@@ -38,6 +38,7 @@ sweeps=(
   "islands|M islands at H = 50, int4 (Nesterov 0.7/0.9)|--sweep islands=2,4,8"
   "codec|codecs at H = 50 (Nesterov 0.7/0.9; top-k at 2 bits)|--sweep compress.codec=none,int8,int4,fp4 ; --set compress.codec=topk --sweep compress.topk=1,0.1,0.03,0.01"
   "streaming|Streaming DiLoCo at H = 50, int4: fragments, overlap, alpha|--sweep outer.fragments=1,2 ; --set outer.fragments=2 --sweep outer.overlap=1,5 --sweep outer.merge_alpha=0,0.5"
+  "best|toward 1000x: damped outer steps (Nesterov 0.7/0.5, averaging) with int4 or 2-bit at H = 100 and 250|--set outer.momentum=0.5 --set compress.topk=1 --sweep outer.H=100,250 --sweep compress.codec=int4,topk ; --set outer.optimizer=average --set compress.topk=1 --sweep outer.H=100,250 --sweep compress.codec=int4,topk"
 )
 
 want() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
@@ -50,7 +51,12 @@ run_sweep() {
     read -r -a a <<<"$p"
     "$loco" lab configs/lab.ini --seeds "$seeds" "${a[@]}" "${extra[@]}" \
       --json "$out/$name.$part.json" >>"$out/$name.log" 2>&1
-    files+=("$out/$name.$part.json")
+    # the part's --set values lead its labels in the table and the plot
+    local prefix="" i
+    for ((i = 0; i + 1 < ${#a[@]}; i++)); do
+      [ "${a[i]}" = --set ] && prefix+="${prefix:+,}${a[i + 1]}"
+    done
+    files+=("$prefix${prefix:+@}$out/$name.$part.json")
     part=$((part + 1))
   done
   echo "${files[@]}"

@@ -37,6 +37,7 @@ static void small(loco_config *cfg, const char *codec) {
     cfg->train.batch_size = 4, cfg->train.steps = STEPS, cfg->train.warmup_steps = 5;
     cfg->run.threads = 1;
     cfg->outer.H = OUTER_H;
+    cfg->outer.momentum = 0.5; /* configs/multisite-*.ini's, which the islands launch */
     snprintf(cfg->compress.codec, sizeof cfg->compress.codec, "%s", codec);
     snprintf(cfg->compress.zstd, sizeof cfg->compress.zstd, "on");
     cfg->compress.chunk_mb = chunk_mb;

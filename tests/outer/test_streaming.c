@@ -33,6 +33,7 @@ static void small(loco_config *cfg, const schedule *sc) {
     cfg->train.batch_size = 4, cfg->train.steps = sc->steps, cfg->train.warmup_steps = 5;
     cfg->run.threads = 1;
     cfg->outer.H = sc->H;
+    cfg->outer.momentum = 0.5; /* configs/multisite-*.ini's, which the islands launch */
     snprintf(cfg->compress.codec, sizeof cfg->compress.codec, "%s", sc->codec);
     snprintf(cfg->compress.zstd, sizeof cfg->compress.zstd, "on");
 }
