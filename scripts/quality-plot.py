@@ -32,8 +32,9 @@ def load(paths):
         for run in lab["runs"]:
             if "gap_mean" not in run:
                 continue
-            label = " ".join([prefix] * bool(prefix) +
-                             [f"{k}={v}" for k, v in run["setting"].items()]) or p
+            words = [prefix] if prefix else []
+            words += [f"{k}={v}" for k, v in run["setting"].items()]
+            label = " ".join(words) or p
             seeds = run["seeds"]
             pts.append({
                 "label": label,
