@@ -68,12 +68,27 @@ args=(--jobs "${LOCO_TEST_JOBS:-2}")
 [ -z "${LOCO_TEST_FILTER:-}" ] || args+=(--filter "$LOCO_TEST_FILTER")
 # Criterion runs each test in its own process; two at a time on two cores.
 status=0
-run_marked "$log" 1 "$build/tests/loco_tests" "${args[@]}" || status=$?
+# Each step that fails is named here and again at the end.
+failed_steps=()
+step_failed() {
+  failed_steps+=("$1 (status $2)")
+  status=$2
+}
+rc=0
+run_marked "$log" 1 "$build/tests/loco_tests" "${args[@]}" || rc=$?
+[ "$rc" -eq 0 ] || step_failed "Criterion tests ($build/tests/loco_tests)" "$rc"
 # Name the failures at the end, where CI logs are read.
 grep -a "^\[FAIL\]" "$log" || true
+# Criterion 2.4 also exits 1 when a test logged a warning (cr_log_warn) or
+# an error, every test passing: name those lines.
+if [ "$rc" -ne 0 ] && ! grep -aq "^\[FAIL\]" "$log"; then
+  grep -a "^\[WARN\]\|^\[ERR\]" "$log" || true
+fi
 if [ -z "${LOCO_TEST_FILTER:-}" ]; then
   if [ -x tests/fuzz.sh ]; then
-    bash tests/fuzz.sh || status=$?
+    rc=0
+    bash tests/fuzz.sh || rc=$?
+    [ "$rc" -eq 0 ] || step_failed "fuzz runs (tests/fuzz.sh)" "$rc"
   fi
   # The kernel emulator's CI part (tests/gpu/emu/run.sh --ci): the CUDA
   # twins and the device model on this CPU. It links the CUDA build's
@@ -82,7 +97,9 @@ if [ -z "${LOCO_TEST_FILTER:-}" ]; then
   nvcc=${NVCC-$(ls /usr/local/cuda/bin/nvcc 2>/dev/null || command -v nvcc || true)}
   if [ -n "$nvcc" ]; then
     export CUDA_LIB=${CUDA_LIB:-$(dirname "$(dirname "$nvcc")")/lib64}
-    run_marked "$emu_log" 1 bash tests/gpu/emu/run.sh --ci || status=$?
+    rc=0
+    run_marked "$emu_log" 1 bash tests/gpu/emu/run.sh --ci || rc=$?
+    [ "$rc" -eq 0 ] || step_failed "kernel emulator (tests/gpu/emu/run.sh --ci)" "$rc"
   else
     echo "emulator skipped: no nvcc (the CUDA twins and the device model are not checked)"
   fi
@@ -111,4 +128,7 @@ if [ "$left_behind" -gt 0 ]; then
 else
   echo "tests: ${passed:-0} passed, $(( ${failing:-0} + ${crashing:-0} )) failed"
 fi
+for s in "${failed_steps[@]}"; do
+  echo "failed: $s"
+done
 exit "$status"

@@ -200,8 +200,10 @@ Test(llama_mesh, export_loads_in_pytorch_and_init_from_reads_it_back, .timeout =
         cr_expect(fabs(torch_loss - eval_loss) <= 1e-4 * fabs(eval_loss),
                   "PyTorch loss %.6f, loco eval %.6f", torch_loss, eval_loss);
     } else {
-        cr_log_warn("PyTorch not installed (apt-get install python3-torch): the export was "
-                    "not evaluated in PyTorch");
+        /* info, not warn: Criterion 2.4 ends a run that logged a warning with
+         * status 1 */
+        cr_log_info("skipped: PyTorch not installed (apt-get install python3-torch): "
+                    "the export was not evaluated in PyTorch");
     }
     run_ok(LOCO " train configs/tiny.ini" LLAMA " --set train.init_from=%s/hf --set train.lr=0"
                 " --set train.weight_decay=0 --set run.dir=%s/mesh",
