@@ -106,6 +106,10 @@ int cli_island(int argc, char **argv) {
     loco_island *is = NULL;
     cli_metrics *metrics = NULL;
     int rc = cli_load_config(&cfg, config, nsets, sets);
+    if (rc == 0) /* its [site.NAME] keys, then checked again as this island's */
+        rc = loco_config_for_site(&cfg, site);
+    if (rc == 0)
+        rc = loco_config_validate(&cfg);
     if (rc == 0)
         rc = run_island(&cfg, site, resume, &t, &is, &metrics);
     if (rc < 0) {

@@ -309,6 +309,8 @@ void loco_prom_format_value(double v, char out[LOCO_PROM_VALUE_MAX]);
 /* ---------------------------------------------------------------- config */
 
 #define LOCO_PATH_MAX 512
+#define LOCO_SITE_NAME_MAX 64 /* a site's name, its NUL included */
+#define LOCO_SITE_SETS_MAX 64 /* [site.NAME] keys of one config, all sites together */
 
 /* Every tunable of loco. Sections mirror the rooms; config_keys.h is the one
  * table of keys, defaults, ranges and descriptions. */
@@ -335,6 +337,17 @@ typedef struct {
     struct {
         bool grad_accum;
     } given;
+    /* [site.NAME] sections and --set site.NAME.section.key=value: keys one
+     * island of a multi-site run sets for itself (its mesh, batch, threads,
+     * device), kept as text in the order given and applied by that island
+     * (loco_config_for_site). */
+    int n_site_sets;
+    struct {
+        char site[LOCO_SITE_NAME_MAX];
+        char key[64];    /* "section.key" */
+        char value[128];
+        char where[160]; /* "file:line" or "--set ..." */
+    } site_set[LOCO_SITE_SETS_MAX];
 } loco_config;
 
 /* Fills every key with its default. */
@@ -350,6 +363,9 @@ int loco_config_load(loco_config *cfg, const char *path);
 int loco_config_set(loco_config *cfg, const char *assignment);
 /* Checks relations between keys (n_embd divisible by n_head, ...). */
 int loco_config_validate(const loco_config *cfg);
+/* Applies the [site.NAME] keys of `site` to cfg (the island of that site
+ * calls it after loading); the other sites' keys stay as text. */
+int loco_config_for_site(loco_config *cfg, const char *site);
 /* The key table as text (`loco config --help`) or as Markdown (CONFIG.md). */
 void loco_config_print_help(FILE *f);
 void loco_config_print_markdown(FILE *f);

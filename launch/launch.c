@@ -95,8 +95,16 @@ static int plan_one(loco_launch_plan *p, plan_child *c, int k, const char *site,
                     const loco_config *cfg, const loco_launch_args *a, const char *certs) {
     char(*s)[LOCO_PATH_MAX + 96] = c->s;
     snprintf(c->name, sizeof c->name, "%s", k < 0 ? "coordinator" : site);
-    const int64_t ranks = cfg->parallel.dp * cfg->parallel.tp * cfg->parallel.pp *
-                          cfg->parallel.cp * cfg->parallel.ep;
+    /* The island's own mesh: its [site.NAME] keys may set one. */
+    loco_config *own = loco_alloc(sizeof *own);
+    if (!own)
+        return LOCO_ERR(LOCO_ENOMEM, "launch: config of %s", c->name);
+    *own = *cfg;
+    const int site_rc = k < 0 ? 0 : loco_config_for_site(own, site);
+    const int64_t ranks = own->parallel.dp * own->parallel.tp * own->parallel.pp *
+                          own->parallel.cp * own->parallel.ep;
+    loco_free(own);
+    LOCO_CHECK(site_rc);
     if (k >= 0 && ranks > 1) {
         snprintf(s[S_NP], sizeof s[S_NP], "%lld", (long long)ranks);
         LOCO_CHECK(push(c, "mpirun"));

@@ -262,6 +262,45 @@ static int gather_stage(pipeline *p, loco_exchange_stats *s) {
 
 /* An island joining at this step: every contributor's chunks, in
  * contributor order, averaged and applied like everyone else does. */
+/* What every contributor sends ahead of its chunks: its link estimate
+ * (RTT, -bandwidth) and the tokens it trained on since its last outer step. */
+#define EST_N 3
+
+/* Every other contributor's estimate frame: the largest RTT and -bandwidth
+ * into agreed (when not NULL), each one's tokens into tokens[k]. */
+static int recv_estimates(pipeline *p, double agreed[2], double *tokens) {
+    const loco_exchange *x = p->x;
+    int rc = 0;
+    for (int k = 0; k < x->n_islands && rc == 0; k++) {
+        if (k == x->me)
+            continue;
+        loco_frame_hdr h;
+        void *in = NULL;
+        rc = recv_frame(x, k, &h, &in);
+        if (rc < 0) {
+            p->bad_peer = k;
+            rc = LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)p->step, k,
+                          loco_errmsg());
+        } else if (h.type != LOCO_FRAME_HEARTBEAT || h.step != (uint64_t)p->step ||
+                   h.epoch != x->epoch || h.payload_len != EST_N * sizeof(double)) {
+            rc = LOCO_ERR(LOCO_EPROTO, "outer step %lld: island %d sent a %s frame (step %llu) "
+                                       "where its link estimate belongs",
+                          (long long)p->step, k, loco_frame_type_name(h.type),
+                          (unsigned long long)h.step);
+        } else {
+            double theirs[EST_N];
+            memcpy(theirs, in, sizeof theirs);
+            if (agreed) {
+                agreed[0] = fmax(agreed[0], theirs[0]);
+                agreed[1] = fmax(agreed[1], theirs[1]);
+            }
+            tokens[k] = theirs[2];
+        }
+        loco_free(in);
+    }
+    return rc;
+}
+
 static int observe(loco_outer *o, const loco_exchange *x, float *theta_local, int64_t step,
                    loco_exchange_stats *st) {
     loco_exchange_stats s = {0};
@@ -275,7 +314,10 @@ static int observe(loco_outer *o, const loco_exchange *x, float *theta_local, in
                   .raw = loco_outer_size(o) * sizeof(float), .bad_peer = -1,
                   .n_chunks = loco_compress_chunk_count(loco_outer_size(o), cp)};
     loco_outer_begin_average(o, x->n_islands);
-    int rc = 0;
+    double tokens[LOCO_MAX_PEERS] = {0};
+    int rc = recv_estimates(&p, NULL, tokens);
+    if (rc == 0 && x->tokens > 0)
+        rc = loco_outer_set_weights(o, tokens);
     for (size_t c = 0; c < p.n_chunks && rc == 0; c++) {
         for (int k = 0; k < x->n_islands && rc == 0; k++) {
             void *payload = NULL;
@@ -334,47 +376,29 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
     pthread_mutex_init(&p.mu, NULL);
     pthread_cond_init(&p.cv, NULL);
     loco_outer_begin_average(o, x->n_islands);
-    /* Link estimates travel ahead of the chunks (the same links keep the
-     * order) and come back agreed while the first chunks are encoded. */
-    double est[2] = {x->est_rtt_s, -x->est_bytes_per_s};
+    /* Link estimates and token counts travel ahead of the chunks (the same
+     * links keep the order): to every peer and observer; they come back
+     * while the first chunks are encoded. */
+    const double est[EST_N] = {x->est_rtt_s, -x->est_bytes_per_s, x->tokens};
     int rc = 0;
-    for (int k = 0; k < x->n_islands && rc == 0; k++) {
+    for (int k = 0; k < x->n_islands + x->n_observers && rc == 0; k++) {
         if (k == x->me)
             continue;
         loco_frame_hdr h = {.type = LOCO_FRAME_HEARTBEAT, .epoch = x->epoch,
                             .step = (uint64_t)step, .shard = x->shard};
-        rc = loco_link_send(x->peers[k], &h, est, sizeof est);
+        rc = loco_link_send(k < x->n_islands ? x->peers[k] : x->observers[k - x->n_islands], &h,
+                            est, sizeof est);
     }
     pthread_t th;
     if (rc == 0)
         rc = start(&p, &th, 1, x->redo ? loco_outer_reuse_chunk : loco_outer_encode_chunk);
     if (rc < 0)
         goto out;
-    double agreed[2] = {est[0], est[1]};
-    for (int k = 0; k < x->n_islands && rc == 0; k++) {
-        if (k == x->me)
-            continue;
-        loco_frame_hdr h;
-        void *in = NULL;
-        rc = recv_frame(x, k, &h, &in);
-        if (rc < 0) {
-            p.bad_peer = k;
-            rc = LOCO_ERR(rc, "outer step %lld: island %d: %s", (long long)step, k,
-                          loco_errmsg());
-        } else if (h.type != LOCO_FRAME_HEARTBEAT || h.step != (uint64_t)step ||
-                   h.epoch != x->epoch || h.payload_len != sizeof est) {
-            rc = LOCO_ERR(LOCO_EPROTO, "outer step %lld: island %d sent a %s frame (step %llu) "
-                                       "where its link estimate belongs",
-                          (long long)step, k, loco_frame_type_name(h.type),
-                          (unsigned long long)h.step);
-        } else {
-            double theirs[2];
-            memcpy(theirs, in, sizeof theirs);
-            agreed[0] = fmax(agreed[0], theirs[0]);
-            agreed[1] = fmax(agreed[1], theirs[1]);
-        }
-        loco_free(in);
-    }
+    double agreed[2] = {est[0], est[1]}, tokens[LOCO_MAX_PEERS] = {0};
+    tokens[x->me] = x->tokens;
+    rc = recv_estimates(&p, agreed, tokens);
+    if (rc == 0 && x->tokens > 0)
+        rc = loco_outer_set_weights(o, tokens);
     s.agreed_rtt_s = agreed[0];
     s.agreed_bytes_per_s = -agreed[1];
     rc = finish(&p, th, rc == 0 ? reduce_stage(&p, &s) : rc);

@@ -271,6 +271,17 @@ static int rechoose(island *is, const loco_exchange_stats *st) {
     return decide(is, st->agreed_rtt_s, st->agreed_bytes_per_s, false);
 }
 
+/* The tokens this island trained on since a fragment's last outer step
+ * (every fragment is synchronised every outer.H inner steps): the weight of
+ * its contribution under outer.weighting = tokens, 0 under uniform. */
+static double tokens_since_sync(const island *is) {
+    if (strcmp(is->cfg.outer.weighting, "tokens"))
+        return 0;
+    const loco_config *c = &is->cfg;
+    return (double)c->outer.H * (double)c->train.batch_size * (double)c->model.seq_len *
+           (double)c->train.grad_accum * (double)c->parallel.dp;
+}
+
 /* Rank 0 reads the coordinator; its verdict reaches every rank. */
 int loco__island_check_coordinator(island *is) {
     int ok = is->rank == 0 ? loco_session_poll(is->session) : 0;
@@ -373,7 +384,7 @@ static int prepare(island *is, bool overlap) {
                            .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
                            .timeout_ms = (int)is->cfg.faulttol.timeout_ms,
                            .est_rtt_s = is->rtt_s, .est_bytes_per_s = is->bytes_per_s,
-                           .redo = y->planned, .observers = y->obs, .n_observers = no,
+                           .tokens = tokens_since_sync(is), .redo = y->planned, .observers = y->obs, .n_observers = no,
                            .cancelled = is->rank == 0 ? coordinator_gone : NULL, .cancel_ctx = is};
     y->st = (loco_exchange_stats){.failed_peer = -1};
     y->planned = true; /* the pseudo-gradient is encoded from here on */

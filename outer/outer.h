@@ -67,13 +67,23 @@ void loco_outer_restore(loco_outer *o);
 void loco_outer_set_state(loco_outer *o, const float *theta, const float *mom);
 /* Starts averaging K contributions. */
 void loco_outer_begin_average(loco_outer *o, int n_islands);
-/* Adds one island's encoded pseudo-gradient with weight 1/K; call in
+/* Weights the K contributions of this average by the tokens each island
+ * trained on since its last outer step (outer.weighting = tokens): weight
+ * tokens_k / sum, the same float on every island. Equal counts (or NULL)
+ * keep 1/K, bit for bit. Each count must be in [1, LOCO_OUTER_TOKENS_MAX]
+ * (it came from a peer): LOCO_EPROTO otherwise, nothing changed. Call after
+ * begin_average, before the first add. */
+#define LOCO_OUTER_TOKENS_MAX 1e15
+int loco_outer_set_weights(loco_outer *o, const double *tokens);
+/* Contribution k's weight in the current average. */
+float loco_outer_weight(const loco_outer *o, int island);
+/* Adds one island's encoded pseudo-gradient with its weight (1/K); call in
  * ascending island order, the own contribution included (decoded from its
  * own bytes). Every chunk is checked (headers, lengths that tile the message
  * and cover the range exactly, checksums) before any is applied;
  * LOCO_EPROTO otherwise, and the caller restarts the average. */
 int loco_outer_add(loco_outer *o, const void *bytes, size_t len);
-/* Adds one encoded chunk from island `island` (weight 1/K). Per chunk,
+/* Adds one encoded chunk from island `island` (its weight). Per chunk,
  * contributions must come in ascending island order, so the sum is the
  * same on every island whatever order the chunks arrive in; the chunk is
  * checked before it touches anything (LOCO_EPROTO). */
@@ -193,6 +203,10 @@ typedef struct {
     /* This rank's current estimate of the links, sent to every peer ahead
      * of the chunks (0 = none): the algorithm choice of later steps. */
     double est_rtt_s, est_bytes_per_s;
+    /* Tokens this island trained on since its last outer step, sent with
+     * the estimate to every peer and observer: the weights of the average
+     * (loco_outer_set_weights). 0: uniform weights (outer.weighting). */
+    double tokens;
     /* A redo of this step in a new epoch: θ_global and momentum go back to
      * where they were and the chunks already encoded are sent again. */
     bool redo;

@@ -269,11 +269,12 @@ int loco__outer_dev_add_chunk(loco_outer *o, int worker, int island, size_t c, c
     DEV(dev_copy(o, d->prev, d->avg + lo, cnt * sizeof(float), false));
     DEV(dev_copy(o, d->pay, raw, (size_t)info.raw_len, true));
     if (info.codec == LOCO_CODEC_TOPK)
-        DEV(loco_cuda_topk_dequant_acc(d->avg + lo, d->pay, cnt, 1.0f / (float)o->expect, d->s));
+        DEV(loco_cuda_topk_dequant_acc(d->avg + lo, d->pay, cnt, o->scale[island], d->s));
     else
         DEV(loco_cuda_dequant_acc(loco_codec_format(info.codec), d->avg + lo, d->pay, cnt,
-                                  info.block, info.planes, 1.0f / (float)o->expect, d->s));
-    DEV(loco_cuda_share_sumsq(d->ss, d->avg + lo, d->prev, cnt, (double)o->expect, d->bad, d->s));
+                                  info.block, info.planes, o->scale[island], d->s));
+    DEV(loco_cuda_share_sumsq(d->ss, d->avg + lo, d->prev, cnt, o->unscale[island], d->bad,
+                              d->s));
     DEV(dev_copy(o, &ss, d->ss, sizeof ss, true));
     DEV(dev_copy(o, &bad, d->bad, sizeof bad, true));
     DEV(loco_cuda_sync(d->s));

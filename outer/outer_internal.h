@@ -46,6 +46,11 @@ struct loco_outer {
     loco_chunk_ref *refs;
     size_t refs_cap;
     int expect, added;   /* contributions announced / added whole */
+    /* Per contribution: its weight in the average (1/K, or its tokens over
+     * the sum: loco_outer_set_weights) and the factor that undoes it for the
+     * norm check (K, or the sum over its tokens). */
+    float scale[LOCO_MAX_PEERS];
+    double unscale[LOCO_MAX_PEERS];
     loco_encode_plan plan;
     int *chunk_next;     /* (refs_cap) next island expected per chunk */
     size_t chunks_done;  /* chunks that received every contribution */
@@ -117,5 +122,10 @@ int loco__outer_dev_encode_chunk(loco_outer *o, int worker, size_t chunk, size_t
 int loco__outer_dev_add_chunk(loco_outer *o, int worker, int island, size_t c, const void *bytes,
                          size_t len);
 int loco__outer_dev_finish(loco_outer *o);
+
+/* LOCO_EINVAL naming `what` in the device mode (host-path-only calls). */
+int loco__outer_host_only(const loco_outer *o, const char *what);
+/* [lo, hi) of chunk c of the codec's chunking. */
+void loco__outer_chunk_range(const loco_outer *o, size_t c, size_t *lo, size_t *hi);
 
 #endif

@@ -16,9 +16,12 @@
 
 /* Every outer.H steps of cfg's train.steps; returns θ_global (every
  * parameter: one rank per island owns it all) and, when sent is not NULL,
- * the encoded bytes island k sent at outer step s in sent[k][s]. */
-static float *diloco_reference(loco_config *cfg, int K, size_t *n_params,
-                               size_t (*sent)[DILOCO_MAX_ISLANDS]) {
+ * the encoded bytes island k sent at outer step s in sent[k][s]. With
+ * batch not NULL, island k trains at batch[k] sequences per micro-batch
+ * and, under outer.weighting = tokens, counts in the average in
+ * proportion to its tokens (H x batch x seq_len x grad_accum). */
+static float *diloco_reference_batches(loco_config *cfg, int K, const int64_t *batch,
+                                       size_t *n_params, size_t (*sent)[DILOCO_MAX_ISLANDS]) {
     char dir[] = "/tmp/loco-ref-XXXXXX";
     cr_assert(mkdtemp(dir));
     snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s", dir);
@@ -30,8 +33,15 @@ static float *diloco_reference(loco_config *cfg, int K, size_t *n_params,
     loco_trainer *t[DILOCO_MAX_ISLANDS];
     loco_outer *o[DILOCO_MAX_ISLANDS];
     size_t lo, hi;
+    double tokens[DILOCO_MAX_ISLANDS];
     for (int k = 0; k < K; k++) {
-        cr_assert_eq(loco_trainer_create_island(&t[k], cfg, NULL, k, K), 0, "%s", loco_errmsg());
+        loco_config island = *cfg;
+        if (batch)
+            island.train.batch_size = batch[k];
+        tokens[k] = (double)island.outer.H * (double)island.train.batch_size *
+                    (double)island.model.seq_len * (double)island.train.grad_accum;
+        cr_assert_eq(loco_trainer_create_island(&t[k], &island, NULL, k, K), 0, "%s",
+                     loco_errmsg());
         float *own = loco_trainer_owned_params(t[k], &lo, &hi);
         cr_assert_eq(loco_outer_create(&o[k], &p, &cp, hi - lo, own), 0);
     }
@@ -52,6 +62,8 @@ static float *diloco_reference(loco_config *cfg, int K, size_t *n_params,
         }
         for (int k = 0; k < K; k++) {
             loco_outer_begin_average(o[k], K);
+            if (!strcmp(cfg->outer.weighting, "tokens"))
+                cr_assert_eq(loco_outer_set_weights(o[k], tokens), 0, "%s", loco_errmsg());
             for (int j = 0; j < K; j++)
                 cr_assert_eq(loco_outer_add(o[k], msg[j], len[j]), 0);
             cr_assert_eq(loco_outer_apply(o[k], loco_trainer_owned_params(t[k], &lo, &hi)), 0);
@@ -70,6 +82,11 @@ static float *diloco_reference(loco_config *cfg, int K, size_t *n_params,
     }
     loco_rmtree(dir);
     return theta;
+}
+
+static inline float *diloco_reference(loco_config *cfg, int K, size_t *n_params,
+                               size_t (*sent)[DILOCO_MAX_ISLANDS]) {
+    return diloco_reference_batches(cfg, K, NULL, n_params, sent);
 }
 
 #endif

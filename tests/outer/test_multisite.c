@@ -48,10 +48,12 @@ static void small(loco_config *cfg, const char *codec) {
     }
 }
 
+static const int64_t *site_batch = NULL; /* per island, as [site.NAME] keys set it */
+
 static float *reference(int K, const char *codec, size_t *n_params, size_t sent[][8]) {
     loco_config cfg;
     small(&cfg, codec);
-    return diloco_reference(&cfg, K, n_params, sent);
+    return diloco_reference_batches(&cfg, K, site_batch, n_params, sent);
 }
 
 static void check_islands_with(int K, const char *codec, const char *extra, bool check_bytes);
@@ -143,6 +145,27 @@ TestSuite(multisite, .timeout = 180);
 Test(multisite, two_islands_int8_zstd_agree_with_the_reference) { check_islands(2, "int8"); }
 Test(multisite, four_islands_int8_zstd_agree_with_the_reference) { check_islands(4, "int8"); }
 Test(multisite, two_islands_fp32_agree_with_the_reference) { check_islands(2, "none"); }
+
+/* Islands of different batch sizes (siteB's [site.siteB] key sets 2 beside
+ * the run's 4): each counts in proportion to the tokens it trained on, bit
+ * for bit as the in-process reference weighs them, which differs from
+ * equal weights. */
+Test(multisite, islands_of_different_batch_sizes_agree_with_the_token_weighted_reference) {
+    static const int64_t batch[2] = {4, 2};
+    size_t n, n2;
+    loco_config cfg;
+    small(&cfg, "int8");
+    snprintf(cfg.outer.weighting, sizeof cfg.outer.weighting, "uniform");
+    float *uniform = diloco_reference_batches(&cfg, 2, batch, &n, NULL);
+    small(&cfg, "int8");
+    float *weighted = diloco_reference_batches(&cfg, 2, batch, &n2, NULL);
+    cr_assert_eq(n, n2);
+    cr_expect(memcmp(uniform, weighted, n * sizeof(float)), "the weights changed nothing");
+    free(uniform);
+    free(weighted);
+    site_batch = batch;
+    check_islands_with(2, "int8", "--set site.siteB.train.batch_size=2", true);
+}
 
 /* Top-k at its defaults (1% of each chunk, 2-bit values, error feedback):
  * the islands agree with the reference, and the outer steps carry the

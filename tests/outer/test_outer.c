@@ -246,6 +246,84 @@ Test(outer, contributions_with_nan_inf_or_outlier_norms_are_refused_before_any_a
                  loco_errmsg());
 }
 
+/* One averaging step (lr 1, no momentum: θ_global becomes the weighted
+ * mean of the islands' θ_local) of K islands through the chunked path with
+ * the norm check at 10; tokens NULL keeps 1/K. Returns island 0's rc, its
+ * result in out and its hash in *hash. */
+static int weighted_step(const double *tokens, float (*local)[3000], int K, float *out,
+                         uint64_t *hash) {
+    enum { N = 3000 };
+    static float theta0[N];
+    fill(theta0, N, 7, 1.0f);
+    loco_outer_params p = {.H = 1, .nesterov = false, .lr = 1, .momentum = 0,
+                           .max_delta_ratio = 10};
+    loco_codec_params cp = codec("none");
+    cp.chunk_bytes = 4096;
+    cp.zstd = LOCO_ZSTD_OFF;
+    loco_outer *o;
+    cr_assert_eq(loco_outer_create(&o, &p, &cp, N, theta0), 0, "%s", loco_errmsg());
+    static unsigned char bytes[4][8][8192];
+    size_t lens[4][8], n_chunks = 0;
+    for (int k = 0; k < K; k++) {
+        cr_assert_eq(loco_outer_plan(o, local[k], 1, &n_chunks), 0, "%s", loco_errmsg());
+        cr_assert(n_chunks > 1 && n_chunks <= 8);
+        for (size_t c = 0; c < n_chunks; c++) {
+            const void *b;
+            cr_assert_eq(loco_outer_encode_chunk(o, 0, c, &b, &lens[k][c]), 0);
+            memcpy(bytes[k][c], b, lens[k][c]);
+        }
+    }
+    loco_outer_begin_average(o, K);
+    int rc = loco_outer_set_weights(o, tokens);
+    for (size_t c = 0; c < n_chunks && rc == 0; c++)
+        for (int k = 0; k < K && rc == 0; k++)
+            rc = loco_outer_add_chunk(o, 0, k, bytes[k][c], lens[k][c]);
+    if (rc == 0)
+        rc = loco_outer_apply(o, out);
+    *hash = loco_outer_hash(o);
+    loco_outer_destroy(o);
+    return rc;
+}
+
+/* outer.weighting = tokens: each island counts in proportion to the tokens
+ * it trained on; equal counts are 1/K bit for bit; an island with few
+ * tokens is not an outlier for the norm check; a count no island could
+ * have trained on is refused. */
+Test(outer, the_average_weights_each_island_by_its_tokens) {
+    enum { K = 3, N = 3000 };
+    static float local[K][N], out[N], out_uniform[N];
+    for (int k = 0; k < K; k++)
+        fill(local[k], N, 20 + k, 1.0f);
+    uint64_t h, h_uniform;
+    const double tokens[K] = {1024, 3072, 4096};
+    cr_assert_eq(weighted_step(tokens, local, K, out, &h), 0, "%s", loco_errmsg());
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = (1024.0 * local[0][i] + 3072.0 * local[1][i] + 4096.0 * local[2][i]) /
+                            8192.0;
+        worst = fmax(worst, fabs(out[i] - want));
+    }
+    cr_expect(worst <= 1e-5, "weighted mean off by %g", worst);
+    cr_assert_eq(weighted_step(NULL, local, K, out_uniform, &h_uniform), 0);
+    cr_expect_neq(h, h_uniform, "the weights changed nothing");
+    const double equal[K] = {4096, 4096, 4096};
+    cr_assert_eq(weighted_step(equal, local, K, out, &h), 0);
+    cr_expect_eq(h, h_uniform, "equal token counts must give the bits of 1/K");
+    cr_expect(!memcmp(out, out_uniform, sizeof out));
+    /* similar pseudo-gradients, one island with 1/1000 of the tokens: its
+     * share is small, its pseudo-gradient is not an outlier */
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < N; i++)
+            local[k][i] = 0.01f * (float)((i * (k + 3)) % 17 - 8);
+    const double few[K] = {4, 4000, 4000};
+    cr_expect_eq(weighted_step(few, local, K, out, &h), 0, "%s", loco_errmsg());
+    const double bad[][K] = {{0, 1, 1}, {1, NAN, 1}, {1, 1, 2e15}, {1, -5, 1}};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        cr_expect_eq(weighted_step(bad[b], local, K, out, &h), LOCO_EPROTO, "counts %zu", b);
+        cr_expect(strstr(loco_errmsg(), "tokens") != NULL, "%s", loco_errmsg());
+    }
+}
+
 static double cancel_at;
 static bool cancel_after(void *ctx) {
     (void)ctx;
