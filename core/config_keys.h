@@ -103,6 +103,8 @@ LOCO_KEY_ENUM(outer, algorithm, "auto", "auto|allgather|rsag", "exchange: all-ga
 LOCO_KEY_INT(outer, fragments, 1, 1, 64, "Streaming DiLoCo: fragments of the model (blocks strided through depth), each synchronised every H steps, offset by H/fragments; 1 = DiLoCo")
 LOCO_KEY_INT(outer, overlap, 0, 0, 1000000, "inner steps a fragment's exchange runs behind while training goes on (tau); 0 = blocking; less than H/fragments")
 LOCO_KEY_NUM(outer, merge_alpha, 0, 0, 1, "after an overlapped exchange: theta_local <- alpha*theta_local + (1-alpha)*theta_global (0: take theta_global)")
+LOCO_KEY_ENUM(outer, sync, "steps", "steps|time", "when an island takes an outer step: every outer.H inner steps (lockstep), or once it trained outer.period_s seconds since its last one (at a step boundary: a faster island does more steps instead of waiting; one fragment, no overlap); the run ends after train.steps / outer.H outer steps either way")
+LOCO_KEY_NUM(outer, period_s, 60, 0.001, 1e6, "with outer.sync = time: wall seconds of training between an island's outer steps")
 LOCO_KEY_ENUM(outer, weighting, "tokens", "tokens|uniform", "how the islands' pseudo-gradients are averaged: in proportion to the tokens each trained on since its last outer step (islands with different batch sizes), or with equal weights; equal islands get the same bits either way")
 LOCO_KEY_NUM(outer, max_delta_ratio, 10, 0, 1e9, "refuse an island's pseudo-gradient when a chunk of it has a norm over this many times the median of the other islands' norms of that chunk (NaN and Inf are always refused; 0: only those)")
 LOCO_SECTION_END(outer)

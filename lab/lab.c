@@ -64,6 +64,11 @@ int loco_lab_check(const loco_config *cfg, char *why, size_t cap) {
     else if (!strcmp(c->outer.algorithm, "rsag"))
         no = "outer.algorithm = rsag re-encodes the averages (other bits than the lab's "
              "all-gather): use allgather or auto";
+    else if (!strcmp(c->outer.sync, "time"))
+        no = "outer.sync = time depends on each island's wall clock: the lab runs its islands "
+             "in lockstep (outer.sync = steps)";
+    else if (c->n_site_sets > 0)
+        no = "[site.NAME] keys: the lab's islands are alike (one config for all)";
     else if (n_sites(c, &K) < 0 || K < 2)
         no = "outer.sites must list at least two islands";
     else if (K > LAB_MAX_ISLANDS)

@@ -232,6 +232,11 @@ static int check_streaming(const loco_config *c) {
         return LOCO_ERR(LOCO_EINVAL, "outer.overlap = %lld: expected fewer than outer.H / "
                                      "outer.fragments = %lld inner steps (one exchange in flight)",
                         (long long)c->outer.overlap, (long long)(H / F));
+    if (!strcmp(c->outer.sync, "time") && (F != 1 || c->outer.overlap || c->outer.merge_alpha))
+        return LOCO_ERR(LOCO_EINVAL, "outer.sync = time: one fragment without overlap only "
+                                     "(outer.fragments = %lld, outer.overlap = %lld, "
+                                     "outer.merge_alpha = %g)",
+                        (long long)F, (long long)c->outer.overlap, c->outer.merge_alpha);
     return 0;
 }
 
@@ -270,6 +275,7 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
     is->ranks = loco_comm_size(world);
     LOCO_CHECK(check_streaming(c));
     is->period = c->outer.H / c->outer.fragments;
+    is->timed = !strcmp(c->outer.sync, "time");
     is->overlap = (int)c->outer.overlap;
     is->alpha = (float)c->outer.merge_alpha;
     LOCO_CHECK(loco_site_id(c, site, &is->id, &is->K));
@@ -353,6 +359,10 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
                   "exchange overlapping %d steps, merge alpha %g (%s)",
                   is->id, site, is->K, is->fr.F, (long long)is->period, is->overlap,
                   (double)is->alpha, c->outer.optimizer);
+    else if (is->timed)
+        loco_info("island %d (%s) of %d: outer step every %g s of training, %lld in all (%s)",
+                  is->id, site, is->K, c->outer.period_s, (long long)(is->end_step / is->period),
+                  c->outer.optimizer);
     else
         loco_info("island %d (%s) of %d: outer step every %lld steps (%s)", is->id, site, is->K,
                   (long long)c->outer.H, c->outer.optimizer);
@@ -384,7 +394,8 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
         is->in.take_pcie_bytes(is->in.ctx);
     for (int f = 0; f < is->fr.F; f++)
         loco_outer_take_pcie_bytes(is->outer[f]);
-    is->last_record_t = loco_now();
+    is->last_record_t = is->sync_t0 = loco_now();
+    is->last_sync_inner = is->in.steps_done(is->in.ctx);
     return 0;
 }
 
@@ -423,7 +434,16 @@ void loco_island_destroy(loco_island *is) {
 
 bool loco_island_finished(const loco_island *is) { return is->finished; }
 
-int64_t loco_island_end_step(const loco_island *is) { return is->end_step; }
+int64_t loco_island_end_step(const loco_island *is) {
+    if (!is->timed)
+        return is->end_step;
+    if (is->final_committed)
+        return is->stop_step;
+    /* time: the end is the step the last outer step commits at; until then
+     * the next one, and at least the configured end */
+    const int64_t next = is->in.steps_done(is->in.ctx) + 1;
+    return next > is->end_step ? next : is->end_step;
+}
 
 /* -------------------------------------------------------------- the schedule */
 
@@ -449,9 +469,40 @@ static int finish_run(island *is, int64_t s) {
     return 0;
 }
 
+/* outer.sync = time: an outer step once outer.period_s of training
+ * passed since the last (rank 0's clock decides for the island); after
+ * the run's last one the island stops. */
+static int after_step_timed(island *is, int64_t s) {
+    if (is->finished || is->final_committed || is->in.steps_done(is->in.ctx) != s)
+        return 0;
+    int due = is->rank == 0 && loco_now() - is->sync_t0 >= is->cfg.outer.period_s;
+    if (is->ranks > 1)
+        LOCO_CHECK(loco_comm_allreduce(is->world, &due, 1, LOCO_DT_I32, LOCO_OP_MAX));
+    if (!due) {
+        if (is->rank == 0)
+            loco_session_heartbeat(is->session, s);
+        return 0;
+    }
+    LOCO_CHECK(loco__island_sync(is, is->committed + 1, s, 0, false));
+    adopt_end(is);
+    /* a rejoin may have moved the inner step (and set last_sync_inner) */
+    const int64_t now_at = is->in.steps_done(is->in.ctx);
+    if (is->final_committed)
+        is->stop_step = now_at;
+    if (now_at == s)
+        is->last_sync_inner = s;
+    is->sync_t0 = loco_now();
+    return 0;
+}
+
 static int after_step(island *is, int64_t s) {
     const int64_t P = is->period;
     adopt_end(is);
+    if (is->timed) {
+        LOCO_CHECK(loco__island_check_coordinator(is));
+        adopt_end(is);
+        return after_step_timed(is, s);
+    }
     LOCO_CHECK(loco__island_check_coordinator(is));
     adopt_end(is);
     const bool last = s == is->end_step;

@@ -74,6 +74,14 @@ struct loco_island {
     int merge_frag;             /* committed, merge into θ_local due at merge_step (-1: none) */
     int64_t merge_step;
     bool finished;              /* the run ended during an outer step */
+    /* outer.sync = time: an outer step once period_s passed since sync_t0
+     * (the end of the last one); the run's last outer step is end_step /
+     * period, and the island stops at stop_step, the inner step it
+     * committed at. */
+    bool timed;
+    double sync_t0;
+    int64_t last_sync_inner;    /* inner step of the last outer step (or of the start) */
+    int64_t stop_step;
     loco_exchange_algo algo;
     bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
     uint64_t algo_epoch;        /* auto: the quorum epoch whose members chose is->algo

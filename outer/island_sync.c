@@ -274,11 +274,16 @@ static int rechoose(island *is, const loco_exchange_stats *st) {
 /* The tokens this island trained on since a fragment's last outer step
  * (every fragment is synchronised every outer.H inner steps): the weight of
  * its contribution under outer.weighting = tokens, 0 under uniform. */
-static double tokens_since_sync(const island *is) {
+static double tokens_since_sync(const island *is, int64_t inner) {
     if (strcmp(is->cfg.outer.weighting, "tokens"))
         return 0;
     const loco_config *c = &is->cfg;
-    return (double)c->outer.H * (double)c->train.batch_size * (double)c->model.seq_len *
+    /* outer.sync = time: the steps it managed (at least one: it syncs
+     * after a step) */
+    const int64_t steps = !is->timed                       ? c->outer.H
+                          : inner > is->last_sync_inner ? inner - is->last_sync_inner
+                                                        : 1;
+    return (double)steps * (double)c->train.batch_size * (double)c->model.seq_len *
            (double)c->train.grad_accum * (double)c->parallel.dp;
 }
 
@@ -384,7 +389,7 @@ static int prepare(island *is, bool overlap) {
                            .max_frame = (size_t)is->cfg.net.max_frame_mb << 20,
                            .timeout_ms = (int)is->cfg.faulttol.timeout_ms,
                            .est_rtt_s = is->rtt_s, .est_bytes_per_s = is->bytes_per_s,
-                           .tokens = tokens_since_sync(is), .redo = y->planned, .observers = y->obs, .n_observers = no,
+                           .tokens = tokens_since_sync(is, y->inner), .redo = y->planned, .observers = y->obs, .n_observers = no,
                            .cancelled = is->rank == 0 ? coordinator_gone : NULL, .cancel_ctx = is};
     y->st = (loco_exchange_stats){.failed_peer = -1};
     y->planned = true; /* the pseudo-gradient is encoded from here on */
@@ -500,7 +505,8 @@ static int finish_attempt(island *is, loco_verdict *v) {
     if (rc == 0 && *v == LOCO_VERDICT_COMMIT) {
         is->committed = y->outer;
         is->committed_hash = h;
-        is->final_committed = y->inner >= is->end_step;
+        is->final_committed = is->timed ? y->outer >= is->end_step / is->period
+                                        : y->inner >= is->end_step;
         loco_peers_publish(is->svc, y->outer, y->inner);
         if (is->rank == 0)
             loco__island_record(is, y->outer, y->inner, y->frag, &y->st, y->sums, h,
@@ -682,8 +688,13 @@ int loco__island_rejoin(island *is) {
                 is->q.committed = is->committed = got;
                 is->q.committed_hash = is->committed_hash = h;
                 LOCO_CHECK(loco__island_adopt_global(is));
-                is->in.set_step(is->in.ctx, is->committed * P);
-                loco_peers_publish(is->svc, is->committed, is->committed * P);
+                /* outer.sync = time: inner steps differ between islands;
+                 * the donor's is where this one goes on from */
+                const int64_t at = is->timed ? donor_inner : is->committed * P;
+                is->in.set_step(is->in.ctx, at);
+                loco_peers_publish(is->svc, is->committed, at);
+                is->last_sync_inner = at;
+                is->sync_t0 = loco_now();
                 double b = (double)st.bytes, secs = st.seconds;
                 LOCO_CHECK(loco_comm_allreduce(is->world, &b, 1, LOCO_DT_F64, LOCO_OP_SUM));
                 if (is->rank == 0)
@@ -711,12 +722,15 @@ int loco__island_rejoin(island *is) {
             continue;
         /* Go: observe this step (or, after a coordinator restart, take part). */
         const int64_t s = is->committed + 1;
+        /* outer.sync = time: the inner step the fetch set stays */
+        const int64_t at = is->timed ? is->in.steps_done(is->in.ctx) : s * P;
         if (loco_quorum_has(is->q.members, is->id)) {
-            is->in.set_step(is->in.ctx, is->committed * P);
+            if (!is->timed)
+                is->in.set_step(is->in.ctx, is->committed * P);
             return 0; /* a member again: the training loop goes on from here */
         }
         loco_sync *y = &is->sync;
-        *y = (loco_sync){.active = true, .outer = s, .inner = s * P,
+        *y = (loco_sync){.active = true, .outer = s, .inner = at,
                          .frag = (int)((s - 1) % is->fr.F)};
         loco_outer_save(is->outer[y->frag]);
         LOCO_CHECK(prepare(is, false));
@@ -735,10 +749,10 @@ int loco__island_rejoin(island *is) {
         if (is->merge_frag >= 0)
             LOCO_CHECK(loco__island_merge(is, is->merge_frag, 0.0f));
         is->merge_frag = -1;
-        is->in.set_step(is->in.ctx, s * P);
+        is->in.set_step(is->in.ctx, at);
         if (is->rank == 0)
             loco_info("rejoin: %s is a member again from outer step %lld (inner step %lld)",
-                      is->site, (long long)s, (long long)(s * P));
+                      is->site, (long long)s, (long long)at);
         return 0;
     }
 }

@@ -278,7 +278,7 @@ void loco_trainer_set_step(loco_trainer *t, int64_t step) {
 }
 
 void loco_trainer_set_end(loco_trainer *t, int64_t end_step) {
-    if (end_step > t->end_step)
+    if (end_step >= t->step)
         t->end_step = end_step;
 }
 

@@ -37,7 +37,9 @@ int loco_trainer_run(loco_trainer *t);
 int64_t loco_trainer_steps_done(const loco_trainer *t);
 /* Moves the step counter (learning-rate schedule, logs) to `step` (an island
  * that rejoined continues at the others' step); set_end moves the run's last
- * step (final eval and checkpoint) past train.steps: a fault lab hold. */
+ * step (final eval and checkpoint): past train.steps for a fault lab hold,
+ * or to the step an island of outer.sync = time took its last outer step
+ * at (never before the current step). */
 void loco_trainer_set_step(loco_trainer *t, int64_t step);
 void loco_trainer_set_end(loco_trainer *t, int64_t end_step);
 /* The range [*lo, *hi) of the flat parameter buffer this rank owns and its

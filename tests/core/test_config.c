@@ -9,41 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dir;
-
-static void setup(void) {
-    dir = strdup("/tmp/loco-config-XXXXXX");
-    cr_assert(mkdtemp(dir));
-    loco_err_clear();
-}
-
-static void teardown(void) {
-    loco_rmtree(dir);
-    free(dir);
-}
+#include "tests/core/config_test.h"
 
 TestSuite(config, .init = setup, .fini = teardown);
-
-/* Writes text to dir/name; the path goes to path (512 bytes). */
-static void write_ini(char *path, const char *name, const char *text) {
-    snprintf(path, 512, "%s/%s", dir, name);
-    cr_assert_eq(loco_file_write_sync(path, text, strlen(text)), 0, "%s", loco_errmsg());
-}
-
-/* The text of loco_config_dump (caller frees). */
-static char *dump_text(const loco_config *cfg) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    cr_assert(f);
-    loco_config_dump(cfg, f);
-    fclose(f);
-    return buf;
-}
-
-static void assert_has(const char *msg, const char *part) {
-    cr_assert(strstr(msg, part), "message lacks \"%s\":\n%s", part, msg);
-}
 
 Test(config, defaults_dump_load_dump_is_identity) {
     loco_config def, back;
@@ -53,6 +21,7 @@ Test(config, defaults_dump_load_dump_is_identity) {
     write_ini(path, "defaults.ini", text);
     /* Start from garbage so every key must come from the file. */
     memset(&back, 0x5a, sizeof back);
+    back.n_site_sets = 0; /* a list the file appends to, not a key */
     cr_assert_eq(loco_config_load(&back, path), 0, "a default does not load: %s", loco_errmsg());
     char *again = dump_text(&back);
     cr_assert_str_eq(again, text);
@@ -524,83 +493,4 @@ Test(config, module_defaults_are_the_key_table) {
     loco_store_opts_default(&o);
     cr_expect_eq(o.connect_timeout_ms, (long)c.run.ckpt_connect_ms);
     cr_expect_eq(o.stall_timeout_s, (long)c.run.ckpt_stall_s);
-}
-
-/* [site.NAME] keys: kept for that site's island, applied by it alone, in
- * the order given (a --set after the file wins), dumped and loaded back. */
-Test(config, site_sections_set_keys_for_one_island) {
-    char path[512];
-    write_ini(path, "sites.ini",
-              "[outer]\nsites = big,small\n[train]\nbatch_size = 8\n"
-              "[site.small]\ntrain.batch_size = 2\ntrain.grad_accum = 3\nrun.threads = 1\n"
-              "[site.big]\nparallel.backend = self\n");
-    loco_config c;
-    loco_config_defaults(&c);
-    cr_assert_eq(loco_config_load(&c, path), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_config_set(&c, "site.small.train.batch_size=4"), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
-    cr_expect_eq(c.train.batch_size, 8, "the run's value stays until a site is chosen");
-    loco_config small = c, big = c;
-    cr_assert_eq(loco_config_for_site(&small, "small"), 0, "%s", loco_errmsg());
-    cr_assert_eq(loco_config_for_site(&big, "big"), 0, "%s", loco_errmsg());
-    cr_expect_eq(small.train.batch_size, 4);
-    cr_expect_eq(small.train.grad_accum, 3);
-    cr_expect_eq(small.run.threads, 1);
-    cr_expect_str_eq(small.parallel.backend, "auto");
-    cr_expect_eq(big.train.batch_size, 8);
-    cr_expect_str_eq(big.parallel.backend, "self");
-    /* the dump carries the sections; it loads back to the same dump */
-    char *text = dump_text(&c);
-    assert_has(text, "[site.small]\ntrain.batch_size = 4\ntrain.grad_accum = 3\nrun.threads = 1\n");
-    write_ini(path, "dump.ini", text);
-    loco_config back;
-    loco_config_defaults(&back);
-    cr_assert_eq(loco_config_load(&back, path), 0, "%s", loco_errmsg());
-    char *again = dump_text(&back);
-    cr_expect_str_eq(again, text);
-    free(text);
-    free(again);
-}
-
-/* What a site may not set, and a site's key that is no key, no site of
- * the run, or a mesh of its own, is refused naming where it was given. */
-Test(config, site_keys_that_cannot_be_per_island_are_refused) {
-    static const struct {
-        const char *ini, *where, *what;
-    } cases[] = {
-        {"[site.a]\nmodel.n_layer = 4\n", ":2", "same for every island"},
-        {"[site.a]\nouter.H = 4\n", ":2", "same for every island"},
-        {"[site.a]\ntrain.batch_size = lots\n", ":2", "expected an integer"},
-        {"[site.a]\ntrain.nope = 1\n", ":2", "unknown key 'train.nope'"},
-        {"[site.a]\nbatch_size = 1\n", ":2", "expected section.key"},
-        {"[site.a b]\ntrain.batch_size = 1\n", ":2", "expected a site name"},
-        {"[outer]\nsites = a,b\n[site.c]\ntrain.batch_size = 2\n", ":4", "no such site"},
-        {"[outer]\nsites = a,b\n[site.b]\nparallel.tp = 2\n", ":4", "share one mesh"},
-        {"[outer]\nsites = a,b\n[site.b]\nparallel.zero_stage = 1\n", ":4", "share one mesh"},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char path[512];
-        write_ini(path, "bad.ini", cases[i].ini);
-        loco_config c;
-        loco_config_defaults(&c);
-        int rc = loco_config_load(&c, path);
-        if (rc == 0)
-            rc = loco_config_validate(&c);
-        cr_expect_eq(rc, LOCO_EINVAL, "case %zu loaded", i);
-        char where[600];
-        snprintf(where, sizeof where, "%s%s", path, cases[i].where);
-        cr_expect(strstr(loco_errmsg(), where), "case %zu: no %s in: %s", i, where,
-                  loco_errmsg());
-        cr_expect(strstr(loco_errmsg(), cases[i].what), "case %zu: no '%s' in: %s", i,
-                  cases[i].what, loco_errmsg());
-    }
-    /* the same mesh key at the run's value is no difference; --set names itself */
-    loco_config c;
-    loco_config_defaults(&c);
-    cr_expect_eq(loco_config_set(&c, "site.a.parallel.sp=false"), 0, "%s", loco_errmsg());
-    cr_expect_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
-    cr_expect_eq(loco_config_set(&c, "site.a.model.seq_len=4"), LOCO_EINVAL);
-    assert_has(loco_errmsg(), "--set site.a.model.seq_len=4");
-    cr_expect_eq(loco_config_set(&c, "site.a=4"), LOCO_EINVAL);
-    assert_has(loco_errmsg(), "expected site.NAME.section.key=value");
 }

@@ -364,6 +364,52 @@ Test(faults, killed_island_is_detected_rejoins_and_matches) {
     free(s);
 }
 
+/* Islands at batch 8, 4 and 2 ([site.NAME] keys), their contributions
+ * weighted by tokens: the killed one (batch 2) rejoins by state transfer,
+ * observes a step (the token counts reach it with the link estimates) and
+ * ends in agreement, still at its own batch. */
+Test(faults, islands_of_different_batch_sizes_survive_a_kill) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill",
+        "--set faults.kill=siteC@30 --set faults.restart_ms=200"
+        " --set site.siteB.train.batch_size=4 --set site.siteC.train.batch_size=2");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "hash checked") != NULL, "the rejoined island checked its state");
+    all_agree(s, 12);
+    static const char *const sites[] = {"siteA", "siteB", "siteC"};
+    static const char *const batch[] = {"\nbatch_size = 8\n", "\nbatch_size = 4\n",
+                                        "\nbatch_size = 2\n"};
+    for (int k = 0; k < 3; k++) {
+        char path[160];
+        snprintf(path, sizeof path, "%s/%s/ckpt_%08d/config.ini", s->dir, sites[k], 120);
+        void *data;
+        size_t len;
+        cr_assert_eq(loco_file_read(path, &data, &len), 0, "%s", loco_errmsg());
+        char *text = strndup(data, len);
+        loco_free(data);
+        cr_expect(strstr(text, batch[k]) != NULL, "%s trained at another batch:\n%s", sites[k],
+                  text);
+        free(text);
+    }
+    done(s);
+    free(s);
+}
+
+/* outer.sync = time: the killed island restarts from inner step 0,
+ * fetches θ_global and goes on from its donor's inner step (the islands'
+ * inner steps differ); every outer step still commits once. */
+Test(faults, killed_island_rejoins_under_time_sync) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "kill",
+        "--set faults.kill=siteC@30 --set faults.restart_ms=200 --set outer.sync=time"
+        " --set outer.period_s=0.25");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(strstr(s->out, "hash checked") != NULL, "the rejoined island checked its state");
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
 /* outer.algorithm = auto choosing reduce-scatter + all-gather (links as
  * configured: 1 ms, 0.1 Gbit/s; three chunks): the killed island rejoins
  * without the figures the others chose from, so the first step with it

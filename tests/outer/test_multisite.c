@@ -167,6 +167,66 @@ Test(multisite, islands_of_different_batch_sizes_agree_with_the_token_weighted_r
     check_islands_with(2, "int8", "--set site.siteB.train.batch_size=2", true);
 }
 
+/* One island's outer.jsonl: the inner step of each outer step 1..n
+ * (inner[s]) and its θ_global hash (hash[s]); returns the last outer step. */
+static int outer_steps(const char *dir, const char *site, int64_t *inner, char (*hash)[17],
+                       int n) {
+    char path[700], line[4096];
+    snprintf(path, sizeof path, "%s/%s/outer.jsonl", dir, site);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    int last = 0;
+    while (fgets(line, sizeof line, f)) {
+        int os;
+        long long st;
+        const char *o = strstr(line, "\"outer_step\":"), *p = strstr(line, "\"step\":");
+        const char *h = strstr(line, "\"theta_hash\":\"");
+        if (!o || !p || !h || sscanf(o, "\"outer_step\":%d", &os) != 1 ||
+            sscanf(p, "\"step\":%lld", &st) != 1 || os < 1 || os > n)
+            continue;
+        inner[os] = st;
+        snprintf(hash[os], 17, "%.16s", h + 14);
+        last = os > last ? os : last;
+    }
+    fclose(f);
+    return last;
+}
+
+/* outer.sync = time with siteB 3 times slower (faults.slow): each island
+ * takes an outer step once it trained outer.period_s, so siteA does more
+ * inner steps instead of waiting for siteB; the run ends after
+ * train.steps / outer.H outer steps with every island on one θ_global, and
+ * each contribution weighed by the tokens behind it. */
+Test(multisite, time_sync_lets_the_faster_island_train_more_steps) {
+    char dir[] = "/tmp/loco-timesync-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    static char out[1 << 18];
+    int rc = test_run(out, sizeof out,
+                      LOCO " launch configs/multisite-2.ini --no-baseline" ARGS
+                           " --set compress.codec=int8 --set outer.sync=time"
+                           " --set outer.period_s=0.4 --set faults.slow=siteB*3 --set run.dir=%s",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "run finished; θ_global agreed through outer step 3"), "%s", out);
+    enum { J = STEPS / OUTER_H };
+    int64_t a[J + 1] = {0}, b[J + 1] = {0};
+    char ha[J + 1][17], hb[J + 1][17];
+    cr_assert_eq(outer_steps(dir, "siteA", a, ha, J), J);
+    cr_assert_eq(outer_steps(dir, "siteB", b, hb, J), J);
+    for (int s = 1; s <= J; s++) {
+        cr_expect_str_eq(ha[s], hb[s], "outer step %d: the islands differ", s);
+        cr_expect_gt(a[s] - a[s - 1], b[s] - b[s - 1],
+                     "outer step %d: siteA trained %lld steps, the slower siteB %lld", s,
+                     (long long)(a[s] - a[s - 1]), (long long)(b[s] - b[s - 1]));
+        cr_expect_geq(b[s] - b[s - 1], 1);
+    }
+    cr_log_info("time sync: inner steps at outer steps 1..3: siteA %lld %lld %lld, siteB %lld "
+                "%lld %lld",
+                (long long)a[1], (long long)a[2], (long long)a[3], (long long)b[1],
+                (long long)b[2], (long long)b[3]);
+    loco_rmtree(dir);
+}
+
 /* Top-k at its defaults (1% of each chunk, 2-bit values, error feedback):
  * the islands agree with the reference, and the outer steps carry the
  * islands' progress (see `learns`). */
