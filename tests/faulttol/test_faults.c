@@ -410,6 +410,42 @@ Test(faults, killed_island_rejoins_under_time_sync) {
     free(s);
 }
 
+/* The fault scenarios with islands that differ and do not wait for the
+ * slowest: siteB at batch 4 beside the others' 8 ([site.siteB]), outer
+ * steps by the clock (outer.sync = time, inner steps differing between
+ * islands): the fault's cycle completes, every outer step commits once and
+ * every island ends on one θ_global. */
+static void differing_islands(const char *name, const char *fault, const char *extra) {
+    scenario *s = calloc(1, sizeof *s);
+    char args[512];
+    snprintf(args, sizeof args,
+             "--set site.siteB.train.batch_size=4 --set outer.sync=time --set outer.period_s=0.25 "
+             "%s",
+             extra);
+    run(s, name, args);
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    char cycle[96];
+    snprintf(cycle, sizeof cycle, "faults: %s", fault);
+    cr_expect(strstr(s->out, cycle) && strstr(s->out, "cycle complete"), "%s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, differing_islands_under_time_sync_survive_a_coordinator_restart) {
+    differing_islands("coordinator", "kill_coordinator", "");
+}
+
+Test(faults, differing_islands_under_time_sync_survive_a_partition) {
+    differing_islands("partition", "partition", "");
+}
+
+Test(faults, differing_islands_under_time_sync_survive_a_freeze) {
+    differing_islands("kill", "freeze siteB",
+                      "--set faults.kill= --set faults.freeze=siteB@40+60000 "
+                      "--set faults.thaw_after_steps=30");
+}
+
 /* outer.algorithm = auto choosing reduce-scatter + all-gather (links as
  * configured: 1 ms, 0.1 Gbit/s; three chunks): the killed island rejoins
  * without the figures the others chose from, so the first step with it
