@@ -101,8 +101,9 @@ static int plan_one(loco_launch_plan *p, plan_child *c, int k, const char *site,
         return LOCO_ERR(LOCO_ENOMEM, "launch: config of %s", c->name);
     *own = *cfg;
     const int site_rc = k < 0 ? 0 : loco_config_for_site(own, site);
+    /* parallel.ep is folded out of dp: it adds no ranks */
     const int64_t ranks = own->parallel.dp * own->parallel.tp * own->parallel.pp *
-                          own->parallel.cp * own->parallel.ep;
+                          own->parallel.cp;
     loco_free(own);
     LOCO_CHECK(site_rc);
     if (k >= 0 && ranks > 1) {
