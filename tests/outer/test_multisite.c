@@ -215,11 +215,13 @@ Test(multisite, time_sync_lets_the_faster_island_train_more_steps) {
     cr_assert_eq(outer_steps(dir, "siteB", b, hb, J), J);
     for (int s = 1; s <= J; s++) {
         cr_expect_str_eq(ha[s], hb[s], "outer step %d: the islands differ", s);
-        cr_expect_gt(a[s] - a[s - 1], b[s] - b[s - 1],
-                     "outer step %d: siteA trained %lld steps, the slower siteB %lld", s,
-                     (long long)(a[s] - a[s - 1]), (long long)(b[s] - b[s - 1]));
         cr_expect_geq(b[s] - b[s - 1], 1);
     }
+    /* over the run, not per period: a loaded machine (CI runs two tests
+     * at once on two cores) can hold siteA back for part of one period;
+     * measured quiet 3.2x, under four such runs at once 1.5x to 3.4x */
+    cr_expect_gt(a[J], b[J], "siteA trained %lld steps in all, the 3x slower siteB %lld",
+                 (long long)a[J], (long long)b[J]);
     cr_log_info("time sync: inner steps at outer steps 1..3: siteA %lld %lld %lld, siteB %lld "
                 "%lld %lld",
                 (long long)a[1], (long long)a[2], (long long)a[3], (long long)b[1],
@@ -386,6 +388,13 @@ Test(multisite, dp2_zero1_streaming_islands_agree) {
     check_mesh_islands_through("--set parallel.dp=2 --set parallel.zero_stage=1"
                                " --set outer.fragments=2 --set outer.overlap=2"
                                " --set outer.merge_alpha=0.5",
+                               7);
+}
+/* Streaming with islands of different batch sizes: every fragment's
+ * contributions weighed by tokens, the islands on one θ_global. */
+Test(multisite, streaming_islands_of_different_batch_sizes_agree) {
+    check_mesh_islands_through("--set site.siteB.train.batch_size=2 --set outer.fragments=2"
+                               " --set outer.overlap=2 --set outer.merge_alpha=0.5",
                                7);
 }
 Test(multisite, pp2_streaming_islands_agree) {
