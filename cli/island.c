@@ -24,6 +24,7 @@ static const loco_ttable *table(void *t) { return loco_trainer_param_table(t); }
 static int sync_params(void *t) { return loco_trainer_sync_params(t); }
 static void set_step(void *t, int64_t step) { loco_trainer_set_step(t, step); }
 static int64_t steps_done(void *t) { return loco_trainer_steps_done(t); }
+static void set_schedule(void *t, int64_t step) { loco_trainer_set_schedule_step(t, step); }
 static float *device_owned(void *t, size_t *lo, size_t *hi) {
     return loco_trainer_device_params(t, lo, hi);
 }
@@ -56,7 +57,7 @@ static int run_island(const loco_config *c, const char *site, const char *resume
     LOCO_CHECK(cli_metrics_serve_run(metrics, loco_trainer_prom(*t), c->run.metrics_addr,
                                      "run.metrics_addr", c->run.dir));
     const loco_inner_view view = {.ctx = *t, .owned = owned, .table = table,
-                                  .sync = sync_params, .set_step = set_step,
+                                  .sync = sync_params, .set_step = set_step, .set_schedule = set_schedule,
                                   .steps_done = steps_done, .device_owned = device_owned,
                                   .device_written = device_written,
                                   .take_pcie_bytes = take_pcie_bytes};

@@ -475,9 +475,19 @@ static int finish_run(island *is, int64_t s) {
 static int after_step_timed(island *is, int64_t s) {
     if (is->finished || is->final_committed || is->in.steps_done(is->in.ctx) != s)
         return 0;
-    int due = is->rank == 0 && loco_now() - is->sync_t0 >= is->cfg.outer.period_s;
+    /* rank 0's clock for the island: the period's share gone by */
+    double gone = is->rank == 0 ? (loco_now() - is->sync_t0) / is->cfg.outer.period_s : 0;
     if (is->ranks > 1)
-        LOCO_CHECK(loco_comm_allreduce(is->world, &due, 1, LOCO_DT_I32, LOCO_OP_MAX));
+        LOCO_CHECK(loco_comm_allreduce(is->world, &gone, 1, LOCO_DT_F64, LOCO_OP_MAX));
+    const bool due = gone >= 1;
+    /* The learning-rate schedule follows the run, not this island's step
+     * count (a fast island would reach train.steps early and then train
+     * at the floor): outer steps done and the period's share, in
+     * train.steps' units. */
+    if (is->in.set_schedule)
+        is->in.set_schedule(is->in.ctx,
+                            (int64_t)(((double)is->committed + (due ? 1.0 : gone)) *
+                                      (double)is->period));
     if (!due) {
         if (is->rank == 0)
             loco_session_heartbeat(is->session, s);

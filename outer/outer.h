@@ -346,6 +346,9 @@ typedef struct {
      * it (a collective over the island). */
     int (*sync)(void *ctx);
     void (*set_step)(void *ctx, int64_t step);
+    /* Optional: where the learning-rate schedule stands (outer.sync = time:
+     * the run's progress, in train.steps' units). */
+    void (*set_schedule)(void *ctx, int64_t step);
     int64_t (*steps_done)(void *ctx);
     /* Optional (NULL: the island runs the host path). The owned range on
      * the device (NULL when training on the host); after the outer step

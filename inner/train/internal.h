@@ -61,6 +61,7 @@ struct loco_trainer {
     loco_rng rng;
     int64_t step; /* optimizer steps completed */
     int64_t end_step; /* the last step: train.steps, or later (loco_trainer_set_end) */
+    int64_t sched_step; /* where the learning-rate schedule is; -1: at step */
     int B, T;
     int32_t *inputs, *targets; /* (B, T) */
     double unigram;            /* nats, NAN when unknown */

@@ -235,6 +235,7 @@ int loco_trainer_create_island(loco_trainer **out, const loco_config *cfg, const
     int rc;
     t->cfg = *cfg;
     t->end_step = cfg->train.steps;
+    t->sched_step = -1;
     t->B = (int)cfg->train.batch_size;
     t->T = (int)cfg->model.seq_len;
     t->unigram = NAN;
@@ -276,6 +277,8 @@ void loco_trainer_set_step(loco_trainer *t, int64_t step) {
     t->step = step;
     t->first_step = step;
 }
+
+void loco_trainer_set_schedule_step(loco_trainer *t, int64_t step) { t->sched_step = step; }
 
 void loco_trainer_set_end(loco_trainer *t, int64_t end_step) {
     if (end_step >= t->step)
@@ -343,7 +346,7 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     loco_gpt_moe_reset(t->model); /* the step's routing, for metrics */
     const int accum = (int)t->cfg.train.grad_accum;
     double loss_sum = 0;
-    float lr = loco_lr_at(&t->cfg, t->step);
+    float lr = loco_lr_at(&t->cfg, t->sched_step >= 0 ? t->sched_step : t->step);
     double norm;
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev) {

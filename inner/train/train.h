@@ -42,6 +42,11 @@ int64_t loco_trainer_steps_done(const loco_trainer *t);
  * at (never before the current step). */
 void loco_trainer_set_step(loco_trainer *t, int64_t step);
 void loco_trainer_set_end(loco_trainer *t, int64_t end_step);
+/* Where the learning-rate schedule (warmup, cosine over train.steps)
+ * stands for the next steps, when that is not the step count: an island
+ * of outer.sync = time runs it by the run's progress in outer steps.
+ * -1: the step count again. */
+void loco_trainer_set_schedule_step(loco_trainer *t, int64_t step);
 /* The range [*lo, *hi) of the flat parameter buffer this rank owns and its
  * values (the outer loop works on it; valid between steps). */
 float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi);

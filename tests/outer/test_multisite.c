@@ -192,6 +192,24 @@ static int outer_steps(const char *dir, const char *site, int64_t *inner, char (
     return last;
 }
 
+/* The learning rate siteA's metrics.jsonl records at inner step `step`. */
+static double lr_at(const char *dir, const char *site, int64_t step) {
+    char path[700], line[4096], key[48];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, site);
+    snprintf(key, sizeof key, "{\"step\":%lld,", (long long)step);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    double lr = -1;
+    while (lr < 0 && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"lr\":");
+        if (!strncmp(line, key, strlen(key)) && p)
+            lr = atof(p + 5);
+    }
+    fclose(f);
+    cr_assert_geq(lr, 0, "%s: no lr at step %lld", path, (long long)step);
+    return lr;
+}
+
 /* outer.sync = time with siteB 3 times slower (faults.slow): each island
  * takes an outer step once it trained outer.period_s, so siteA does more
  * inner steps instead of waiting for siteB; the run ends after
@@ -222,6 +240,13 @@ Test(multisite, time_sync_lets_the_faster_island_train_more_steps) {
      * measured quiet 3.2x, under four such runs at once 1.5x to 3.4x */
     cr_expect_gt(a[J], b[J], "siteA trained %lld steps in all, the 3x slower siteB %lld",
                  (long long)a[J], (long long)b[J]);
+    /* The learning-rate schedule follows the run's outer steps, not the
+     * island's step count: siteA is far past train.steps (30) after outer
+     * step 1, yet trains on at the schedule's rate for a third of the run,
+     * well above the floor it reaches at the end. */
+    const double lr1 = lr_at(dir, "siteA", a[1] + 1), lr_end = lr_at(dir, "siteA", a[J]);
+    cr_expect_gt(a[1], STEPS, "siteA did not pass train.steps: %lld", (long long)a[1]);
+    cr_expect_gt(lr1, 1.5 * lr_end, "lr after outer step 1 %g, at the end %g", lr1, lr_end);
     cr_log_info("time sync: inner steps at outer steps 1..3: siteA %lld %lld %lld, siteB %lld "
                 "%lld %lld",
                 (long long)a[1], (long long)a[2], (long long)a[3], (long long)b[1],
