@@ -473,8 +473,10 @@ static bool sites_have(const char *sites, const char *site) {
 /* The keys that lay out a rank's share of the model: the exchange pairs
  * rank r of every island with rank r of the others, so these are one per
  * run until the exchange has a layout of its own (docs/DECISIONS.md,
- * "Per-site keys"). */
-static const char *const layout_keys[] = {"dp", "tp", "sp", "pp", "cp", "ep", "zero_stage",
+ * "Per-site keys"). zero_stage and sp are not among them: every ZeRO
+ * stage owns the same range, sequence parallelism splits activations; the
+ * pipeline schedule is (its default chunks per rank). */
+static const char *const layout_keys[] = {"dp", "tp", "pp", "cp", "ep", "pp_schedule",
                                           "virtual_stages", "pp_layers"};
 
 static int check_site_sets(const loco_config *cfg) {

@@ -80,12 +80,15 @@ int loco__island_join(island *is) {
         return LOCO_ERR(LOCO_ENOMEM, "addresses");
     int rc = gather_addrs(is, addrs);
     if (rc == 0 && is->rank == 0) {
+        /* What lays out each rank's owned range, which the exchange pairs
+         * rank by rank: islands may differ in the rest (ZeRO stage,
+         * sequence parallelism, schedules). */
         char mesh[160];
-        snprintf(mesh, sizeof mesh, "dp=%lld tp=%lld sp=%d pp=%lld cp=%lld ep=%lld zero=%lld",
+        snprintf(mesh, sizeof mesh, "dp=%lld tp=%lld pp=%lld %s/%lld cp=%lld ep=%lld",
                  (long long)is->cfg.parallel.dp, (long long)is->cfg.parallel.tp,
-                 (int)is->cfg.parallel.sp,
-                 (long long)is->cfg.parallel.pp, (long long)is->cfg.parallel.cp,
-                 (long long)is->cfg.parallel.ep, (long long)is->cfg.parallel.zero_stage);
+                 (long long)is->cfg.parallel.pp, is->cfg.parallel.pp_schedule,
+                 (long long)is->cfg.parallel.virtual_stages, (long long)is->cfg.parallel.cp,
+                 (long long)is->cfg.parallel.ep);
         static const char *const agree[] = {"model", "outer", "compress", NULL};
         loco_island_info me = {.site = is->site, .n_ranks = is->ranks,
                                .addrs = (const char (*)[LOCO_ADDR_MAX])addrs, .mesh = mesh,

@@ -55,7 +55,7 @@ Test(config_sites, keys_that_cannot_be_per_island_are_refused) {
         {"[site.a b]\ntrain.batch_size = 1\n", ":2", "expected a site name"},
         {"[outer]\nsites = a,b\n[site.c]\ntrain.batch_size = 2\n", ":4", "no such site"},
         {"[outer]\nsites = a,b\n[site.b]\nparallel.tp = 2\n", ":4", "share one mesh"},
-        {"[outer]\nsites = a,b\n[site.b]\nparallel.zero_stage = 1\n", ":4", "share one mesh"},
+        {"[outer]\nsites = a,b\n[site.b]\nparallel.pp_schedule = gpipe\n", ":4", "share one mesh"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[512];
@@ -76,7 +76,11 @@ Test(config_sites, keys_that_cannot_be_per_island_are_refused) {
     /* the same mesh key at the run's value is no difference; --set names itself */
     loco_config c;
     loco_config_defaults(&c);
-    cr_expect_eq(loco_config_set(&c, "site.a.parallel.sp=false"), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_config_set(&c, "site.a.parallel.dp=1"), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
+    /* a ZeRO stage and sequence parallelism of its own: the same owned range */
+    cr_expect_eq(loco_config_set(&c, "site.a.parallel.zero_stage=3"), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_config_set(&c, "site.a.parallel.sp=true"), 0, "%s", loco_errmsg());
     cr_expect_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
     cr_expect_eq(loco_config_set(&c, "site.a.model.seq_len=4"), LOCO_EINVAL);
     assert_has(loco_errmsg(), "--set site.a.model.seq_len=4");

@@ -415,6 +415,18 @@ Test(multisite, dp2_zero1_streaming_islands_agree) {
                                " --set outer.merge_alpha=0.5",
                                7);
 }
+/* Islands at different ZeRO stages (siteB shards its parameters too,
+ * siteA only its optimizer state) and one with sequence parallelism: every
+ * stage owns the same range of the same slice, so they exchange rank by
+ * rank and agree. */
+Test(multisite, islands_at_different_zero_stages_agree) {
+    check_mesh_islands("--set parallel.dp=2 --set parallel.zero_stage=1"
+                       " --set site.siteB.parallel.zero_stage=3");
+}
+Test(multisite, tp2_islands_with_and_without_sequence_parallelism_agree) {
+    check_mesh_islands("--set parallel.tp=2 --set site.siteB.parallel.sp=true");
+}
+
 /* Streaming with islands of different batch sizes: every fragment's
  * contributions weighed by tokens, the islands on one θ_global. */
 Test(multisite, streaming_islands_of_different_batch_sizes_agree) {
