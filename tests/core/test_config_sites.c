@@ -3,6 +3,8 @@
  * not set, refused naming where it was given. */
 #include "tests/core/config_test.h"
 
+#include <glob.h>
+
 TestSuite(config_sites, .init = setup, .fini = teardown);
 
 /* [site.NAME] keys: kept for that site's island, applied by it alone, in
@@ -86,4 +88,27 @@ Test(config_sites, keys_that_cannot_be_per_island_are_refused) {
     assert_has(loco_errmsg(), "--set site.a.model.seq_len=4");
     cr_expect_eq(loco_config_set(&c, "site.a=4"), LOCO_EINVAL);
     assert_has(loco_errmsg(), "expected site.NAME.section.key=value");
+}
+
+/* Every config the project ships loads and validates, for every site its
+ * [site.NAME] keys name (the multi-site examples included). */
+Test(config_sites, the_shipped_configs_load_and_validate_for_every_site) {
+    glob_t g;
+    cr_assert_eq(glob("configs/*.ini", 0, NULL, &g), 0, "no configs/*.ini");
+    int with_sites = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        loco_config c;
+        loco_config_defaults(&c);
+        cr_assert_eq(loco_config_load(&c, g.gl_pathv[i]), 0, "%s", loco_errmsg());
+        cr_assert_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
+        with_sites += c.n_site_sets > 0;
+        for (int k = 0; k < c.n_site_sets; k++) {
+            loco_config site = c;
+            cr_assert_eq(loco_config_for_site(&site, c.site_set[k].site), 0, "%s: %s",
+                         g.gl_pathv[i], loco_errmsg());
+            cr_assert_eq(loco_config_validate(&site), 0, "%s: %s", g.gl_pathv[i], loco_errmsg());
+        }
+    }
+    globfree(&g);
+    cr_expect_geq(with_sites, 1, "configs/multisite-mixed.ini has [site.NAME] sections");
 }
