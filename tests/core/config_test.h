@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dir;
+__attribute__((unused)) static char *dir;
 
 __attribute__((unused)) static void setup(void) {
     dir = strdup("/tmp/loco-config-XXXXXX");

@@ -1,23 +1,7 @@
 /* The configuration's documentation: docs/CONFIG.md, the Markdown table and
  * the help text kept equal to the key table (core/config_keys.h), every
  * dumped key named in each. */
-#include "core/core.h"
-
-#include <criterion/criterion.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* The text of loco_config_dump (caller frees). */
-static char *dump_text(const loco_config *cfg) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    cr_assert(f);
-    loco_config_dump(cfg, f);
-    fclose(f);
-    return buf;
-}
+#include "tests/core/config_test.h"
 
 static char *markdown_text(size_t *len) {
     char *buf = NULL;

@@ -58,6 +58,19 @@ static float *reference(int K, const char *codec, size_t *n_params, size_t sent[
 
 static void check_islands_with(int K, const char *codec, const char *extra, bool check_bytes);
 
+/* `loco launch configs/multisite-K.ini` with ARGS, int8 and extra, in
+ * dir (a mkdtemp template, made here); its output in out. Asserts it
+ * exited 0. */
+static void launch_int8(char *dir, char *out, size_t cap, int K, const char *extra) {
+    cr_assert(mkdtemp(dir));
+    int rc = test_run(out, cap,
+                      LOCO " launch configs/multisite-%d.ini" ARGS
+                           " --set compress.codec=int8 --set run.dir=%s %s",
+                      K, dir, extra);
+    cr_assert_eq(rc, 0, "%s", out);
+}
+
+
 static void check_islands(int K, const char *codec) { check_islands_with(K, codec, "", true); }
 
 static void check_islands_with(int K, const char *codec, const char *extra, bool check_bytes) {
@@ -217,14 +230,10 @@ static double lr_at(const char *dir, const char *site, int64_t step) {
  * each contribution weighed by the tokens behind it. */
 Test(multisite, time_sync_lets_the_faster_island_train_more_steps) {
     char dir[] = "/tmp/loco-timesync-XXXXXX";
-    cr_assert(mkdtemp(dir));
     static char out[1 << 18];
-    int rc = test_run(out, sizeof out,
-                      LOCO " launch configs/multisite-2.ini --no-baseline" ARGS
-                           " --set compress.codec=int8 --set outer.sync=time"
-                           " --set outer.period_s=0.4 --set faults.slow=siteB*3 --set run.dir=%s",
-                      dir);
-    cr_assert_eq(rc, 0, "%s", out);
+    launch_int8(dir, out, sizeof out, 2,
+                "--no-baseline --set outer.sync=time --set outer.period_s=0.4"
+                " --set faults.slow=siteB*3");
     cr_expect(strstr(out, "run finished; θ_global agreed through outer step 3"), "%s", out);
     enum { J = STEPS / OUTER_H };
     int64_t a[J + 1] = {0}, b[J + 1] = {0};
@@ -284,13 +293,8 @@ Test(multisite, four_islands_rsag_fp32_agree_with_the_reference) {
 Test(multisite, four_islands_rsag_int8_agree) {
     static char out[1 << 18];
     char dir[] = "/tmp/loco-rsag-XXXXXX";
-    cr_assert(mkdtemp(dir));
-    int rc = test_run(out, sizeof out,
-                 LOCO " launch configs/multisite-4.ini" ARGS
-                      " --set compress.codec=int8 --set outer.algorithm=rsag"
-                      " --set compress.chunk_mb=1 --set model.n_embd=256 --set run.dir=%s",
-                 dir);
-    cr_assert_eq(rc, 0, "%s", out);
+    launch_int8(dir, out, sizeof out, 4,
+                "--set outer.algorithm=rsag --set compress.chunk_mb=1 --set model.n_embd=256");
     /* The coordinator compared every island's θ hash after every outer step. */
     cr_expect(strstr(out, "θ_global agreed through outer step 3") != NULL, "%s", out);
     loco_rmtree(dir);
@@ -302,13 +306,8 @@ Test(multisite, four_islands_rsag_int8_agree) {
  * coordinator finds every rank's θ hash equal after every outer step. */
 static void check_mesh_islands_through(const char *extra, int outer_steps) {
     char dir[] = "/tmp/loco-multisite-tp-XXXXXX";
-    cr_assert(mkdtemp(dir));
     static char out[1 << 18];
-    int rc = test_run(out, sizeof out,
-                      LOCO " launch configs/multisite-2.ini" ARGS
-                           " --set compress.codec=int8 --set run.dir=%s %s",
-                      dir, extra);
-    cr_assert_eq(rc, 0, "%s", out);
+    launch_int8(dir, out, sizeof out, 2, extra);
     char agreed[64];
     snprintf(agreed, sizeof agreed, "θ_global agreed through outer step %d", outer_steps);
     cr_expect(strstr(out, agreed) != NULL, "%s", out);
@@ -359,13 +358,8 @@ Test(multisite, copies_held_by_several_ranks_stay_equal_through_lossy_outer_step
         " --set model.n_shared_experts=1"};
     for (int c = 0; c < 2; c++) {
         char dir[] = "/tmp/loco-multisite-copies-XXXXXX";
-        cr_assert(mkdtemp(dir));
         static char out[1 << 18];
-        int rc = test_run(out, sizeof out,
-                          LOCO " launch configs/multisite-2.ini" ARGS
-                               " --set compress.codec=int8 --set run.dir=%s %s",
-                          dir, meshes[c]);
-        cr_assert_eq(rc, 0, "%s", out);
+        launch_int8(dir, out, sizeof out, 2, meshes[c]);
         loco_config cfg;
         small(&cfg, "int8");
         char set[1024], *save = NULL;
