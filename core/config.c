@@ -1,8 +1,7 @@
 /* Configuration: INI files through libinih, `section.key=value` overrides,
- * [site.NAME] keys, and the key table of config_keys.h as help text and
- * Markdown. One file: the parser, the per-site keys, the dump and the help
- * all read the one static table of key descriptors built here. */
-#include "core/core.h"
+ * and the key table of config_keys.h as help text and Markdown. The
+ * [site.NAME] keys are config_sites.c's. */
+#include "core/config_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -12,15 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_INT, K_NUM, K_BOOL, K_STR, K_ENUM } key_type;
-
-typedef struct {
-    const char *section, *key, *def, *choices, *desc;
-    key_type type;
-    double lo, hi;
-    size_t offset;
-    long long ilo, ihi; /* K_INT bounds, exact (a double rounds INT64_MAX up) */
-} key_desc;
 
 #define LOCO_SECTION_BEGIN(sec)
 #define LOCO_SECTION_END(sec)
@@ -66,7 +56,7 @@ static bool section_known(const char *section) {
     return false;
 }
 
-static const key_desc *find_key(const char *section, const char *key) {
+const key_desc *loco__config_find_key(const char *section, const char *key) {
     for (size_t i = 0; i < N_KEYS; i++)
         if (!strcmp(keys[i].section, section) && !strcmp(keys[i].key, key))
             return &keys[i];
@@ -102,7 +92,7 @@ static bool str_storable(const key_desc *k, const char *v) {
     return true;
 }
 
-static void expected(const key_desc *k, char *buf, size_t cap) {
+void loco__config_expected(const key_desc *k, char *buf, size_t cap) {
     switch (k->type) {
     case K_INT: snprintf(buf, cap, "an integer in [%lld, %lld]", k->ilo, k->ihi); break;
     case K_NUM: snprintf(buf, cap, "a number in [%g, %g]", k->lo, k->hi); break;
@@ -133,7 +123,7 @@ static bool enum_has(const char *choices, const char *v) {
 }
 
 /* Parses value into the field of key k; returns false when it does not fit. */
-static bool parse_value(loco_config *cfg, const key_desc *k, const char *v) {
+bool loco__config_parse_value(loco_config *cfg, const key_desc *k, const char *v) {
     char *field = (char *)cfg + k->offset;
     char *end;
     errno = 0;
@@ -184,7 +174,7 @@ void loco_config_defaults(loco_config *cfg) {
             buf[strspn(buf, "-0123456789")] = '\0';
             d = buf;
         }
-        bool ok = parse_value(cfg, &keys[i], d);
+        bool ok = loco__config_parse_value(cfg, &keys[i], d);
         (void)ok; /* defaults are checked by tests/core/test_config.c */
     }
 }
@@ -210,28 +200,24 @@ static void follow(loco_config *cfg, const key_desc *k) {
         cfg->train.grad_accum = cfg->parallel.microbatches;
 }
 
-static int add_site_set(loco_config *cfg, const char *where, const char *site,
-                        const char *skey, const char *value);
-static int check_site_sets(const loco_config *cfg);
-
 /* Applies one key; `where` is "file:line" or "--set". */
-static int set_key(loco_config *cfg, const char *where, const char *section, const char *key,
-                   const char *value) {
+int loco__config_set_key(loco_config *cfg, const char *where, const char *section,
+                         const char *key, const char *value) {
     if (!strncmp(section, "site.", 5))
-        return add_site_set(cfg, where, section + 5, key, value);
+        return loco__config_add_site_set(cfg, where, section + 5, key, value);
     if (!section[0])
         return LOCO_ERR(LOCO_EINVAL, "%s: key '%s' outside any [section]", where, key);
     if (!section_known(section))
         return LOCO_ERR(LOCO_EINVAL,
                         "%s: key '%s.%s': unknown section [%s] (see `loco config --help`)",
                         where, section, key, section);
-    const key_desc *k = find_key(section, key);
+    const key_desc *k = loco__config_find_key(section, key);
     if (!k)
         return LOCO_ERR(LOCO_EINVAL, "%s: unknown key '%s.%s' (see `loco config --help`)", where,
                         section, key);
-    if (!parse_value(cfg, k, value)) {
+    if (!loco__config_parse_value(cfg, k, value)) {
         char exp[320];
-        expected(k, exp, sizeof exp);
+        loco__config_expected(k, exp, sizeof exp);
         return LOCO_ERR(LOCO_EINVAL, "%s: key '%s.%s': expected %s, got '%s'", where, section, key,
                         exp, value);
     }
@@ -280,7 +266,7 @@ static int on_ini_key(void *user, const char *section, const char *name, const c
         return 1; /* keep the first error only */
     char where[LOCO_PATH_MAX + 32];
     snprintf(where, sizeof where, "%s:%d", c->path, c->line);
-    c->rc = set_key(c->cfg, where, section, name, value);
+    c->rc = loco__config_set_key(c->cfg, where, section, name, value);
     return c->rc == 0;
 }
 
@@ -317,7 +303,7 @@ int loco_config_set(loco_config *cfg, const char *assignment) {
         snprintf(skey, sizeof skey, "%.*s", (int)(eq - dot2 - 1), dot2 + 1);
         char where[160];
         snprintf(where, sizeof where, "--set %.120s", assignment);
-        return add_site_set(cfg, where, site, skey, eq + 1);
+        return loco__config_add_site_set(cfg, where, site, skey, eq + 1);
     }
     char section[64], key[64];
     size_t sl = (size_t)(dot - assignment), kl = (size_t)(eq - dot - 1);
@@ -329,7 +315,7 @@ int loco_config_set(loco_config *cfg, const char *assignment) {
     key[kl] = '\0';
     char where[160];
     snprintf(where, sizeof where, "--set %.120s", assignment);
-    return set_key(cfg, where, section, key, eq + 1);
+    return loco__config_set_key(cfg, where, section, key, eq + 1);
 }
 
 int loco_config_validate(const loco_config *cfg) {
@@ -348,172 +334,14 @@ int loco_config_validate(const loco_config *cfg) {
     if (cfg->parallel.pp_layers[0] && cfg->parallel.pp < 2)
         return LOCO_ERR(LOCO_EINVAL, "parallel.pp_layers = \"%s\" needs parallel.pp > 1",
                         cfg->parallel.pp_layers);
-    LOCO_CHECK(check_site_sets(cfg));
+    LOCO_CHECK(loco__config_check_site_sets(cfg));
     if (cfg->train.warmup_steps > cfg->train.steps && cfg->train.steps > 0)
         loco_warn("train.warmup_steps (%lld) exceeds train.steps (%lld)",
                   (long long)cfg->train.warmup_steps, (long long)cfg->train.steps);
     return 0;
 }
 
-/* ------------------------------------------------------- per-site keys */
-
-static void format_value(const loco_config *cfg, const key_desc *k, char *buf, size_t cap);
-
-/* What an island may set for itself: how it trains (mesh, batch, threads,
- * device), never what the islands must share (model, outer, compress). */
-static bool site_key_allowed(const key_desc *k) {
-    if (!strcmp(k->section, "parallel"))
-        return true;
-    if (!strcmp(k->section, "train"))
-        return !strcmp(k->key, "batch_size") || !strcmp(k->key, "grad_accum") ||
-               !strcmp(k->key, "device");
-    return !strcmp(k->section, "run") && !strcmp(k->key, "threads");
-}
-
-/* A site's name as outer.sites and a [site.NAME] header can both hold it. */
-static bool site_name_ok(const char *site) {
-    size_t n = strlen(site);
-    if (n == 0 || n >= LOCO_SITE_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)site[i]) && site[i] != '_' && site[i] != '-')
-            return false;
-    return true;
-}
-
-static const key_desc *split_key(const char *skey, char *sec, size_t sec_cap) {
-    const char *dot = strchr(skey, '.');
-    if (!dot || (size_t)(dot - skey) >= sec_cap)
-        return NULL;
-    snprintf(sec, sec_cap, "%.*s", (int)(dot - skey), skey);
-    return find_key(sec, dot + 1);
-}
-
-/* Keeps `site`'s `skey = value` (checked now, applied by that island);
- * the same key given again replaces the value. */
-static int add_site_set(loco_config *cfg, const char *where, const char *site,
-                        const char *skey, const char *value) {
-    if (!site_name_ok(site))
-        return LOCO_ERR(LOCO_EINVAL,
-                        "%s: [site.%s]: expected a site name of 1 to %d letters, digits, '_' or "
-                        "'-'",
-                        where, site, LOCO_SITE_NAME_MAX - 1);
-    char sec[32];
-    const key_desc *k = split_key(skey, sec, sizeof sec);
-    if (!k || strlen(skey) >= sizeof cfg->site_set[0].key)
-        return LOCO_ERR(LOCO_EINVAL,
-                        "%s: [site.%s]: unknown key '%s' (expected section.key, see `loco config "
-                        "--help`)",
-                        where, site, skey);
-    if (!site_key_allowed(k))
-        return LOCO_ERR(LOCO_EINVAL,
-                        "%s: [site.%s]: key '%s' is the same for every island of a run; a site "
-                        "may set parallel.*, train.batch_size, train.grad_accum, train.device and "
-                        "run.threads",
-                        where, site, skey);
-    loco_config *scratch = loco_alloc(sizeof *scratch);
-    if (!scratch)
-        return LOCO_ERR(LOCO_ENOMEM, "config scratch");
-    loco_config_defaults(scratch);
-    const bool ok = strlen(value) < sizeof cfg->site_set[0].value && parse_value(scratch, k, value);
-    loco_free(scratch);
-    if (!ok) {
-        char exp[320];
-        expected(k, exp, sizeof exp);
-        return LOCO_ERR(LOCO_EINVAL, "%s: [site.%s]: key '%s': expected %s (at most %zu bytes), "
-                                     "got '%s'",
-                        where, site, skey, exp, sizeof cfg->site_set[0].value - 1, value);
-    }
-    int i = 0;
-    while (i < cfg->n_site_sets &&
-           (strcmp(cfg->site_set[i].site, site) || strcmp(cfg->site_set[i].key, skey)))
-        i++;
-    if (i == cfg->n_site_sets) {
-        if (i == LOCO_SITE_SETS_MAX)
-            return LOCO_ERR(LOCO_EINVAL, "%s: [site.%s]: more than %d per-site keys in all", where,
-                            site, LOCO_SITE_SETS_MAX);
-        cfg->n_site_sets++;
-    }
-    snprintf(cfg->site_set[i].site, sizeof cfg->site_set[i].site, "%s", site);
-    snprintf(cfg->site_set[i].key, sizeof cfg->site_set[i].key, "%s", skey);
-    snprintf(cfg->site_set[i].value, sizeof cfg->site_set[i].value, "%s", value);
-    snprintf(cfg->site_set[i].where, sizeof cfg->site_set[i].where, "%s", where);
-    return 0;
-}
-
-int loco_config_for_site(loco_config *cfg, const char *site) {
-    for (int i = 0; i < cfg->n_site_sets; i++) {
-        if (strcmp(cfg->site_set[i].site, site))
-            continue;
-        char sec[32];
-        const key_desc *k = split_key(cfg->site_set[i].key, sec, sizeof sec);
-        if (!k)
-            return LOCO_ERR(LOCO_EINVAL, "%s: unknown key '%s'", cfg->site_set[i].where,
-                            cfg->site_set[i].key);
-        LOCO_CHECK(set_key(cfg, cfg->site_set[i].where, sec, k->key, cfg->site_set[i].value));
-    }
-    return 0;
-}
-
-/* Whether `site` is one of the comma-separated names of `sites`. */
-static bool sites_have(const char *sites, const char *site) {
-    const size_t n = strlen(site);
-    for (const char *p = sites; *p;) {
-        const char *comma = strchr(p, ',');
-        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len == n && !strncmp(p, site, n))
-            return true;
-        if (!comma)
-            break;
-        p = comma + 1;
-    }
-    return false;
-}
-
-/* The keys that lay out a rank's share of the model: the exchange pairs
- * rank r of every island with rank r of the others, so these are one per
- * run until the exchange has a layout of its own (docs/DECISIONS.md,
- * "Per-site keys"). zero_stage and sp are not among them: every ZeRO
- * stage owns the same range, sequence parallelism splits activations; the
- * pipeline schedule is (its default chunks per rank). */
-static const char *const layout_keys[] = {"dp", "tp", "pp", "cp", "ep", "pp_schedule",
-                                          "virtual_stages", "pp_layers"};
-
-static int check_site_sets(const loco_config *cfg) {
-    for (int i = 0; i < cfg->n_site_sets; i++)
-        if (cfg->outer.sites[0] && !sites_have(cfg->outer.sites, cfg->site_set[i].site))
-            return LOCO_ERR(LOCO_EINVAL, "%s: [site.%s]: no such site in outer.sites (%s)",
-                            cfg->site_set[i].where, cfg->site_set[i].site, cfg->outer.sites);
-    loco_config *scratch = NULL;
-    int rc = 0;
-    for (int i = 0; i < cfg->n_site_sets && rc == 0; i++) {
-        const char *key = cfg->site_set[i].key;
-        for (size_t j = 0; j < sizeof layout_keys / sizeof layout_keys[0]; j++) {
-            if (strncmp(key, "parallel.", 9) || strcmp(key + 9, layout_keys[j]))
-                continue;
-            if (!scratch && !(scratch = loco_alloc(sizeof *scratch)))
-                return LOCO_ERR(LOCO_ENOMEM, "config scratch");
-            const key_desc *k = find_key("parallel", layout_keys[j]);
-            char run[LOCO_PATH_MAX], site[LOCO_PATH_MAX];
-            format_value(cfg, k, run, sizeof run);
-            *scratch = *cfg;
-            parse_value(scratch, k, cfg->site_set[i].value); /* checked when it was given */
-            format_value(scratch, k, site, sizeof site);
-            if (strcmp(run, site)) {
-                rc = LOCO_ERR(LOCO_EINVAL,
-                              "%s: [site.%s]: %s = %s differs from the run's %s: the islands of "
-                              "one run share one mesh for now (the exchange pairs rank r of "
-                              "each island with rank r of the others)",
-                              cfg->site_set[i].where, cfg->site_set[i].site, key, site, run);
-                break;
-            }
-        }
-    }
-    loco_free(scratch);
-    return rc;
-}
-
-static void format_value(const loco_config *cfg, const key_desc *k, char *buf, size_t cap) {
+void loco__config_format_value(const loco_config *cfg, const key_desc *k, char *buf, size_t cap) {
     const char *field = (const char *)cfg + k->offset;
     switch (k->type) {
     case K_INT: snprintf(buf, cap, "%lld", (long long)*(const int64_t *)field); break;
@@ -535,7 +363,7 @@ void loco_config_print_help(FILE *f) {
             fprintf(f, "\n[%s]\n", sec);
         }
         char v[LOCO_PATH_MAX];
-        format_value(&def, k, v, sizeof v);
+        loco__config_format_value(&def, k, v, sizeof v);
         char name[80];
         snprintf(name, sizeof name, "%s.%s", k->section, k->key);
         fprintf(f, "  %-24s %-8s %-22s %s\n", name, k->type == K_ENUM ? "enum" : type_name(k), v,
@@ -569,7 +397,7 @@ void loco_config_print_markdown(FILE *f) {
                        "|---|---|---|---|---|\n", sec);
         }
         char v[LOCO_PATH_MAX], range[96] = "";
-        format_value(&def, k, v, sizeof v);
+        loco__config_format_value(&def, k, v, sizeof v);
         if (k->type == K_INT)
             snprintf(range, sizeof range, "%lld – %lld", k->ilo, k->ihi);
         else if (k->type == K_NUM)
@@ -603,25 +431,14 @@ static void dump_sections(const loco_config *cfg, FILE *f, const char *const *se
             fprintf(f, "[%s]\n", sec);
         }
         char v[LOCO_PATH_MAX];
-        format_value(cfg, k, v, sizeof v);
+        loco__config_format_value(cfg, k, v, sizeof v);
         fprintf(f, "%s = %s\n", k->key, v);
     }
 }
 
 void loco_config_dump(const loco_config *cfg, FILE *f) {
     dump_sections(cfg, f, NULL);
-    /* [site.NAME] sections, each site's keys in the order given. */
-    for (int i = 0; i < cfg->n_site_sets; i++) {
-        bool first = true;
-        for (int j = 0; j < i && first; j++)
-            first = strcmp(cfg->site_set[j].site, cfg->site_set[i].site) != 0;
-        if (!first)
-            continue;
-        fprintf(f, "[site.%s]\n", cfg->site_set[i].site);
-        for (int j = i; j < cfg->n_site_sets; j++)
-            if (!strcmp(cfg->site_set[j].site, cfg->site_set[i].site))
-                fprintf(f, "%s = %s\n", cfg->site_set[j].key, cfg->site_set[j].value);
-    }
+    loco__config_dump_sites(cfg, f);
 }
 
 uint64_t loco_config_hash(const loco_config *cfg, const char *const *sections) {
