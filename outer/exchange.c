@@ -267,9 +267,13 @@ static int gather_stage(pipeline *p, loco_exchange_stats *s) {
 #define EST_N 3
 
 /* Every other contributor's estimate frame: the largest RTT and -bandwidth
- * into agreed (when not NULL), each one's tokens into tokens[k]. */
-static int recv_estimates(pipeline *p, double agreed[2], double *tokens) {
+ * into agreed (when not NULL); under outer.weighting = tokens (x->tokens >
+ * 0) each one's tokens weigh its contribution to this average. */
+static int recv_estimates(pipeline *p, double agreed[2]) {
     const loco_exchange *x = p->x;
+    double tokens[LOCO_MAX_PEERS] = {0};
+    if (x->me >= 0)
+        tokens[x->me] = x->tokens;
     int rc = 0;
     for (int k = 0; k < x->n_islands && rc == 0; k++) {
         if (k == x->me)
@@ -298,6 +302,8 @@ static int recv_estimates(pipeline *p, double agreed[2], double *tokens) {
         }
         loco_free(in);
     }
+    if (rc == 0 && x->tokens > 0)
+        rc = loco_outer_set_weights(p->o, tokens);
     return rc;
 }
 
@@ -314,10 +320,7 @@ static int observe(loco_outer *o, const loco_exchange *x, float *theta_local, in
                   .raw = loco_outer_size(o) * sizeof(float), .bad_peer = -1,
                   .n_chunks = loco_compress_chunk_count(loco_outer_size(o), cp)};
     loco_outer_begin_average(o, x->n_islands);
-    double tokens[LOCO_MAX_PEERS] = {0};
-    int rc = recv_estimates(&p, NULL, tokens);
-    if (rc == 0 && x->tokens > 0)
-        rc = loco_outer_set_weights(o, tokens);
+    int rc = recv_estimates(&p, NULL);
     for (size_t c = 0; c < p.n_chunks && rc == 0; c++) {
         for (int k = 0; k < x->n_islands && rc == 0; k++) {
             void *payload = NULL;
@@ -394,11 +397,8 @@ static int step_impl(loco_outer *o, const loco_exchange *x, bool rsag, float *th
         rc = start(&p, &th, 1, x->redo ? loco_outer_reuse_chunk : loco_outer_encode_chunk);
     if (rc < 0)
         goto out;
-    double agreed[2] = {est[0], est[1]}, tokens[LOCO_MAX_PEERS] = {0};
-    tokens[x->me] = x->tokens;
-    rc = recv_estimates(&p, agreed, tokens);
-    if (rc == 0 && x->tokens > 0)
-        rc = loco_outer_set_weights(o, tokens);
+    double agreed[2] = {est[0], est[1]};
+    rc = recv_estimates(&p, agreed);
     s.agreed_rtt_s = agreed[0];
     s.agreed_bytes_per_s = -agreed[1];
     rc = finish(&p, th, rc == 0 ? reduce_stage(&p, &s) : rc);
