@@ -24,72 +24,18 @@
  * (zero_plan.c), walked by zero_exec.c for the hooks; this file is the
  * host executor: its ops move host buffers over the dp communicator.
  *
+ * Keeping the copies of a parameter alike across ranks after an update is
+ * zero_replicas.c's.
+ *
  * One file: the host executor of the ZeRO plan (zero_plan.c, zero_exec.c):
  * its ops table, the pipeline's range reductions and the sharded AdamW step
  * share the one state they all move. */
-#include "inner/parallel/parallel.h"
+#include "inner/parallel/zero_internal.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
 #include <string.h>
 
-#define MAX_RANGES 4096
-#define MAX_GATHERS (2 * LOCO_GPT_MAX_CHUNKS + 2)
-
-/* A unit buffer at stages 2-3 (the walker keeps its state): gradients,
- * reduce-scatter staging and, at stage 3, gathered parameters. */
-typedef struct {
-    float *params;  /* unit-sized (stage 3) */
-    float *grads;   /* unit-sized */
-    float *staging; /* receives this rank's part of the reduced unit */
-} slot;
-
-struct loco_zero {
-    loco_gpt *m;
-    loco_comm *dp;
-    int stage, rank, n;
-    size_t P;        /* parameters */
-    size_t lo, hi;   /* owned range */
-    loco_zero_plan plan;
-    loco_zero_exec *exec; /* the plan's walker, driven by the model's hooks */
-    size_t *counts;  /* (n) scratch for v-collective counts */
-    loco_adamw opt;
-    size_t opt_lo, opt_hi;
-    float *pshard;   /* stage 3: owned parameters */
-    float *gshard;   /* stages 2-3: owned gradients */
-    slot slots[LOCO_ZERO_SLOTS]; /* stages 2-3 */
-    uint64_t version; /* of the owned parameters (stage 3's gathered slots) */
-    loco_comm_req *ranges[MAX_RANGES]; /* pipeline: reductions in flight */
-    int n_ranges;
-    size_t gathered_bytes;
-    float *rep_buf;  /* tp: the replicated pieces of the owned range */
-    size_t n_rep;
-    /* tp: runs of the owned range that a group of tp ranks holds alike (a
-     * key/value head shared by rep ranks when the model has fewer kv heads
-     * than tp ranks), the same runs on every tp rank; their values are the
-     * group's first rank's. shared_buf: (tp x n_shared) gathered pieces. */
-    struct shared_run {
-        size_t at, len;
-        int rep;
-    } *shared;
-    int n_runs;
-    size_t n_shared;
-    float *shared_buf;
-    /* ep: the dense (not expert) pieces of the owned range, alike on every
-     * ep rank; ep rank 0's are the values. */
-    float *dense_buf;
-    size_t n_dense;
-    loco_comm *pp;   /* pipeline group: the gradient norm sums over it (not owned) */
-    size_t ready_elems; /* pipeline: gradients reported final this step */
-    bool stale;      /* pipeline, stage 3: the model's buffer is behind the shards */
-    struct {
-        size_t lo, hi;
-        loco_comm_req *req;
-    } gathers[MAX_GATHERS]; /* pipeline, stage 3: this step's, in flight or done */
-    int n_gathers;
-    loco_comm *ep;   /* expert parallelism (not owned), NULL without */
-    bool *expert;    /* (tensors) ep: whether tensor i is an expert's */
-};
 
 void loco_zero_owned(size_t total, int r, int n, size_t *lo, size_t *hi) {
     *lo = total * (size_t)r / (size_t)n;
@@ -323,154 +269,6 @@ static double tp_sumsq(const loco_zero *z, const float *g, size_t lo, size_t hi,
     return s;
 }
 
-enum { REP_COUNT, REP_PACK, REP_UNPACK };
-enum { PIECES_TP_REPLICATED, PIECES_EP_DENSE };
-
-/* Walks the pieces of the owned range that several ranks hold alike
- * (which: tensors replicated over tp, or the dense tensors every ep rank
- * holds): counts them, packs them from the owned parameters into buf, or
- * unpacks buf back. Returns the elements walked. */
-static size_t replicated_pieces_of(const loco_zero *z, int which, float *data, float *buf,
-                                   int what) {
-    const loco_gpt *m = z->m;
-    size_t at = 0;
-    for (int i = 0; i < loco_gpt_table(m)->n; i++) {
-        const loco_tensor *t = &loco_gpt_table(m)->t[i];
-        size_t a = t->offset > z->lo ? t->offset : z->lo;
-        size_t b = t->offset + t->numel < z->hi ? t->offset + t->numel : z->hi;
-        const bool alike = which == PIECES_TP_REPLICATED ? loco_gpt_tensor_replicated(m, i)
-                                                         : !z->expert[i];
-        if (a >= b || !alike)
-            continue;
-        if (what == REP_PACK)
-            memcpy(buf + at, data + (a - z->lo), (b - a) * sizeof(float));
-        else if (what == REP_UNPACK)
-            memcpy(data + (a - z->lo), buf + at, (b - a) * sizeof(float));
-        at += b - a;
-    }
-    return at;
-}
-
-static size_t replicated_pieces(const loco_zero *z, float *data, float *buf, int what) {
-    return replicated_pieces_of(z, PIECES_TP_REPLICATED, data, buf, what);
-}
-
-/* The shared key/value runs of the owned range (see struct loco_zero):
- * each local tensor with fused parts is walked one row along its split
- * dimension (the pattern repeats for every index before it); counted when
- * runs is NULL. */
-static int shared_runs(loco_zero *z, struct shared_run *runs, int *n_runs, size_t *n_elems) {
-    const loco_gpt *m = z->m;
-    const int t = loco_gpt_cfg(m)->tp, k = loco_gpt_tp_rank(m);
-    *n_runs = 0, *n_elems = 0;
-    loco_gpt_config one = *loco_gpt_cfg(m);
-    one.tp = 1, one.ep = 1, one.ep_rank = 0;
-    loco_ttable whole;
-    LOCO_CHECK(loco_gpt_build_table(&whole, &one));
-    for (int i = 0; i < loco_gpt_table(m)->n; i++) {
-        const loco_tensor *lt = &loco_gpt_table(m)->t[i];
-        const int w = loco_ttable_find(&whole, lt->name);
-        if (lt->split_dim < 0 || w < 0 || !whole.t[w].part_len[0])
-            continue;
-        size_t outer = 1;
-        for (int d = 0; d < lt->split_dim; d++)
-            outer *= (size_t)lt->shape[d];
-        const size_t row = lt->numel / outer;
-        for (size_t j = 0; j < row;) {
-            size_t g;
-            const int rep = loco_gpt_tp_global(&whole.t[w], t, k, j, &g)
-                                ? (int)loco_gpt_tp_replicas(&whole.t[w], t, g)
-                                : 1;
-            size_t e = j + 1;
-            while (e < row && loco_gpt_tp_global(&whole.t[w], t, k, e, &g) &&
-                   (int)loco_gpt_tp_replicas(&whole.t[w], t, g) == rep)
-                e++;
-            for (size_t o = 0; rep > 1 && o < outer; o++) {
-                const size_t a0 = lt->offset + o * row + j, b0 = lt->offset + o * row + e;
-                const size_t a = a0 > z->lo ? a0 : z->lo, b = b0 < z->hi ? b0 : z->hi;
-                if (a >= b)
-                    continue;
-                if (runs)
-                    runs[*n_runs] = (struct shared_run){.at = a, .len = b - a, .rep = rep};
-                ++*n_runs;
-                *n_elems += b - a;
-            }
-            j = e;
-        }
-    }
-    loco_ttable_fini(&whole);
-    return 0;
-}
-
-static int plan_replicas(loco_zero *z) {
-    const loco_gpt *m = z->m;
-    if (loco_gpt_parallel_of(m)->tp) {
-        z->n_rep = replicated_pieces(z, NULL, NULL, REP_COUNT);
-        z->rep_buf = loco_alloc((z->n_rep ? z->n_rep : 1) * sizeof(float));
-        if (!z->rep_buf)
-            return LOCO_ERR(LOCO_ENOMEM, "replicated parameters of %zu elements", z->n_rep);
-        LOCO_CHECK(shared_runs(z, NULL, &z->n_runs, &z->n_shared));
-        if (z->n_runs > 0) {
-            const size_t t = (size_t)loco_gpt_cfg(m)->tp;
-            z->shared = loco_alloc((size_t)z->n_runs * sizeof *z->shared);
-            z->shared_buf = loco_alloc(t * z->n_shared * sizeof(float));
-            if (!z->shared || !z->shared_buf)
-                return LOCO_ERR(LOCO_ENOMEM, "shared key/value heads of %zu elements",
-                                z->n_shared);
-            LOCO_CHECK(shared_runs(z, z->shared, &z->n_runs, &z->n_shared));
-        }
-    }
-    return 0;
-}
-
-/* Training keeps the copies equal (their gradients are reduced alike); an
- * update that is not the same on every rank (the outer step's lossy codec
- * cuts each rank's range into its own quantisation blocks) would not: the
- * group's first rank's values become everyone's. */
-int loco_zero_sync_replicas(loco_zero *z) {
-    float *data = loco_zero_owned_params(z);
-    loco_comm *tp = loco_gpt_parallel_of(z->m)->tp;
-    /* The owned range is the same on every tp rank (same slice table, same
-     * dp split), so the packed pieces line up. */
-    if (tp && z->n_rep > 0) {
-        replicated_pieces(z, data, z->rep_buf, REP_PACK);
-        LOCO_CHECK(loco_comm_broadcast(tp, z->rep_buf, z->n_rep, LOCO_DT_F32, 0));
-        replicated_pieces(z, data, z->rep_buf, REP_UNPACK);
-    }
-    if (tp && z->n_shared > 0) {
-        const int k = loco_gpt_tp_rank(z->m), t = loco_comm_size(tp);
-        float *mine = z->shared_buf + (size_t)k * z->n_shared;
-        size_t at = 0;
-        for (int r = 0; r < z->n_runs; r++) {
-            memcpy(mine + at, data + (z->shared[r].at - z->lo), z->shared[r].len * sizeof(float));
-            at += z->shared[r].len;
-        }
-        size_t *counts = loco_alloc((size_t)t * sizeof *counts);
-        if (!counts)
-            return LOCO_ERR(LOCO_ENOMEM, "counts");
-        for (int r = 0; r < t; r++)
-            counts[r] = z->n_shared;
-        const int rc = loco_comm_allgather(tp, mine, z->shared_buf, counts, LOCO_DT_F32);
-        loco_free(counts);
-        LOCO_CHECK(rc);
-        at = 0;
-        for (int r = 0; r < z->n_runs; r++) {
-            const int src = k - k % z->shared[r].rep;
-            if (src != k)
-                memcpy(data + (z->shared[r].at - z->lo),
-                       z->shared_buf + (size_t)src * z->n_shared + at,
-                       z->shared[r].len * sizeof(float));
-            at += z->shared[r].len;
-        }
-    }
-    if (z->ep && z->n_dense > 0) {
-        replicated_pieces_of(z, PIECES_EP_DENSE, data, z->dense_buf, REP_PACK);
-        LOCO_CHECK(loco_comm_broadcast(z->ep, z->dense_buf, z->n_dense, LOCO_DT_F32, 0));
-        replicated_pieces_of(z, PIECES_EP_DENSE, data, z->dense_buf, REP_UNPACK);
-    }
-    return 0;
-}
-
 /* The plan of this rank's reductions: units only when hooks drive them
  * (a pipeline stage reports ranges instead). */
 static int plan(loco_zero *z, const loco_config *cfg) {
@@ -558,7 +356,7 @@ int loco_zero_create(loco_zero **out, loco_gpt *m, loco_comm *dp, const loco_con
                                    z->slots[loco_zero_plan_slot(&z->plan, u)].grads);
             }
     }
-    LOCO_CHECK_GOTO(plan_replicas(z), out_fail);
+    LOCO_CHECK_GOTO(loco__zero_plan_replicas(z), out_fail);
     if (!loco_gpt_stage_of(m)) {
         LOCO_CHECK_GOTO(loco_zero_exec_create(&z->exec, &z->plan, &host_ops, z, true), out_fail);
         loco_gpt_hooks h = {.ctx = z, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
@@ -589,11 +387,7 @@ int loco_zero_set_experts(loco_zero *z, loco_comm *ep) {
     for (int i = 0; i < loco_gpt_table(z->m)->n; i++)
         z->expert[i] = strstr(loco_gpt_table(z->m)->t[i].name, ".mlp.experts.") != NULL;
     z->ep = ep;
-    z->n_dense = replicated_pieces_of(z, PIECES_EP_DENSE, NULL, NULL, REP_COUNT);
-    z->dense_buf = loco_alloc((z->n_dense ? z->n_dense : 1) * sizeof(float));
-    if (!z->dense_buf)
-        return LOCO_ERR(LOCO_ENOMEM, "dense parameters of %zu elements", z->n_dense);
-    return 0;
+    return loco__zero_plan_dense(z);
 }
 
 /* ------------------------------------------------- over a pipeline stage */
