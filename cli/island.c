@@ -30,6 +30,9 @@ static float *device_owned(void *t, size_t *lo, size_t *hi) {
 }
 static int device_written(void *t) { return loco_trainer_device_written(t); }
 static uint64_t take_pcie_bytes(void *t) { return loco_trainer_take_pcie_bytes(t); }
+static int whole_layout(void *t, loco_ttable *whole, int64_t *idx) {
+    return loco_trainer_whole_layout(t, whole, idx);
+}
 
 /* --resume: the newest checkpoint that verifies. With none, the island
  * starts afresh (*resume NULL) and joins as a new island would: its outer
@@ -60,7 +63,8 @@ static int run_island(const loco_config *c, const char *site, const char *resume
                                   .sync = sync_params, .set_step = set_step, .set_schedule = set_schedule,
                                   .steps_done = steps_done, .device_owned = device_owned,
                                   .device_written = device_written,
-                                  .take_pcie_bytes = take_pcie_bytes};
+                                  .take_pcie_bytes = take_pcie_bytes,
+                                  .whole_layout = whole_layout};
     LOCO_CHECK(loco_island_create(is, c, site, loco_trainer_world(*t), &view, resume != NULL));
     LOCO_CHECK(loco_trainer_begin_run(*t));
     LOCO_CHECK(loco_island_set_prom(*is, loco_trainer_prom(*t)));

@@ -120,10 +120,10 @@ static bool sites_have(const char *sites, const char *site) {
     return false;
 }
 
-/* The keys that lay out a rank's share of the model: the exchange pairs
- * rank r of every island with rank r of the others, so these are one per
- * run until the exchange has a layout of its own (docs/DECISIONS.md,
- * "Per-site keys"). zero_stage and sp are not among them: every ZeRO
+/* The keys that lay out a rank's share of the model: with outer.layout =
+ * ranks the exchange pairs rank r of every island with rank r of the
+ * others, so these are one per run (docs/DECISIONS.md, "Per-site keys";
+ * outer.layout = whole lets them differ). zero_stage and sp are not among them: every ZeRO
  * stage owns the same range, sequence parallelism splits activations; the
  * pipeline schedule is (its default chunks per rank). */
 static const char *const layout_keys[] = {"dp", "tp", "pp", "cp", "ep", "pp_schedule",
@@ -134,6 +134,9 @@ int loco__config_check_site_sets(const loco_config *cfg) {
         if (cfg->outer.sites[0] && !sites_have(cfg->outer.sites, cfg->site_set[i].site))
             return LOCO_ERR(LOCO_EINVAL, "%s: [site.%s]: no such site in outer.sites (%s)",
                             cfg->site_set[i].where, cfg->site_set[i].site, cfg->outer.sites);
+    /* the whole layout lets every island have a mesh of its own */
+    if (!strcmp(cfg->outer.layout, "whole"))
+        return 0;
     loco_config *scratch = NULL;
     int rc = 0;
     for (int i = 0; i < cfg->n_site_sets && rc == 0; i++) {
@@ -153,8 +156,9 @@ int loco__config_check_site_sets(const loco_config *cfg) {
             if (strcmp(run, site)) {
                 rc = LOCO_ERR(LOCO_EINVAL,
                               "%s: [site.%s]: %s = %s differs from the run's %s: the islands of "
-                              "one run share one mesh for now (the exchange pairs rank r of "
-                              "each island with rank r of the others)",
+                              "one run share one mesh with outer.layout = ranks (the exchange "
+                              "pairs rank r of each island with rank r of the others); "
+                              "outer.layout = whole lets them differ",
                               cfg->site_set[i].where, cfg->site_set[i].site, key, site, run);
                 break;
             }

@@ -268,6 +268,46 @@ static void hold_end(loco_coord *c, int64_t s) {
                       (long long)s, esc);
 }
 
+/* The tokens island i trains on in one outer period, as its site's keys
+ * set them (outer.H x batch x seq_len x grad_accum x dp): its weight in
+ * the quorum. */
+static double site_tokens(const loco_coord *c, int i) {
+    loco_config *site = loco_alloc(sizeof *site);
+    if (!site)
+        return 1;
+    *site = c->cfg;
+    double w = 1;
+    if (loco_config_for_site(site, c->sites[i]) == 0)
+        w = (double)site->outer.H * (double)site->train.batch_size * (double)site->model.seq_len *
+            (double)site->train.grad_accum * (double)site->parallel.dp;
+    loco_free(site);
+    return w;
+}
+
+/* outer.quorum: the ready members hold that share of the members' tokens,
+ * or outer.grace_s passed since the first was ready. */
+static bool quorum_reached(loco_coord *c, int64_t s, uint64_t mem, uint64_t ready) {
+    double all = 0, have = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (!loco_quorum_has(mem, i))
+            continue;
+        const double w = site_tokens(c, i);
+        all += w;
+        have += loco_quorum_has(ready, i) ? w : 0;
+    }
+    if (have >= c->cfg.outer.quorum * all) {
+        loco_info("coordinator: outer step %lld: a quorum (%.0f%% of the tokens) is ready",
+                  (long long)s, 100 * have / all);
+        return true;
+    }
+    if (loco_now() - c->gather_t0 >= c->cfg.outer.grace_s) {
+        loco_info("coordinator: outer step %lld: outer.grace_s (%g s) passed with %.0f%% of the "
+                  "tokens ready", (long long)s, c->cfg.outer.grace_s, 100 * have / all);
+        return true;
+    }
+    return false;
+}
+
 int loco__coord_try_go(loco_coord *c) {
     if (!c->started || c->exchanging)
         return 0;
@@ -286,12 +326,22 @@ int loco__coord_try_go(loco_coord *c) {
     if (!c->gather_t0)
         c->gather_t0 = loco_now();
     if (ready != mem) {
-        if (strcmp(c->cfg.faulttol.straggler_policy, "drop") ||
-            loco_now() - c->gather_t0 < c->cfg.faulttol.straggler_ms / 1e3)
+        const bool quorum = c->cfg.outer.quorum > 0;
+        if (quorum ? !quorum_reached(c, s, mem, ready)
+                   : strcmp(c->cfg.faulttol.straggler_policy, "drop") ||
+                         loco_now() - c->gather_t0 < c->cfg.faulttol.straggler_ms / 1e3)
             return 0;
         for (int i = 0; i < c->n; i++)
             if (loco_quorum_has(mem & ~ready, i)) {
                 c->isl[i].status = OUT;
+                if (quorum) { /* late, not suspect: its work comes with its next contribution */
+                    loco_info("coordinator: outer step %lld goes without %s (late; it fetches "
+                              "the step and folds its work into its next contribution)",
+                              (long long)s, c->sites[i]);
+                    loco__coord_event(c, "\"kind\":\"late\",\"site\":\"%s\",\"outer_step\":%lld",
+                                      c->sites[i], (long long)s);
+                    continue;
+                }
                 c->n_suspicions++;
                 c->n_ejected++;
                 loco_warn("coordinator: %s is not ready for outer step %lld after %lld ms: left "
@@ -302,7 +352,8 @@ int loco__coord_try_go(loco_coord *c) {
                                   c->sites[i]);
             }
         uint64_t keep = ready;
-        LOCO_CHECK(loco__coord_new_epoch(c, "stragglers left out"));
+        LOCO_CHECK(loco__coord_new_epoch(c, quorum ? "late islands left out of a step"
+                                                   : "stragglers left out"));
         /* The ready ones stay ready: they need not say it again. */
         for (int i = 0; i < c->n; i++)
             if (loco_quorum_has(keep, i))

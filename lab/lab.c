@@ -67,6 +67,9 @@ int loco_lab_check(const loco_config *cfg, char *why, size_t cap) {
     else if (!strcmp(c->outer.sync, "time"))
         no = "outer.sync = time depends on each island's wall clock: the lab runs its islands "
              "in lockstep (outer.sync = steps)";
+    else if (c->outer.quorum > 0)
+        no = "outer.quorum depends on which island is ready first: the lab runs its islands in "
+             "lockstep (outer.quorum = 0)";
     else if (c->n_site_sets > 0)
         no = "[site.NAME] keys: the lab's islands are alike (one config for all)";
     else if (n_sites(c, &K) < 0 || K < 2)

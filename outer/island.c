@@ -2,8 +2,8 @@
  * (DiLoCo: every outer.H inner steps; Streaming DiLoCo: fragment
  * (s - 1) mod F after inner step s · H / F, its exchange overlapping
  * outer.overlap inner steps), the merge of a fragment's new θ_global into
- * θ_local, outer-state checkpoints and the records of outer.jsonl.
- * docs/STREAMING.md states the rules. */
+ * θ_local and outer-state checkpoints (outer.jsonl's records:
+ * island_record.c). docs/STREAMING.md states the rules. */
 #include "outer/island_internal.h"
 
 #include <limits.h>
@@ -25,6 +25,44 @@ int loco__island_merge(island *is, int f, float alpha) {
     return is->in.sync(is->in.ctx);
 }
 
+int loco__island_keep_late(island *is) {
+    size_t lo, hi;
+    const float *own = is->in.owned(is->in.ctx, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
+    if (!is->late && !(is->late = loco_alloc((hi - lo + 1) * sizeof(float))))
+        return LOCO_ERR(LOCO_ENOMEM, "late pseudo-gradient of %zu elements", hi - lo);
+    const float *theta = loco_outer_theta(is->outer[0]);
+    for (size_t i = 0; i < hi - lo; i++)
+        is->late[i] = theta[i] - own[i];
+    is->late_base = is->committed;
+    is->late_held = true;
+    return 0;
+}
+
+/* FedAsync's polynomial staleness (Xie et al. 2019, a = 1): a
+ * pseudo-gradient made against θ_global of step b, applied on top of step
+ * c, counts 1 / (1 + c − b): late work is used and damped, not lost (drop)
+ * nor taken at full weight against a model that moved on. */
+int loco__island_fold_late(island *is) {
+    if (!is->late_held)
+        return 0;
+    is->late_held = false;
+    size_t lo, hi;
+    float *own = is->in.owned(is->in.ctx, &lo, &hi);
+    if (!own)
+        return LOCO_ERR(LOCO_EIO, "island: the parameters are not readable: %s", loco_errmsg());
+    const int64_t s = is->committed - is->late_base;
+    const float w = 1.0f / (float)(1 + s);
+    for (size_t i = 0; i < hi - lo; i++)
+        own[i] -= w * is->late[i];
+    if (is->rank == 0)
+        loco_info("island %s: its work against outer step %lld folded into θ_local at outer "
+                  "step %lld, weight 1/%lld", is->site, (long long)is->late_base,
+                  (long long)is->committed, (long long)(1 + s));
+    return is->in.sync(is->in.ctx);
+}
+
 int loco__island_adopt_global(island *is) {
     size_t lo, hi;
     float *own = is->in.owned(is->in.ctx, &lo, &hi);
@@ -36,106 +74,6 @@ int loco__island_adopt_global(island *is) {
     return is->in.sync(is->in.ctx);
 }
 
-/* ---------------------------------------------------------- outer.jsonl */
-
-void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
-                         const loco_exchange_stats *st, const double *sums, uint64_t h,
-                         int n_members) {
-    char hh[17];
-    loco_hash_hex(h, hh);
-    /* Utilisation: the share of wall time since the last record that the
-     * inner loop was not held by the outer loop. */
-    const double now = loco_now();
-    const double wait = is->wait_acc + (now - is->call_t0), wall = now - is->last_record_t;
-    is->wait_acc = 0;
-    is->call_t0 = is->last_record_t = now;
-    loco_info("outer step %lld (inner %lld, epoch %llu, %d islands%s) | sent %.2f MB for %.2f "
-              "MB raw (x%.1f) | exchange %.3f s | waited %.3f of %.3f s | θ %s",
-              (long long)outer, (long long)inner, (unsigned long long)is->q.epoch, n_members,
-              is->fr.F > 1 ? ", a fragment" : "", sums[1] / 1e6, sums[0] / 1e6,
-              sums[1] > 0 ? sums[0] / sums[1] : 0.0, sums[3], wait, wall, hh);
-    loco_metrics_begin(is->metrics);
-    loco_metrics_int(is->metrics, "outer_step", outer);
-    loco_metrics_int(is->metrics, "step", inner);
-    loco_metrics_int(is->metrics, "epoch", (int64_t)is->q.epoch);
-    loco_metrics_int(is->metrics, "members", n_members);
-    loco_metrics_int(is->metrics, "fragment", frag);
-    loco_metrics_int(is->metrics, "overlap", is->sync.overlapped ? is->overlap : 0);
-    loco_metrics_num(is->metrics, "bytes_raw", sums[0]);
-    loco_metrics_num(is->metrics, "bytes_sent", sums[1]);
-    loco_metrics_num(is->metrics, "bytes_received", sums[2]);
-    loco_metrics_num(is->metrics, "compression_ratio", sums[1] > 0 ? sums[0] / sums[1] : 0);
-    loco_metrics_num(is->metrics, "exchange_s", sums[3]);
-    loco_metrics_num(is->metrics, "delta_ratio", sums[4]);
-    loco_metrics_num(is->metrics, "inner_wait_s", sums[3] + st->encode_s + st->apply_s);
-    loco_metrics_num(is->metrics, "wait_s", wait);
-    loco_metrics_num(is->metrics, "ready_wait_s", is->sync.ready_s);
-    loco_metrics_num(is->metrics, "exchange_wait_s", is->sync.join_s);
-    loco_metrics_num(is->metrics, "commit_wait_s", is->sync.done_s);
-    loco_metrics_num(is->metrics, "wall_s", wall);
-    loco_metrics_num(is->metrics, "utilisation", wall > 0 ? 1 - wait / wall : 1);
-    loco_metrics_str(is->metrics, "theta_hash", hh);
-    loco_metrics_str(is->metrics, "algorithm",
-                     is->algo == LOCO_EXCHANGE_RSAG ? "rsag" : "allgather");
-    loco_metrics_int(is->metrics, "zstd", st->zstd);
-    loco_metrics_num(is->metrics, "sender_encode_s", st->sender_encode_s);
-    loco_metrics_num(is->metrics, "pcie_bytes", is->sync.pcie);
-    loco_metrics_end(is->metrics);
-    loco_prom *p = is->prom;
-    loco_prom_set(p, "loco_island_outer_step", NULL, (double)outer);
-    loco_prom_set(p, "loco_island_outer_inner_step", NULL, (double)inner);
-    loco_prom_set(p, "loco_island_epoch", NULL, (double)is->q.epoch);
-    loco_prom_set(p, "loco_island_members", NULL, n_members);
-    loco_prom_add(p, "loco_island_bytes_sent_total", NULL, sums[1]);
-    loco_prom_add(p, "loco_island_bytes_received_total", NULL, sums[2]);
-    loco_prom_add(p, "loco_island_bytes_raw_total", NULL, sums[0]);
-    loco_prom_set(p, "loco_island_delta_ratio", NULL, sums[4]);
-    loco_prom_set(p, "loco_island_exchange_seconds", NULL, sums[3]);
-    loco_prom_set(p, "loco_island_utilisation", NULL, wall > 0 ? 1 - wait / wall : 1);
-    loco_prom_set_only(p, "loco_island_theta_hash_info", hh, 1);
-}
-
-/* The live metrics of loco__island_record (docs/METRICS.md). */
-static const struct {
-    const char *name;
-    loco_prom_type type;
-    const char *label;
-    const char *help;
-} island_metrics[] = {
-    {"loco_island_info", LOCO_PROM_GAUGE, "site", "always 1; the label is this island's site"},
-    {"loco_island_outer_step", LOCO_PROM_GAUGE, NULL, "last outer step this island committed"},
-    {"loco_island_outer_inner_step", LOCO_PROM_GAUGE, NULL,
-     "inner step at which the last committed outer step was taken"},
-    {"loco_island_epoch", LOCO_PROM_GAUGE, NULL, "quorum epoch of the last committed outer step"},
-    {"loco_island_members", LOCO_PROM_GAUGE, NULL, "islands in the last committed outer step"},
-    {"loco_island_bytes_sent_total", LOCO_PROM_COUNTER, NULL,
-     "encoded pseudo-gradient bytes the island's ranks sent to other islands"},
-    {"loco_island_bytes_received_total", LOCO_PROM_COUNTER, NULL,
-     "encoded pseudo-gradient bytes the island's ranks received from other islands"},
-    {"loco_island_bytes_raw_total", LOCO_PROM_COUNTER, NULL,
-     "fp32 bytes those exchanges would have taken uncompressed"},
-    {"loco_island_delta_ratio", LOCO_PROM_GAUGE, NULL,
-     "largest ratio of an island's chunk norm to the median of the others' seen at the last outer "
-     "step (what outer.max_delta_ratio bounds)"},
-    {"loco_island_exchange_seconds", LOCO_PROM_GAUGE, NULL,
-     "wall time of the last outer step's exchange (slowest rank)"},
-    {"loco_island_utilisation", LOCO_PROM_GAUGE, NULL,
-     "share of wall time since the previous outer step that the inner loop was not held"},
-    {"loco_island_theta_hash_info", LOCO_PROM_GAUGE, "hash",
-     "always 1; the label is the theta_global hash of the last committed outer step"},
-};
-
-int loco_island_set_prom(loco_island *is, loco_prom *p) {
-    if (!p)
-        return 0;
-    for (size_t i = 0; i < sizeof island_metrics / sizeof *island_metrics; i++)
-        LOCO_CHECK(loco_prom_declare(p, island_metrics[i].name, island_metrics[i].type,
-                                     island_metrics[i].label, island_metrics[i].help));
-    loco_prom_set(p, "loco_island_info", is->site, 1);
-    is->prom = p;
-    return 0;
-}
-
 /* ------------------------------------------------------- outer-state files */
 
 /* The outer state next to the inner checkpoint of the same step
@@ -144,6 +82,8 @@ int loco_island_set_prom(loco_island *is, loco_prom *p) {
  * in flight is carried to its commit first; its merge stays due at its
  * step, and the file says so. */
 int loco_island_save(loco_island *is, int64_t step) {
+    if (is->whole)
+        return loco__whole_save(is, step);
     if (is->sync.active)
         LOCO_CHECK(loco__island_sync_finish(is));
     char fin[PATH_MAX], tmp[PATH_MAX + 8], file[PATH_MAX + 64];
@@ -237,6 +177,11 @@ static int check_streaming(const loco_config *c) {
                                      "(outer.fragments = %lld, outer.overlap = %lld, "
                                      "outer.merge_alpha = %g)",
                         (long long)F, (long long)c->outer.overlap, c->outer.merge_alpha);
+    if (c->outer.quorum > 0 && (F != 1 || c->outer.overlap || c->outer.merge_alpha ||
+                                !strcmp(c->faulttol.straggler_policy, "drop")))
+        return LOCO_ERR(LOCO_EINVAL, "outer.quorum = %g: one fragment without overlap, and "
+                                     "faulttol.straggler_policy = wait (the quorum decides who "
+                                     "is left out)", c->outer.quorum);
     return 0;
 }
 
@@ -250,6 +195,8 @@ bool loco_island_outer_on_device(const loco_config *c, int ranks, char *why, siz
         no = "streaming (outer.fragments, outer.overlap or outer.merge_alpha set)";
     else if (strcmp(c->outer.algorithm, "allgather"))
         no = "outer.algorithm is not allgather";
+    else if (c->outer.quorum > 0)
+        no = "outer.quorum (a late island's work is kept and folded on the host)";
 #ifndef LOCO_HAVE_CUDA
     else
         no = "a build without the CUDA toolkit";
@@ -401,6 +348,13 @@ static int setup(island *is, const loco_config *cfg, const char *site, struct lo
 
 int loco_island_create(loco_island **out, const loco_config *cfg, const char *site,
                        struct loco_comm *world, const loco_inner_view *inner, bool resumed) {
+    if (!strcmp(cfg->outer.layout, "whole"))
+        return loco__whole_create(out, cfg, site, world, inner, resumed);
+    return loco__island_create_on(out, cfg, site, world, inner, resumed);
+}
+
+int loco__island_create_on(loco_island **out, const loco_config *cfg, const char *site,
+                           struct loco_comm *world, const loco_inner_view *inner, bool resumed) {
     *out = NULL;
     island *is = loco_alloc(sizeof *is);
     if (!is)
@@ -418,6 +372,10 @@ int loco_island_create(loco_island **out, const loco_config *cfg, const char *si
 void loco_island_destroy(loco_island *is) {
     if (!is)
         return;
+    if (is->whole) {
+        loco__whole_destroy(is);
+        return;
+    }
     if (is->sync.threaded)
         pthread_join(is->sync.thread, NULL); /* nothing may run on freed state */
     loco__island_drop_links(is);
@@ -426,15 +384,20 @@ void loco_island_destroy(loco_island *is) {
         loco_outer_destroy(is->outer[f]);
     loco_fragments_fini(&is->fr);
     loco_free(is->packed);
+    loco_free(is->late);
     loco_session_destroy(is->session);
     loco_quorum_fini(&is->q);
     loco_metrics_close(is->metrics);
     loco_free(is);
 }
 
-bool loco_island_finished(const loco_island *is) { return is->finished; }
+bool loco_island_finished(const loco_island *is) {
+    return is->whole ? loco__whole_finished(is) : is->finished;
+}
 
 int64_t loco_island_end_step(const loco_island *is) {
+    if (is->whole)
+        return loco__whole_end_step(is);
     if (!is->timed)
         return is->end_step;
     if (is->final_committed)
@@ -552,6 +515,8 @@ static int after_step(island *is, int64_t s) {
 }
 
 int loco_island_after_step(loco_island *is, int64_t step, double step_s) {
+    if (is->whole)
+        return loco__whole_after_step(is, step, step_s);
     loco_faults_inject(&is->f, step, step_s, is->links, &is->q);
     is->call_t0 = loco_now();
     int rc = after_step(is, step);
@@ -561,6 +526,8 @@ int loco_island_after_step(loco_island *is, int64_t step, double step_s) {
 }
 
 int loco_island_leave(loco_island *is) {
+    if (is->whole)
+        return loco__whole_leave(is);
     const loco_config *c = &is->cfg;
     /* The coordinator's final word: every member's last θ_global agreed. */
     int rc = is->rank == 0 ? loco_session_leave(is->session, (int)c->faulttol.timeout_ms) : 0;

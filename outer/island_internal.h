@@ -43,7 +43,11 @@ typedef struct {
     double pcie;       /* island total: bytes across PCIe since the last record */
 } loco_sync;
 
+/* outer.layout = whole (island_whole.c). */
+typedef struct loco_whole loco_whole;
+
 struct loco_island {
+    loco_whole *whole;          /* outer.layout = whole: a shell around it, the rest unused */
     loco_config cfg;
     char site[LOCO_NET_NAME_MAX];
     int id, K;
@@ -82,6 +86,12 @@ struct loco_island {
     double sync_t0;
     int64_t last_sync_inner;    /* inner step of the last outer step (or of the start) */
     int64_t stop_step;
+    /* outer.quorum: the pseudo-gradient of a period whose outer step went
+     * without this island (against θ_global of late_base), folded into
+     * θ_local once it is a member again (loco__island_fold_late). */
+    float *late;
+    int64_t late_base;
+    bool late_held;
     loco_exchange_algo algo;
     bool auto_algo, measure;    /* outer.algorithm = auto; links measured, not configured */
     uint64_t algo_epoch;        /* auto: the quorum epoch whose members chose is->algo
@@ -122,12 +132,33 @@ void loco__island_ready_ahead(island *is, int64_t outer);
 int loco__island_rejoin(island *is);
 
 /* island.c */
+/* loco_island_create on the ranks of `world`, in the layout of `inner`'s
+ * table. */
+int loco__island_create_on(loco_island **out, const loco_config *cfg, const char *site,
+                           struct loco_comm *world, const loco_inner_view *inner, bool resumed);
 /* θ_local ← α θ_local + (1 − α) θ_global on fragment f (α = 0: a copy). */
 int loco__island_merge(island *is, int f, float alpha);
+/* outer.quorum: an outer step went without this island; its work of the
+ * period is kept (θ_global − θ_local) ... */
+int loco__island_keep_late(island *is);
+/* ... and once it is a member again, θ_local −= Δ / (1 + s), s the outer
+ * steps committed since the θ_global it was made against. */
+int loco__island_fold_late(island *is);
 /* θ_local ← θ_global on every fragment. */
 int loco__island_adopt_global(island *is);
 void loco__island_record(island *is, int64_t outer, int64_t inner, int frag,
                          const loco_exchange_stats *st, const double *sums, uint64_t h,
                          int n_members);
+
+/* island_whole.c: the island's calls under outer.layout = whole. */
+int loco__whole_create(loco_island **out, const loco_config *cfg, const char *site,
+                       struct loco_comm *world, const loco_inner_view *inner, bool resumed);
+int loco__whole_after_step(loco_island *is, int64_t step, double step_s);
+int loco__whole_save(loco_island *is, int64_t step);
+int loco__whole_leave(loco_island *is);
+bool loco__whole_finished(const loco_island *is);
+int64_t loco__whole_end_step(const loco_island *is);
+int loco__whole_set_prom(loco_island *is, loco_prom *p);
+void loco__whole_destroy(loco_island *is);
 
 #endif

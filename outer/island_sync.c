@@ -89,6 +89,9 @@ int loco__island_join(island *is) {
                  (long long)is->cfg.parallel.pp, is->cfg.parallel.pp_schedule,
                  (long long)is->cfg.parallel.virtual_stages, (long long)is->cfg.parallel.cp,
                  (long long)is->cfg.parallel.ep);
+        /* outer.layout = whole: no island's mesh lays out the exchange */
+        if (!strcmp(is->cfg.outer.layout, "whole"))
+            snprintf(mesh, sizeof mesh, "whole model on rank 0");
         static const char *const agree[] = {"model", "outer", "compress", NULL};
         loco_island_info me = {.site = is->site, .n_ranks = is->ranks,
                                .addrs = (const char (*)[LOCO_ADDR_MAX])addrs, .mesh = mesh,
@@ -613,8 +616,12 @@ int loco__island_sync(island *is, int64_t outer, int64_t inner, int frag, bool o
         is->finished = true;
         return 0;
     }
-    if (v == LOCO_VERDICT_JOIN || !loco_quorum_has(is->q.members, is->id))
+    if (v == LOCO_VERDICT_JOIN || !loco_quorum_has(is->q.members, is->id)) {
+        /* quorum mode: left out as late, its period's work is kept */
+        if (is->cfg.outer.quorum > 0 && !is->late_held)
+            LOCO_CHECK(loco__island_keep_late(is));
         return loco__island_rejoin(is);
+    }
     *y = (loco_sync){.active = true, .outer = outer, .inner = inner, .frag = frag,
                      .ready_s = ready_s};
     loco_outer_save(is->outer[frag]);
@@ -730,7 +737,8 @@ int loco__island_rejoin(island *is) {
         if (loco_quorum_has(is->q.members, is->id)) {
             if (!is->timed)
                 is->in.set_step(is->in.ctx, is->committed * P);
-            return 0; /* a member again: the training loop goes on from here */
+            /* a member again: the training loop goes on from here */
+            return loco__island_fold_late(is);
         }
         loco_sync *y = &is->sync;
         *y = (loco_sync){.active = true, .outer = s, .inner = at,
@@ -756,6 +764,6 @@ int loco__island_rejoin(island *is) {
         if (is->rank == 0)
             loco_info("rejoin: %s is a member again from outer step %lld (inner step %lld)",
                       is->site, (long long)s, (long long)at);
-        return 0;
+        return loco__island_fold_late(is);
     }
 }

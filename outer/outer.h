@@ -358,6 +358,10 @@ typedef struct {
     /* Bytes the trainer moved across PCIe since the last call (0 on the
      * host), for outer.jsonl's pcie_bytes. */
     uint64_t (*take_pcie_bytes)(void *ctx);
+    /* Needed with outer.layout = whole: the whole model's table (tp = 1,
+     * no stage, every expert) into *whole and each owned element's index
+     * in it (-1: vocabulary padding) into idx[0 .. hi-lo). */
+    int (*whole_layout)(void *ctx, loco_ttable *whole, int64_t *idx);
 } loco_inner_view;
 
 /* Whether the island's outer state lives on the device

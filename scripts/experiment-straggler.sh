@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The straggler experiment (docs/EXPERIMENTS.md, "A straggler: lockstep
-# against time-based outer steps"): three islands, one slowed FACTOR times
+# The straggler experiment (docs/EXPERIMENTS.md, "A straggler: lockstep,
+# time-based and quorum outer steps"): three islands, one slowed FACTOR times
 # (faults.slow), trained
 #   lockstep  outer.sync = steps: an outer step every outer.H inner steps;
 #             the fast islands wait for the slow one at every step;
@@ -12,8 +12,11 @@
 #             about the tokens the time run trained (equal tokens);
 #   drop      lockstep with faulttol.straggler_policy = drop: an island
 #             not ready 50 ms after the first is left out of the step and
-#             catches up by state transfer (its work lost): the nearest
-#             thing to a quorum mode that exists.
+#             catches up by state transfer (its work lost);
+#   quorum    lockstep with outer.quorum = 0.6: a step goes once two of the
+#             three islands are ready; the late one fetches it and folds
+#             its work, damped by 1/(1 + steps late), into its next
+#             contribution.
 # For each: wall seconds, outer steps, inner steps per island, tokens
 # trained, the fast islands' compute utilisation (outer.jsonl: the share
 # of wall time not spent waiting on the outer loop), the final validation
@@ -101,13 +104,16 @@ run tokens $((tok_outer * H))
 tokens=$(summary tokens)
 run drop "$lock_steps" --set faulttol.straggler_policy=drop --set faulttol.straggler_ms=50
 drop=$(summary drop)
+run quorum "$lock_steps" --set outer.quorum=0.6 --set outer.grace_s=60
+quorum=$(summary quorum)
 
-python3 - "$lock" "$timed" "$tokens" "$period" "$factor" "$drop" <<'EOF'
+python3 - "$lock" "$timed" "$tokens" "$period" "$factor" "$drop" "$quorum" <<'EOF'
 import json, sys
 rows = [("lockstep (outer.sync = steps)", json.loads(sys.argv[1])),
         (f"time (outer.period_s = {sys.argv[4]})", json.loads(sys.argv[2])),
         ("lockstep at the time run's tokens", json.loads(sys.argv[3])),
-        ("lockstep, stragglers dropped after 50 ms", json.loads(sys.argv[6]))]
+        ("lockstep, stragglers dropped after 50 ms", json.loads(sys.argv[6])),
+        ("quorum (outer.quorum = 0.6), late work folded", json.loads(sys.argv[7]))]
 print(f"siteC slowed {sys.argv[5]}x (faults.slow); three islands of configs/faults-kill.ini\n")
 print("| mode | wall s | outer steps | inner steps A / B / C | tokens (M) | utilisation A / B / C "
       "| val loss | MB sent per island |")

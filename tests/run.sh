@@ -77,13 +77,7 @@ step_failed() {
 rc=0
 run_marked "$log" 1 "$build/tests/loco_tests" "${args[@]}" || rc=$?
 [ "$rc" -eq 0 ] || step_failed "Criterion tests ($build/tests/loco_tests)" "$rc"
-# Name the failures at the end, where CI logs are read.
-grep -a "^\[FAIL\]" "$log" || true
-# Criterion 2.4 also exits 1 when a test logged a warning (cr_log_warn) or
-# an error, every test passing: name those lines.
-if [ "$rc" -ne 0 ] && ! grep -aq "^\[FAIL\]" "$log"; then
-  grep -a "^\[WARN\]\|^\[ERR\]" "$log" || true
-fi
+criterion_rc=$rc
 if [ -z "${LOCO_TEST_FILTER:-}" ]; then
   if [ -x tests/fuzz.sh ]; then
     rc=0
@@ -127,6 +121,20 @@ if [ "$left_behind" -gt 0 ]; then
   [ "$status" -ne 0 ] || status=1
 else
   echo "tests: ${passed:-0} passed, $(( ${failing:-0} + ${crashing:-0} )) failed"
+fi
+# The failures at the very end, where CI logs are read (only the tail may
+# be kept): each failed test, after its assertions ("[----] file:line:
+# Assertion Failed" and the first lines of the message).
+if grep -aq "^\[FAIL\]" "$log"; then
+  echo "failed tests, with their assertions:"
+  awk '/^\[----\] [^ ]*:[0-9]+: / { print; n = 5; next }
+       /^\[----\]   / && n > 0 { if ($0 !~ /^\[----\]   *$/) { print; n-- }; next }
+       /^\[FAIL\]/ { print; n = 0 }' "$log" | cut -c 1-300 || true
+fi
+# Criterion 2.4 also exits 1 when a test logged a warning (cr_log_warn) or
+# an error, every test passing: name those lines.
+if [ "$criterion_rc" -ne 0 ] && ! grep -aq "^\[FAIL\]" "$log"; then
+  grep -a "^\[WARN\]\|^\[ERR\]" "$log" || true
 fi
 for s in "${failed_steps[@]}"; do
   echo "failed: $s"

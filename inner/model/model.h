@@ -1,7 +1,8 @@
 /* inner/model/ — GPT-2 over flat, layer-major parameter and gradient
  * buffers: the block description every path reads, its tensor / sequence /
  * context / expert splits and pipeline stages, recompute, evaluation and
- * generation, and the same model on a GPU (loco_gpt_cuda). */
+ * generation, and the same model on a GPU (loco_gpt_cuda). One file: the
+ * room's one public header (STYLE.md), its sections in that order. */
 #ifndef LOCO_INNER_MODEL_H
 #define LOCO_INNER_MODEL_H
 
@@ -295,6 +296,16 @@ size_t loco_gpt_tp_replicas(const loco_tensor *gt, int t, size_t g);
 /* The inverse: element j of tp rank k's slice of gt -> *g in the whole
  * tensor; false for vocabulary padding (no whole-tensor element). */
 bool loco_gpt_tp_global(const loco_tensor *gt, int t, int k, size_t j, size_t *g);
+/* The whole model's table (tp = 1, no pipeline stage, every expert: the
+ * export order) for m's config, into *whole (loco_ttable_fini it). */
+int loco_gpt_build_whole_table(const loco_gpt *m, loco_ttable *whole);
+/* For elements [lo, hi) of m's flat buffer (a tp slice, a stage, an ep
+ * rank's experts), each one's index in the whole model's flat buffer
+ * (`whole` from loco_gpt_build_whole_table) into idx[0 .. hi-lo); -1 for
+ * vocabulary padding. Replicas (tp-replicated tensors, the tied head's
+ * copy of wte) map to the same index. */
+int loco_gpt_whole_index(const loco_gpt *m, const loco_ttable *whole, size_t lo, size_t hi,
+                         int64_t *idx);
 /* Creates a model for batches up to B x T (T <= seq_len): parameters,
  * gradients and activations allocated, parameters zero (call
  * loco_gpt_init_weights or load a checkpoint). *out is NULL on failure. */

@@ -298,6 +298,16 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi) {
  * and ep's experts; at stage 3 the owned shard is [lo, hi) of it too. */
 const loco_ttable *loco_trainer_param_table(loco_trainer *t) { return loco_gpt_table(t->model); }
 
+int loco_trainer_whole_layout(loco_trainer *t, loco_ttable *whole, int64_t *idx) {
+    size_t lo, hi;
+    loco_zero_range(t->zero, &lo, &hi);
+    LOCO_CHECK(loco_gpt_build_whole_table(t->model, whole));
+    const int rc = loco_gpt_whole_index(t->model, whole, lo, hi, idx);
+    if (rc < 0)
+        loco_ttable_fini(whole);
+    return rc;
+}
+
 uint64_t loco_trainer_take_pcie_bytes(loco_trainer *t) {
     const uint64_t b = t->pcie;
     t->pcie = 0;

@@ -56,6 +56,11 @@ float *loco_trainer_owned_params(loco_trainer *t, size_t *lo, size_t *hi);
  * ln_f, ep rank's experts under their global names; cp and dp replicate).
  * Valid while t lives. */
 const loco_ttable *loco_trainer_param_table(loco_trainer *t);
+/* The whole model's table (tp = 1, no stage, every expert) into *whole
+ * (loco_ttable_fini it) and, for each element of the owned range, its
+ * index in the whole flat buffer (-1: vocabulary padding) into
+ * idx[0 .. hi-lo). For an exchange in a layout of no mesh's own. */
+int loco_trainer_whole_layout(loco_trainer *t, loco_ttable *whole, int64_t *idx);
 /* After the owned parameters were rewritten: make every rank of the island
  * see them (collective over the island). */
 int loco_trainer_sync_params(loco_trainer *t);

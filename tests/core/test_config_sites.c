@@ -84,6 +84,17 @@ Test(config_sites, keys_that_cannot_be_per_island_are_refused) {
     cr_expect_eq(loco_config_set(&c, "site.a.parallel.zero_stage=3"), 0, "%s", loco_errmsg());
     cr_expect_eq(loco_config_set(&c, "site.a.parallel.sp=true"), 0, "%s", loco_errmsg());
     cr_expect_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
+    /* outer.layout = whole: a mesh of its own, which the site's config gets */
+    cr_expect_eq(loco_config_set(&c, "site.a.parallel.tp=2"), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_config_validate(&c), LOCO_EINVAL);
+    assert_has(loco_errmsg(), "outer.layout = whole lets them differ");
+    cr_expect_eq(loco_config_set(&c, "outer.layout=whole"), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_config_set(&c, "site.a.parallel.pp=2"), 0, "%s", loco_errmsg());
+    cr_expect_eq(loco_config_validate(&c), 0, "%s", loco_errmsg());
+    loco_config site = c;
+    cr_expect_eq(loco_config_for_site(&site, "a"), 0, "%s", loco_errmsg());
+    cr_expect(site.parallel.tp == 2 && site.parallel.pp == 2 && c.parallel.tp == 1,
+              "site a: tp %lld pp %lld", (long long)site.parallel.tp, (long long)site.parallel.pp);
     cr_expect_eq(loco_config_set(&c, "site.a.model.seq_len=4"), LOCO_EINVAL);
     assert_has(loco_errmsg(), "--set site.a.model.seq_len=4");
     cr_expect_eq(loco_config_set(&c, "site.a=4"), LOCO_EINVAL);

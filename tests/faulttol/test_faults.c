@@ -365,29 +365,41 @@ Test(faults, killed_island_is_detected_rejoins_and_matches) {
 }
 
 /* Islands at batch 8, 4 and 2 ([site.NAME] keys), their contributions
- * weighted by tokens: the killed one (batch 2) rejoins by state transfer,
+ * weighted by tokens, and of three meshes (outer.layout = whole: one
+ * rank, dp = 2, tp = 2): the killed one (batch 2, tp = 2) rejoins by
+ * state transfer of the whole model from a donor of another mesh,
  * observes a step (the token counts reach it with the link estimates) and
  * ends in agreement, still at its own batch. */
-Test(faults, islands_of_different_batch_sizes_survive_a_kill) {
+Test(faults, islands_of_different_batch_sizes_and_meshes_survive_a_kill) {
     scenario *s = calloc(1, sizeof *s);
     run(s, "kill",
         "--set faults.kill=siteC@30 --set faults.restart_ms=200"
-        " --set site.siteB.train.batch_size=4 --set site.siteC.train.batch_size=2");
+        " --set site.siteB.train.batch_size=4 --set site.siteC.train.batch_size=2"
+        " --set outer.layout=whole --set site.siteB.parallel.dp=2"
+        " --set site.siteC.parallel.tp=2");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     cr_expect(strstr(s->out, "hash checked") != NULL, "the rejoined island checked its state");
     all_agree(s, 12);
     static const char *const sites[] = {"siteA", "siteB", "siteC"};
     static const char *const batch[] = {"\nbatch_size = 8\n", "\nbatch_size = 4\n",
                                         "\nbatch_size = 2\n"};
+    static const char *const mesh[] = {"\ndp = 1\ntp = 1\n", "\ndp = 2\ntp = 1\n",
+                                       "\ndp = 1\ntp = 2\n"};
     for (int k = 0; k < 3; k++) {
+        /* the last checkpoint: the end may be held past train.steps
+         * while the killed island restarts */
         char path[160];
-        snprintf(path, sizeof path, "%s/%s/ckpt_%08d/config.ini", s->dir, sites[k], 120);
+        char hc[17];
+        const int last = last_outer(s, sites[k], hc);
+        snprintf(path, sizeof path, "%s/%s/ckpt_%08d/config.ini", s->dir, sites[k], last * 10);
         void *data;
         size_t len;
         cr_assert_eq(loco_file_read(path, &data, &len), 0, "%s", loco_errmsg());
         char *text = strndup(data, len);
         loco_free(data);
         cr_expect(strstr(text, batch[k]) != NULL, "%s trained at another batch:\n%s", sites[k],
+                  text);
+        cr_expect(strstr(text, mesh[k]) != NULL, "%s trained on another mesh:\n%s", sites[k],
                   text);
         free(text);
     }
@@ -411,16 +423,17 @@ Test(faults, killed_island_rejoins_under_time_sync) {
 }
 
 /* The fault scenarios with islands that differ and do not wait for the
- * slowest: siteB at batch 4 beside the others' 8 ([site.siteB]), outer
- * steps by the clock (outer.sync = time, inner steps differing between
- * islands): the fault's cycle completes, every outer step commits once and
- * every island ends on one θ_global. */
+ * slowest: siteB at batch 4 beside the others' 8 ([site.siteB]) and on
+ * two tensor-parallel ranks (outer.layout = whole), outer steps by the
+ * clock (outer.sync = time, inner steps differing between islands): the
+ * fault's cycle completes, every outer step commits once and every island
+ * ends on one θ_global. */
 static void differing_islands(const char *name, const char *fault, const char *extra) {
     scenario *s = calloc(1, sizeof *s);
     char args[512];
     snprintf(args, sizeof args,
-             "--set site.siteB.train.batch_size=4 --set outer.sync=time --set outer.period_s=0.25 "
-             "%s",
+             "--set site.siteB.train.batch_size=4 --set outer.layout=whole "
+             "--set site.siteB.parallel.tp=2 --set outer.sync=time --set outer.period_s=0.25 %s",
              extra);
     run(s, name, args);
     cr_assert_eq(s->rc, 0, "%s", s->out);
@@ -892,4 +905,59 @@ Test(faults, torn_newest_checkpoint_falls_back_to_the_previous) {
     all_agree(a, 6);
     done(a);
     free(a);
+}
+
+/* ------------------------------------------------------------ quorum mode */
+
+/* outer.quorum = 0.6 of the tokens (two of three equal islands): siteB,
+ * four times slower, is left out of the steps it is late for ("late",
+ * not a suspicion), fetches the step, and folds its period's work, damped
+ * by 1/(1 + steps late), into its next contribution; every island ends on
+ * one θ_global. */
+Test(faults, quorum_goes_without_the_straggler_and_folds_its_work) {
+    scenario *s = calloc(1, sizeof *s);
+    run(s, "straggler",
+        "--set faulttol.straggler_policy=wait --set outer.quorum=0.6 --set outer.grace_s=30"
+        " --set faults.slow=siteB*4 --set train.steps=120");
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    cr_expect(event_at(s, "late", "siteB", NULL, 0) > 0, "siteB was left out as late");
+    cr_expect(event_at(s, "late", "siteA", NULL, 0) < 0, "siteA was never late");
+    cr_expect(event_at(s, "suspect", "siteB", NULL, 0) < 0, "late is not suspect");
+    cr_expect(strstr(s->out, "[siteB]") && strstr(s->out, "folded into θ_local"),
+              "siteB's late work was folded: %s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+/* The fault scenarios in quorum mode (outer.quorum = 0.6: an outer step
+ * goes once two of the three islands are ready): the fault's cycle
+ * completes and every island ends on one θ_global. */
+static void quorum_scenario(const char *name, const char *fault, const char *extra) {
+    scenario *s = calloc(1, sizeof *s);
+    char args[512];
+    snprintf(args, sizeof args, "--set outer.quorum=0.6 --set outer.grace_s=30 %s", extra);
+    run(s, name, args);
+    cr_assert_eq(s->rc, 0, "%s", s->out);
+    char cycle[96];
+    snprintf(cycle, sizeof cycle, "faults: %s", fault);
+    cr_expect(strstr(s->out, cycle) && strstr(s->out, "cycle complete"), "%s", s->out);
+    all_agree(s, 12);
+    done(s);
+    free(s);
+}
+
+Test(faults, quorum_mode_survives_a_kill) {
+    quorum_scenario("kill", "kill siteC", "--set faults.kill=siteC@30 --set faults.restart_ms=200");
+}
+Test(faults, quorum_mode_survives_a_coordinator_restart) {
+    quorum_scenario("coordinator", "kill_coordinator", "");
+}
+Test(faults, quorum_mode_survives_a_partition) {
+    quorum_scenario("partition", "partition", "");
+}
+Test(faults, quorum_mode_survives_a_freeze) {
+    quorum_scenario("kill", "freeze siteB",
+                    "--set faults.kill= --set faults.freeze=siteB@40+60000 "
+                    "--set faults.thaw_after_steps=30");
 }

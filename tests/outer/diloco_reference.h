@@ -20,8 +20,11 @@
  * batch not NULL, island k trains at batch[k] sequences per micro-batch
  * and, under outer.weighting = tokens, counts in the average in
  * proportion to its tokens (H x batch x seq_len x grad_accum). */
-static float *diloco_reference_batches(loco_config *cfg, int K, const int64_t *batch,
-                                       size_t *n_params, size_t (*sent)[DILOCO_MAX_ISLANDS]) {
+/* The same with accum not NULL: island k accumulates accum[k]
+ * micro-batches per step. */
+static float *diloco_reference_sites(loco_config *cfg, int K, const int64_t *batch,
+                                     const int64_t *accum, size_t *n_params,
+                                     size_t (*sent)[DILOCO_MAX_ISLANDS]) {
     char dir[] = "/tmp/loco-ref-XXXXXX";
     cr_assert(mkdtemp(dir));
     snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s", dir);
@@ -38,6 +41,8 @@ static float *diloco_reference_batches(loco_config *cfg, int K, const int64_t *b
         loco_config island = *cfg;
         if (batch)
             island.train.batch_size = batch[k];
+        if (accum)
+            island.train.grad_accum = accum[k];
         tokens[k] = (double)island.outer.H * (double)island.train.batch_size *
                     (double)island.model.seq_len * (double)island.train.grad_accum;
         cr_assert_eq(loco_trainer_create_island(&t[k], &island, NULL, k, K), 0, "%s",
@@ -82,6 +87,12 @@ static float *diloco_reference_batches(loco_config *cfg, int K, const int64_t *b
     }
     loco_rmtree(dir);
     return theta;
+}
+
+static inline float *diloco_reference_batches(loco_config *cfg, int K, const int64_t *batch,
+                                              size_t *n_params,
+                                              size_t (*sent)[DILOCO_MAX_ISLANDS]) {
+    return diloco_reference_sites(cfg, K, batch, NULL, n_params, sent);
 }
 
 static inline float *diloco_reference(loco_config *cfg, int K, size_t *n_params,

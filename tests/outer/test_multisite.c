@@ -433,3 +433,126 @@ Test(multisite, pp2_streaming_islands_agree) {
                                " --set outer.fragments=2 --set outer.overlap=2",
                                7);
 }
+
+/* --------------------------------------------- outer.layout = whole */
+
+/* outer.layout = whole: siteA on four ranks (tp = 2, pp = 2, two
+ * micro-batches of 4 per step), siteB on one (batch 4); both exchange the
+ * whole model's layout, which rank 0 gathers from its mesh and scatters
+ * back. With a lossless codec every outer step's θ_global is one hash on
+ * both islands, and the end equals the in-process reference of two
+ * one-rank islands (siteA accumulating two micro-batches: token weights
+ * 2:1) within what splitting tp and pp changes in the inner steps'
+ * rounding. */
+Test(multisite, islands_of_different_meshes_agree_and_match_the_reference) {
+    static const int64_t batch[2] = {4, 4}, accum[2] = {2, 1};
+    size_t n;
+    loco_config cfg;
+    small(&cfg, "none");
+    float *ref = diloco_reference_sites(&cfg, 2, batch, accum, &n, NULL);
+    char dir[] = "/tmp/loco-meshes-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    static char out[1 << 18];
+    int rc = test_run(out, sizeof out,
+                      LOCO " launch configs/multisite-2.ini" ARGS
+                           " --set compress.codec=none --set run.dir=%s --set outer.layout=whole"
+                           " --set site.siteA.parallel.tp=2 --set site.siteA.parallel.pp=2"
+                           " --set site.siteA.train.grad_accum=2",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "run finished; θ_global agreed through outer step 3"), "%s", out);
+    enum { J = STEPS / OUTER_H };
+    int64_t a[J + 1], b[J + 1];
+    char ha[J + 1][17], hb[J + 1][17];
+    cr_assert_eq(outer_steps(dir, "siteA", a, ha, J), J);
+    cr_assert_eq(outer_steps(dir, "siteB", b, hb, J), J);
+    for (int s = 1; s <= J; s++)
+        cr_expect_str_eq(ha[s], hb[s], "outer step %d: the islands differ", s);
+    /* siteB's last checkpoint holds the last θ_global */
+    const loco_gpt_config mc = loco_gpt_config_from(&cfg);
+    loco_ttable tt;
+    cr_assert_eq(loco_gpt_build_table(&tt, &mc), 0);
+    cr_assert_eq(tt.numel, n);
+    char path[700];
+    snprintf(path, sizeof path, "%s/siteB/ckpt_%08d/model.safetensors", dir, STEPS);
+    loco_st *st;
+    cr_assert_eq(loco_st_open(&st, path), 0, "%s", loco_errmsg());
+    double maxd = 0, maxr = 0;
+    for (int i = 0; i < tt.n; i++) {
+        const float *x;
+        cr_assert_eq(loco_st_get(st, tt.t[i].name, &x, NULL, NULL), 0);
+        for (size_t j = 0; j < tt.t[i].numel; j++) {
+            maxd = fmax(maxd, fabs((double)x[j] - ref[tt.t[i].offset + j]));
+            maxr = fmax(maxr, fabs((double)ref[tt.t[i].offset + j]));
+        }
+    }
+    cr_log_info("different meshes: largest difference from the reference %.3g of the largest "
+                "parameter", maxd / maxr);
+    cr_expect_leq(maxd / maxr, 1e-5, "largest difference %.3g of the largest parameter",
+                  maxd / maxr);
+    cr_expect_gt(maxd, 0, "a tp x pp island equal to one rank bit for bit: no mesh was used");
+    loco_st_close(st);
+    loco_ttable_fini(&tt);
+    free(ref);
+    loco_rmtree(dir);
+}
+
+/* On equal meshes (dp = 2, ZeRO-2) the whole layout gives the bits of the
+ * rank-by-rank exchange with a lossless codec: the same elements, summed
+ * over the islands in the same order. (A lossy codec quantises per chunk,
+ * and the chunks follow the layout.) */
+Test(multisite, the_whole_layout_gives_the_ranks_layout_bits_on_equal_meshes) {
+    static const char *const layouts[] = {"ranks", "whole"};
+    char dirs[2][64];
+    static char out[1 << 18];
+    for (int l = 0; l < 2; l++) {
+        snprintf(dirs[l], sizeof dirs[l], "/tmp/loco-layout-XXXXXX");
+        cr_assert(mkdtemp(dirs[l]));
+        int rc = test_run(out, sizeof out,
+                          LOCO " launch configs/multisite-2.ini" ARGS
+                               " --set compress.codec=none --set run.dir=%s --set outer.layout=%s"
+                               " --set parallel.dp=2 --set parallel.zero_stage=2",
+                          dirs[l], layouts[l]);
+        cr_assert_eq(rc, 0, "%s", out);
+    }
+    for (int site = 0; site < 2; site++)
+        for (int k = 0; k < 2; k++) {
+            void *d[2];
+            size_t len[2];
+            for (int l = 0; l < 2; l++) {
+                char path[700];
+                snprintf(path, sizeof path, "%s/site%c/ckpt_%08d/shard_%05d.safetensors", dirs[l],
+                         'A' + site, STEPS, k);
+                cr_assert_eq(loco_file_read(path, &d[l], &len[l]), 0, "%s", loco_errmsg());
+            }
+            cr_expect(len[0] == len[1] && !memcmp(d[0], d[1], len[0]),
+                      "site%c rank %d: the layouts' checkpoints differ", 'A' + site, k);
+            loco_free(d[0]);
+            loco_free(d[1]);
+        }
+    loco_rmtree(dirs[0]);
+    loco_rmtree(dirs[1]);
+}
+
+/* Streaming DiLoCo (2 fragments, exchanges overlapping 2 steps, merge
+ * 0.5) between a pipeline island (pp = 2) and a tensor-parallel one
+ * (tp = 2): fragments are planned over the whole model on rank 0, and the
+ * merges scatter. */
+Test(multisite, streaming_islands_of_different_meshes_agree) {
+    check_mesh_islands_through("--set outer.layout=whole --set site.siteA.parallel.pp=2"
+                               " --set site.siteA.train.grad_accum=2"
+                               " --set site.siteB.parallel.tp=2 --set outer.fragments=2"
+                               " --set outer.overlap=2 --set outer.merge_alpha=0.5",
+                               7);
+}
+
+/* A Mixtral-style block (4 experts, top-2, a shared expert) with its
+ * experts split over ep = 2 (dp = 2) on one island and its heads over
+ * tp = 2 on the other: one θ_global. */
+Test(multisite, moe_islands_of_different_meshes_agree) {
+    check_mesh_islands("--set outer.layout=whole --set model.arch=llama --set model.n_head=4"
+                       " --set model.n_kv_head=2 --set model.n_embd=16 --set model.ffn_hidden=24"
+                       " --set model.rope_theta=10000 --set model.n_experts=4 --set model.top_k=2"
+                       " --set model.n_shared_experts=1 --set site.siteA.parallel.dp=2"
+                       " --set site.siteA.parallel.ep=2 --set site.siteB.parallel.tp=2");
+}
