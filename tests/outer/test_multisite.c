@@ -443,7 +443,8 @@ Test(multisite, pp2_streaming_islands_agree) {
  * both islands, and the end equals the in-process reference of two
  * one-rank islands (siteA accumulating two micro-batches: token weights
  * 2:1) within what splitting tp and pp changes in the inner steps'
- * rounding. */
+ * rounding; siteA's last checkpoint, exported whole, is siteB's bit for
+ * bit. */
 Test(multisite, islands_of_different_meshes_agree_and_match_the_reference) {
     static const int64_t batch[2] = {4, 4}, accum[2] = {2, 1};
     size_t n;
@@ -492,6 +493,17 @@ Test(multisite, islands_of_different_meshes_agree_and_match_the_reference) {
                   maxd / maxr);
     cr_expect_gt(maxd, 0, "a tp x pp island equal to one rank bit for bit: no mesh was used");
     loco_st_close(st);
+    /* Out of the whole layout and into it again: siteA's four shards,
+     * exported whole, are siteB's θ_global bit for bit. */
+    rc = test_run(out, sizeof out, LOCO " ckpt export %s/siteA/ckpt_%08d %s/export", dir, STEPS,
+                  dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    char exported[700], single[700];
+    snprintf(exported, sizeof exported, "%s/export", dir);
+    snprintf(single, sizeof single, "%s/siteB/ckpt_%08d", dir, STEPS);
+    double l2, worst;
+    test_model_diff(&mc, exported, single, &l2, &worst);
+    cr_expect_eq(worst, 0, "siteA (tp 2 x pp 2) and siteB (one rank) differ: %.3g", worst);
     loco_ttable_fini(&tt);
     free(ref);
     loco_rmtree(dir);
