@@ -493,9 +493,9 @@ static void results(doc *d, const run_data *f, const run_data *b, const loco_rep
                report_jnum(ext, "limit"), report_jstr(ext, "why") ? report_jstr(ext, "why") : "?");
     else
         doc_li(d, "Run extended", "no (it ended at train.steps)");
-    doc_li(d, "Events of the fault run", "suspect %d, join %d, refused %d, divergence %d",
-           count_kind(f, "suspect"), count_kind(f, "join"), count_kind(f, "refused"),
-           count_kind(f, "divergence"));
+    doc_li(d, "Events of the fault run", "suspect %d, late %d, join %d, refused %d, divergence %d",
+           count_kind(f, "suspect"), count_kind(f, "late"), count_kind(f, "join"),
+           count_kind(f, "refused"), count_kind(f, "divergence"));
     doc_ul(d, false);
 
     char st[600];

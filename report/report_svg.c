@@ -17,8 +17,9 @@
 /* ---------------------------------------------------------------- SVG */
 
 static const char *const C_BASE = "#1f77b4", *const C_FAULT = "#d62728", *const C_IN = "#2ca02c",
-                         *const C_SUSPECT = "#ff7f0e", *const C_JOIN = "#1f77b4",
-                         *const C_GRID = "#e5e5e5", *const C_DIV = "#9467bd";
+                         *const C_SUSPECT = "#ff7f0e", *const C_LATE = "#bcbd22",
+                         *const C_JOIN = "#1f77b4", *const C_GRID = "#e5e5e5",
+                         *const C_DIV = "#9467bd";
 
 typedef struct {
     double x0, x1, y0, y1;  /* data ranges */
@@ -336,7 +337,8 @@ void report_chart_membership(sbuf *b, const run_data *r) {
                 now = false;
             else if (quorum)
                 now = report_jmembers_has(ev, r->sites[i].name);
-            else if (report_jkind(ev, "suspect") && report_streq(report_jstr(ev, "site"), r->sites[i].name))
+            else if ((report_jkind(ev, "suspect") || report_jkind(ev, "late")) &&
+                     report_streq(report_jstr(ev, "site"), r->sites[i].name))
                 now = false;
             else if (report_jkind(ev, "join") && report_streq(report_jstr(ev, "site"), r->sites[i].name))
                 now = true;
@@ -381,6 +383,10 @@ void report_chart_membership(sbuf *b, const run_data *r) {
             snprintf(tip, sizeof tip, "%s suspected at %.2f s (%s)", site, t,
                      report_jstr(ev, "reason") ? report_jstr(ev, "reason") : "no reason given");
             svg_marker(b, "circle", X, fr.top + (row + 0.5) * row_h, C_SUSPECT, tip);
+        } else if (report_jkind(ev, "late") && row >= 0) {
+            snprintf(tip, sizeof tip, "outer step %.0f went without %s (late) at %.2f s",
+                     report_jnum(ev, "outer_step"), site, t);
+            svg_marker(b, "circle", X, fr.top + (row + 0.5) * row_h, C_LATE, tip);
         } else if (report_jkind(ev, "join") && row >= 0) {
             snprintf(tip, sizeof tip, "%s joined at %.2f s", site, t);
             svg_marker(b, "diamond", X, fr.top + (row + 0.5) * row_h, C_JOIN, tip);
@@ -401,6 +407,7 @@ void report_chart_membership(sbuf *b, const run_data *r) {
     legend_item(&l, "cross", C_FAULT, "fault injected");
     legend_item(&l, "tick", C_FAULT, "restart / heal");
     legend_item(&l, "circle", C_SUSPECT, "suspected");
+    legend_item(&l, "circle", C_LATE, "late (quorum)");
     legend_item(&l, "diamond", C_JOIN, "joined");
     legend_item(&l, "tick", "#333333", "commit");
     report_sb_puts(b, "</svg>\n");

@@ -31,6 +31,7 @@ typedef struct {
     bool utilisation; /* the fault run's siteA and siteB write wait_s and wall_s */
     bool no_rejoin;   /* the killed siteB never joins again */
     bool planned;     /* the start event plans a freeze of siteC that never happens */
+    bool late;        /* quorum mode: outer step 2 goes without siteC */
     const char *detail; /* of the kill */
     double loss_scale;  /* fault run's losses against the baseline's */
 } variant;
@@ -132,6 +133,8 @@ static void write_fault(const variant *v) {
                   : "");
     EV("{\"t\":2000.5,\"kind\":\"quorum\",\"epoch\":1,\"members\":[" ALL "],\"outer_step\":0}\n");
     commit(f, 2005, 1, ALL);
+    if (v->late)
+        EV("{\"t\":2008.0,\"kind\":\"late\",\"site\":\"siteC\",\"outer_step\":2}\n");
     commit(f, 2009, 2, ALL);
     EV("{\"t\":2010.0,\"kind\":\"fault\",\"fault\":\"kill\",\"site\":\"siteB\",\"detail\":\"%s\","
        "\"future_field\":[1,2]}\n",
@@ -244,6 +247,22 @@ Test(report, pass_with_charts_fault_table_and_bytes) {
     cr_expect(strstr(html, "<td>kill</td><td>siteB</td><td>10.00</td><td>12.50</td><td>2.50</td>"
                            "<td>18.25</td><td>8.25</td>") != NULL);
     cr_expect(strstr(md, "within the tolerance of 1.00%") != NULL, "%s", md);
+    loco_free(md);
+    loco_free(html);
+}
+
+/* Quorum mode: an island left out of a step as late is counted and drawn
+ * apart from a suspicion (it is not one), and the verdict holds. */
+Test(report, a_late_island_is_drawn_and_counted) {
+    static char out[1 << 16];
+    variant v = {.late = true};
+    cr_assert_eq(report(out, sizeof out, &v, NULL), 0, "%s", out);
+    cr_expect(strstr(out, "verdict: PASS") != NULL, "%s", out);
+    char *md = slurp("report.md"), *html = slurp("report.html");
+    cr_expect(strstr(md, "suspect 2, late 1, join 2") != NULL, "%s", md);
+    cr_expect(strstr(html, "outer step 2 went without siteC (late) at 8.00 s") &&
+                  strstr(html, "late (quorum)"),
+              "the membership chart marks it");
     loco_free(md);
     loco_free(html);
 }
