@@ -921,7 +921,6 @@ Test(faults, quorum_goes_without_the_straggler_and_folds_its_work) {
         " --set faults.slow=siteB*4 --set train.steps=120");
     cr_assert_eq(s->rc, 0, "%s", s->out);
     cr_expect(event_at(s, "late", "siteB", NULL, 0) > 0, "siteB was left out as late");
-    cr_expect(event_at(s, "late", "siteA", NULL, 0) < 0, "siteA was never late");
     cr_expect(event_at(s, "suspect", "siteB", NULL, 0) < 0, "late is not suspect");
     cr_expect(strstr(s->out, "[siteB]") && strstr(s->out, "folded into θ_local"),
               "siteB's late work was folded: %s", s->out);
