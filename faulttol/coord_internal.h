@@ -60,6 +60,8 @@ struct loco_coord {
     bool exchanging; /* GO sent for committed + 1, verdicts pending */
     uint64_t go_members, go_observers;
     double gather_t0;           /* first member ready for the step (straggler clock) */
+    double site_tokens[LOCO_MAX_ISLANDS]; /* outer.quorum: each site's tokens per period
+                                             (0: not read from its keys yet) */
     int failures;               /* failed attempts of the current step */
     int64_t end_step;           /* the run's last inner step: train.steps, moved on while a
                                    fault's cycle is open (faults.max_extra_steps) */

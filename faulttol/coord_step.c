@@ -270,8 +270,10 @@ static void hold_end(loco_coord *c, int64_t s) {
 
 /* The tokens island i trains on in one outer period, as its site's keys
  * set them (outer.H x batch x seq_len x grad_accum x dp): its weight in
- * the quorum. */
-static double site_tokens(const loco_coord *c, int i) {
+ * the quorum. Read once: the config does not change. */
+static double site_tokens(loco_coord *c, int i) {
+    if (c->site_tokens[i] > 0)
+        return c->site_tokens[i];
     loco_config *site = loco_alloc(sizeof *site);
     if (!site)
         return 1;
@@ -281,7 +283,7 @@ static double site_tokens(const loco_coord *c, int i) {
         w = (double)site->outer.H * (double)site->train.batch_size * (double)site->model.seq_len *
             (double)site->train.grad_accum * (double)site->parallel.dp;
     loco_free(site);
-    return w;
+    return c->site_tokens[i] = w;
 }
 
 /* outer.quorum: the ready members hold that share of the members' tokens,

@@ -428,13 +428,14 @@ Test(faults, killed_island_rejoins_under_time_sync) {
  * clock (outer.sync = time, inner steps differing between islands): the
  * fault's cycle completes, every outer step commits once and every island
  * ends on one θ_global. */
-static void differing_islands(const char *name, const char *fault, const char *extra) {
+/* configs/faults-NAME.ini with `mode` and `extra`: the cycle of `fault`
+ * completes, every outer step commits once and every island ends on one
+ * θ_global. */
+static void cycle_completes(const char *name, const char *fault, const char *mode,
+                            const char *extra) {
     scenario *s = calloc(1, sizeof *s);
     char args[512];
-    snprintf(args, sizeof args,
-             "--set site.siteB.train.batch_size=4 --set outer.layout=whole "
-             "--set site.siteB.parallel.tp=2 --set outer.sync=time --set outer.period_s=0.25 %s",
-             extra);
+    snprintf(args, sizeof args, "%s %s", mode, extra);
     run(s, name, args);
     cr_assert_eq(s->rc, 0, "%s", s->out);
     char cycle[96];
@@ -443,6 +444,14 @@ static void differing_islands(const char *name, const char *fault, const char *e
     all_agree(s, 12);
     done(s);
     free(s);
+}
+
+static void differing_islands(const char *name, const char *fault, const char *extra) {
+    cycle_completes(name, fault,
+                    "--set site.siteB.train.batch_size=4 --set outer.layout=whole "
+                    "--set site.siteB.parallel.tp=2 --set outer.sync=time "
+                    "--set outer.period_s=0.25",
+                    extra);
 }
 
 Test(faults, differing_islands_under_time_sync_survive_a_coordinator_restart) {
@@ -933,17 +942,7 @@ Test(faults, quorum_goes_without_the_straggler_and_folds_its_work) {
  * goes once two of the three islands are ready): the fault's cycle
  * completes and every island ends on one θ_global. */
 static void quorum_scenario(const char *name, const char *fault, const char *extra) {
-    scenario *s = calloc(1, sizeof *s);
-    char args[512];
-    snprintf(args, sizeof args, "--set outer.quorum=0.6 --set outer.grace_s=30 %s", extra);
-    run(s, name, args);
-    cr_assert_eq(s->rc, 0, "%s", s->out);
-    char cycle[96];
-    snprintf(cycle, sizeof cycle, "faults: %s", fault);
-    cr_expect(strstr(s->out, cycle) && strstr(s->out, "cycle complete"), "%s", s->out);
-    all_agree(s, 12);
-    done(s);
-    free(s);
+    cycle_completes(name, fault, "--set outer.quorum=0.6 --set outer.grace_s=30", extra);
 }
 
 Test(faults, quorum_mode_survives_a_kill) {
