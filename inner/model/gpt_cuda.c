@@ -61,27 +61,27 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
     const size_t P = g->own_hi - g->own_lo; /* the held state */
     const size_t L = (size_t)g->cfg.n_layer, Vp = (size_t)g->Vp;
-    const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
-    /* widths: c_attn's W, c_fc's Fc, the MLP's F (GPT-2: 3C, 4C, 4C) */
-    const size_t W = (size_t)loco_gpt_qkv_width(&g->cfg), Fc = (size_t)loco_gpt_fc_width(&g->cfg);
-    const size_t F = (size_t)loco_gpt_ffn(&g->cfg), wide = 5 * C + W + Fc + F;
+    const size_t bnt = (size_t)g->B * g->NHl * g->T;
+    /* this tp slice's widths: c_attn's W, c_fc's Fc, the MLP's F (GPT-2,
+     * one rank: 3C, 4C, 4C) */
+    const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
+    const size_t wide = 5 * C + W + Fc + F;
     const size_t rope = g->cfg.pos == LOCO_POS_ROPE
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
     const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 42 + 13 * (L + 1);
+    const size_t n_ranges = 44 + 13 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
-           N * Vp * es + N * 4 * 3 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + rope +
+           N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + rope +
            (kept + shared) * per_layer + (size_t)g->n_rerun * N * C * es + n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
     const size_t P = g->own_hi - g->own_lo; /* the held state */
-    const size_t bnt = (size_t)g->B * g->cfg.n_head * g->T;
-    const size_t W = (size_t)loco_gpt_qkv_width(&g->cfg), Fc = (size_t)loco_gpt_fc_width(&g->cfg);
-    const size_t F = (size_t)loco_gpt_ffn(&g->cfg);
+    const size_t bnt = (size_t)g->B * g->NHl * g->T;
+    const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
     SLAB(g->params, P * 4, "params");
     SLAB(g->grads, P * 4, "grads");
     SLAB(g->m, P * 4, "AdamW m");
@@ -106,6 +106,9 @@ static int carve(loco_gpt_cuda *g) {
     SLAB(g->lnfr, N * 4, "ln_f rstd");
     SLAB(g->logits, N * (size_t)g->Vp * es, "logits");
     SLAB(g->losses, N * 4, "losses");
+    SLAB(g->xent, N * 4 * 3, "vocabulary-parallel sums");
+    if (g->tp > 1 && loco__gpt_kv_rep(&g->cfg) > 1)
+        SLAB(g->kv_keep, (C + 1) * W * 4, "key/value gradients kept");
     SLAB(g->mean, 4, "mean loss");
     SLAB(g->loss_acc, 8, "loss sum");
     SLAB(g->scratch, N * C * es, "projection scratch");
@@ -215,11 +218,10 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
                         "train.device = cuda runs dense blocks only: mixture of "
                         "experts (model.n_experts = %d) runs on the CPU path",
                         cfg->n_experts);
-    if (cfg->tp > 1 || cfg->ep > 1)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "the device model holds the whole model (tp = %d, ep = %d: "
-                        "tensor and expert parallelism run on the CPU path)",
-                        cfg->tp, cfg->ep);
+    if (cfg->ep > 1)
+        return LOCO_ERR(LOCO_ENOTSUP, "the device model holds every expert (ep = %d: expert "
+                        "parallelism runs on the CPU path)", cfg->ep);
+    LOCO_CHECK(loco__gpt_cuda_tp_check(cfg, o));
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
         cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||
@@ -239,7 +241,21 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->cfg = *cfg;
     g->B = B;
     g->T = T;
-    g->Vp = (cfg->vocab_size + VOCAB_ALIGN - 1) / VOCAB_ALIGN * VOCAB_ALIGN;
+    /* this tp rank's slice (model.c's loco__gpt_shape_of) */
+    g->tp = cfg->tp > 1 ? cfg->tp : 1;
+    g->tpc = g->tp > 1 ? o->tp : NULL;
+    g->tp_rank = g->tpc ? loco_comm_rank(g->tpc) : 0;
+    g->tp_staged = o->tp_staged;
+    g->Cl = cfg->n_embd / g->tp;
+    g->NHl = cfg->n_head / g->tp;
+    g->NKVl = loco__gpt_kv_local(cfg);
+    g->Wl = loco__gpt_qkv_local(cfg);
+    g->Fl = loco_gpt_fc_width(cfg) / g->tp;
+    g->Hl = loco_gpt_ffn(cfg) / g->tp;
+    g->Vl = loco_gpt_vocab_padded(cfg) / g->tp;
+    g->v_lo = g->tp_rank * g->Vl;
+    g->v_valid = cfg->vocab_size - g->v_lo < g->Vl ? cfg->vocab_size - g->v_lo : g->Vl;
+    g->Vp = (g->Vl + VOCAB_ALIGN - 1) / VOCAB_ALIGN * VOCAB_ALIGN;
     g->bf16 = bf16;
     g->es = bf16 ? 2 : 4;
     g->n_rerun = o->rerun;
@@ -249,8 +265,9 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->P = g->tt.numel;
     g->head = cfg->untied ? "lm_head.weight" : "transformer.wte.weight";
     const int head = loco_ttable_find(&g->tt, g->head);
-    if (head < 0 || g->tt.t[head].numel != (size_t)cfg->vocab_size * cfg->n_embd) {
-        rc = LOCO_ERR(LOCO_EINVAL, "device model: no whole %s in the table", g->head);
+    if (head < 0 || g->tt.t[head].numel != (size_t)g->Vl * cfg->n_embd) {
+        rc = LOCO_ERR(LOCO_EINVAL, "device model: no %s of %d rows in the table", g->head,
+                      g->Vl);
         goto out_fail;
     }
     g->head_off = g->tt.t[head].offset;
@@ -264,6 +281,11 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->own_lo = lo;
     g->own_hi = hi;
     g->sharded = hi - lo < g->P;
+    if (g->sharded && g->tp > 1) {
+        rc = LOCO_ERR(LOCO_ENOTSUP, "device model: tp = %d with a sharded (ZeRO-3) model is "
+                      "not wired yet; use parallel.zero_stage <= 2", g->tp);
+        goto out_fail;
+    }
     g->la = loco_alloc((size_t)cfg->n_layer * sizeof *g->la);
     if (!g->la) {
         rc = LOCO_ERR(LOCO_ENOMEM, "device model tables");
@@ -276,6 +298,16 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
         LOCO_CHECK_GOTO(loco_cuda_event_create(&g->consumed[k]), out_fail);
     }
     LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_out, 4 * sizeof(double)), out_fail);
+    if (g->tpc && g->tp_staged)
+        LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_stage,
+                                             N * (size_t)(cfg->n_embd > 3 ? cfg->n_embd : 3) * 4),
+                        out_fail);
+    if (g->tpc && loco__gpt_kv_rep(cfg) > 1) { /* (C + 1) rows of c_attn's and of every kv head */
+        const size_t rows = (size_t)cfg->n_embd + 1;
+        const size_t ka = 2 * (size_t)loco_gpt_kv_heads(cfg) * loco_gpt_head_size(cfg);
+        LOCO_CHECK_GOTO(
+            loco_cuda_host_alloc((void **)&g->h_kv, rows * ((size_t)g->Wl + ka) * 4), out_fail);
+    }
     LOCO_CHECK_GOTO(loco_cuda_slab_create(&g->slab, slab_bytes(g)), out_fail);
     LOCO_CHECK_GOTO(loco_blas_create(&g->blas), out_fail);
     LOCO_CHECK_GOTO(carve(g), out_fail);
@@ -333,6 +365,8 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
         loco_cuda_host_free(g->h_tok[k]);
     }
     loco_cuda_host_free(g->h_out);
+    loco_cuda_host_free(g->h_stage);
+    loco_cuda_host_free(g->h_kv);
     for (int k = 0; k < 2; k++)
         loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
@@ -356,7 +390,7 @@ size_t loco_gpt_cuda_bytes(const loco_gpt_cuda *g) {
 /* The passes' weights from the fp32 parameters: the bf16 copy, and the
  * head's padded wte (rows V.. stay zero). */
 static int refresh_weights(loco_gpt_cuda *g) {
-    const size_t vc = (size_t)g->cfg.vocab_size * g->cfg.n_embd;
+    const size_t vc = (size_t)g->Vl * g->cfg.n_embd;
     g->wversion++;
     if (g->sharded) { /* the gather source; wte_pad follows the head unit's next binding */
         g->head_stale = true;
@@ -410,7 +444,7 @@ void loco_gpt_cuda_profile(loco_gpt_cuda *g, bool on, double *secs) {
 }
 
 int loco_gpt_cuda_padding(loco_gpt_cuda *g, int *vp, size_t *nonzero) {
-    const size_t C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+    const size_t C = (size_t)g->cfg.n_embd, V = (size_t)g->Vl;
     const size_t vpc = (size_t)g->Vp * C;
     *vp = g->Vp;
     *nonzero = 0;
@@ -534,8 +568,7 @@ static int norm_bwd(loco_gpt_cuda *g, void *din, float *dw, float *db, const voi
 static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
     if (g->cfg.pos != LOCO_POS_ROPE)
         return 0;
-    const int NH = g->cfg.n_head, NKV = loco_gpt_kv_heads(&g->cfg);
-    const int hs = loco_gpt_head_size(&g->cfg), ld = loco_gpt_qkv_width(&g->cfg);
+    const int NH = g->NHl, NKV = g->NKVl, hs = loco_gpt_head_size(&g->cfg), ld = g->Wl;
     void *k = (char *)qkv + (size_t)NH * hs * g->es;
     if (backward) {
         RUN(LOCO_PROF_ELEM,
@@ -557,7 +590,7 @@ static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
                                  : TWIN(attention_gqa_##k, __VA_ARGS__))
 
 static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
-    const int C = g->cfg.n_embd, NH = g->cfg.n_head, NKV = loco_gpt_kv_heads(&g->cfg);
+    const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
     if (NKV == NH)
         RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
@@ -568,7 +601,7 @@ static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
 }
 
 static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
-    const int C = g->cfg.n_embd, NH = g->cfg.n_head, NKV = loco_gpt_kv_heads(&g->cfg);
+    const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
     if (NKV == NH)
         RUN(LOCO_PROF_ATTN,
@@ -579,13 +612,29 @@ static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     return 0;
 }
 
+/* A row-parallel layer (attn.c_proj, mlp.c_proj): out (N, C) = in (N, K)
+ * @ w, summed over tp, then + bias once (model_tp.c's order). */
+static int row_parallel_fwd(loco_gpt_cuda *g, void *out, const void *in, const void *w,
+                            const void *bias, int N, int K) {
+    const int C = g->cfg.n_embd;
+    if (g->tp == 1) {
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, g->blas, out, in, w, bias, N, K, C, false,
+                                   g->stream));
+        return 0;
+    }
+    RUN(LOCO_PROF_MATMUL,
+        TWIN(matmul_fwd, g->blas, out, in, w, NULL, N, K, C, false, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, out, (size_t)N * C, LOCO_OP_SUM));
+    if (bias) /* tp is fp32 on the device (loco__gpt_cuda_tp_check) */
+        RUN(LOCO_PROF_ELEM, loco_cuda_bias_fwd(out, bias, N, C, g->stream));
+    return 0;
+}
+
 /* Block l's forward from its input into g->la[l] (its unit's weights
  * bound): the forward pass, and again in the backward of a recomputed
- * block. */
+ * block. Under tp: this rank's heads and MLP columns. */
 static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
-    const int C = g->cfg.n_embd;
-    const int Wd = loco_gpt_qkv_width(&g->cfg), Fc = loco_gpt_fc_width(&g->cfg);
-    const int F = loco_gpt_ffn(&g->cfg);
+    const int C = g->cfg.n_embd, Wd = g->Wl, Fc = g->Fl, F = g->Hl;
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
     const int N = B * T;
     const size_t nc = (size_t)N * C;
@@ -600,8 +649,8 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
                                LW("attn.c_attn.bias"), N, C, Wd, false, s));
     LOCO_CHECK(rope(g, a->qkv, B, T, false));
     LOCO_CHECK(attention_fwd(g, a, B, T));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->atty, LW("attn.c_proj.weight"),
-                               LW("attn.c_proj.bias"), N, C, C, false, s));
+    LOCO_CHECK(row_parallel_fwd(g, g->scratch, a->atty, LW("attn.c_proj.weight"),
+                                LW("attn.c_proj.bias"), N, g->Cl));
     RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
     LOCO_CHECK(
         norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), N));
@@ -613,8 +662,8 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
                                    LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, Fc, s));
     }
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
-                               LW("mlp.c_proj.bias"), N, F, C, false, s));
+    LOCO_CHECK(row_parallel_fwd(g, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
+                                LW("mlp.c_proj.bias"), N, F));
     RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
 #undef LW
     return 0;
@@ -629,13 +678,18 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
     ACQUIRE(0, false);
     LOCO_CHECK(check_bound(g, 0, false));
     /* sharded: the head's copy of the newly bound wte or lm_head */
-    const size_t vce = (size_t)g->cfg.vocab_size * C * g->es;
+    const size_t vce = (size_t)g->Vl * C * g->es;
     if (g->head_stale && g->head_unit == 0) {
         LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
         g->head_stale = false;
     }
-    RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"),
-                             W("transformer.wpe.weight"), B, T, C, s));
+    if (g->tp > 1) /* vocabulary-parallel: this rank's rows, summed over tp */
+        LOCO_CHECK(loco__gpt_cuda_tp_embed_fwd(g, W("transformer.wte.weight"),
+                                               W("transformer.wpe.weight"), B, T));
+    else
+        RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs,
+                                 W("transformer.wte.weight"), W("transformer.wpe.weight"), B, T,
+                                 C, s));
     for (int l = 0; l < L; l++) {
         ACQUIRE(l + 1, false);
         LOCO_CHECK(check_bound(g, l + 1, false));
@@ -655,11 +709,15 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
 }
 
 /* Cross-entropy over the V real columns of the Vp (dlogits in place,
- * scaled by dscale, 0 on the padding) and the mean loss on the device,
- * added to loss_acc when acc. */
+ * scaled by dscale, 0 on the padding; under tp vocabulary-parallel, the
+ * gradient only in the backward) and the mean loss on the device, added
+ * to loss_acc when acc (the backward). */
 static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
-    RUN(LOCO_PROF_XENT, TWIN(xent_fwd_bwd, g->losses, g->logits, g->logits, g->targets, N,
-                             g->cfg.vocab_size, g->Vp, dscale, g->stream));
+    if (g->tp > 1)
+        LOCO_CHECK(loco__gpt_cuda_tp_xent(g, N, dscale, acc));
+    else
+        RUN(LOCO_PROF_XENT, TWIN(xent_fwd_bwd, g->losses, g->logits, g->logits, g->targets, N,
+                                 g->cfg.vocab_size, g->Vp, dscale, g->stream));
     RUN(LOCO_PROF_XENT,
         loco_cuda_mean_acc(g->mean, acc ? g->loss_acc : NULL, g->losses, N, g->stream));
     return 0;
@@ -688,9 +746,9 @@ int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t
 /* The forward and backward of the current token slot, enqueued. */
 static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     LOCO_CHECK(forward_body(g, B, T));
-    const int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer;
-    const int Wd = loco_gpt_qkv_width(&g->cfg), Fc = loco_gpt_fc_width(&g->cfg);
-    const int F = loco_gpt_ffn(&g->cfg);
+    /* V: the head's rows (this tp rank's); widths of its slice */
+    const int C = g->cfg.n_embd, V = g->Vl, L = g->cfg.n_layer;
+    const int Wd = g->Wl, Fc = g->Fl, F = g->Hl;
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
     const int N = B * T;
     const size_t nc = (size_t)N * C, es = g->es;
@@ -707,6 +765,8 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
                                g->wte_pad, N, C, g->Vp, true, s));
+    /* column-parallel under tp (vocabulary rows): ln_f's input gradient summed */
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM));
     /* the head's V real rows into the flat gradient; the side buffer is
      * cleared for the next pass (its padding rows are exactly 0: their
      * dlogits are) */
@@ -748,28 +808,39 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         RUN(LOCO_PROF_MATMUL,
             TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"), g->dfch,
                  a->ln2, LW("mlp.c_fc.weight"), N, C, Fc, false, s));
+        LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM)); /* column-parallel */
         LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_2.weight"), LG("ln_2.bias"), g->dbtc, a->res2,
                             LW("ln_2.weight"), a->ln2m, a->ln2r, N));
         /* residual2 = res + attproj: dres flows to both. */
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
                                    LG("attn.c_proj.bias"), g->dres, a->atty,
-                                   LW("attn.c_proj.weight"), N, C, C, false, s));
+                                   LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
         LOCO_CHECK(attention_bwd(g, a, B, T));
         LOCO_CHECK(rope(g, g->dqkv, B, T, true));
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        const bool kv_rep = g->kv_keep != NULL; /* heads shared by tp ranks: summed over them */
+        if (kv_rep)
+            LOCO_CHECK(loco__gpt_cuda_kv_begin(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
         RUN(LOCO_PROF_MATMUL,
             TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"), LG("attn.c_attn.bias"), g->dqkv,
                  a->ln1, LW("attn.c_attn.weight"), N, C, Wd, false, s));
+        if (kv_rep)
+            LOCO_CHECK(loco__gpt_cuda_kv_end(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
+        LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM)); /* column-parallel */
         LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_1.weight"), LG("ln_1.bias"), g->dbtc, res,
                             LW("ln_1.weight"), a->ln1m, a->ln1r, N));
         GRADS_READY(l + 1);
     }
 #undef LW
 #undef LG
-    RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
-                             G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, s));
+    if (g->tp > 1)
+        LOCO_CHECK(loco__gpt_cuda_tp_embed_bwd(g, G("transformer.wte.weight"),
+                                               G("transformer.wpe.weight"), B, T));
+    else
+        RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
+                                 G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, s));
     GRADS_READY(0);
     return 0;
 }
@@ -789,8 +860,9 @@ void loco_gpt_cuda_set_graph(loco_gpt_cuda *g, bool on) {
  * off, with a warning). */
 static int graph_passes(loco_gpt_cuda *g, int B, int T, float loss_scale, bool *done) {
     *done = false;
-    /* the hooks run host code (collectives) between the launches */
-    if (!g->graph_on || g->profiling || !g->warm || g->hooks.acquire || g->hooks.grads_ready)
+    /* the hooks and the tp collectives run host code between the launches */
+    if (!g->graph_on || g->profiling || !g->warm || g->hooks.acquire || g->hooks.grads_ready ||
+        g->tp > 1)
         return 0;
     step_graph *gr = &g->graph[g->slot];
     if (gr->exec && (gr->B != B || gr->T != T || gr->scale != loss_scale)) {
@@ -841,9 +913,9 @@ int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
 
 /* The gradient norm's sum of squares and the clip, both on the device. */
 static int clip_queue(loco_gpt_cuda *g, double max_norm) {
-    if (g->sharded)
-        return LOCO_ERR(LOCO_EINVAL, "device model: a sharded model clips by range "
-                                     "(loco_gpt_cuda_grad_sumsq, loco_gpt_cuda_scale_grads)");
+    if (g->sharded || g->tp > 1) /* the norm sums over ranks */
+        return LOCO_ERR(LOCO_EINVAL, "device model: a sharded model or a tp slice clips by "
+                                     "range (loco_gpt_cuda_grad_sumsq, loco_gpt_cuda_scale_grads)");
     RUN(LOCO_PROF_OPT, loco_cuda_sumsq(g->sumsq, g->grads, g->P, g->stream));
     RUN(LOCO_PROF_OPT, loco_cuda_clip_scale(g->grads, g->P, g->sumsq, max_norm, g->stream));
     return 0;

@@ -412,7 +412,18 @@ struct loco_gpt_cuda {
     loco_ttable tt;
     size_t P;
     int B, T;   /* capacity */
-    int Vp;     /* the head's padded vocabulary */
+    int Vp;     /* the head's padded vocabulary: Vl rounded up to VOCAB_ALIGN */
+    /* Tensor parallelism (gpt_cuda_tp.c): this tp rank's slice, as the CPU
+     * model's (loco__gpt_shape); the whole model's widths when tp = 1. */
+    struct loco_comm *tpc;      /* the tp group; NULL when tp = 1 */
+    int tp, tp_rank;
+    bool tp_staged;             /* the tp collectives move pinned host copies (mpi) */
+    int Cl, NHl, NKVl, Wl, Fl, Hl; /* attention, heads, c_attn, c_fc, MLP hidden widths */
+    int Vl, v_lo, v_valid;      /* the head's rows: the slice's, its first token, real ones */
+    float *h_stage;             /* pinned (N * max(C, 3)): a staged collective's buffer */
+    float *xent;                /* (3N) vocabulary-parallel row max, sum of exp, target logit */
+    float *kv_keep;             /* kv_rep > 1: (C + 1, Wl) c_attn's gradient set aside */
+    float *h_kv;                /* pinned: (C + 1, Wl) c_attn's gradient, (C + 1, 2 NKV hs) */
     size_t head_off;  /* flat offset of the head's weight: wte, or lm_head when untied (V rows) */
     const char *head; /* its name */
     int head_unit;    /* and unit: 0 (wte) or L + 1 (lm_head) */
@@ -463,6 +474,17 @@ struct loco_gpt_cuda {
     uint64_t wversion;             /* bumped whenever the weights are refreshed */
     loco_gpt_cuda_hooks hooks;
 };
+
+/* gpt_cuda_tp.c: the tp group's collectives on device buffers (staged
+ * through h_stage over mpi) and the vocabulary-parallel pieces; no-ops
+ * where tp = 1 is a plain call. */
+int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_comm_op op);
+int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *wpe, int B, int T);
+int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int B, int T);
+int loco__gpt_cuda_tp_xent(loco_gpt_cuda *g, int N, float dscale, bool backward);
+int loco__gpt_cuda_kv_begin(loco_gpt_cuda *g, float *dw, float *db);
+int loco__gpt_cuda_kv_end(loco_gpt_cuda *g, float *dw, float *db);
+int loco__gpt_cuda_tp_check(const loco_gpt_config *cfg, const loco_gpt_cuda_opts *o);
 
 #define TWIN(k, ...)                                                                              \
     (g->bf16 ? loco_cuda_##k##_bf16(__VA_ARGS__) : loco_cuda_##k(__VA_ARGS__))

@@ -561,6 +561,11 @@ typedef struct {
     bool bf16;
     size_t lo, hi;
     int rerun;
+    /* cfg->tp > 1: the tp group (cfg->tp ranks) this slice's collectives
+     * run over, on device buffers (nccl) or staged through pinned host
+     * buffers (tp_staged: mpi). */
+    struct loco_comm *tp;
+    bool tp_staged;
 } loco_gpt_cuda_opts;
 int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                               const loco_gpt_cuda_opts *o);

@@ -41,19 +41,38 @@ int loco__train_check_device(const loco_config *cfg) {
     return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: built without CUDA (no nvcc when loco "
                                   "was built); use train.device = cpu");
 #else
-    /* Data parallel only: the device model holds one whole model. */
+    /* Data parallel (ZeRO 0-3) and tensor parallel (gpt_cuda_tp.c, which
+     * names what tp does not do yet on the device). */
     static const struct {
         const char *key, *what;
-    } dims[] = {{"tp", "tensor"}, {"pp", "pipeline"}, {"cp", "context"}, {"ep", "expert"}};
-    const int64_t sizes[] = {cfg->parallel.tp, cfg->parallel.pp, cfg->parallel.cp,
-                             cfg->parallel.ep};
-    for (int i = 0; i < 4; i++)
+    } dims[] = {{"pp", "pipeline"}, {"cp", "context"}, {"ep", "expert"}};
+    const int64_t sizes[] = {cfg->parallel.pp, cfg->parallel.cp, cfg->parallel.ep};
+    for (int i = 0; i < 3; i++)
         if (sizes[i] > 1)
             return LOCO_ERR(LOCO_ENOTSUP,
                             "parallel.%s = %lld with train.device = cuda: %s parallelism runs on "
-                            "the CPU path only (on the GPU only data parallelism and ZeRO 0-3 "
-                            "are wired); use parallel.%s = 1 or train.device = cpu",
+                            "the CPU path only (on the GPU data parallelism, ZeRO 0-3 and "
+                            "tensor parallelism are wired); use parallel.%s = 1 or "
+                            "train.device = cpu",
                             dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
+    if (cfg->parallel.tp > 1 && cfg->parallel.sp)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.sp = true with train.device = cuda: sequence parallelism runs "
+                        "on the CPU path only (the device's tp keeps every row); use "
+                        "parallel.sp = false or train.device = cpu");
+    if (cfg->parallel.tp > 1 && !strcmp(cfg->train.dtype, "bf16"))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.tp = %lld with train.dtype = bf16 on the device: the "
+                        "vocabulary-parallel kernels are fp32 only; use train.dtype = fp32 "
+                        "(or train.device = cpu)",
+                        (long long)cfg->parallel.tp);
+    if (cfg->parallel.tp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.tp = %lld with parallel.backend = nccl: the device's tp "
+                        "collectives run over mpi (staged through pinned host buffers) for "
+                        "now; use parallel.backend = mpi",
+                        (long long)cfg->parallel.tp);
+
     if (cfg->model.n_experts > 0)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "model.n_experts = %lld: the mixture of experts trains on the CPU path; "
@@ -64,26 +83,7 @@ int loco__train_check_device(const loco_config *cfg) {
 #endif
 }
 
-#if !defined(LOCO_HAVE_CUDA)
-
-int loco__train_host_sync(loco_trainer *t) {
-    t->host_stale = false;
-    return 0;
-}
-int loco__train_device_load(loco_trainer *t, bool moments) {
-    (void)t, (void)moments;
-    return 0;
-}
-float *loco_trainer_device_params(loco_trainer *t, size_t *lo, size_t *hi) {
-    loco_zero_range(t->zero, lo, hi);
-    return NULL;
-}
-int loco_trainer_device_written(loco_trainer *t) {
-    (void)t;
-    return LOCO_ERR(LOCO_EINVAL, "trainer: not training on a device (train.device = cpu)");
-}
-
-#else /* LOCO_HAVE_CUDA */
+#if defined(LOCO_HAVE_CUDA)
 
 #include "kernels/kernels.h"
 
@@ -272,6 +272,10 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
     int device;
     LOCO_CHECK(loco_cuda_select_local_device(loco_comm_rank(t->world), &device));
     loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX};
+    if (mc->tp > 1) { /* this rank's slice; its collectives staged over mpi */
+        o.tp = t->mesh.group[LOCO_DIM_TP];
+        o.tp_staged = true;
+    }
     if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */
         loco_zero_owned(loco_gpt_num_params(t->model), loco_comm_rank(dp), loco_comm_size(dp), &lo,
@@ -441,79 +445,86 @@ void loco__train_device_destroy(loco_trainer *t) {
     t->dev_comm = NULL;
 }
 
-/* ------------------------------------------------------ host <-> device */
-
-/* The host's state (ZeRO's layouts: parameters held, owned moments) and
- * where each piece lies in the device model's held range. */
-typedef struct {
-    float *params, *m, *v;         /* host */
-    float *dp, *dm, *dv;           /* device, at the same flat elements */
-    size_t n, on;                  /* parameters, moments */
-} host_dev;
-
-static int pair_up(loco_trainer *t, host_dev *x) {
-    size_t lo, hi, olo, ohi, ml, mh;
-    float *dp, *dm, *dv;
-    loco_zero_held_params(t->zero, &lo, &hi, &x->params);
-    loco_adamw *opt = loco_zero_optimizer(t->zero, &olo, &ohi);
-    loco_gpt_cuda_state(t->dev, &dp, NULL, &dm, &dv, NULL);
-    loco_gpt_cuda_shard(t->dev, &ml, &mh, NULL, NULL);
-    if (lo < ml || hi > mh || olo < ml || ohi > mh)
-        return LOCO_ERR(LOCO_EINVAL, "host holds [%zu, %zu), the device [%zu, %zu)", lo, hi, ml,
-                        mh);
-    x->m = opt->m, x->v = opt->v;
-    x->dp = dp + (lo - ml), x->dm = dm + (olo - ml), x->dv = dv + (olo - ml);
-    x->n = hi - lo, x->on = ohi - olo;
-    return 0;
-}
-
-int loco__train_host_sync(loco_trainer *t) {
-    if (t->dev && t->host_stale) {
-        host_dev x;
-        LOCO_CHECK(pair_up(t, &x));
-        t->pcie += (x.n + 2 * x.on) * sizeof(float);
-        LOCO_CHECK(loco_cuda_copy(x.m, x.dm, x.on * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_copy(x.v, x.dv, x.on * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_copy(x.params, x.dp, x.n * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_sync(STREAM));
-    }
-    t->host_stale = false;
-    return 0;
-}
-
-int loco__train_device_load(loco_trainer *t, bool moments) {
-    if (!t->dev)
-        return 0;
-    host_dev x;
-    LOCO_CHECK(pair_up(t, &x));
-    if (moments) {
-        LOCO_CHECK(loco_cuda_copy(x.dm, x.m, x.on * sizeof(float), STREAM));
-        LOCO_CHECK(loco_cuda_copy(x.dv, x.v, x.on * sizeof(float), STREAM));
-    }
-    t->pcie += (x.n + (moments ? 2 * x.on : 0)) * sizeof(float);
-    LOCO_CHECK(loco_cuda_copy(x.dp, x.params, x.n * sizeof(float), STREAM));
-    return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the passes' weights; waits */
-}
-
-float *loco_trainer_device_params(loco_trainer *t, size_t *lo, size_t *hi) {
-    loco_zero_range(t->zero, lo, hi);
-    if (!t->dev)
-        return NULL;
-    float *params;
-    size_t ml, mh;
-    loco_gpt_cuda_state(t->dev, &params, NULL, NULL, NULL, NULL);
-    loco_gpt_cuda_shard(t->dev, &ml, &mh, NULL, NULL);
-    return *lo >= ml && *hi <= mh ? params + (*lo - ml) : NULL;
-}
-
-int loco_trainer_device_written(loco_trainer *t) {
-    if (!t->dev)
-        return LOCO_ERR(LOCO_EINVAL, "trainer: not training on a device (train.device = cpu)");
-    t->host_stale = true; /* the next host_sync downloads */
-    return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL); /* the passes' weights */
-}
-
 /* ----------------------------------------------------------------- step */
+
+/* *sumsq += the sum of squares of the device gradients [a, b). */
+static int add_sumsq(loco_trainer *t, size_t a, size_t b, double *sumsq) {
+    double s = 0;
+    if (b > a)
+        LOCO_CHECK(loco_gpt_cuda_grad_sumsq(t->dev, a, b, &s));
+    *sumsq += s;
+    return 0;
+}
+
+/* A replica's share of tensor i's [a, b): key/value columns held as a
+ * replica of a lower tp rank's count zero (loco_gpt_tp_sumsq on a host
+ * copy: c_attn's strided columns; with fewer kv heads than tp ranks). */
+static int replica_sumsq(loco_trainer *t, int i, size_t a, size_t b, double *sumsq) {
+    float *grads, *h = loco_alloc((b - a) * sizeof(float));
+    if (!h)
+        return LOCO_ERR(LOCO_ENOMEM, "gradient norm: %zu floats", b - a);
+    loco_gpt_cuda_state(t->dev, NULL, &grads, NULL, NULL, NULL);
+    int rc = loco_cuda_copy(h, grads + a, (b - a) * sizeof(float), STREAM);
+    if (!rc)
+        rc = loco_cuda_sync(STREAM);
+    if (!rc)
+        *sumsq += loco_gpt_tp_sumsq(t->model, i, h, a, b);
+    loco_free(h);
+    return rc;
+}
+
+/* The global norm's sum of squares over [lo, hi) of the device
+ * gradients as zero.c counts it: under tp a tensor replicated over the tp
+ * ranks counts on tp rank 0 only, a replicated key/value column on the
+ * first of its holders (the caller sums the slices over tp). */
+static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
+    const loco_gpt *m = t->model;
+    const loco_gpt_config *mc = loco_gpt_cfg(m);
+    const int tp = mc->tp > 1 ? mc->tp : 1, kv = loco_gpt_kv_heads(mc);
+    const bool replica = kv < tp && loco_gpt_tp_rank(m) % (tp / kv) != 0;
+    *sumsq = 0;
+    if (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica))
+        return loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, sumsq);
+    const loco_ttable *tt = loco_gpt_table(m);
+    size_t a = lo, b = lo; /* a run of sliced tensors, summed in one call */
+    for (int i = 0; i < tt->n; i++) {
+        const loco_tensor *x = &tt->t[i];
+        const size_t xa = x->offset > lo ? x->offset : lo;
+        const size_t xb = x->offset + x->numel < hi ? x->offset + x->numel : hi;
+        if (xa >= xb || (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0))
+            continue;
+        if (replica && x->part_len[0]) { /* c_attn of GQA: strided columns */
+            LOCO_CHECK(add_sumsq(t, a, b, sumsq));
+            LOCO_CHECK(replica_sumsq(t, i, xa, xb, sumsq));
+            a = b = xb;
+            continue;
+        }
+        if (xa != b) { /* a tensor left out between: the run ends */
+            LOCO_CHECK(add_sumsq(t, a, b, sumsq));
+            a = xa;
+        }
+        b = xb;
+    }
+    return add_sumsq(t, a, b, sumsq);
+}
+
+/* Clips the device gradients [lo, hi) by the global norm: this rank's
+ * sum, summed over `over` (the dp group when each rank owns a range, else
+ * NULL) and over tp, as loco_zero_step. */
+static int clip_global(loco_trainer *t, loco_comm *over, size_t lo, size_t hi, double *norm) {
+    double s;
+    LOCO_CHECK(device_sumsq(t, lo, hi, &s));
+    if (over)
+        LOCO_CHECK(loco_comm_allreduce(over, &s, 1, LOCO_DT_F64, LOCO_OP_SUM));
+    if (loco_gpt_cfg(t->model)->tp > 1)
+        LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_TP], &s, 1, LOCO_DT_F64,
+                                       LOCO_OP_SUM));
+    *norm = sqrt(s);
+    const double clip = t->cfg.train.grad_clip;
+    if (clip > 0 && *norm > clip && isfinite(*norm))
+        LOCO_CHECK(loco_gpt_cuda_scale_grads(t->dev, lo, hi, (float)(clip / *norm)));
+    return 0;
+}
 
 /* The rest of the step over dp, after the backward and its reductions:
  * the global norm, clipping and AdamW (ZeRO 0: every parameter on every
@@ -526,16 +537,12 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
     float *params;
     loco_gpt_cuda_state(d->g, &params, NULL, NULL, NULL, NULL);
     const size_t own = d->hi - d->lo;
-    if (d->stage < 2) { /* the whole gradient, identical on every rank */
+    if (d->stage < 2 && loco_gpt_cfg(t->model)->tp <= 1) /* the whole gradient, on every rank */
         LOCO_CHECK(loco_gpt_cuda_clip(d->g, clip, norm));
-    } else { /* the owned parts' sums (the dense/expert pair zero.c sums) */
-        double part[2] = {0, 0};
-        LOCO_CHECK(loco_gpt_cuda_grad_sumsq(d->g, d->lo, d->hi, &part[0]));
-        LOCO_CHECK(loco_comm_allreduce(d->host, part, 2, LOCO_DT_F64, LOCO_OP_SUM));
-        *norm = sqrt(part[0] + part[1]);
-        if (clip > 0 && *norm > clip && isfinite(*norm))
-            LOCO_CHECK(loco_gpt_cuda_scale_grads(d->g, d->lo, d->hi, (float)(clip / *norm)));
-    }
+    else if (d->stage < 2) /* the slice's, summed over tp */
+        LOCO_CHECK(clip_global(t, NULL, 0, d->P, norm));
+    else /* the owned parts' sums */
+        LOCO_CHECK(clip_global(t, d->host, d->lo, d->hi, norm));
     if (!isfinite(*norm))
         return 0; /* as loco_zero_step: the caller reports divergence */
     t->host_stale = true;
@@ -579,11 +586,21 @@ int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double 
         LOCO_CHECK(loco_gpt_cuda_loss_sum(t->dev, loss_sum));
         return finish_dp(d, lr, norm);
     }
+    loco_adamw *opt = loco_zero_optimizer(t->zero, NULL, NULL);
+    if (loco_gpt_cfg(t->model)->tp > 1) { /* the norm sums over the tp group */
+        size_t P;
+        loco_gpt_cuda_state(t->dev, NULL, NULL, NULL, NULL, &P);
+        LOCO_CHECK(loco_gpt_cuda_loss_sum(t->dev, loss_sum));
+        LOCO_CHECK(clip_global(t, NULL, 0, P, norm));
+        if (!isfinite(*norm))
+            return 0; /* as loco_zero_step: the caller reports divergence */
+        t->host_stale = true;
+        return loco_gpt_cuda_adamw(t->dev, opt, lr);
+    }
     /* clip and AdamW queued, one wait; AdamW skipped on the device when the
      * norm is not finite (the caller reports divergence) */
     t->host_stale = true;
-    return loco_gpt_cuda_clip_adamw(t->dev, loco_zero_optimizer(t->zero, NULL, NULL), lr,
-                                    t->cfg.train.grad_clip, norm, loss_sum);
+    return loco_gpt_cuda_clip_adamw(t->dev, opt, lr, t->cfg.train.grad_clip, norm, loss_sum);
 }
 
 #endif /* LOCO_HAVE_CUDA */

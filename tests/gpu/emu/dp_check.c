@@ -10,9 +10,12 @@
  *                           dp = 2 (batch_size 2 each: the same global
  *                           batch), fp32 ZeRO 0, 1, 2 and 3 (the sharded
  *                           device model, weights gathered per unit) and
- *                           bf16 ZeRO-3 (CASES "0123b3" by default): every
+ *                           bf16 ZeRO-3; 't': tp = 2 (dp = 1, batch_size 4
+ *                           on both ranks: inner/model/gpt_cuda_tp.c), fp32
+ *                           (CASES "0123tb3" by default): every
  *                           step's loss and the final parameters (ZeRO-3:
- *                           the owned range) within 1e-5 relative of the
+ *                           the owned range; tp: each slice element against
+ *                           its whole-model one) within 1e-5 relative of the
  *                           reference (bf16 parameters 2e-2, see
  *                           TOL_BF16_PARAMS; max |diff| / max |ref|,
  *                           as tests/parallel/test_zero.c); then a sharded
@@ -57,6 +60,7 @@
 #define TOL_BF16_PARAMS 2e-2
 
 static const char *g_dtype = "fp32"; /* of the run being checked */
+static int g_tp = 1;                 /* parallel.tp of the run being checked */
 static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
 static double tol(void) { return bf16() ? TOL_BF16_LOSS : TOL_F32; }
 static double tol_params(void) { return bf16() ? TOL_BF16_PARAMS : TOL_F32; }
@@ -81,8 +85,13 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     cfg->train.lr = 1e-2;
     cfg->train.grad_clip = 0.5; /* clipping bites: the global norm matters */
     cfg->parallel.dp = strcmp(backend, "self") ? 2 : 1;
+    if (g_tp > 1) { /* tp ranks share the batch: the reference's global batch each */
+        cfg->parallel.tp = g_tp;
+        cfg->parallel.dp = 1;
+        cfg->train.batch_size = 4;
+    }
     const char *rc = getenv("LOCO_DP_RECOMPUTE");
-    if (rc && *rc && cfg->parallel.dp > 1)
+    if (rc && *rc && strcmp(backend, "self"))
         snprintf(cfg->train.recompute, sizeof cfg->train.recompute, "%s", rc);
     cfg->parallel.zero_stage = zero;
     cfg->parallel.bucket_mb = 0.004; /* several buckets */
@@ -94,7 +103,8 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     snprintf(cfg->train.dtype, sizeof cfg->train.dtype, "%s", g_dtype);
     snprintf(cfg->parallel.backend, sizeof cfg->parallel.backend, "%s", backend);
     snprintf(cfg->data.train, sizeof cfg->data.train, "%s/train_000000.bin", dir);
-    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s", dir, backend, zero, g_dtype);
+    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d", dir, backend, zero,
+             g_dtype, g_tp);
 }
 
 /* A learnable byte stream, as tests/gpu/test_cuda_model.c's. */
@@ -184,6 +194,33 @@ static int load_reference(const char *dir) {
     return 0;
 }
 
+/* A tp slice's parameters against the reference's whole ones:
+ * max |diff| and max |ref| over the slice's real elements. */
+static void compare_slice(const loco_gpt *m, const float *p, double *dmax, double *rmax) {
+    loco_ttable whole;
+    int rc = loco_gpt_build_whole_table(m, &whole);
+    CHECK(rc == 0 && whole.numel == ref_n, "whole table: %s", rc ? loco_errmsg() : "size");
+    if (rc)
+        return;
+    const loco_ttable *tt = loco_gpt_table(m);
+    size_t seen = 0;
+    for (int i = 0; i < tt->n && whole.numel == ref_n; i++) {
+        const int w = loco_ttable_find(&whole, tt->t[i].name);
+        CHECK(w >= 0, "%s not in the whole table", tt->t[i].name);
+        for (size_t j = 0; w >= 0 && j < tt->t[i].numel; j++) {
+            size_t gi;
+            if (!loco_gpt_tp_global(&whole.t[w], g_tp, loco_gpt_tp_rank(m), j, &gi))
+                continue; /* vocabulary padding */
+            const double r = ref_params[whole.t[w].offset + gi];
+            *dmax = fmax(*dmax, fabs((double)p[tt->t[i].offset + j] - r));
+            *rmax = fmax(*rmax, fabs(r));
+            seen++;
+        }
+    }
+    CHECK(seen > 0 && seen < ref_n, "tp slice: %zu elements compared of %zu", seen, ref_n);
+    loco_ttable_fini(&whole);
+}
+
 static void check_stage(const char *dir, int zero) {
     loco_config cfg;
     config(&cfg, dir, "mpi", 2, zero);
@@ -208,16 +245,22 @@ static void check_stage(const char *dir, int zero) {
     /* ZeRO-3: this rank's owned range (the host model holds no whole
      * parameters); else every parameter */
     const loco_gpt *m = loco_trainer_model(t);
-    CHECK(loco_gpt_num_params(m) == ref_n, "ZeRO-%d: %zu parameters, reference %zu", zero,
-          loco_gpt_num_params(m), ref_n);
+    CHECK(loco_gpt_cfg(m)->tp == (g_tp > 1 ? g_tp : 0) || (g_tp == 1 && loco_gpt_cfg(m)->tp == 1),
+          "the model's tp is %d, the run's %d", loco_gpt_cfg(m)->tp, g_tp);
+    CHECK(g_tp > 1 || loco_gpt_num_params(m) == ref_n, "ZeRO-%d: %zu parameters, reference %zu",
+          zero, loco_gpt_num_params(m), ref_n);
     size_t lo = 0, hi = loco_gpt_num_params(m);
     const float *p = zero >= 3 ? loco_trainer_owned_params(t, &lo, &hi) : loco_gpt_params(m);
     CHECK(p != NULL && hi <= ref_n && (zero < 3 || hi - lo < ref_n),
           "ZeRO-%d: parameters [%zu, %zu) of %zu", zero, lo, hi, ref_n);
     double dmax = 0, rmax = 0;
-    for (size_t i = lo; p && i < hi && hi <= ref_n; i++) {
-        dmax = fmax(dmax, fabs((double)p[i - lo] - ref_params[i]));
-        rmax = fmax(rmax, fabs((double)ref_params[i]));
+    if (g_tp > 1) { /* this rank's slice, each element against its whole-model one */
+        compare_slice(m, p, &dmax, &rmax);
+    } else {
+        for (size_t i = lo; p && i < hi && hi <= ref_n; i++) {
+            dmax = fmax(dmax, fabs((double)p[i - lo] - ref_params[i]));
+            rmax = fmax(rmax, fabs((double)ref_params[i]));
+        }
     }
     CHECK(dmax <= tol_params() * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero, dmax / rmax);
     /* Sharded checkpoint; a new trainer resumes it: the next step is the
@@ -241,9 +284,9 @@ static void check_stage(const char *dir, int zero) {
     CHECK(rc == 0 && e <= tol(), "ZeRO-%d resumed step %d: loss %.7f, one rank %.7f (rel %.3g)",
           zero, STEPS + 1, s.loss, ref_loss[STEPS], e);
     if (g_rank == 0)
-        printf("dp=2 ZeRO-%d %s (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
+        printf("%s=2 ZeRO-%d %s (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
                "resumed step rel diff %.3g\n",
-               zero, g_dtype, worst, dmax / rmax, e);
+               g_tp > 1 ? "tp" : "dp", zero, g_dtype, worst, dmax / rmax, e);
 out:
     loco_trainer_destroy(t);
 }
@@ -251,7 +294,7 @@ out:
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
         fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
-                        "then b and bf16 stages; default 0123b3)\n");
+                        "t (tp = 2), then b and bf16 stages; default 0123tb3)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -268,11 +311,17 @@ int main(int argc, char **argv) {
     if (load_reference(argv[2]) < 0)
         return 1;
     /* CASES: fp32 stages, then after 'b' the bf16 ones */
-    const char *cases = argc == 4 ? argv[3] : "0123b3";
+    const char *cases = argc == 4 ? argv[3] : "0123tb3";
     const char *bf = strchr(cases, 'b');
-    for (const char *c = cases; *c && c != bf; c++)
+    for (const char *c = cases; *c && c != bf; c++) {
         if (*c >= '0' && *c <= '3')
             check_stage(argv[2], *c - '0');
+        if (*c == 't') { /* tp = 2 instead of dp = 2, both ranks the whole batch */
+            g_tp = 2;
+            check_stage(argv[2], 0);
+            g_tp = 1;
+        }
+    }
     /* bf16: the ZeRO-3 gathers move the passes' weights (2 bytes an element) */
     g_dtype = "bf16";
     if (bf && bf[1]) {

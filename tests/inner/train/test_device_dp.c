@@ -1,7 +1,8 @@
 /* train.device = cuda with more than one rank, what can be checked without
  * a device (docs/DECISIONS.md, "GPU data parallel"): the meshes the device
- * trainer refuses (tensor, pipeline, context and expert parallelism; ZeRO-3
- * over several ranks; parallel.backend = nccl on the CPU), each with its
+ * trainer refuses (pipeline, context and expert parallelism; sequence
+ * parallelism, bf16 and nccl with tp; parallel.backend = nccl on the
+ * CPU), each with its
  * message, and a two-rank cuda run under mpirun that, on a machine without
  * a device, stops with a clear error on every rank instead of hanging.
  * The run itself (dp = 2, ZeRO 0-2 against one rank) is tests/gpu/emu/
@@ -55,12 +56,31 @@ static void expect_refused(const loco_config *cfg, const char *want) {
 
 TestSuite(device_dp, .timeout = 60);
 
-Test(device_dp, tensor_parallel_refused) {
+/* Tensor parallelism runs on the device (tests/gpu/emu/dp_check.c, case
+ * t); what it does not do there yet is refused by name. */
+Test(device_dp, sequence_parallel_refused) {
     loco_config cfg;
     config(&cfg);
     cfg.parallel.tp = 2;
-    expect_refused(&cfg, "parallel.tp = 2 with train.device = cuda: tensor parallelism runs on "
-                         "the CPU path only");
+    cfg.parallel.sp = true;
+    expect_refused(&cfg, "parallel.sp = true with train.device = cuda: sequence parallelism "
+                         "runs on the CPU path only");
+}
+
+Test(device_dp, tensor_parallel_bf16_refused) {
+    loco_config cfg;
+    config(&cfg);
+    cfg.parallel.tp = 2;
+    snprintf(cfg.train.dtype, sizeof cfg.train.dtype, "bf16");
+    expect_refused(&cfg, "parallel.tp = 2 with train.dtype = bf16 on the device");
+}
+
+Test(device_dp, tensor_parallel_over_nccl_refused) {
+    loco_config cfg;
+    config(&cfg);
+    cfg.parallel.tp = 2;
+    snprintf(cfg.parallel.backend, sizeof cfg.parallel.backend, "nccl");
+    expect_refused(&cfg, "parallel.tp = 2 with parallel.backend = nccl");
 }
 
 Test(device_dp, pipeline_parallel_refused) {

@@ -1,0 +1,148 @@
+/* Tensor parallelism on the device model (Megatron 1-D, as model_tp.c on
+ * the CPU): the tp group's collectives on device buffers, the
+ * vocabulary-parallel embedding and cross-entropy. gpt_cuda.c's passes
+ * call these where the CPU passes call model_tp.c; the slice's widths
+ * (Cl, NHl, Wl, Fl, Hl, Vl) are the CPU model's.
+ *
+ * Over mpi a collective is staged: the buffer to pinned host memory (the
+ * host waits for the kernels before it), the collective, and back on the
+ * compute stream. Over nccl it runs on the device buffer, ordered on the
+ * compute stream. Compiled only in a CUDA build. */
+#include "inner/model/internal.h"
+
+#if defined(LOCO_HAVE_CUDA)
+
+#include <string.h>
+
+/* What the device model cannot yet do with tp (the CPU path does it). */
+int loco__gpt_cuda_tp_check(const loco_gpt_config *cfg, const loco_gpt_cuda_opts *o) {
+    if (cfg->tp <= 1)
+        return 0;
+    if (!o->tp || cfg->tp != loco_comm_size(o->tp))
+        return LOCO_ERR(LOCO_EINVAL, "device model: tp = %d needs its tp group of %d ranks (%d)",
+                        cfg->tp, cfg->tp, o->tp ? loco_comm_size(o->tp) : 0);
+    if (o->bf16)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.tp = %d with train.dtype = bf16 on the device: the "
+                        "vocabulary-parallel kernels are fp32 only; use train.dtype = fp32 "
+                        "(or train.device = cpu)",
+                        cfg->tp);
+    if (loco__gpt_kv_rep(cfg) > 1 && !o->tp_staged)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.tp = %d with model.n_kv_head = %d over nccl: key/value "
+                        "heads replicated over tp ranks are summed on the host (staged, mpi) "
+                        "only",
+                        cfg->tp, loco_gpt_kv_heads(cfg));
+    return 0;
+}
+
+int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_comm_op op) {
+    if (g->tp <= 1 || !n)
+        return 0;
+    if (!g->tp_staged)
+        return loco_comm_allreduce(g->tpc, buf, n, LOCO_DT_F32, op);
+    /* the previous staged copy back left h_stage before this one's copy
+     * out (same stream), and the host waits for it here */
+    LOCO_CHECK(loco_cuda_copy(g->h_stage, buf, n * sizeof(float), g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    LOCO_CHECK(loco_comm_allreduce(g->tpc, g->h_stage, n, LOCO_DT_F32, op));
+    return loco_cuda_copy(buf, g->h_stage, n * sizeof(float), g->stream);
+}
+
+/* Each rank looks up the tokens of its vocabulary rows (others' give 0);
+ * the sum over tp is the embedding; then + wpe (learned positions). */
+int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *wpe, int B, int T) {
+    const int C = g->cfg.n_embd, N = B * T;
+    RUN(LOCO_PROF_ELEM, loco_cuda_embed_fwd(g->encoded, g->inputs, wte, g->v_lo, g->Vl, N, C,
+                                            g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->encoded, (size_t)N * C, LOCO_OP_SUM));
+    if (wpe)
+        RUN(LOCO_PROF_ELEM, loco_cuda_pos_fwd(g->encoded, wpe, 0, N, T, C, g->stream));
+    return 0;
+}
+
+/* dres (N, C) is the whole gradient on every tp rank: this rank's wte
+ * rows, and wpe (replicated, the same on every rank). */
+int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int B, int T) {
+    const int C = g->cfg.n_embd, N = B * T;
+    if (dwpe)
+        RUN(LOCO_PROF_ELEM, loco_cuda_pos_bwd(dwpe, g->dres, 0, N, T, C, g->stream));
+    RUN(LOCO_PROF_ELEM,
+        loco_cuda_embed_bwd(dwte, g->dres, g->inputs, g->v_lo, g->Vl, N, C, g->stream));
+    return 0;
+}
+
+/* The losses (and the logits' gradient in place, scaled by dscale) with
+ * the softmax's row max and sum all-reduced over tp: the whole logits are
+ * never on one rank. The logits are Vp wide, the slice's real columns
+ * [0, v_valid). */
+int loco__gpt_cuda_tp_xent(loco_gpt_cuda *g, int N, float dscale, bool backward) {
+    float *rowmax = g->xent, *sumexp = g->xent + N, *tlogit = g->xent + 2 * (size_t)N;
+    float *logits = g->logits;
+    RUN(LOCO_PROF_XENT,
+        loco_cuda_xent_vp_max(rowmax, logits, N, g->Vp, g->v_valid, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, rowmax, (size_t)N, LOCO_OP_MAX));
+    RUN(LOCO_PROF_XENT, loco_cuda_xent_vp_sum(sumexp, tlogit, logits, rowmax, g->targets,
+                                              g->v_lo, N, g->Vp, g->v_valid, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, sumexp, 2 * (size_t)N, LOCO_OP_SUM));
+    RUN(LOCO_PROF_XENT,
+        loco_cuda_xent_vp_finish(g->losses, backward ? logits : NULL, logits, rowmax, sumexp,
+                                 tlogit, g->targets, g->v_lo, N, g->Vp, g->v_valid, dscale,
+                                 g->stream));
+    return 0;
+}
+
+/* ---------------------------------------- replicated key/value heads */
+
+/* With fewer key/value heads than tp ranks each head is held by
+ * kv_rep = tp / n_kv_head ranks, each adding its own query heads' part of
+ * the head's gradient. Around c_attn's weight half (model_tp.c's
+ * kv_replicas_begin / _end): begin moves the gradient so far aside and
+ * clears it; end sums this micro-batch's key and value columns over the
+ * ranks (on the host, as every staged collective) and adds back what was
+ * kept. The kept part of a replica's columns is the sum already. */
+int loco__gpt_cuda_kv_begin(loco_gpt_cuda *g, float *dw, float *db) {
+    const size_t CW = (size_t)g->cfg.n_embd * g->Wl;
+    LOCO_CHECK(loco_cuda_copy(g->kv_keep, dw, CW * 4, g->stream));
+    LOCO_CHECK(loco_cuda_zero(dw, CW * 4, g->stream));
+    if (db) {
+        LOCO_CHECK(loco_cuda_copy(g->kv_keep + CW, db, (size_t)g->Wl * 4, g->stream));
+        LOCO_CHECK(loco_cuda_zero(db, (size_t)g->Wl * 4, g->stream));
+    }
+    return 0;
+}
+
+int loco__gpt_cuda_kv_end(loco_gpt_cuda *g, float *dw, float *db) {
+    const int C = g->cfg.n_embd, W = g->Wl, hs = loco_gpt_head_size(&g->cfg);
+    const int Q = g->NHl * hs, NKV = loco_gpt_kv_heads(&g->cfg);
+    const int head = g->tp_rank / loco__gpt_kv_rep(&g->cfg);
+    const size_t CW = (size_t)C * W, KA = 2 * (size_t)NKV * hs, rows = (size_t)C + (db ? 1 : 0);
+    float *h = g->h_kv, *all = g->h_kv + CW + W;
+    LOCO_CHECK(loco_cuda_copy(h, dw, CW * 4, g->stream));
+    if (db)
+        LOCO_CHECK(loco_cuda_copy(h + CW, db, (size_t)W * 4, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    /* row c of all: every key head, then every value head; this rank's
+     * head's columns in place, zero elsewhere */
+    memset(all, 0, rows * KA * sizeof(float));
+    for (size_t c = 0; c < rows; c++) {
+        const float *src = h + c * W + Q;
+        memcpy(all + c * KA + (size_t)head * hs, src, (size_t)hs * sizeof(float));
+        memcpy(all + c * KA + (size_t)(NKV + head) * hs, src + hs, (size_t)hs * sizeof(float));
+    }
+    LOCO_CHECK(loco_comm_allreduce(g->tpc, all, rows * KA, LOCO_DT_F32, LOCO_OP_SUM));
+    for (size_t c = 0; c < rows; c++) {
+        float *dst = h + c * W + Q;
+        memcpy(dst, all + c * KA + (size_t)head * hs, (size_t)hs * sizeof(float));
+        memcpy(dst + hs, all + c * KA + (size_t)(NKV + head) * hs, (size_t)hs * sizeof(float));
+    }
+    LOCO_CHECK(loco_cuda_copy(dw, h, CW * 4, g->stream));
+    LOCO_CHECK(loco_cuda_add_clear(dw, g->kv_keep, CW, g->stream));
+    if (db) {
+        LOCO_CHECK(loco_cuda_copy(db, h + CW, (size_t)W * 4, g->stream));
+        LOCO_CHECK(loco_cuda_add_clear(db, g->kv_keep + CW, (size_t)W, g->stream));
+    }
+    return loco_cuda_sync(g->stream); /* h_kv is read by the copies */
+}
+
+#endif /* LOCO_HAVE_CUDA */
