@@ -73,8 +73,9 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t n_ranges = 44 + 13 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
-           N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 + LOCO_CUDA_SUMSQ_OUT * 8 + rope +
-           (kept + shared) * per_layer + (size_t)g->n_rerun * N * C * es + n_ranges * 256;
+           N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
+           LOCO_CUDA_SUMSQ_OUT * 8 + rope + (kept + shared) * per_layer +
+           (size_t)g->n_rerun * N * C * es + n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
@@ -822,12 +823,14 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
         const bool kv_rep = g->kv_keep != NULL; /* heads shared by tp ranks: summed over them */
         if (kv_rep)
-            LOCO_CHECK(loco__gpt_cuda_kv_begin(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
+            LOCO_CHECK(
+                loco__gpt_cuda_kv_begin(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
         RUN(LOCO_PROF_MATMUL,
             TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"), LG("attn.c_attn.bias"), g->dqkv,
                  a->ln1, LW("attn.c_attn.weight"), N, C, Wd, false, s));
         if (kv_rep)
-            LOCO_CHECK(loco__gpt_cuda_kv_end(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
+            LOCO_CHECK(
+                loco__gpt_cuda_kv_end(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
         LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM)); /* column-parallel */
         LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_1.weight"), LG("ln_1.bias"), g->dbtc, res,
                             LW("ln_1.weight"), a->ln1m, a->ln1r, N));

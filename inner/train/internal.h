@@ -86,6 +86,11 @@ int loco__train_check_device(const loco_config *cfg);
  * moments. No-ops without a device model. */
 int loco__train_host_sync(loco_trainer *t);
 int loco__train_device_load(loco_trainer *t, bool moments);
+/* train_device_norm.c: clips the device gradients [lo, hi) by the global
+ * norm (*norm): this rank's sum of squares, summed over `over` (the dp
+ * group when each rank owns a range, else NULL) and over tp. */
+int loco__train_device_clip(loco_trainer *t, struct loco_comm *over, size_t lo, size_t hi,
+                            double *norm);
 #if defined(LOCO_HAVE_CUDA)
 /* The device model (sharded at ZeRO-3 over dp > 1), its attention kernel
  * and graph setting; before loco_zero_create. */

@@ -447,85 +447,6 @@ void loco__train_device_destroy(loco_trainer *t) {
 
 /* ----------------------------------------------------------------- step */
 
-/* *sumsq += the sum of squares of the device gradients [a, b). */
-static int add_sumsq(loco_trainer *t, size_t a, size_t b, double *sumsq) {
-    double s = 0;
-    if (b > a)
-        LOCO_CHECK(loco_gpt_cuda_grad_sumsq(t->dev, a, b, &s));
-    *sumsq += s;
-    return 0;
-}
-
-/* A replica's share of tensor i's [a, b): key/value columns held as a
- * replica of a lower tp rank's count zero (loco_gpt_tp_sumsq on a host
- * copy: c_attn's strided columns; with fewer kv heads than tp ranks). */
-static int replica_sumsq(loco_trainer *t, int i, size_t a, size_t b, double *sumsq) {
-    float *grads, *h = loco_alloc((b - a) * sizeof(float));
-    if (!h)
-        return LOCO_ERR(LOCO_ENOMEM, "gradient norm: %zu floats", b - a);
-    loco_gpt_cuda_state(t->dev, NULL, &grads, NULL, NULL, NULL);
-    int rc = loco_cuda_copy(h, grads + a, (b - a) * sizeof(float), STREAM);
-    if (!rc)
-        rc = loco_cuda_sync(STREAM);
-    if (!rc)
-        *sumsq += loco_gpt_tp_sumsq(t->model, i, h, a, b);
-    loco_free(h);
-    return rc;
-}
-
-/* The global norm's sum of squares over [lo, hi) of the device
- * gradients as zero.c counts it: under tp a tensor replicated over the tp
- * ranks counts on tp rank 0 only, a replicated key/value column on the
- * first of its holders (the caller sums the slices over tp). */
-static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
-    const loco_gpt *m = t->model;
-    const loco_gpt_config *mc = loco_gpt_cfg(m);
-    const int tp = mc->tp > 1 ? mc->tp : 1, kv = loco_gpt_kv_heads(mc);
-    const bool replica = kv < tp && loco_gpt_tp_rank(m) % (tp / kv) != 0;
-    *sumsq = 0;
-    if (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica))
-        return loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, sumsq);
-    const loco_ttable *tt = loco_gpt_table(m);
-    size_t a = lo, b = lo; /* a run of sliced tensors, summed in one call */
-    for (int i = 0; i < tt->n; i++) {
-        const loco_tensor *x = &tt->t[i];
-        const size_t xa = x->offset > lo ? x->offset : lo;
-        const size_t xb = x->offset + x->numel < hi ? x->offset + x->numel : hi;
-        if (xa >= xb || (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0))
-            continue;
-        if (replica && x->part_len[0]) { /* c_attn of GQA: strided columns */
-            LOCO_CHECK(add_sumsq(t, a, b, sumsq));
-            LOCO_CHECK(replica_sumsq(t, i, xa, xb, sumsq));
-            a = b = xb;
-            continue;
-        }
-        if (xa != b) { /* a tensor left out between: the run ends */
-            LOCO_CHECK(add_sumsq(t, a, b, sumsq));
-            a = xa;
-        }
-        b = xb;
-    }
-    return add_sumsq(t, a, b, sumsq);
-}
-
-/* Clips the device gradients [lo, hi) by the global norm: this rank's
- * sum, summed over `over` (the dp group when each rank owns a range, else
- * NULL) and over tp, as loco_zero_step. */
-static int clip_global(loco_trainer *t, loco_comm *over, size_t lo, size_t hi, double *norm) {
-    double s;
-    LOCO_CHECK(device_sumsq(t, lo, hi, &s));
-    if (over)
-        LOCO_CHECK(loco_comm_allreduce(over, &s, 1, LOCO_DT_F64, LOCO_OP_SUM));
-    if (loco_gpt_cfg(t->model)->tp > 1)
-        LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_TP], &s, 1, LOCO_DT_F64,
-                                       LOCO_OP_SUM));
-    *norm = sqrt(s);
-    const double clip = t->cfg.train.grad_clip;
-    if (clip > 0 && *norm > clip && isfinite(*norm))
-        LOCO_CHECK(loco_gpt_cuda_scale_grads(t->dev, lo, hi, (float)(clip / *norm)));
-    return 0;
-}
-
 /* The rest of the step over dp, after the backward and its reductions:
  * the global norm, clipping and AdamW (ZeRO 0: every parameter on every
  * rank; 1-2: the owned range, then the parameters all-gathered; 3: the
@@ -540,9 +461,9 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
     if (d->stage < 2 && loco_gpt_cfg(t->model)->tp <= 1) /* the whole gradient, on every rank */
         LOCO_CHECK(loco_gpt_cuda_clip(d->g, clip, norm));
     else if (d->stage < 2) /* the slice's, summed over tp */
-        LOCO_CHECK(clip_global(t, NULL, 0, d->P, norm));
+        LOCO_CHECK(loco__train_device_clip(t, NULL, 0, d->P, norm));
     else /* the owned parts' sums */
-        LOCO_CHECK(clip_global(t, d->host, d->lo, d->hi, norm));
+        LOCO_CHECK(loco__train_device_clip(t, d->host, d->lo, d->hi, norm));
     if (!isfinite(*norm))
         return 0; /* as loco_zero_step: the caller reports divergence */
     t->host_stale = true;
@@ -591,7 +512,7 @@ int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double 
         size_t P;
         loco_gpt_cuda_state(t->dev, NULL, NULL, NULL, NULL, &P);
         LOCO_CHECK(loco_gpt_cuda_loss_sum(t->dev, loss_sum));
-        LOCO_CHECK(clip_global(t, NULL, 0, P, norm));
+        LOCO_CHECK(loco__train_device_clip(t, NULL, 0, P, norm));
         if (!isfinite(*norm))
             return 0; /* as loco_zero_step: the caller reports divergence */
         t->host_stale = true;

@@ -262,7 +262,8 @@ static void check_stage(const char *dir, int zero) {
             rmax = fmax(rmax, fabs((double)ref_params[i]));
         }
     }
-    CHECK(dmax <= tol_params() * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero, dmax / rmax);
+    CHECK(dmax <= tol_params() * rmax, "ZeRO-%d: parameters differ by %.3g relative", zero,
+          dmax / rmax);
     /* Sharded checkpoint; a new trainer resumes it: the next step is the
      * reference's (moments, step count and data position came back). */
     char ck[700];

@@ -1,0 +1,92 @@
+/* The global gradient norm of the device model and its clip
+ * (train.device = cuda), as zero.c's loco_zero_step counts it: each
+ * element once over the island. Under tp a tensor replicated over the tp
+ * ranks counts on tp rank 0 only and a key/value column replicated over
+ * ranks on the first of its holders; the slices' sums add up over tp. */
+#include "inner/train/internal.h"
+
+#if defined(LOCO_HAVE_CUDA)
+
+#include "kernels/kernels.h"
+
+#include <math.h>
+
+#define STREAM loco_cuda_compute_stream()
+
+/* *sumsq += the sum of squares of the device gradients [a, b). */
+static int add_sumsq(loco_trainer *t, size_t a, size_t b, double *sumsq) {
+    double s = 0;
+    if (b > a)
+        LOCO_CHECK(loco_gpt_cuda_grad_sumsq(t->dev, a, b, &s));
+    *sumsq += s;
+    return 0;
+}
+
+/* A replica's share of tensor i's [a, b): key/value columns held as a
+ * replica of a lower tp rank's count zero (loco_gpt_tp_sumsq on a host
+ * copy: c_attn's strided columns; with fewer kv heads than tp ranks). */
+static int replica_sumsq(loco_trainer *t, int i, size_t a, size_t b, double *sumsq) {
+    float *grads, *h = loco_alloc((b - a) * sizeof(float));
+    if (!h)
+        return LOCO_ERR(LOCO_ENOMEM, "gradient norm: %zu floats", b - a);
+    loco_gpt_cuda_state(t->dev, NULL, &grads, NULL, NULL, NULL);
+    int rc = loco_cuda_copy(h, grads + a, (b - a) * sizeof(float), STREAM);
+    if (!rc)
+        rc = loco_cuda_sync(STREAM);
+    if (!rc)
+        *sumsq += loco_gpt_tp_sumsq(t->model, i, h, a, b);
+    loco_free(h);
+    return rc;
+}
+
+/* The global norm's sum of squares over [lo, hi) of the device
+ * gradients as zero.c counts it: under tp a tensor replicated over the tp
+ * ranks counts on tp rank 0 only, a replicated key/value column on the
+ * first of its holders (the caller sums the slices over tp). */
+static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
+    const loco_gpt *m = t->model;
+    const loco_gpt_config *mc = loco_gpt_cfg(m);
+    const int tp = mc->tp > 1 ? mc->tp : 1, kv = loco_gpt_kv_heads(mc);
+    const bool replica = kv < tp && loco_gpt_tp_rank(m) % (tp / kv) != 0;
+    *sumsq = 0;
+    if (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica))
+        return loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, sumsq);
+    const loco_ttable *tt = loco_gpt_table(m);
+    size_t a = lo, b = lo; /* a run of sliced tensors, summed in one call */
+    for (int i = 0; i < tt->n; i++) {
+        const loco_tensor *x = &tt->t[i];
+        const size_t xa = x->offset > lo ? x->offset : lo;
+        const size_t xb = x->offset + x->numel < hi ? x->offset + x->numel : hi;
+        if (xa >= xb || (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0))
+            continue;
+        if (replica && x->part_len[0]) { /* c_attn of GQA: strided columns */
+            LOCO_CHECK(add_sumsq(t, a, b, sumsq));
+            LOCO_CHECK(replica_sumsq(t, i, xa, xb, sumsq));
+            a = b = xb;
+            continue;
+        }
+        if (xa != b) { /* a tensor left out between: the run ends */
+            LOCO_CHECK(add_sumsq(t, a, b, sumsq));
+            a = xa;
+        }
+        b = xb;
+    }
+    return add_sumsq(t, a, b, sumsq);
+}
+
+int loco__train_device_clip(loco_trainer *t, loco_comm *over, size_t lo, size_t hi, double *norm) {
+    double s;
+    LOCO_CHECK(device_sumsq(t, lo, hi, &s));
+    if (over)
+        LOCO_CHECK(loco_comm_allreduce(over, &s, 1, LOCO_DT_F64, LOCO_OP_SUM));
+    if (loco_gpt_cfg(t->model)->tp > 1)
+        LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_TP], &s, 1, LOCO_DT_F64,
+                                       LOCO_OP_SUM));
+    *norm = sqrt(s);
+    const double clip = t->cfg.train.grad_clip;
+    if (clip > 0 && *norm > clip && isfinite(*norm))
+        LOCO_CHECK(loco_gpt_cuda_scale_grads(t->dev, lo, hi, (float)(clip / *norm)));
+    return 0;
+}
+
+#endif /* LOCO_HAVE_CUDA */
