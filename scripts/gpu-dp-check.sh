@@ -11,8 +11,19 @@
 #            collectives staged through pinned host buffers), dp = 2,
 #            ZeRO 0, 1, 2 and 3 (ZeRO-3: the sharded device model, weights
 #            gathered unit by unit)
+#   tp2      mpirun -np 2 on the one GPU, backend mpi, tp = 2 (the device
+#            model's tp slice, inner/model/gpt_cuda_tp.c; staged)
+#   tp2-llama  the same on the Llama block with one key/value head of two
+#            (replicated over the tp ranks), against its own one-rank run
+#   dp2-tp2  mpirun -np 4 on the one GPU: dp = 2 x tp = 2, ZeRO-1
+#
+# Each run's line (JSON) has its worst loss difference and its tokens/s
+# (the mean of the steps after the first; these runs share one GPU and
+# stage through the host: a check, not a speed).
 #
 # usage: scripts/gpu-dp-check.sh LOCO_BINARY   (a build with CUDA and MPI)
+# GPU_DP_STEPS (default 6) steps; GPU_DP_NCCL=0 leaves out nccl1 (the
+# kernel emulator's loco, tests/gpu/emu/run.sh, runs the rest on a CPU).
 # Exit status 0 when every run matched; 1 otherwise; 2 for a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -37,22 +48,26 @@ run() { # name, then the command; its output in $d/name.log
     fail=1
   fi
 }
-# the losses of two runs' metrics.jsonl, step by step
+# the losses of two runs' metrics.jsonl, step by step (REF: the one-rank
+# run, ref by default)
 compare() {
-  python3 - "$d/ref/metrics.jsonl" "$d/$1/metrics.jsonl" "$1" "$STEPS" <<'PY'
+  python3 - "$d/${2:-ref}/metrics.jsonl" "$d/$1/metrics.jsonl" "$1" "$STEPS" <<'PY'
 import json, sys
 ref_path, got_path, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-def losses(path):
+tps = []
+def losses(path, speed=None):
     out = {}
     try:
         for line in open(path):
             r = json.loads(line)
             if "loss" in r and "step" in r:
                 out[r["step"]] = r["loss"]
+                if speed is not None and r["step"] > 1 and "tokens_per_s" in r:
+                    speed.append(r["tokens_per_s"])
     except OSError as e:
         print(f"gpu-dp: {name}: no metrics ({e})")
     return out
-ref, got = losses(ref_path), losses(got_path)
+ref, got = losses(ref_path), losses(got_path, tps)
 worst, bad = 0.0, []
 for s in range(1, steps + 1):
     if s not in ref or s not in got:
@@ -62,7 +77,8 @@ for s in range(1, steps + 1):
     worst = max(worst, e)
     if e > 1e-5:
         bad.append(f"step {s}: {got[s]:.9g} vs one rank {ref[s]:.9g}")
-print(json.dumps({"run": name, "steps": steps, "worst_rel_diff": worst, "ok": not bad}))
+print(json.dumps({"run": name, "steps": steps, "worst_rel_diff": worst, "ok": not bad,
+                  "tokens_per_s": sum(tps) / len(tps) if tps else None}))
 for b in bad:
     print(f"gpu-dp: {name}: {b}")
 sys.exit(1 if bad else 0)
@@ -71,13 +87,31 @@ PY
 run ref "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=self \
   --set train.batch_size=4 --set run.dir="$d/ref"
 [ $fail -eq 0 ] || exit 1
-run nccl1 "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=nccl \
-  --set parallel.zero_stage=1 --set train.batch_size=4 --set run.dir="$d/nccl1"
-compare nccl1 || fail=1
+if [ "${GPU_DP_NCCL:-1}" = 1 ]; then
+  run nccl1 "$LOCO" train configs/tiny.ini "${TINY[@]}" --set parallel.backend=nccl \
+    --set parallel.zero_stage=1 --set train.batch_size=4 --set run.dir="$d/nccl1"
+  compare nccl1 || fail=1
+else
+  echo "gpu-dp: nccl1: skipped (GPU_DP_NCCL=0: the emulator has no NCCL device)"
+fi
 for z in 0 1 2 3; do
   run "dp2-z$z" mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
     --set parallel.backend=mpi --set parallel.dp=2 --set parallel.zero_stage="$z" \
     --set train.batch_size=2 --set run.dir="$d/dp2-z$z"
   compare "dp2-z$z" || fail=1
 done
+run tp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  --set parallel.backend=mpi --set parallel.tp=2 --set train.batch_size=4 --set run.dir="$d/tp2"
+compare tp2 || fail=1
+run dp2-tp2 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  --set parallel.backend=mpi --set parallel.dp=2 --set parallel.tp=2 \
+  --set parallel.zero_stage=1 --set train.batch_size=2 --set run.dir="$d/dp2-tp2"
+compare dp2-tp2 || fail=1
+LLAMA=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden=48)
+run ref-llama "$LOCO" train configs/tiny.ini "${TINY[@]}" "${LLAMA[@]}" \
+  --set parallel.backend=self --set train.batch_size=4 --set run.dir="$d/ref-llama"
+run tp2-llama mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${LLAMA[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set train.batch_size=4 \
+  --set run.dir="$d/tp2-llama"
+compare tp2-llama ref-llama || fail=1
 exit $fail

@@ -13,14 +13,18 @@
 #      trainer steps with train.device = cuda against cpu;
 #   3. dp_check.c: train.device = cuda over 2 ranks (mpirun, mpi backend,
 #      host-staged collectives), dp = 2 with ZeRO 0-3 (and ZeRO-3 in bf16) against one rank on
-#      the same global batch (1e-5), a sharded checkpoint resumed; GPT-2 (gpu_dp)
-#      and the Llama block (gpu_dp_llama).
+#      the same global batch (1e-5), a sharded checkpoint resumed; tp = 2 (the
+#      device model's tp slice) likewise; GPT-2 (gpu_dp) and the Llama block
+#      (gpu_dp_llama);
+#   4. scripts/gpu-dp-check.sh with the loco command linked over the twins
+#      (gpu_cli): `loco train` runs, dp = 2, tp = 2 and dp = 2 x tp = 2 (four
+#      processes), against the one-rank run.
 #
 #   run.sh --ci      what `make test` runs: the CI column of the table below
 #   run.sh --full    `make test-emu`: everything, full sizes, both thread orders
 #   run.sh [criterion args]   everything at CI sizes
-#   run.sh --filter PATTERN   a part, at CI sizes (--filter 'gpu_dp/*' or
-#                    'gpu_dp_llama/*': that two-rank check only)
+#   run.sh --filter PATTERN   a part, at CI sizes (--filter 'gpu_dp/*',
+#                    'gpu_dp_llama/*' or 'gpu_cli/*': that multi-rank check only)
 # It checks indexing, reductions, barriers, layouts and the codecs' bytes;
 # not speed, not the real cuBLASLt (a reference of its documented
 # semantics), not what only hardware shows (races the barriers hide,
@@ -103,6 +107,10 @@ g++ -o "$out/emu_tests" "$out/test_cuda_kernels.o" "$out/test_cuda_tp.o" \
   $LIBS -lcriterion
 gcc $CFLAGS -DSTEPS="$dp_steps" -c tests/gpu/emu/dp_check.c -o "$out/dp_check.o"
 g++ -o "$out/dp_check" "$out/dp_check.o" "$out/twins.o" $LIBS
+# the loco command itself over the twins: `loco train` with train.device =
+# cuda on emulated devices (scripts/gpu-dp-check.sh runs it)
+[ -f "$build/loco" ] || make -j2 BUILD="$build" "$build/loco"
+g++ -o "$out/loco" $(ls "$build"/cli/*.o "$build"/bench/*.o) "$out/twins.o" $LIBS
 
 # Counts for the closing line: Criterion tests run, two-rank checks run.
 n_tests=0 n_dp=0 status=0
@@ -132,7 +140,22 @@ run_dp() { # ARCH ORDER
   [ "$rc" -eq 0 ] || { echo "emulator: dp_check $1 ($2) FAILED"; status=1; }
 }
 
+# gpu_cli/*: scripts/gpu-dp-check.sh (the GPU machine's multi-rank step)
+# with the emulated loco: `loco train` runs of dp = 2 (ZeRO 0-3), tp = 2
+# (GPT-2, and Llama with a replicated kv head) and dp = 2 x tp = 2 (four
+# processes) against one rank; not nccl (no NCCL device here).
+run_cli() { # ORDER
+  command -v mpirun >/dev/null || { echo "gpu_cli: SKIPPED (no mpirun)"; return 0; }
+  local rc=0
+  echo "emulator: scripts/gpu-dp-check.sh over the emulated loco, thread order $1, $dp_steps steps"
+  LOCO_EMU_ORDER=$1 LOCO_EMU_DEVICES=1 GPU_DP_NCCL=0 GPU_DP_STEPS=$dp_steps \
+    bash scripts/gpu-dp-check.sh "$out/loco" || rc=$?
+  n_dp=$((n_dp + 1))
+  [ "$rc" -eq 0 ] || { echo "emulator: gpu-dp-check ($1) FAILED"; status=1; }
+}
+
 case "$mode:$filter" in
+  part:gpu_cli*) run_cli forward; exit "$status" ;;
   part:gpu_dp_recompute*) LOCO_DP_RECOMPUTE=full run_dp llama forward; exit "$status" ;;
   part:gpu_dp_llama*) run_dp llama forward; exit "$status" ;;
   part:gpu_dp*) run_dp gpt2 forward; exit "$status" ;;
@@ -150,10 +173,11 @@ for order in $orders; do
   # train.recompute = full on the device, every ZeRO stage, against the
   # reference that keeps everything
   LOCO_DP_RECOMPUTE=full run_dp llama "$order"
+  run_cli "$order"
 done
 case "$mode" in
   full) left="the whole emulator suite (\`make test-emu\`)" ;;
   *) left="the rest is \`make test-emu\`: $FULL_TRAIN_STEPS trainer steps, the reverse thread order" ;;
 esac
-echo "emulator: $n_tests Criterion tests and $n_dp two-rank checks ran, $([ "$status" -eq 0 ] && echo passed || echo FAILED); $left"
+echo "emulator: $n_tests Criterion tests and $n_dp multi-rank checks ran, $([ "$status" -eq 0 ] && echo passed || echo FAILED); $left"
 exit "$status"
