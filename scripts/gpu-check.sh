@@ -13,7 +13,9 @@
 #             20 trainer steps with train.device = cuda against cpu)
 #   multi-rank  train.device = cuda over one rank of nccl and over two
 #             processes sharing the GPU (mpirun, mpi backend), dp = 2 and
-#             ZeRO 0-3, against the one-rank device run
+#             ZeRO 0-3, tp = 2 (GPT-2 and Llama), and four processes of
+#             dp = 2 x tp = 2, against the one-rank device run (each run's
+#             worst loss difference and tokens/s in the table)
 #             (scripts/gpu-dp-check.sh; needs mpirun and a loco built with
 #             CUDA and MPI, GPU_CHECK_LOCO, default $BUILD/loco: skipped
 #             with the reason where either is missing)
@@ -104,7 +106,8 @@ STEPS="device build versions tests multi-rank loco-gpt2 loco-recompute loco-atte
        pytorch-sdpa pytorch-eager pytorch-compile summary"
 # (tests ran 20 s of its 90 on the first H200, 2026-12-04: 20 of them went
 # to loco-recompute)
-declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=70 [multi-rank]=25 [loco-gpt2]=35
+# (multi-rank: ten tiny runs, four of them with tp; 40 s)
+declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=55 [multi-rank]=40 [loco-gpt2]=35
                    [loco-recompute]=20 [loco-attention]=15 [loco-codecs]=15 [pytorch-sdpa]=20
                    [pytorch-eager]=30 [pytorch-compile]=65 [summary]=10)
 for s in $STEPS; do
@@ -457,6 +460,10 @@ for r in codec_rows:
         "loco-codecs", mc.get("gbps"),
         "cudaMemcpy device-to-device, same floats (bytes read + written)", "GB/s")
 
+# the multi-rank runs (scripts/gpu-dp-check.sh's JSON lines): each
+# dimension against one rank on the one GPU
+multi = [r for r in json_lines("multi-rank") if "run" in r]
+
 # exit status: tests failed or crashed, a benchmark crashed, the build failed
 bench_steps = ("loco-gpt2", "loco-recompute", "loco-attention", "loco-codecs", "pytorch-sdpa",
                "pytorch-eager", "pytorch-compile")
@@ -472,6 +479,7 @@ if how != "dry-run":
         problems.append(f"tests: {len(tests['unexpected_skips'])} skipped for want of a device")
     problems += [f"benchmark {b} crashed" for b in bench_steps
                  if by_step.get(b, {}).get("status") == "crashed"]
+    problems += [f"multi-rank {r['run']} differs from one rank" for r in multi if not r.get("ok")]
 if how != "dry-run" and not gpu_seen:
     problems = ["no GPU found: nothing was checked"]
     exit_status = 2
@@ -485,7 +493,8 @@ res = {"schema": 1, "date": date, "command": cmd, "how": how, "device": device,
        "gpt2": {"model": "GPT-2 124M (vocab 50304)", "B": 16, "T": 1024,
                 "flops_per_token": flops_tok, "flops_formula": "6 N_matmul + 12 L C T (llm.c)",
                 "peak_tflops": 989.0, "runs": gpt2},
-       "benchmarks": benchmarks, "problems": problems, "exit_status": exit_status}
+       "benchmarks": benchmarks, "multi_rank": multi, "problems": problems,
+       "exit_status": exit_status}
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(res, f, indent=1)
 
@@ -526,6 +535,16 @@ for impl, r in gpt2.items():
             if r["loss_first"] is not None else "—")
     md.append(f"| {impl} | {num(r['step_ms'])} | {num(r['tok_per_s'])} | {mfu} | {loss} | "
               f"{r['status']}" + (f": {r['reason']}" if r["reason"] else "") + " |")
+ms = by_step.get("multi-rank", {})
+md += ["", "Multi-rank runs on the one GPU (scripts/gpu-dp-check.sh; mpi staged through the "
+       "host, tiny model: agreement, not speed): " + str(ms.get("status")) +
+       (f": {ms.get('reason')}" if ms.get("reason") else ""), ""]
+if multi:
+    md += ["| run | steps | worst loss rel. diff vs one rank | tokens/s | ok |",
+           "|---|---|---|---|---|"]
+    for r in multi:
+        md.append(f"| {r['run']} | {r.get('steps')} | {r.get('worst_rel_diff', 0):.3g} | "
+                  f"{num(r.get('tokens_per_s'))} | {'yes' if r.get('ok') else 'NO'} |")
 prof = [l for l in read("loco-gpt2.log").splitlines() if l.startswith("profile")]
 if prof:
     md += ["", "loco " + prof[-1].strip()]
