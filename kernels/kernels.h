@@ -669,6 +669,27 @@ int loco_cuda_xent_vp_finish(float *losses, float *dlogits, const float *logits,
                              const float *rowmax, const float *sumexp, const float *tlogit,
                              const int32_t *targets, int v_lo, int N, int Vl, int v_valid,
                              float dscale, loco_stream s);
+/* bf16 twins of the above: activations, weights and logits bf16 (loaded to
+ * fp32, computed in fp32, rounded once where stored), the weights'
+ * gradients and the cross-entropy's row sums fp32. */
+int loco_cuda_embed_fwd_bf16(loco_bf16 *out, const int32_t *tok, const loco_bf16 *wte, int v_lo,
+                             int v_n, int N, int C, loco_stream s);
+int loco_cuda_embed_bwd_bf16(float *dwte, const loco_bf16 *dout, const int32_t *tok, int v_lo,
+                             int v_n, int N, int C, loco_stream s);
+int loco_cuda_pos_fwd_bf16(loco_bf16 *out, const loco_bf16 *wpe, int row0, int N, int T, int C,
+                           loco_stream s);
+int loco_cuda_pos_bwd_bf16(float *dwpe, const loco_bf16 *dout, int row0, int N, int T, int C,
+                           loco_stream s);
+int loco_cuda_bias_fwd_bf16(loco_bf16 *out, const loco_bf16 *bias, int N, int OC, loco_stream s);
+int loco_cuda_xent_vp_max_bf16(float *rowmax, const loco_bf16 *logits, int N, int Vl, int v_valid,
+                               loco_stream s);
+int loco_cuda_xent_vp_sum_bf16(float *sumexp, float *tlogit, const loco_bf16 *logits,
+                               const float *rowmax, const int32_t *targets, int v_lo, int N,
+                               int Vl, int v_valid, loco_stream s);
+int loco_cuda_xent_vp_finish_bf16(float *losses, loco_bf16 *dlogits, const loco_bf16 *logits,
+                                  const float *rowmax, const float *sumexp, const float *tlogit,
+                                  const int32_t *targets, int v_lo, int N, int Vl, int v_valid,
+                                  float dscale, loco_stream s);
 
 /* Mixture of experts (fp32), as the CPU twins above, deterministic (no
  * atomics). LOCO_EINVAL unless 1 <= k <= E (route, plan, losses, route_bwd)

@@ -540,11 +540,12 @@ md += ["", "Multi-rank runs on the one GPU (scripts/gpu-dp-check.sh; mpi staged 
        "host, tiny model: agreement, not speed): " + str(ms.get("status")) +
        (f": {ms.get('reason')}" if ms.get("reason") else ""), ""]
 if multi:
-    md += ["| run | steps | worst loss rel. diff vs one rank | tokens/s | ok |",
-           "|---|---|---|---|---|"]
+    md += ["| run | steps | worst loss rel. diff vs one rank | bound | tokens/s | ok |",
+           "|---|---|---|---|---|---|"]
     for r in multi:
         md.append(f"| {r['run']} | {r.get('steps')} | {r.get('worst_rel_diff', 0):.3g} | "
-                  f"{num(r.get('tokens_per_s'))} | {'yes' if r.get('ok') else 'NO'} |")
+                  f"{r.get('tol', 1e-5):.0e} | {num(r.get('tokens_per_s'))} | "
+                  f"{'yes' if r.get('ok') else 'NO'} |")
 prof = [l for l in read("loco-gpt2.log").splitlines() if l.startswith("profile")]
 if prof:
     md += ["", "loco " + prof[-1].strip()]

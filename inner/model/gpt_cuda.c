@@ -70,12 +70,13 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
     const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 44 + 13 * (L + 1);
+    const size_t n_ranges = 45 + 13 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
            N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
            LOCO_CUDA_SUMSQ_OUT * 8 + rope + (kept + shared) * per_layer +
-           (size_t)g->n_rerun * N * C * es + n_ranges * 256;
+           (size_t)g->n_rerun * N * C * es + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
+           n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
@@ -110,6 +111,8 @@ static int carve(loco_gpt_cuda *g) {
     SLAB(g->xent, N * 4 * 3, "vocabulary-parallel sums");
     if (g->tp > 1 && loco__gpt_kv_rep(&g->cfg) > 1)
         SLAB(g->kv_keep, (C + 1) * W * 4, "key/value gradients kept");
+    if (g->tp > 1 && g->bf16)
+        SLAB(g->tp_f32, N * C * 4, "tp sums in fp32");
     SLAB(g->mean, 4, "mean loss");
     SLAB(g->loss_acc, 8, "loss sum");
     SLAB(g->scratch, N * C * es, "projection scratch");
@@ -625,9 +628,9 @@ static int row_parallel_fwd(loco_gpt_cuda *g, void *out, const void *in, const v
     }
     RUN(LOCO_PROF_MATMUL,
         TWIN(matmul_fwd, g->blas, out, in, w, NULL, N, K, C, false, g->stream));
-    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, out, (size_t)N * C, LOCO_OP_SUM));
-    if (bias) /* tp is fp32 on the device (loco__gpt_cuda_tp_check) */
-        RUN(LOCO_PROF_ELEM, loco_cuda_bias_fwd(out, bias, N, C, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, out, (size_t)N * C));
+    if (bias)
+        RUN(LOCO_PROF_ELEM, TWIN(bias_fwd, out, bias, N, C, g->stream));
     return 0;
 }
 
@@ -767,7 +770,7 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
                                g->wte_pad, N, C, g->Vp, true, s));
     /* column-parallel under tp (vocabulary rows): ln_f's input gradient summed */
-    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM));
+    LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->dbtc, nc));
     /* the head's V real rows into the flat gradient; the side buffer is
      * cleared for the next pass (its padding rows are exactly 0: their
      * dlogits are) */
@@ -809,7 +812,7 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         RUN(LOCO_PROF_MATMUL,
             TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"), g->dfch,
                  a->ln2, LW("mlp.c_fc.weight"), N, C, Fc, false, s));
-        LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM)); /* column-parallel */
+        LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->dbtc, nc)); /* column-parallel */
         LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_2.weight"), LG("ln_2.bias"), g->dbtc, a->res2,
                             LW("ln_2.weight"), a->ln2m, a->ln2r, N));
         /* residual2 = res + attproj: dres flows to both. */
@@ -831,7 +834,7 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         if (kv_rep)
             LOCO_CHECK(
                 loco__gpt_cuda_kv_end(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
-        LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->dbtc, nc, LOCO_OP_SUM)); /* column-parallel */
+        LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->dbtc, nc)); /* column-parallel */
         LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_1.weight"), LG("ln_1.bias"), g->dbtc, res,
                             LW("ln_1.weight"), a->ln1m, a->ln1r, N));
         GRADS_READY(l + 1);

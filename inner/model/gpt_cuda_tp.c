@@ -21,12 +21,6 @@ int loco__gpt_cuda_tp_check(const loco_gpt_config *cfg, const loco_gpt_cuda_opts
     if (!o->tp || cfg->tp != loco_comm_size(o->tp))
         return LOCO_ERR(LOCO_EINVAL, "device model: tp = %d needs its tp group of %d ranks (%d)",
                         cfg->tp, cfg->tp, o->tp ? loco_comm_size(o->tp) : 0);
-    if (o->bf16)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.tp = %d with train.dtype = bf16 on the device: the "
-                        "vocabulary-parallel kernels are fp32 only; use train.dtype = fp32 "
-                        "(or train.device = cpu)",
-                        cfg->tp);
     if (loco__gpt_kv_rep(cfg) > 1 && !o->tp_staged)
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.tp = %d with model.n_kv_head = %d over nccl: key/value "
@@ -49,15 +43,29 @@ int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_com
     return loco_cuda_copy(buf, g->h_stage, n * sizeof(float), g->stream);
 }
 
+/* The sum over tp of an activation (N, C) or its gradient, in the passes'
+ * type. bf16: summed in fp32 (tp_f32) and rounded once, so a rank's share
+ * is rounded where its GEMM stored it and the sum where it is stored. */
+int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n) {
+    if (g->tp <= 1 || !n)
+        return 0;
+    if (!g->bf16)
+        return loco__gpt_cuda_tp_allreduce(g, buf, n, LOCO_OP_SUM);
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(g->tp_f32, buf, n, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->tp_f32, n, LOCO_OP_SUM));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(buf, g->tp_f32, n, g->stream));
+    return 0;
+}
+
 /* Each rank looks up the tokens of its vocabulary rows (others' give 0);
  * the sum over tp is the embedding; then + wpe (learned positions). */
 int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *wpe, int B, int T) {
     const int C = g->cfg.n_embd, N = B * T;
-    RUN(LOCO_PROF_ELEM, loco_cuda_embed_fwd(g->encoded, g->inputs, wte, g->v_lo, g->Vl, N, C,
-                                            g->stream));
-    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->encoded, (size_t)N * C, LOCO_OP_SUM));
+    RUN(LOCO_PROF_ELEM,
+        TWIN(embed_fwd, g->encoded, g->inputs, wte, g->v_lo, g->Vl, N, C, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->encoded, (size_t)N * C));
     if (wpe)
-        RUN(LOCO_PROF_ELEM, loco_cuda_pos_fwd(g->encoded, wpe, 0, N, T, C, g->stream));
+        RUN(LOCO_PROF_ELEM, TWIN(pos_fwd, g->encoded, wpe, 0, N, T, C, g->stream));
     return 0;
 }
 
@@ -66,9 +74,9 @@ int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *w
 int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int B, int T) {
     const int C = g->cfg.n_embd, N = B * T;
     if (dwpe)
-        RUN(LOCO_PROF_ELEM, loco_cuda_pos_bwd(dwpe, g->dres, 0, N, T, C, g->stream));
+        RUN(LOCO_PROF_ELEM, TWIN(pos_bwd, dwpe, g->dres, 0, N, T, C, g->stream));
     RUN(LOCO_PROF_ELEM,
-        loco_cuda_embed_bwd(dwte, g->dres, g->inputs, g->v_lo, g->Vl, N, C, g->stream));
+        TWIN(embed_bwd, dwte, g->dres, g->inputs, g->v_lo, g->Vl, N, C, g->stream));
     return 0;
 }
 
@@ -78,17 +86,15 @@ int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int 
  * [0, v_valid). */
 int loco__gpt_cuda_tp_xent(loco_gpt_cuda *g, int N, float dscale, bool backward) {
     float *rowmax = g->xent, *sumexp = g->xent + N, *tlogit = g->xent + 2 * (size_t)N;
-    float *logits = g->logits;
-    RUN(LOCO_PROF_XENT,
-        loco_cuda_xent_vp_max(rowmax, logits, N, g->Vp, g->v_valid, g->stream));
+    void *logits = g->logits;
+    RUN(LOCO_PROF_XENT, TWIN(xent_vp_max, rowmax, logits, N, g->Vp, g->v_valid, g->stream));
     LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, rowmax, (size_t)N, LOCO_OP_MAX));
-    RUN(LOCO_PROF_XENT, loco_cuda_xent_vp_sum(sumexp, tlogit, logits, rowmax, g->targets,
-                                              g->v_lo, N, g->Vp, g->v_valid, g->stream));
+    RUN(LOCO_PROF_XENT, TWIN(xent_vp_sum, sumexp, tlogit, logits, rowmax, g->targets, g->v_lo,
+                             N, g->Vp, g->v_valid, g->stream));
     LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, sumexp, 2 * (size_t)N, LOCO_OP_SUM));
     RUN(LOCO_PROF_XENT,
-        loco_cuda_xent_vp_finish(g->losses, backward ? logits : NULL, logits, rowmax, sumexp,
-                                 tlogit, g->targets, g->v_lo, N, g->Vp, g->v_valid, dscale,
-                                 g->stream));
+        TWIN(xent_vp_finish, g->losses, backward ? logits : NULL, logits, rowmax, sumexp, tlogit,
+             g->targets, g->v_lo, N, g->Vp, g->v_valid, dscale, g->stream));
     return 0;
 }
 

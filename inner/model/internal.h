@@ -421,6 +421,7 @@ struct loco_gpt_cuda {
     int Cl, NHl, NKVl, Wl, Fl, Hl; /* attention, heads, c_attn, c_fc, MLP hidden widths */
     int Vl, v_lo, v_valid;      /* the head's rows: the slice's, its first token, real ones */
     float *h_stage;             /* pinned (N * max(C, 3)): a staged collective's buffer */
+    float *tp_f32;              /* bf16: (N, C) an activation's collective in fp32 */
     float *xent;                /* (3N) vocabulary-parallel row max, sum of exp, target logit */
     float *kv_keep;             /* kv_rep > 1: (C + 1, Wl) c_attn's gradient set aside */
     float *h_kv;                /* pinned: (C + 1, Wl) c_attn's gradient, (C + 1, 2 NKV hs) */
@@ -479,6 +480,7 @@ struct loco_gpt_cuda {
  * through h_stage over mpi) and the vocabulary-parallel pieces; no-ops
  * where tp = 1 is a plain call. */
 int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_comm_op op);
+int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n);
 int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *wpe, int B, int T);
 int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int B, int T);
 int loco__gpt_cuda_tp_xent(loco_gpt_cuda *g, int N, float dscale, bool backward);

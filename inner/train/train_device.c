@@ -60,12 +60,6 @@ int loco__train_check_device(const loco_config *cfg) {
                         "parallel.sp = true with train.device = cuda: sequence parallelism runs "
                         "on the CPU path only (the device's tp keeps every row); use "
                         "parallel.sp = false or train.device = cpu");
-    if (cfg->parallel.tp > 1 && !strcmp(cfg->train.dtype, "bf16"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.tp = %lld with train.dtype = bf16 on the device: the "
-                        "vocabulary-parallel kernels are fp32 only; use train.dtype = fp32 "
-                        "(or train.device = cpu)",
-                        (long long)cfg->parallel.tp);
     if (cfg->parallel.tp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.tp = %lld with parallel.backend = nccl: the device's tp "

@@ -67,14 +67,6 @@ Test(device_dp, sequence_parallel_refused) {
                          "runs on the CPU path only");
 }
 
-Test(device_dp, tensor_parallel_bf16_refused) {
-    loco_config cfg;
-    config(&cfg);
-    cfg.parallel.tp = 2;
-    snprintf(cfg.train.dtype, sizeof cfg.train.dtype, "bf16");
-    expect_refused(&cfg, "parallel.tp = 2 with train.dtype = bf16 on the device");
-}
-
 Test(device_dp, tensor_parallel_over_nccl_refused) {
     loco_config cfg;
     config(&cfg);
