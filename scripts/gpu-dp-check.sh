@@ -15,7 +15,9 @@
 #            model's tp slice, inner/model/gpt_cuda_tp.c; staged)
 #   tp2-llama  the same on the Llama block with one key/value head of two
 #            (replicated over the tp ranks), against its own one-rank run
-#   dp2-tp2  mpirun -np 4 on the one GPU: dp = 2 x tp = 2, ZeRO-1
+#   tp2-sp   tp = 2 with sequence parallelism (norms and residuals on half
+#            the rows each; all-gathers and reduce-scatters, staged)
+#   dp2-tp2-sp  mpirun -np 4 on the one GPU: dp = 2 x tp = 2 with sp, ZeRO-1
 #   tp2-bf16 tp = 2 in bf16 against the one-rank bf16 run, 1e-3 relative:
 #            bf16 tp rounds each rank's share of a sum before adding it,
 #            one rank the sum (the emulator's dp_check measures the gap;
@@ -109,10 +111,14 @@ done
 run tp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
   --set parallel.backend=mpi --set parallel.tp=2 --set train.batch_size=4 --set run.dir="$d/tp2"
 compare tp2 || fail=1
-run dp2-tp2 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
-  --set parallel.backend=mpi --set parallel.dp=2 --set parallel.tp=2 \
-  --set parallel.zero_stage=1 --set train.batch_size=2 --set run.dir="$d/dp2-tp2"
-compare dp2-tp2 || fail=1
+run tp2-sp mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  --set parallel.backend=mpi --set parallel.tp=2 --set parallel.sp=true \
+  --set train.batch_size=4 --set run.dir="$d/tp2-sp"
+compare tp2-sp || fail=1
+run dp2-tp2-sp mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  --set parallel.backend=mpi --set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true \
+  --set parallel.zero_stage=1 --set train.batch_size=2 --set run.dir="$d/dp2-tp2-sp"
+compare dp2-tp2-sp || fail=1
 LLAMA=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden=48)
 run ref-llama "$LOCO" train configs/tiny.ini "${TINY[@]}" "${LLAMA[@]}" \
   --set parallel.backend=self --set train.batch_size=4 --set run.dir="$d/ref-llama"

@@ -19,6 +19,12 @@
  * parallel accessors and the gradient norm's fixed order are unchanged.
  * The logits are Vp wide; the cross-entropy ignores columns >= V.
  *
+ * Tensor and sequence parallelism (gpt_cuda_tp.c): the passes run this tp
+ * rank's slice at the CPU model's widths, with its collectives where
+ * model_pass.c has them; under sp the norms' and residuals' buffers hold
+ * N / tp rows (rows_of). The collectives are staged through the host
+ * (mpi) and block the host: no CUDA graph, nothing overlapped yet.
+ *
  * Streams: every kernel goes on loco_cuda_compute_stream (g->stream); the
  * tokens go host -> pinned buffer -> device on loco_cuda_copy_stream in
  * one of two slots, the compute stream waiting on the copy's event and
@@ -70,17 +76,18 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
     const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 45 + 13 * (L + 1);
+    const size_t n_ranges = 48 + 13 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
            N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
            LOCO_CUDA_SUMSQ_OUT * 8 + rope + (kept + shared) * per_layer +
            (size_t)g->n_rerun * N * C * es + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
-           n_ranges * 256;
+           (g->sp ? 2 * N * C * es + ((size_t)g->T + 4) * C * 4 : 0) + n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
+    const size_t R = g->sp ? N / (size_t)g->tp : N; /* the rows a rank holds between tp regions */
     const size_t P = g->own_hi - g->own_lo; /* the held state */
     const size_t bnt = (size_t)g->B * g->NHl * g->T;
     const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
@@ -102,10 +109,10 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->d_tok[k], N * 4 * 2, "tokens");
     g->inputs = g->d_tok[0];
     g->targets = g->d_tok[0] + N;
-    SLAB(g->encoded, N * C * es, "encoded");
+    SLAB(g->encoded, R * C * es, "encoded");
     SLAB(g->lnf, N * C * es, "ln_f");
-    SLAB(g->lnfm, N * 4, "ln_f mean");
-    SLAB(g->lnfr, N * 4, "ln_f rstd");
+    SLAB(g->lnfm, R * 4, "ln_f mean");
+    SLAB(g->lnfr, R * 4, "ln_f rstd");
     SLAB(g->logits, N * (size_t)g->Vp * es, "logits");
     SLAB(g->losses, N * 4, "losses");
     SLAB(g->xent, N * 4 * 3, "vocabulary-parallel sums");
@@ -113,12 +120,17 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->kv_keep, (C + 1) * W * 4, "key/value gradients kept");
     if (g->tp > 1 && g->bf16)
         SLAB(g->tp_f32, N * C * 4, "tp sums in fp32");
+    if (g->sp) {
+        SLAB(g->gather, N * C * es, "gathered norm output");
+        SLAB(g->dgather, N * C * es, "gathered dres");
+        SLAB(g->drep, ((size_t)g->T + 4) * C * 4, "replicated gradients of this rank's rows");
+    }
     SLAB(g->mean, 4, "mean loss");
     SLAB(g->loss_acc, 8, "loss sum");
     SLAB(g->scratch, N * C * es, "projection scratch");
     SLAB(g->attn_scratch, bnt * 4, "attention scratch");
     SLAB(g->sumsq, LOCO_CUDA_SUMSQ_OUT * 8, "sum of squares");
-    SLAB(g->dres, N * C * es, "dres");
+    SLAB(g->dres, R * C * es, "dres");
     SLAB(g->dbtc, N * C * es, "dbtc");
     SLAB(g->dfchg, N * F * es, "dfch_gelu");
     SLAB(g->dfch, N * Fc * es, "dfch");
@@ -136,23 +148,25 @@ static int carve(loco_gpt_cuda *g) {
         layer_acts *a = l < 0 ? &shared : &g->la[l];
         if (l >= 0 && l < g->n_rerun) {
             *a = shared;
-            SLAB(a->res3, N * C * es, "residual3");
-            g->act_bytes += N * C * es;
+            SLAB(a->res3, R * C * es, "residual3");
+            g->act_bytes += R * C * es;
             continue;
         }
-        g->act_bytes += N * (5 * C + W + Fc + F) * es + N * 4 * 4 + bnt * 4;
-        SLAB(a->ln1, N * C * es, "ln1");
+        /* this rank's rows of the norms and residuals (all under tp alone),
+         * every row of the tp region's (atty: N x Cl, carved N x C) */
+        g->act_bytes += (4 * R * C + N * (C + W + Fc + F)) * es + R * 4 * 4 + bnt * 4;
+        SLAB(a->ln1, R * C * es, "ln1");
         SLAB(a->qkv, N * W * es, "qkv");
         SLAB(a->atty, N * C * es, "atty");
-        SLAB(a->res2, N * C * es, "residual2");
-        SLAB(a->ln2, N * C * es, "ln2");
+        SLAB(a->res2, R * C * es, "residual2");
+        SLAB(a->ln2, R * C * es, "ln2");
         SLAB(a->fch, N * Fc * es, "fch");
         SLAB(a->fchg, N * F * es, "fch_gelu");
-        SLAB(a->res3, N * C * es, "residual3");
-        SLAB(a->ln1m, N * 4, "ln1 mean");
-        SLAB(a->ln1r, N * 4, "ln1 rstd");
-        SLAB(a->ln2m, N * 4, "ln2 mean");
-        SLAB(a->ln2r, N * 4, "ln2 rstd");
+        SLAB(a->res3, R * C * es, "residual3");
+        SLAB(a->ln1m, R * 4, "ln1 mean");
+        SLAB(a->ln1r, R * 4, "ln1 rstd");
+        SLAB(a->ln2m, R * 4, "ln2 mean");
+        SLAB(a->ln2r, R * 4, "ln2 rstd");
         SLAB(a->lse, bnt * 4, "lse");
     }
     return 0;
@@ -235,6 +249,9 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
                         "(head size at most 128)",
                         cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->seq_len, B,
                         T);
+    if (o->sp && cfg->tp > 1 && ((size_t)B * T) % (size_t)cfg->tp)
+        return LOCO_ERR(LOCO_EINVAL, "device model: sequence parallelism splits a %dx%d batch "
+                        "over %d tp ranks: not evenly", B, T, cfg->tp);
     int n_dev = 0;
     LOCO_CHECK(loco_cuda_device_count(&n_dev));
     loco_gpt_cuda *g = loco_alloc(sizeof *g);
@@ -250,6 +267,7 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->tpc = g->tp > 1 ? o->tp : NULL;
     g->tp_rank = g->tpc ? loco_comm_rank(g->tpc) : 0;
     g->tp_staged = o->tp_staged;
+    g->sp = o->sp && g->tp > 1;
     g->Cl = cfg->n_embd / g->tp;
     g->NHl = cfg->n_head / g->tp;
     g->NKVl = loco__gpt_kv_local(cfg);
@@ -302,10 +320,15 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
         LOCO_CHECK_GOTO(loco_cuda_event_create(&g->consumed[k]), out_fail);
     }
     LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_out, 4 * sizeof(double)), out_fail);
-    if (g->tpc && g->tp_staged)
+    if (g->tpc && g->tp_staged) /* (N, C), or sp's replicated gradients ((T + 4), C) */
         LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_stage,
-                                             N * (size_t)(cfg->n_embd > 3 ? cfg->n_embd : 3) * 4),
+                                             (N + (size_t)T + 4) *
+                                                 (size_t)(cfg->n_embd > 3 ? cfg->n_embd : 3) * 4),
                         out_fail);
+    if (g->tpc && !(g->tp_counts = loco_alloc((size_t)g->tp * sizeof(size_t)))) {
+        rc = LOCO_ERR(LOCO_ENOMEM, "tp counts");
+        goto out_fail;
+    }
     if (g->tpc && loco__gpt_kv_rep(cfg) > 1) { /* (C + 1) rows of c_attn's and of every kv head */
         const size_t rows = (size_t)cfg->n_embd + 1;
         const size_t ka = 2 * (size_t)loco_gpt_kv_heads(cfg) * loco_gpt_head_size(cfg);
@@ -345,6 +368,9 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     LOCO_CHECK_GOTO(loco_cuda_zero(g->v, own4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
+    if (g->drep)
+        LOCO_CHECK_GOTO(loco_cuda_zero(g->drep, ((size_t)T + 4) * cfg->n_embd * 4, g->stream),
+                        out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->loss_acc, 8, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_gpt_cuda_upload(g, NULL, NULL, NULL), out_fail);
     *out = g;
@@ -375,6 +401,7 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
         loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
     loco_free(g->la);
+    loco_free(g->tp_counts);
     loco_free(g->unit_lo);
     loco_free(g->tunit);
     loco_free(g->uw);
@@ -616,8 +643,49 @@ static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     return 0;
 }
 
+/* This rank's rows of a pass's N between the tp regions: N / tp under
+ * sp, else all. */
+static int rows_of(const loco_gpt_cuda *g, int N) {
+    return g->sp ? N / g->tp : N;
+}
+
+/* A column-parallel layer's input: x (this rank's rows of a norm's
+ * output), all-gathered over tp under sp (into g->gather). */
+static int column_input(loco_gpt_cuda *g, const void *x, int N, const void **full) {
+    *full = x;
+    if (!g->sp)
+        return 0;
+    const size_t part = (size_t)rows_of(g, N) * g->cfg.n_embd;
+    LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, x, g->gather, part));
+    *full = g->gather;
+    return 0;
+}
+
+/* The gradient of a row-parallel layer's output, every row: dres, or
+ * under sp its rows all-gathered (into g->dgather). */
+static int row_parallel_dout(loco_gpt_cuda *g, int N, const void **dout) {
+    *dout = g->dres;
+    if (!g->sp)
+        return 0;
+    const size_t part = (size_t)rows_of(g, N) * g->cfg.n_embd;
+    LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, g->dres, g->dgather, part));
+    *dout = g->dgather;
+    return 0;
+}
+
+/* A column-parallel layer's input gradient, in dbtc (N, C): the sum over
+ * tp, all-reduced, or under sp reduce-scattered into dbtc's first rows
+ * (this rank's). */
+static int column_parallel_dx(loco_gpt_cuda *g, int N) {
+    const size_t C = (size_t)g->cfg.n_embd;
+    if (g->sp)
+        return loco__gpt_cuda_tp_scatter_act(g, g->dbtc, (size_t)rows_of(g, N) * C);
+    return loco__gpt_cuda_tp_sum_act(g, g->dbtc, (size_t)N * C);
+}
+
 /* A row-parallel layer (attn.c_proj, mlp.c_proj): out (N, C) = in (N, K)
- * @ w, summed over tp, then + bias once (model_tp.c's order). */
+ * @ w, summed over tp (under sp reduce-scattered: out's first rows, this
+ * rank's), then + bias once (model_tp.c's order). */
 static int row_parallel_fwd(loco_gpt_cuda *g, void *out, const void *in, const void *w,
                             const void *bias, int N, int K) {
     const int C = g->cfg.n_embd;
@@ -628,9 +696,12 @@ static int row_parallel_fwd(loco_gpt_cuda *g, void *out, const void *in, const v
     }
     RUN(LOCO_PROF_MATMUL,
         TWIN(matmul_fwd, g->blas, out, in, w, NULL, N, K, C, false, g->stream));
-    LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, out, (size_t)N * C));
+    if (g->sp)
+        LOCO_CHECK(loco__gpt_cuda_tp_scatter_act(g, out, (size_t)rows_of(g, N) * C));
+    else
+        LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, out, (size_t)N * C));
     if (bias)
-        RUN(LOCO_PROF_ELEM, TWIN(bias_fwd, out, bias, N, C, g->stream));
+        RUN(LOCO_PROF_ELEM, TWIN(bias_fwd, out, bias, rows_of(g, N), C, g->stream));
     return 0;
 }
 
@@ -640,16 +711,17 @@ static int row_parallel_fwd(loco_gpt_cuda *g, void *out, const void *in, const v
 static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     const int C = g->cfg.n_embd, Wd = g->Wl, Fc = g->Fl, F = g->Hl;
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
-    const int N = B * T;
-    const size_t nc = (size_t)N * C;
+    const int N = B * T, R = rows_of(g, N);
+    const size_t nc = (size_t)R * C; /* this rank's rows of the residual stream */
     loco_blas *h = g->blas;
     loco_stream s = g->stream;
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
     layer_acts *a = &g->la[l];
-    const void *res = residual_in(g, l);
-    LOCO_CHECK(norm_fwd(g, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"), LW("ln_1.bias"), N));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, a->ln1, LW("attn.c_attn.weight"),
+    const void *res = residual_in(g, l), *x;
+    LOCO_CHECK(norm_fwd(g, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"), LW("ln_1.bias"), R));
+    LOCO_CHECK(column_input(g, a->ln1, N, &x));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, x, LW("attn.c_attn.weight"),
                                LW("attn.c_attn.bias"), N, C, Wd, false, s));
     LOCO_CHECK(rope(g, a->qkv, B, T, false));
     LOCO_CHECK(attention_fwd(g, a, B, T));
@@ -657,13 +729,14 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
                                 LW("attn.c_proj.bias"), N, g->Cl));
     RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
     LOCO_CHECK(
-        norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), N));
+        norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), R));
+    LOCO_CHECK(column_input(g, a->ln2, N, &x));
     if (swiglu) {
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, a->ln2, LW("mlp.c_fc.weight"),
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, x, LW("mlp.c_fc.weight"),
                                    LW("mlp.c_fc.bias"), N, C, Fc, false, s));
         RUN(LOCO_PROF_ELEM, TWIN(swiglu_fwd, a->fchg, a->fch, N, F, s));
     } else {
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, a->ln2,
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_gelu_fwd, h, a->fchg, a->fch, x,
                                    LW("mlp.c_fc.weight"), LW("mlp.c_fc.bias"), N, C, Fc, s));
     }
     LOCO_CHECK(row_parallel_fwd(g, g->scratch, a->fchg, LW("mlp.c_proj.weight"),
@@ -705,8 +778,14 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
         LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
         g->head_stale = false;
     }
-    LOCO_CHECK(norm_fwd(g, g->lnf, g->lnfm, g->lnfr, g->la[L - 1].res3,
-                        W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), N));
+    /* under sp this rank's rows of ln_f land in place in the whole (N, C)
+     * buffer, which the all-gather then completes */
+    const int R = rows_of(g, N);
+    void *lnf_rows = (char *)g->lnf + (size_t)R * g->tp_rank * C * g->es * (g->sp ? 1 : 0);
+    LOCO_CHECK(norm_fwd(g, lnf_rows, g->lnfm, g->lnfr, g->la[L - 1].res3,
+                        W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), R));
+    if (g->sp)
+        LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, lnf_rows, g->lnf, (size_t)R * C));
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, g->wte_pad, NULL, N, C, g->Vp,
                                true, s));
     return 0;
@@ -754,11 +833,17 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     const int C = g->cfg.n_embd, V = g->Vl, L = g->cfg.n_layer;
     const int Wd = g->Wl, Fc = g->Fl, F = g->Hl;
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
-    const int N = B * T;
-    const size_t nc = (size_t)N * C, es = g->es;
+    const int N = B * T, R = rows_of(g, N);
+    const size_t nc = (size_t)N * C, rc = (size_t)R * C, es = g->es;
     loco_blas *h = g->blas;
     loco_stream s = g->stream;
     LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));
+    /* under sp the norms' weight gradients from this rank's rows collect
+     * in drep (ln_f: w | b; a block: ln_1 w | b | ln_2 w | b), summed over
+     * tp after the norm's backward */
+    float *drep[4] = {0};
+    for (int k = 0; g->sp && k < 4; k++)
+        drep[k] = g->drep + (size_t)k * C;
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
 #define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
@@ -770,15 +855,22 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
                                g->wte_pad, N, C, g->Vp, true, s));
     /* column-parallel under tp (vocabulary rows): ln_f's input gradient summed */
-    LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->dbtc, nc));
+    LOCO_CHECK(column_parallel_dx(g, N));
     /* the head's V real rows into the flat gradient; the side buffer is
      * cleared for the next pass (its padding rows are exactly 0: their
      * dlogits are) */
     RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G(g->head), g->dwte_pad, (size_t)V * C, s));
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, nc * es, s));
-    LOCO_CHECK(norm_bwd(g, g->dres, G("transformer.ln_f.weight"), G("transformer.ln_f.bias"),
-                        g->dbtc, g->la[L - 1].res3, W("transformer.ln_f.weight"), g->lnfm, g->lnfr,
-                        N));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, rc * es, s));
+    {
+        float *gw = G("transformer.ln_f.weight"), *gb = G("transformer.ln_f.bias");
+        LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[0] : gw, g->sp && gb ? drep[1] : gb, g->dbtc,
+                            g->la[L - 1].res3, W("transformer.ln_f.weight"), g->lnfm, g->lnfr,
+                            R));
+        float *dst[2] = {gw, gb};
+        const size_t len[2] = {(size_t)C, (size_t)C};
+        if (g->sp)
+            LOCO_CHECK(loco__gpt_cuda_sp_reduce(g, dst, len, 2));
+    }
     GRADS_READY(L + 1);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *a = &g->la[l];
@@ -791,17 +883,19 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
             LOCO_CHECK(block_fwd(g, l, B, T));
         /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
          * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
+        const void *dout, *x;
+        LOCO_CHECK(row_parallel_dout(g, N, &dout));
         int unfused = 1;
         if (g->bf16 && !swiglu)
             RUN(LOCO_PROF_MATMUL,
                 unfused = loco_cuda_matmul_bwd_dgelu_bf16(
-                    h, g->dfch, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"), g->dres, a->fchg,
+                    h, g->dfch, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"), dout, a->fchg,
                     LW("mlp.c_proj.weight"), a->fch, N, F, C, s));
         if (unfused) {
             RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, (size_t)N * F * es, s));
             RUN(LOCO_PROF_MATMUL,
                 TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"),
-                     g->dres, a->fchg, LW("mlp.c_proj.weight"), N, F, C, false, s));
+                     dout, a->fchg, LW("mlp.c_proj.weight"), N, F, C, false, s));
             RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, (size_t)N * Fc * es, s));
             if (swiglu)
                 RUN(LOCO_PROF_ELEM, TWIN(swiglu_bwd, g->dfch, a->fch, g->dfchg, N, F, s));
@@ -809,16 +903,19 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
                 RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
         }
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        LOCO_CHECK(column_input(g, a->ln2, N, &x)); /* sp: gathered again */
         RUN(LOCO_PROF_MATMUL,
-            TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"), g->dfch,
-                 a->ln2, LW("mlp.c_fc.weight"), N, C, Fc, false, s));
-        LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->dbtc, nc)); /* column-parallel */
-        LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_2.weight"), LG("ln_2.bias"), g->dbtc, a->res2,
-                            LW("ln_2.weight"), a->ln2m, a->ln2r, N));
+            TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"), g->dfch, x,
+                 LW("mlp.c_fc.weight"), N, C, Fc, false, s));
+        LOCO_CHECK(column_parallel_dx(g, N));
+        float *ln2w = LG("ln_2.weight"), *ln2b = LG("ln_2.bias");
+        LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b,
+                            g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
         /* residual2 = res + attproj: dres flows to both. */
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+        LOCO_CHECK(row_parallel_dout(g, N, &dout));
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
-                                   LG("attn.c_proj.bias"), g->dres, a->atty,
+                                   LG("attn.c_proj.bias"), dout, a->atty,
                                    LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
         LOCO_CHECK(attention_bwd(g, a, B, T));
@@ -828,15 +925,22 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         if (kv_rep)
             LOCO_CHECK(
                 loco__gpt_cuda_kv_begin(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
+        LOCO_CHECK(column_input(g, a->ln1, N, &x));
         RUN(LOCO_PROF_MATMUL,
             TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"), LG("attn.c_attn.bias"), g->dqkv,
-                 a->ln1, LW("attn.c_attn.weight"), N, C, Wd, false, s));
+                 x, LW("attn.c_attn.weight"), N, C, Wd, false, s));
         if (kv_rep)
             LOCO_CHECK(
                 loco__gpt_cuda_kv_end(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
-        LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->dbtc, nc)); /* column-parallel */
-        LOCO_CHECK(norm_bwd(g, g->dres, LG("ln_1.weight"), LG("ln_1.bias"), g->dbtc, res,
-                            LW("ln_1.weight"), a->ln1m, a->ln1r, N));
+        LOCO_CHECK(column_parallel_dx(g, N));
+        float *ln1w = LG("ln_1.weight"), *ln1b = LG("ln_1.bias");
+        LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[0] : ln1w, g->sp && ln1b ? drep[1] : ln1b,
+                            g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, R));
+        if (g->sp) {
+            float *dst[4] = {ln1w, ln1b, ln2w, ln2b};
+            const size_t len[4] = {(size_t)C, (size_t)C, (size_t)C, (size_t)C};
+            LOCO_CHECK(loco__gpt_cuda_sp_reduce(g, dst, len, 4));
+        }
         GRADS_READY(l + 1);
     }
 #undef LW

@@ -2,7 +2,15 @@
  * the CPU): the tp group's collectives on device buffers, the
  * vocabulary-parallel embedding and cross-entropy. gpt_cuda.c's passes
  * call these where the CPU passes call model_tp.c; the slice's widths
- * (Cl, NHl, Wl, Fl, Hl, Vl) are the CPU model's.
+ * (Cl, NHl, Wl, Fl, Hl, Vl) are the CPU model's. With sequence
+ * parallelism (sp) the norms and residuals hold this rank's rows only:
+ * the column-parallel inputs and the row-parallel layers' output gradient
+ * are all-gathered, the row-parallel outputs and the column-parallel
+ * input gradients reduce-scattered, and the norms' weight gradients (and
+ * wpe's) summed over tp (model_tp.c's order of collectives).
+ *
+ * bf16: a sum over tp is taken in fp32 (each rank's share as its GEMM
+ * stored it, in bf16) and rounded once; gathers move the bf16 bits.
  *
  * Over mpi a collective is staged: the buffer to pinned host memory (the
  * host waits for the kernels before it), the collective, and back on the
@@ -57,10 +65,87 @@ int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n) {
     return 0;
 }
 
+/* Sequence parallelism: the sum over tp of buf (tp blocks of n_part, the
+ * ranks' rows in order), this rank's block into buf's start (in the
+ * passes' type; bf16 summed in fp32 and rounded once). */
+int loco__gpt_cuda_tp_scatter_act(loco_gpt_cuda *g, void *buf, size_t n_part) {
+    const size_t n = n_part * (size_t)g->tp;
+    float *src = g->bf16 ? g->tp_f32 : buf;
+    for (int r = 0; r < g->tp; r++)
+        g->tp_counts[r] = n_part;
+    if (g->bf16)
+        RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(src, buf, n, g->stream));
+    if (g->tp_staged) {
+        LOCO_CHECK(loco_cuda_copy(g->h_stage, src, n * sizeof(float), g->stream));
+        LOCO_CHECK(loco_cuda_sync(g->stream));
+        LOCO_CHECK(loco_comm_reduce_scatter(g->tpc, g->h_stage, g->h_stage, g->tp_counts,
+                                            LOCO_DT_F32, LOCO_OP_SUM));
+        LOCO_CHECK(loco_cuda_copy(src, g->h_stage, n_part * sizeof(float), g->stream));
+    } else {
+        LOCO_CHECK(loco_comm_reduce_scatter(g->tpc, src, src, g->tp_counts, LOCO_DT_F32,
+                                            LOCO_OP_SUM));
+    }
+    if (g->bf16)
+        RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(buf, src, n_part, g->stream));
+    return 0;
+}
+
+/* Every rank's part (n_part elements of the passes' type) into full, in
+ * rank order; part may be full's block of this rank. The bits move as
+ * they are (bytes). */
+int loco__gpt_cuda_tp_gather_act(loco_gpt_cuda *g, const void *part, void *full, size_t n_part) {
+    const size_t bytes = n_part * g->es;
+    char *mine = (char *)full + (size_t)g->tp_rank * bytes;
+    for (int r = 0; r < g->tp; r++)
+        g->tp_counts[r] = bytes;
+    if (g->tp_staged) {
+        char *h = (char *)g->h_stage;
+        LOCO_CHECK(loco_cuda_copy(h + (size_t)g->tp_rank * bytes, part, bytes, g->stream));
+        LOCO_CHECK(loco_cuda_sync(g->stream));
+        LOCO_CHECK(loco_comm_allgather(g->tpc, h + (size_t)g->tp_rank * bytes, h, g->tp_counts,
+                                       LOCO_DT_U8));
+        return loco_cuda_copy(full, h, bytes * (size_t)g->tp, g->stream);
+    }
+    if ((const char *)part != mine)
+        LOCO_CHECK(loco_cuda_copy(mine, part, bytes, g->stream));
+    return loco_comm_allgather(g->tpc, mine, full, g->tp_counts, LOCO_DT_U8);
+}
+
+/* Replicated gradients (norms' weights, wpe) computed from this rank's
+ * rows into drep, len[i] floats each in order: their sum over tp is added
+ * to dst[i] (NULL: a tensor the description lacks), and drep is cleared
+ * for the next use. */
+int loco__gpt_cuda_sp_reduce(loco_gpt_cuda *g, float *const *dst, const size_t *len, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += len[i];
+    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->drep, total, LOCO_OP_SUM));
+    float *src = g->drep;
+    for (int i = 0; i < n; i++) {
+        if (dst[i])
+            RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(dst[i], src, len[i], g->stream));
+        else
+            LOCO_CHECK(loco_cuda_zero(src, len[i] * sizeof(float), g->stream));
+        src += len[i];
+    }
+    return 0;
+}
+
 /* Each rank looks up the tokens of its vocabulary rows (others' give 0);
  * the sum over tp is the embedding; then + wpe (learned positions). */
 int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *wpe, int B, int T) {
     const int C = g->cfg.n_embd, N = B * T;
+    if (g->sp) { /* the sum reduce-scattered: this rank's rows, then their positions */
+        const int R = N / g->tp;
+        RUN(LOCO_PROF_ELEM,
+            TWIN(embed_fwd, g->scratch, g->inputs, wte, g->v_lo, g->Vl, N, C, g->stream));
+        LOCO_CHECK(loco__gpt_cuda_tp_scatter_act(g, g->scratch, (size_t)R * C));
+        LOCO_CHECK(loco_cuda_copy(g->encoded, g->scratch, (size_t)R * C * g->es, g->stream));
+        if (wpe)
+            RUN(LOCO_PROF_ELEM,
+                TWIN(pos_fwd, g->encoded, wpe, R * g->tp_rank, R, T, C, g->stream));
+        return 0;
+    }
     RUN(LOCO_PROF_ELEM,
         TWIN(embed_fwd, g->encoded, g->inputs, wte, g->v_lo, g->Vl, N, C, g->stream));
     LOCO_CHECK(loco__gpt_cuda_tp_sum_act(g, g->encoded, (size_t)N * C));
@@ -69,14 +154,26 @@ int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *w
     return 0;
 }
 
-/* dres (N, C) is the whole gradient on every tp rank: this rank's wte
- * rows, and wpe (replicated, the same on every rank). */
+/* dres is the whole gradient on every tp rank (sp: this rank's rows of
+ * it): this rank's wte rows, and wpe (replicated, the same on every
+ * rank; sp: summed over the ranks' rows). */
 int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int B, int T) {
     const int C = g->cfg.n_embd, N = B * T;
-    if (dwpe)
+    const void *dout = g->dres;
+    if (g->sp) {
+        const int R = N / g->tp;
+        if (dwpe) {
+            RUN(LOCO_PROF_ELEM,
+                TWIN(pos_bwd, g->drep, g->dres, R * g->tp_rank, R, T, C, g->stream));
+            const size_t len = (size_t)T * C;
+            LOCO_CHECK(loco__gpt_cuda_sp_reduce(g, &dwpe, &len, 1));
+        }
+        LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, g->dres, g->dgather, (size_t)R * C));
+        dout = g->dgather;
+    } else if (dwpe) {
         RUN(LOCO_PROF_ELEM, TWIN(pos_bwd, dwpe, g->dres, 0, N, T, C, g->stream));
-    RUN(LOCO_PROF_ELEM,
-        TWIN(embed_bwd, dwte, g->dres, g->inputs, g->v_lo, g->Vl, N, C, g->stream));
+    }
+    RUN(LOCO_PROF_ELEM, TWIN(embed_bwd, dwte, dout, g->inputs, g->v_lo, g->Vl, N, C, g->stream));
     return 0;
 }
 

@@ -422,6 +422,12 @@ struct loco_gpt_cuda {
     int Vl, v_lo, v_valid;      /* the head's rows: the slice's, its first token, real ones */
     float *h_stage;             /* pinned (N * max(C, 3)): a staged collective's buffer */
     float *tp_f32;              /* bf16: (N, C) an activation's collective in fp32 */
+    /* Sequence parallelism (sp): this rank's rows of a pass's N are
+     * [row0, row0 + N / tp) (model.c's R and row0) */
+    bool sp;
+    size_t *tp_counts;          /* (tp) counts of the v-collectives */
+    void *gather, *dgather;     /* sp: (N, C) a norm's output, dres, gathered over tp */
+    float *drep;                /* sp: ((T + 4), C) replicated gradients from this rank's rows */
     float *xent;                /* (3N) vocabulary-parallel row max, sum of exp, target logit */
     float *kv_keep;             /* kv_rep > 1: (C + 1, Wl) c_attn's gradient set aside */
     float *h_kv;                /* pinned: (C + 1, Wl) c_attn's gradient, (C + 1, 2 NKV hs) */
@@ -481,6 +487,9 @@ struct loco_gpt_cuda {
  * where tp = 1 is a plain call. */
 int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_comm_op op);
 int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n);
+int loco__gpt_cuda_tp_scatter_act(loco_gpt_cuda *g, void *buf, size_t n_part);
+int loco__gpt_cuda_tp_gather_act(loco_gpt_cuda *g, const void *part, void *full, size_t n_part);
+int loco__gpt_cuda_sp_reduce(loco_gpt_cuda *g, float *const *dst, const size_t *len, int n);
 int loco__gpt_cuda_tp_embed_fwd(loco_gpt_cuda *g, const void *wte, const void *wpe, int B, int T);
 int loco__gpt_cuda_tp_embed_bwd(loco_gpt_cuda *g, float *dwte, float *dwpe, int B, int T);
 int loco__gpt_cuda_tp_xent(loco_gpt_cuda *g, int N, float dscale, bool backward);

@@ -566,6 +566,10 @@ typedef struct {
      * buffers (tp_staged: mpi). */
     struct loco_comm *tp;
     bool tp_staged;
+    /* parallel.sp with tp: between the blocks' tp regions each rank holds
+     * its 1/tp of the rows (norms, residuals); the column-parallel inputs
+     * are all-gathered, the row-parallel outputs reduce-scattered. */
+    bool sp;
 } loco_gpt_cuda_opts;
 int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                               const loco_gpt_cuda_opts *o);

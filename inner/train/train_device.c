@@ -52,14 +52,9 @@ int loco__train_check_device(const loco_config *cfg) {
             return LOCO_ERR(LOCO_ENOTSUP,
                             "parallel.%s = %lld with train.device = cuda: %s parallelism runs on "
                             "the CPU path only (on the GPU data parallelism, ZeRO 0-3 and "
-                            "tensor parallelism are wired); use parallel.%s = 1 or "
+                            "tensor and sequence parallelism are wired); use parallel.%s = 1 or "
                             "train.device = cpu",
                             dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
-    if (cfg->parallel.tp > 1 && cfg->parallel.sp)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.sp = true with train.device = cuda: sequence parallelism runs "
-                        "on the CPU path only (the device's tp keeps every row); use "
-                        "parallel.sp = false or train.device = cpu");
     if (cfg->parallel.tp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.tp = %lld with parallel.backend = nccl: the device's tp "
@@ -269,6 +264,7 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
     if (mc->tp > 1) { /* this rank's slice; its collectives staged over mpi */
         o.tp = t->mesh.group[LOCO_DIM_TP];
         o.tp_staged = true;
+        o.sp = cfg->parallel.sp;
     }
     if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */

@@ -319,5 +319,6 @@ extern "C" int loco_cuda_xent_vp_finish_bf16(float *losses, loco_bf16 *dlogits,
                                              const float *sumexp, const float *tlogit,
                                              const int32_t *targets, int v_lo, int N, int Vl,
                                              int v_valid, float dscale, loco_stream s) {
-    return xent_vp_finish(losses, bf(dlogits), bf(logits), rowmax, sumexp, tlogit, targets, v_lo, N, Vl, v_valid, dscale, s);
+    return xent_vp_finish(losses, bf(dlogits), bf(logits), rowmax, sumexp, tlogit, targets, v_lo,
+                          N, Vl, v_valid, dscale, s);
 }

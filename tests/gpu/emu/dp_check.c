@@ -11,8 +11,9 @@
  *                           batch), fp32 ZeRO 0, 1, 2 and 3 (the sharded
  *                           device model, weights gathered per unit) and
  *                           bf16 ZeRO-3; 't': tp = 2 (dp = 1, batch_size 4
- *                           on both ranks: inner/model/gpt_cuda_tp.c), fp32
- *                           (CASES "0123tb3t" by default): every
+ *                           on both ranks: inner/model/gpt_cuda_tp.c) and
+ *                           's': tp = 2 with sequence parallelism, fp32
+ *                           and bf16 (CASES "0123tsb3ts" by default): every
  *                           step's loss and the final parameters (ZeRO-3:
  *                           the owned range; tp: each slice element against
  *                           its whole-model one) within 1e-5 relative of the
@@ -61,6 +62,7 @@
 
 static const char *g_dtype = "fp32"; /* of the run being checked */
 static int g_tp = 1;                 /* parallel.tp of the run being checked */
+static bool g_sp;                    /* and parallel.sp */
 static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
 /* bf16: how far one rank's bf16 run is from its fp32 run (losses, and
  * parameters relative to max |param|; load_reference). bf16 tp rounds in
@@ -102,6 +104,7 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     cfg->parallel.dp = strcmp(backend, "self") ? 2 : 1;
     if (g_tp > 1) { /* tp ranks share the batch: the reference's global batch each */
         cfg->parallel.tp = g_tp;
+        cfg->parallel.sp = g_sp;
         cfg->parallel.dp = 1;
         cfg->train.batch_size = 4;
     }
@@ -118,8 +121,8 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     snprintf(cfg->train.dtype, sizeof cfg->train.dtype, "%s", g_dtype);
     snprintf(cfg->parallel.backend, sizeof cfg->parallel.backend, "%s", backend);
     snprintf(cfg->data.train, sizeof cfg->data.train, "%s/train_000000.bin", dir);
-    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d", dir, backend, zero,
-             g_dtype, g_tp);
+    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d%s", dir, backend, zero,
+             g_dtype, g_tp, g_sp ? "-sp" : "");
 }
 
 /* A learnable byte stream, as tests/gpu/test_cuda_model.c's. */
@@ -333,15 +336,30 @@ static void check_stage(const char *dir, int zero) {
     if (g_rank == 0)
         printf("%s=2 ZeRO-%d %s (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
                "resumed step rel diff %.3g\n",
-               g_tp > 1 ? "tp" : "dp", zero, g_dtype, worst, dmax / rmax, e);
+               g_sp ? "tp+sp" : g_tp > 1 ? "tp" : "dp", zero, g_dtype, worst, dmax / rmax, e);
 out:
     loco_trainer_destroy(t);
+}
+
+/* '0'..'3': dp = 2 at that ZeRO stage; 't': tp = 2 instead (both ranks
+ * the whole batch); 's': tp = 2 with sequence parallelism. */
+static void check_case(const char *dir, char c) {
+    if (c >= '0' && c <= '3')
+        check_stage(dir, c - '0');
+    if (c == 't' || c == 's') {
+        g_tp = 2;
+        g_sp = c == 's';
+        check_stage(dir, 0);
+        g_tp = 1;
+        g_sp = false;
+    }
 }
 
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
         fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
-                        "t (tp = 2), then b and bf16 stages; default 0123tb3t)\n");
+                        "t (tp = 2), s (tp = 2, sp), then b and bf16 stages; "
+                        "default 0123tsb3ts)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -358,31 +376,17 @@ int main(int argc, char **argv) {
     if (load_reference(argv[2]) < 0)
         return 1;
     /* CASES: fp32 stages, then after 'b' the bf16 ones */
-    const char *cases = argc == 4 ? argv[3] : "0123tb3t";
+    const char *cases = argc == 4 ? argv[3] : "0123tsb3ts";
     const char *bf = strchr(cases, 'b');
-    for (const char *c = cases; *c && c != bf; c++) {
-        if (*c >= '0' && *c <= '3')
-            check_stage(argv[2], *c - '0');
-        if (*c == 't') { /* tp = 2 instead of dp = 2, both ranks the whole batch */
-            g_tp = 2;
-            check_stage(argv[2], 0);
-            g_tp = 1;
-        }
-    }
+    for (const char *c = cases; *c && c != bf; c++)
+        check_case(argv[2], *c);
     /* bf16: the ZeRO-3 gathers move the passes' weights (2 bytes an element) */
     g_dtype = "bf16";
     if (bf && bf[1]) {
         if (load_reference(argv[2]) < 0)
             return 1;
-        for (const char *c = bf + 1; *c; c++) {
-            if (*c >= '0' && *c <= '3')
-                check_stage(argv[2], *c - '0');
-            if (*c == 't') {
-                g_tp = 2;
-                check_stage(argv[2], 0);
-                g_tp = 1;
-            }
-        }
+        for (const char *c = bf + 1; *c; c++)
+            check_case(argv[2], *c);
     }
     free(ref_params);
     printf("[rank %d] %ld passed, %ld failed\n", g_rank, n_pass, n_fail);

@@ -58,15 +58,6 @@ TestSuite(device_dp, .timeout = 60);
 
 /* Tensor parallelism runs on the device (tests/gpu/emu/dp_check.c, case
  * t); what it does not do there yet is refused by name. */
-Test(device_dp, sequence_parallel_refused) {
-    loco_config cfg;
-    config(&cfg);
-    cfg.parallel.tp = 2;
-    cfg.parallel.sp = true;
-    expect_refused(&cfg, "parallel.sp = true with train.device = cuda: sequence parallelism "
-                         "runs on the CPU path only");
-}
-
 Test(device_dp, tensor_parallel_over_nccl_refused) {
     loco_config cfg;
     config(&cfg);
