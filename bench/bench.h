@@ -4,6 +4,7 @@
 #ifndef LOCO_BENCH_H
 #define LOCO_BENCH_H
 
+#include "inner/mesh/mesh.h"
 #include "net/net.h"
 
 /* Training step throughput (tiny and GPT-2 124M shapes) against sgemm. */
@@ -13,6 +14,9 @@ int loco_bench_step(int argc, char **argv);
 int loco_bench_memory(int argc, char **argv);
 /* bench_memory.c's --plan: the figures of a mesh from tables and formulas alone. */
 int loco_bench_memory_plan(const loco_config *cfg, const char *path);
+/* bench_memory_device.c: the device model's activations per block beside
+ * the formulas (skipped without CUDA or a device). */
+int loco_bench_memory_device(const loco_config *cfg, loco_mesh *mesh, loco_comm *world);
 /* One outer step between two islands over emulated WAN, per codec, beside
  * the bound encoded bytes / bandwidth + RTT. */
 int loco_bench_exchange(int argc, char **argv);

@@ -399,6 +399,8 @@ int loco_bench_memory(int argc, char **argv) {
     if (rc == 0)
         rc = activation_table(&cfg, &mesh, world);
     if (rc == 0)
+        rc = loco_bench_memory_device(&cfg, &mesh, world);
+    if (rc == 0)
         rc = comm_table(&cfg, &mesh, world);
     if (rc == 0)
         rc = cp_tables(&cfg, &mesh, world);

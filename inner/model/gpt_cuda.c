@@ -153,11 +153,12 @@ static int carve(loco_gpt_cuda *g) {
             continue;
         }
         /* this rank's rows of the norms and residuals (all under tp alone),
-         * every row of the tp region's (atty: N x Cl, carved N x C) */
-        g->act_bytes += (4 * R * C + N * (C + W + Fc + F)) * es + R * 4 * 4 + bnt * 4;
+         * every row of the tp region's */
+        const size_t Cl = (size_t)g->Cl;
+        g->act_bytes += (4 * R * C + N * (Cl + W + Fc + F)) * es + R * 4 * 4 + bnt * 4;
         SLAB(a->ln1, R * C * es, "ln1");
         SLAB(a->qkv, N * W * es, "qkv");
-        SLAB(a->atty, N * C * es, "atty");
+        SLAB(a->atty, N * Cl * es, "atty");
         SLAB(a->res2, R * C * es, "residual2");
         SLAB(a->ln2, R * C * es, "ln2");
         SLAB(a->fch, N * Fc * es, "fch");

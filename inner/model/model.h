@@ -384,6 +384,13 @@ double loco_gpt_block_act_formula(const loco_gpt *m, loco_recompute mode);
 /* The same formula for a model not made (B x T rows, the tp of mc, sp). */
 double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, bool sp,
                                       loco_recompute mode);
+/* What one block of the device model (loco_gpt_cuda) keeps for its
+ * backward, in bytes, by the same kind of formula: activations in bf16 or
+ * fp32, the attention's log-sum-exp instead of its probabilities (so
+ * selective is none), no attproj or fcproj copies. The device's carve
+ * (loco_gpt_cuda_act_bytes) over its blocks gives this per block. */
+double loco_gpt_device_block_act_formula(const loco_gpt_config *mc, int B, int T, bool sp,
+                                         bool bf16, loco_recompute mode);
 /* Bytes this rank sent for context parallelism since the model was made
  * (ring: K|V and dK|dV blocks; Ulysses: the all-to-alls' off-rank parts). */
 double loco_gpt_cp_bytes(const loco_gpt *m);

@@ -234,3 +234,21 @@ double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, b
                   (mode == LOCO_RECOMPUTE_SELECTIVE ? 0 : NH * (double)T / t);
     return 4.0 * per_token * N;
 }
+
+double loco_gpt_device_block_act_formula(const loco_gpt_config *mc, int B, int T, bool sp,
+                                         bool bf16, loco_recompute mode) {
+    /* Per token, in elements of the passes' type (es bytes): ln1, res2,
+     * ln2 and res3 (C each, over t with sp); qkv, atty, c_fc's output and
+     * its activation (this tp slice's widths). In fp32: the norms' mean and
+     * rstd (4, over t with sp) and the attention's log-sum-exp (NH/t): the
+     * device's attention reruns its probabilities in the backward at every
+     * mode, and the residual adds attproj and fcproj in place. Full: res3
+     * only. */
+    const double t = mc->tp > 1 ? mc->tp : 1, es = bf16 ? 2 : 4, N = (double)B * T;
+    const double rows = sp && t > 1 ? 1.0 / t : 1.0, C = mc->n_embd;
+    if (mode == LOCO_RECOMPUTE_FULL)
+        return es * C * rows * N;
+    const double slice = loco__gpt_qkv_local(mc) + C / t +
+                         (double)(loco_gpt_fc_width(mc) + loco_gpt_ffn(mc)) / t;
+    return N * (es * (4 * C * rows + slice) + 4 * (4 * rows + (double)mc->n_head / t));
+}

@@ -285,6 +285,12 @@ static void check_recompute(const loco_gpt_config *mc, bool bf16, int rerun) {
     const size_t kept = loco_gpt_cuda_act_bytes(dev[0]), less = loco_gpt_cuda_act_bytes(dev[1]);
     const size_t out = (size_t)N * mc->n_embd * (bf16 ? 2 : 4); /* one block's output */
     const size_t per_block = kept / (size_t)mc->n_layer;
+    /* the formula `loco bench memory` prints beside the carve */
+    const double formula =
+        loco_gpt_device_block_act_formula(mc, B, T, false, bf16, LOCO_RECOMPUTE_NONE);
+    cr_expect_eq(kept, (size_t)(formula * mc->n_layer + 0.5),
+                 "activations kept: %zu, the formula's %d blocks of %.0f", kept, mc->n_layer,
+                 formula);
     cr_expect_eq(less, kept - (size_t)(rerun - 1) * per_block + (size_t)rerun * out,
                  "activations: %zu kept, %zu with %d blocks recomputed", kept, less, rerun);
     /* and the independent reference: the CPU model, as check_description */

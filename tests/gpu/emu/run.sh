@@ -142,8 +142,9 @@ run_dp() { # ARCH ORDER
 
 # gpu_cli/*: scripts/gpu-dp-check.sh (the GPU machine's multi-rank step)
 # with the emulated loco: `loco train` runs of dp = 2 (ZeRO 0-3), tp = 2
-# (GPT-2, and Llama with a replicated kv head) and dp = 2 x tp = 2 (four
-# processes) against one rank; not nccl (no NCCL device here).
+# (GPT-2, Llama with a replicated kv head, bf16), tp = 2 + sp and
+# dp = 2 x tp = 2 + sp (four processes) against one rank; not nccl (no
+# NCCL device here). Then `loco bench memory`'s device table at tp = 2.
 run_cli() { # ORDER
   command -v mpirun >/dev/null || { echo "gpu_cli: SKIPPED (no mpirun)"; return 0; }
   local rc=0
@@ -152,6 +153,23 @@ run_cli() { # ORDER
     bash scripts/gpu-dp-check.sh "$out/loco" || rc=$?
   n_dp=$((n_dp + 1))
   [ "$rc" -eq 0 ] || { echo "emulator: gpu-dp-check ($1) FAILED"; status=1; }
+  # the device model's activations per block, tp = 2 with and without sp,
+  # fp32 and bf16, every recompute mode: the carve against its formula
+  local log rows table='/device model keeps/,/^full:/p'
+  log=$(mktemp)
+  rc=0
+  LOCO_EMU_DEVICES=1 mpirun --allow-run-as-root --oversubscribe -np 2 "$out/loco" bench memory \
+    configs/tiny.ini --set parallel.backend=mpi --set parallel.tp=2 --set model.n_layer=2 \
+    --set model.n_embd=64 --set model.n_head=4 --set train.batch_size=2 >"$log" 2>&1 || rc=$?
+  sed -n "$table" "$log"
+  rows=$(sed -n "$table" "$log" | grep -c '^| [fb][fp]*[0-9]* | .* | +0.00% |' || true)
+  n_dp=$((n_dp + 1))
+  if [ "$rc" -ne 0 ] || [ "$rows" -ne 12 ]; then
+    echo "emulator: bench memory's device table: $rows of 12 rows at the formula (exit $rc)"
+    tail -n 20 "$log"
+    status=1
+  fi
+  rm -f "$log"
 }
 
 case "$mode:$filter" in
