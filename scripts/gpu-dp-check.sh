@@ -15,9 +15,11 @@
 #            model's tp slice, inner/model/gpt_cuda_tp.c; staged)
 #   tp2-llama  the same on the Llama block with one key/value head of two
 #            (replicated over the tp ranks), against its own one-rank run
+#   dp2-tp2-llama-z3  that Llama block at dp = 2 x tp = 2, ZeRO-3
 #   tp2-sp   tp = 2 with sequence parallelism (norms and residuals on half
 #            the rows each; all-gathers and reduce-scatters, staged)
-#   dp2-tp2-sp  mpirun -np 4 on the one GPU: dp = 2 x tp = 2 with sp, ZeRO-1
+#   dp2-tp2-sp-z3  mpirun -np 4 on the one GPU: dp = 2 x tp = 2 with sp,
+#            ZeRO-3 (each tp slice sharded over dp, gathered unit by unit)
 #   tp2-bf16 tp = 2 in bf16 against the one-rank bf16 run, 1e-3 relative:
 #            bf16 tp rounds each rank's share of a sum before adding it,
 #            one rank the sum (the emulator's dp_check measures the gap;
@@ -115,10 +117,10 @@ run tp2-sp mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@
   --set parallel.backend=mpi --set parallel.tp=2 --set parallel.sp=true \
   --set train.batch_size=4 --set run.dir="$d/tp2-sp"
 compare tp2-sp || fail=1
-run dp2-tp2-sp mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+run dp2-tp2-sp-z3 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
   --set parallel.backend=mpi --set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true \
-  --set parallel.zero_stage=1 --set train.batch_size=2 --set run.dir="$d/dp2-tp2-sp"
-compare dp2-tp2-sp || fail=1
+  --set parallel.zero_stage=3 --set train.batch_size=2 --set run.dir="$d/dp2-tp2-sp-z3"
+compare dp2-tp2-sp-z3 || fail=1
 LLAMA=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden=48)
 run ref-llama "$LOCO" train configs/tiny.ini "${TINY[@]}" "${LLAMA[@]}" \
   --set parallel.backend=self --set train.batch_size=4 --set run.dir="$d/ref-llama"
@@ -126,6 +128,10 @@ run tp2-llama mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TIN
   "${LLAMA[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set train.batch_size=4 \
   --set run.dir="$d/tp2-llama"
 compare tp2-llama ref-llama || fail=1
+run dp2-tp2-llama-z3 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${LLAMA[@]}" --set parallel.backend=mpi --set parallel.dp=2 --set parallel.tp=2 \
+  --set parallel.zero_stage=3 --set train.batch_size=2 --set run.dir="$d/dp2-tp2-llama-z3"
+compare dp2-tp2-llama-z3 ref-llama || fail=1
 BF16=(--set train.dtype=bf16)
 run ref-bf16 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${BF16[@]}" \
   --set parallel.backend=self --set train.batch_size=4 --set run.dir="$d/ref-bf16"

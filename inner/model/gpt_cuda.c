@@ -304,11 +304,6 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->own_lo = lo;
     g->own_hi = hi;
     g->sharded = hi - lo < g->P;
-    if (g->sharded && g->tp > 1) {
-        rc = LOCO_ERR(LOCO_ENOTSUP, "device model: tp = %d with a sharded (ZeRO-3) model is "
-                      "not wired yet; use parallel.zero_stage <= 2", g->tp);
-        goto out_fail;
-    }
     g->la = loco_alloc((size_t)cfg->n_layer * sizeof *g->la);
     if (!g->la) {
         rc = LOCO_ERR(LOCO_ENOMEM, "device model tables");

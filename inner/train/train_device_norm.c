@@ -29,8 +29,10 @@ static int replica_sumsq(loco_trainer *t, int i, size_t a, size_t b, double *sum
     float *grads, *h = loco_alloc((b - a) * sizeof(float));
     if (!h)
         return LOCO_ERR(LOCO_ENOMEM, "gradient norm: %zu floats", b - a);
+    size_t own_lo, own_hi; /* the device's gradients are its owned range's (ZeRO-3) */
     loco_gpt_cuda_state(t->dev, NULL, &grads, NULL, NULL, NULL);
-    int rc = loco_cuda_copy(h, grads + a, (b - a) * sizeof(float), STREAM);
+    loco_gpt_cuda_shard(t->dev, &own_lo, &own_hi, NULL, NULL);
+    int rc = loco_cuda_copy(h, grads + (a - own_lo), (b - a) * sizeof(float), STREAM);
     if (!rc)
         rc = loco_cuda_sync(STREAM);
     if (!rc)
