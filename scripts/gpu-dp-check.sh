@@ -16,6 +16,12 @@
 #   tp2-llama  the same on the Llama block with one key/value head of two
 #            (replicated over the tp ranks), against its own one-rank run
 #   dp2-tp2-llama-z3  that Llama block at dp = 2 x tp = 2, ZeRO-3
+#   cp2      cp = 2, Ulysses (inner/model/gpt_cuda_cp.c: zig-zag chunks,
+#            the heads' all-to-alls staged)
+#   dp2-cp2-llama-z3  the Llama block at dp = 2 x cp = 2, ZeRO-3 (its one
+#            key/value head replicated over the cp ranks)
+#   tp2-cp2-sp  four heads at tp = 2 x cp = 2 with sp, against their own
+#            one-rank run (ref-h4)
 #   tp2-sp   tp = 2 with sequence parallelism (norms and residuals on half
 #            the rows each; all-gathers and reduce-scatters, staged)
 #   dp2-tp2-sp-z3  mpirun -np 4 on the one GPU: dp = 2 x tp = 2 with sp,
@@ -132,6 +138,21 @@ run dp2-tp2-llama-z3 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini
   "${LLAMA[@]}" --set parallel.backend=mpi --set parallel.dp=2 --set parallel.tp=2 \
   --set parallel.zero_stage=3 --set train.batch_size=2 --set run.dir="$d/dp2-tp2-llama-z3"
 compare dp2-tp2-llama-z3 ref-llama || fail=1
+ULY=(--set parallel.cp=2 --set parallel.cp_algo=ulysses)
+run cp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${ULY[@]}" \
+  --set parallel.backend=mpi --set train.batch_size=4 --set run.dir="$d/cp2"
+compare cp2 || fail=1
+run dp2-cp2-llama-z3 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${LLAMA[@]}" "${ULY[@]}" --set parallel.backend=mpi --set parallel.dp=2 \
+  --set parallel.zero_stage=3 --set train.batch_size=2 --set run.dir="$d/dp2-cp2-llama-z3"
+compare dp2-cp2-llama-z3 ref-llama || fail=1
+H4=(--set model.n_head=4)
+run ref-h4 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${H4[@]}" --set parallel.backend=self \
+  --set train.batch_size=4 --set run.dir="$d/ref-h4"
+run tp2-cp2-sp mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${H4[@]}" "${ULY[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set parallel.sp=true \
+  --set train.batch_size=4 --set run.dir="$d/tp2-cp2-sp"
+compare tp2-cp2-sp ref-h4 || fail=1
 BF16=(--set train.dtype=bf16)
 run ref-bf16 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${BF16[@]}" \
   --set parallel.backend=self --set train.batch_size=4 --set run.dir="$d/ref-bf16"

@@ -24,6 +24,9 @@
  * model_pass.c has them; under sp the norms' and residuals' buffers hold
  * N / tp rows (rows_of). The collectives are staged through the host
  * (mpi) and block the host: no CUDA graph, nothing overlapped yet.
+ * Context parallelism, Ulysses (gpt_cuda_cp.c): the passes run on this
+ * rank's zig-zag rows of each sequence (g->T = Tw / cp) at their global
+ * positions, the attention on every row of 1/cp of the heads.
  *
  * Streams: every kernel goes on loco_cuda_compute_stream (g->stream); the
  * tokens go host -> pinned buffer -> device on loco_cuda_copy_stream in
@@ -62,6 +65,23 @@ const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N] = {
 #define SLAB(ptr, bytes, what)                                                                    \
     LOCO_CHECK(loco_cuda_slab_alloc(g->slab, (void **)&(ptr), (size_t)(bytes), what))
 
+/* Context parallelism's device buffers (gpt_cuda_cp.c), per block
+ * (perblock) or all of them. */
+static size_t cp_block_bytes(const loco_gpt_cuda *g) {
+    if (!g->cpc)
+        return 0;
+    return (size_t)g->B * g->Tw * (size_t)(g->wu + g->hq) * g->es;
+}
+
+static size_t cp_bytes(const loco_gpt_cuda *g) {
+    if (!g->cpc)
+        return 0;
+    const size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->T, whole = (size_t)g->B * g->Tw;
+    const size_t L = (size_t)g->cfg.n_layer;
+    return T * 4 + T * C * (g->es + 4) + whole * (g->hq + g->wu) * g->es +
+           (g->bf16 ? whole * g->wu * 4 : 0) + (L + 1) * cp_block_bytes(g);
+}
+
 /* Slab size: the ranges carved in carve() plus alignment slack. */
 static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
@@ -76,13 +96,14 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
     const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
-    const size_t n_ranges = 48 + 13 * (L + 1);
+    const size_t n_ranges = 55 + 15 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
            N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
            LOCO_CUDA_SUMSQ_OUT * 8 + rope + (kept + shared) * per_layer +
            (size_t)g->n_rerun * N * C * es + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
-           (g->sp ? 2 * N * C * es + ((size_t)g->T + 4) * C * 4 : 0) + n_ranges * 256;
+           (g->sp ? 2 * N * C * es + ((size_t)g->T + 4) * C * 4 : 0) + cp_bytes(g) +
+           n_ranges * 256;
 }
 
 static int carve(loco_gpt_cuda *g) {
@@ -120,6 +141,16 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->kv_keep, (C + 1) * W * 4, "key/value gradients kept");
     if (g->tp > 1 && g->bf16)
         SLAB(g->tp_f32, N * C * 4, "tp sums in fp32");
+    if (g->cpc) {
+        const size_t whole = (size_t)g->B * g->Tw;
+        SLAB(g->cp_pos, (size_t)g->T * 4, "context-parallel positions");
+        SLAB(g->cp_wpe, (size_t)g->T * C * es, "wpe at the local rows");
+        SLAB(g->cp_dwpe, (size_t)g->T * C * 4, "wpe gradient at the local rows");
+        SLAB(g->cp_dout, whole * g->hq * es, "the heads' output gradient");
+        SLAB(g->cp_dqkv, whole * g->wu * es, "the heads' qkv gradient");
+        if (g->bf16)
+            SLAB(g->cp_f32, whole * g->wu * 4, "the heads' qkv gradient in fp32");
+    }
     if (g->sp) {
         SLAB(g->gather, N * C * es, "gathered norm output");
         SLAB(g->dgather, N * C * es, "gathered dres");
@@ -169,6 +200,12 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(a->ln2m, R * 4, "ln2 mean");
         SLAB(a->ln2r, R * 4, "ln2 rstd");
         SLAB(a->lse, bnt * 4, "lse");
+        if (g->cpc) { /* Ulysses: every row of this rank's heads */
+            const size_t whole = (size_t)g->B * g->Tw;
+            g->act_bytes += cp_block_bytes(g);
+            SLAB(a->qkvh, whole * g->wu * es, "qkv of the rank's heads");
+            SLAB(a->outh, whole * g->hq * es, "attention output of the rank's heads");
+        }
     }
     return 0;
 }
@@ -241,6 +278,7 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
         return LOCO_ERR(LOCO_ENOTSUP, "the device model holds every expert (ep = %d: expert "
                         "parallelism runs on the CPU path)", cfg->ep);
     LOCO_CHECK(loco__gpt_cuda_tp_check(cfg, o));
+    LOCO_CHECK(loco__gpt_cuda_cp_check(cfg, B, T, o));
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
         cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||
@@ -282,6 +320,9 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->bf16 = bf16;
     g->es = bf16 ? 2 : 4;
     g->n_rerun = o->rerun;
+    LOCO_CHECK_GOTO(loco__gpt_cuda_cp_init(g, o, T), out_fail);
+    if (g->cpc) /* the passes see this rank's rows of each sequence */
+        g->T = T / g->cp;
     g->stream = loco_cuda_compute_stream();
     g->copy = loco_cuda_copy_stream();
     LOCO_CHECK_GOTO(loco_gpt_build_table(&g->tt, cfg), out_fail);
@@ -334,6 +375,7 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     LOCO_CHECK_GOTO(loco_cuda_slab_create(&g->slab, slab_bytes(g)), out_fail);
     LOCO_CHECK_GOTO(loco_blas_create(&g->blas), out_fail);
     LOCO_CHECK_GOTO(carve(g), out_fail);
+    LOCO_CHECK_GOTO(loco__gpt_cuda_cp_host_init(g), out_fail);
     LOCO_CHECK_GOTO(index_units(g), out_fail);
     g->head_unit = g->tunit[head];
     if (g->rope_cos) { /* the CPU model's tables (model.c), computed once on the host */
@@ -364,6 +406,9 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     LOCO_CHECK_GOTO(loco_cuda_zero(g->v, own4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
+    if (g->cp_dwpe)
+        LOCO_CHECK_GOTO(loco_cuda_zero(g->cp_dwpe, (size_t)g->T * cfg->n_embd * 4, g->stream),
+                        out_fail);
     if (g->drep)
         LOCO_CHECK_GOTO(loco_cuda_zero(g->drep, ((size_t)T + 4) * cfg->n_embd * 4, g->stream),
                         out_fail);
@@ -393,6 +438,7 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
     loco_cuda_host_free(g->h_out);
     loco_cuda_host_free(g->h_stage);
     loco_cuda_host_free(g->h_kv);
+    loco__gpt_cuda_cp_fini(g);
     for (int k = 0; k < 2; k++)
         loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
@@ -525,7 +571,11 @@ static int check_bound(const loco_gpt_cuda *g, int unit, bool grads) {
 /* Checks the batch and queues its copy to the device: host -> pinned slot
  * -> device slot on the copy stream; the compute stream waits for it. */
 static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
-                       int T) {
+                       int *Tp) {
+    /* context parallelism: this rank's rows of each sequence (*Tp becomes
+     * the local length) */
+    LOCO_CHECK(loco__gpt_cuda_cp_localize(g, &inputs, &targets, B, Tp));
+    const int T = *Tp;
     if (B < 1 || T < 1 || B > g->B || T > g->T)
         return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the device model's capacity %dx%d", B,
                         T, g->B, g->T);
@@ -597,16 +647,17 @@ static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
         return 0;
     const int NH = g->NHl, NKV = g->NKVl, hs = loco_gpt_head_size(&g->cfg), ld = g->Wl;
     void *k = (char *)qkv + (size_t)NH * hs * g->es;
+    const int *pos = g->cpc ? g->cp_pos : NULL; /* cp: the rows' global positions */
     if (backward) {
         RUN(LOCO_PROF_ELEM,
-            TWIN(rope_bwd, qkv, ld, B, T, NH, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+            TWIN(rope_bwd, qkv, ld, B, T, NH, hs, pos, g->rope_cos, g->rope_sin, g->stream));
         RUN(LOCO_PROF_ELEM,
-            TWIN(rope_bwd, k, ld, B, T, NKV, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+            TWIN(rope_bwd, k, ld, B, T, NKV, hs, pos, g->rope_cos, g->rope_sin, g->stream));
     } else {
         RUN(LOCO_PROF_ELEM,
-            TWIN(rope_fwd, qkv, ld, B, T, NH, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+            TWIN(rope_fwd, qkv, ld, B, T, NH, hs, pos, g->rope_cos, g->rope_sin, g->stream));
         RUN(LOCO_PROF_ELEM,
-            TWIN(rope_fwd, k, ld, B, T, NKV, hs, NULL, g->rope_cos, g->rope_sin, g->stream));
+            TWIN(rope_fwd, k, ld, B, T, NKV, hs, pos, g->rope_cos, g->rope_sin, g->stream));
     }
     return 0;
 }
@@ -616,9 +667,31 @@ static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
     (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_gqa_##k##_bf16(__VA_ARGS__)              \
                                  : TWIN(attention_gqa_##k, __VA_ARGS__))
 
+/* Ulysses (cp): qkv's local rows become every row of this rank's 1/cp of
+ * the heads (qkvh), the attention runs on those, and its output comes
+ * back to the local rows in atty. */
+static int cp_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
+    const int hs = loco_gpt_head_size(&g->cfg);
+    LOCO_CHECK(loco__gpt_cuda_cp_heads_in(g, a->qkv, a->qkvh, B));
+    RUN(LOCO_PROF_ATTN, ATTN_GQA(fwd, a->outh, a->lse, a->qkvh, B, g->Tw, g->hq / hs,
+                                 g->hk / hs, hs, g->stream));
+    return loco__gpt_cuda_cp_heads_out(g, a->outh, a->atty, B);
+}
+
+static int cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
+    const int hs = loco_gpt_head_size(&g->cfg);
+    LOCO_CHECK(loco__gpt_cuda_cp_dout_in(g, g->dbtc, B));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->cp_dqkv, (size_t)B * g->Tw * g->wu * g->es, g->stream));
+    RUN(LOCO_PROF_ATTN, ATTN_GQA(bwd, g->cp_dqkv, g->attn_scratch, g->cp_dout, a->outh, a->qkvh,
+                                 a->lse, B, g->Tw, g->hq / hs, g->hk / hs, hs, g->stream));
+    return loco__gpt_cuda_cp_dqkv_out(g, g->dqkv, B);
+}
+
 static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
+    if (g->cpc)
+        return cp_attention_fwd(g, a, B);
     if (NKV == NH)
         RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
     else
@@ -630,6 +703,8 @@ static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
 static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
+    if (g->cpc)
+        return cp_attention_bwd(g, a, B);
     if (NKV == NH)
         RUN(LOCO_PROF_ATTN,
             ATTN(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty, a->qkv, a->lse, B, T, C, NH, s));
@@ -756,13 +831,14 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
         LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
         g->head_stale = false;
     }
+    const void *wpe = W("transformer.wpe.weight"); /* NULL with RoPE */
+    if (wpe && g->cpc) /* the rows at this rank's positions */
+        LOCO_CHECK(loco__gpt_cuda_cp_wpe(g, wpe, &wpe));
     if (g->tp > 1) /* vocabulary-parallel: this rank's rows, summed over tp */
-        LOCO_CHECK(loco__gpt_cuda_tp_embed_fwd(g, W("transformer.wte.weight"),
-                                               W("transformer.wpe.weight"), B, T));
+        LOCO_CHECK(loco__gpt_cuda_tp_embed_fwd(g, W("transformer.wte.weight"), wpe, B, T));
     else
         RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs,
-                                 W("transformer.wte.weight"), W("transformer.wpe.weight"), B, T,
-                                 C, s));
+                                 W("transformer.wte.weight"), wpe, B, T, C, s));
     for (int l = 0; l < L; l++) {
         ACQUIRE(l + 1, false);
         LOCO_CHECK(check_bound(g, l + 1, false));
@@ -802,17 +878,22 @@ static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
     return 0;
 }
 
-/* Waits for the compute stream and reads the last pass's mean loss. */
+/* Waits for the compute stream and reads the last pass's mean loss (over
+ * the whole sequences under cp: every rank holds as many tokens, the mean
+ * of the ranks' means; collective over cp). */
 static int read_mean(loco_gpt_cuda *g, float *mean_loss) {
     LOCO_CHECK(loco_cuda_copy(g->h_out, g->mean, sizeof(float), g->stream));
     LOCO_CHECK(loco_cuda_sync(g->stream));
     memcpy(mean_loss, g->h_out, sizeof(float));
+    double v = *mean_loss;
+    LOCO_CHECK(loco__gpt_cuda_cp_mean(g, &v));
+    *mean_loss = (float)v;
     return 0;
 }
 
 int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
                           int T, float *mean_loss) {
-    LOCO_CHECK(load_tokens(g, inputs, targets, B, T));
+    LOCO_CHECK(load_tokens(g, inputs, targets, B, &T));
     LOCO_CHECK(forward_body(g, B, T));
     if (targets)
         LOCO_CHECK(loss_and_dlogits(g, B * T, 0.0f, false));
@@ -941,12 +1022,15 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     }
 #undef LW
 #undef LG
+    float *dwpe = G("transformer.wpe.weight");
+    float *dwpe_rows = dwpe && g->cpc ? g->cp_dwpe : dwpe; /* cp: the local rows' */
     if (g->tp > 1)
-        LOCO_CHECK(loco__gpt_cuda_tp_embed_bwd(g, G("transformer.wte.weight"),
-                                               G("transformer.wpe.weight"), B, T));
+        LOCO_CHECK(loco__gpt_cuda_tp_embed_bwd(g, G("transformer.wte.weight"), dwpe_rows, B, T));
     else
-        RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"),
-                                 G("transformer.wpe.weight"), g->dres, g->inputs, B, T, C, s));
+        RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"), dwpe_rows, g->dres,
+                                 g->inputs, B, T, C, s));
+    if (dwpe && g->cpc)
+        LOCO_CHECK(loco__gpt_cuda_cp_dwpe_done(g, dwpe));
     GRADS_READY(0);
     return 0;
 }
@@ -968,7 +1052,7 @@ static int graph_passes(loco_gpt_cuda *g, int B, int T, float loss_scale, bool *
     *done = false;
     /* the hooks and the tp collectives run host code between the launches */
     if (!g->graph_on || g->profiling || !g->warm || g->hooks.acquire || g->hooks.grads_ready ||
-        g->tp > 1)
+        g->tp > 1 || g->cpc)
         return 0;
     step_graph *gr = &g->graph[g->slot];
     if (gr->exec && (gr->B != B || gr->T != T || gr->scale != loss_scale)) {
@@ -1006,7 +1090,7 @@ int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
                                    float *mean_loss) {
     if (!targets)
         return LOCO_ERR(LOCO_EINVAL, "a backward pass needs targets");
-    LOCO_CHECK(load_tokens(g, inputs, targets, B, T));
+    LOCO_CHECK(load_tokens(g, inputs, targets, B, &T));
     bool done;
     LOCO_CHECK(graph_passes(g, B, T, loss_scale, &done));
     if (!done) {
@@ -1065,7 +1149,7 @@ int loco_gpt_cuda_loss_sum(loco_gpt_cuda *g, double *sum) {
     LOCO_CHECK(loco_cuda_copy(g->h_out + 1, g->loss_acc, sizeof(double), g->stream));
     LOCO_CHECK(loco_cuda_sync(g->stream));
     *sum = g->h_out[1];
-    return 0;
+    return loco__gpt_cuda_cp_mean(g, sum); /* the whole sequences' (collective over cp) */
 }
 
 int loco_gpt_cuda_clip_adamw(loco_gpt_cuda *g, loco_adamw *opt, float lr, double max_norm,

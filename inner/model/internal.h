@@ -398,6 +398,9 @@ typedef struct {
     void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3; /* (N,C) (N,W) .. (N,Fc) (N,F) */
     float *ln1m, *ln1r, *ln2m, *ln2r;                        /* (N) */
     float *lse;                                              /* (B,NH,T) */
+    /* Ulysses (cp): every row of this rank's 1/cp of the heads, as the
+     * attention read and wrote them: (B, T whole, wu) and (B, T whole, hq) */
+    void *qkvh, *outh;
 } layer_acts;
 
 /* The captured forward + backward of one token slot, and its shape. */
@@ -428,6 +431,20 @@ struct loco_gpt_cuda {
     size_t *tp_counts;          /* (tp) counts of the v-collectives */
     void *gather, *dgather;     /* sp: (N, C) a norm's output, dres, gathered over tp */
     float *drep;                /* sp: ((T + 4), C) replicated gradients from this rank's rows */
+    /* Context parallelism (gpt_cuda_cp.c, Ulysses): every sequence of Tw
+     * tokens cut into 2 cp chunks of Tc, this rank holding chunks cp_rank
+     * and 2 cp - 1 - cp_rank (T = 2 Tc local rows, model_cp.c's zig-zag) */
+    struct loco_comm *cpc;      /* NULL when cp = 1 */
+    int cp, cp_rank, Tw, Tc;
+    int hq, hk, wu;             /* per rank: query, key/value columns, hq + 2 hk */
+    int *cp_pos;                /* (T) device: the local rows' global positions */
+    void *cp_wpe;               /* (T, C) wpe's rows at those positions */
+    float *cp_dwpe;             /* (T, C) their gradient */
+    void *cp_dout, *cp_dqkv;    /* (B, Tw, hq), (B, Tw, wu) the attention's backward */
+    float *cp_f32;              /* bf16: (B, Tw, wu) cp_dqkv in fp32 */
+    char *h_cp_send, *h_cp_recv, *h_cp_whole; /* pinned, (B, Tw, wu) elements each */
+    float *h_cp_rows;           /* pinned, (B T, max(Wl, Cl)) local rows in fp32 */
+    int32_t *h_cp_tok;          /* (2, B, T) local tokens and targets */
     float *xent;                /* (3N) vocabulary-parallel row max, sum of exp, target logit */
     float *kv_keep;             /* kv_rep > 1: (C + 1, Wl) c_attn's gradient set aside */
     float *h_kv;                /* pinned: (C + 1, Wl) c_attn's gradient, (C + 1, 2 NKV hs) */
@@ -496,6 +513,21 @@ int loco__gpt_cuda_tp_xent(loco_gpt_cuda *g, int N, float dscale, bool backward)
 int loco__gpt_cuda_kv_begin(loco_gpt_cuda *g, float *dw, float *db);
 int loco__gpt_cuda_kv_end(loco_gpt_cuda *g, float *dw, float *db);
 int loco__gpt_cuda_tp_check(const loco_gpt_config *cfg, const loco_gpt_cuda_opts *o);
+
+/* gpt_cuda_cp.c: context parallelism (Ulysses) of the device model. */
+int loco__gpt_cuda_cp_check(const loco_gpt_config *cfg, int B, int T, const loco_gpt_cuda_opts *o);
+int loco__gpt_cuda_cp_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int T);
+int loco__gpt_cuda_cp_host_init(loco_gpt_cuda *g);
+void loco__gpt_cuda_cp_fini(loco_gpt_cuda *g);
+int loco__gpt_cuda_cp_localize(loco_gpt_cuda *g, const int32_t **inputs, const int32_t **targets,
+                               int B, int *T);
+int loco__gpt_cuda_cp_wpe(loco_gpt_cuda *g, const void *wpe, const void **local);
+int loco__gpt_cuda_cp_dwpe_done(loco_gpt_cuda *g, float *dwpe);
+int loco__gpt_cuda_cp_heads_in(loco_gpt_cuda *g, const void *qkv, void *qkvh, int B);
+int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, int B);
+int loco__gpt_cuda_cp_dout_in(loco_gpt_cuda *g, const void *dout, int B);
+int loco__gpt_cuda_cp_dqkv_out(loco_gpt_cuda *g, void *dqkv, int B);
+int loco__gpt_cuda_cp_mean(loco_gpt_cuda *g, double *v);
 
 #define TWIN(k, ...)                                                                              \
     (g->bf16 ? loco_cuda_##k##_bf16(__VA_ARGS__) : loco_cuda_##k(__VA_ARGS__))

@@ -577,6 +577,10 @@ typedef struct {
      * its 1/tp of the rows (norms, residuals); the column-parallel inputs
      * are all-gathered, the row-parallel outputs reduce-scattered. */
     bool sp;
+    /* parallel.cp > 1: the cp group; Ulysses only (the passes take whole
+     * sequences, each rank computes its zig-zag chunks' rows) */
+    struct loco_comm *cp;
+    loco_cp_algo cp_algo;
 } loco_gpt_cuda_opts;
 int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                               const loco_gpt_cuda_opts *o);

@@ -41,20 +41,32 @@ int loco__train_check_device(const loco_config *cfg) {
     return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: built without CUDA (no nvcc when loco "
                                   "was built); use train.device = cpu");
 #else
-    /* Data parallel (ZeRO 0-3) and tensor parallel (gpt_cuda_tp.c, which
-     * names what tp does not do yet on the device). */
+    /* Data parallel (ZeRO 0-3), tensor and sequence parallel
+     * (gpt_cuda_tp.c) and context parallel, Ulysses (gpt_cuda_cp.c). */
     static const struct {
         const char *key, *what;
-    } dims[] = {{"pp", "pipeline"}, {"cp", "context"}, {"ep", "expert"}};
-    const int64_t sizes[] = {cfg->parallel.pp, cfg->parallel.cp, cfg->parallel.ep};
-    for (int i = 0; i < 3; i++)
+    } dims[] = {{"pp", "pipeline"}, {"ep", "expert"}};
+    const int64_t sizes[] = {cfg->parallel.pp, cfg->parallel.ep};
+    for (int i = 0; i < 2; i++)
         if (sizes[i] > 1)
             return LOCO_ERR(LOCO_ENOTSUP,
                             "parallel.%s = %lld with train.device = cuda: %s parallelism runs on "
-                            "the CPU path only (on the GPU data parallelism, ZeRO 0-3 and "
-                            "tensor and sequence parallelism are wired); use parallel.%s = 1 or "
-                            "train.device = cpu",
+                            "the CPU path only (on the GPU data parallelism, ZeRO 0-3, tensor, "
+                            "sequence and context (Ulysses) parallelism are wired); use "
+                            "parallel.%s = 1 or train.device = cpu",
                             dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
+    if (cfg->parallel.cp > 1 && strcmp(cfg->parallel.cp_algo, "ulysses"))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.cp = %lld with parallel.cp_algo = %s on the device: the ring's "
+                        "blockwise attention has no CUDA kernels yet; use parallel.cp_algo = "
+                        "ulysses (or train.device = cpu)",
+                        (long long)cfg->parallel.cp, cfg->parallel.cp_algo);
+    if (cfg->parallel.cp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.cp = %lld with parallel.backend = nccl: the device's Ulysses "
+                        "all-to-alls run over mpi (staged through pinned host buffers) for now; "
+                        "use parallel.backend = mpi",
+                        (long long)cfg->parallel.cp);
     if (cfg->parallel.tp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.tp = %lld with parallel.backend = nccl: the device's tp "
@@ -265,6 +277,10 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
         o.tp = t->mesh.group[LOCO_DIM_TP];
         o.tp_staged = true;
         o.sp = cfg->parallel.sp;
+    }
+    if (cfg->parallel.cp > 1) { /* Ulysses, its all-to-alls staged over mpi */
+        o.cp = t->mesh.group[LOCO_DIM_CP];
+        o.cp_algo = LOCO_CP_ULYSSES;
     }
     if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */

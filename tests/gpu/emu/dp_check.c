@@ -12,8 +12,10 @@
  *                           device model, weights gathered per unit) and
  *                           bf16 ZeRO-3; 't': tp = 2 (dp = 1, batch_size 4
  *                           on both ranks: inner/model/gpt_cuda_tp.c) and
- *                           's': tp = 2 with sequence parallelism, fp32
- *                           and bf16 (CASES "0123tsb3ts" by default): every
+ *                           's': tp = 2 with sequence parallelism and 'u':
+ *                           cp = 2 Ulysses (inner/model/gpt_cuda_cp.c),
+ *                           fp32 and bf16 (CASES "0123tsub3tsu" by
+ *                           default): every
  *                           step's loss and the final parameters (ZeRO-3:
  *                           the owned range; tp: each slice element against
  *                           its whole-model one) within 1e-5 relative of the
@@ -63,6 +65,7 @@
 static const char *g_dtype = "fp32"; /* of the run being checked */
 static int g_tp = 1;                 /* parallel.tp of the run being checked */
 static bool g_sp;                    /* and parallel.sp */
+static int g_cp = 1;                 /* parallel.cp (Ulysses) */
 static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
 /* bf16: how far one rank's bf16 run is from its fp32 run (losses, and
  * parameters relative to max |param|; load_reference). bf16 tp rounds in
@@ -73,13 +76,15 @@ static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
  * (seen 2026-12-06: losses 1.3e-4 of a 3.1e-4 gap, parameters 2.7e-2
  * of 2.0e-2). */
 static double bf16_gap_loss, bf16_gap_params;
+/* tp or cp: the run sums over ranks what one rank sums in one place */
+static bool split(void) { return g_tp > 1 || g_cp > 1; }
 static double tol(void) {
-    return !bf16() ? TOL_F32 : g_tp > 1 ? fmax(TOL_BF16_LOSS, 2 * bf16_gap_loss) : TOL_BF16_LOSS;
+    return !bf16() ? TOL_F32 : split() ? fmax(TOL_BF16_LOSS, 2 * bf16_gap_loss) : TOL_BF16_LOSS;
 }
 static double tol_params(void) {
-    return !bf16()     ? TOL_F32
-           : g_tp > 1 ? fmax(TOL_BF16_PARAMS, 2 * bf16_gap_params)
-                      : TOL_BF16_PARAMS;
+    if (!bf16())
+        return TOL_F32;
+    return split() ? fmax(TOL_BF16_PARAMS, 2 * bf16_gap_params) : TOL_BF16_PARAMS;
 }
 
 static void config(loco_config *cfg, const char *dir, const char *backend, int batch, int zero) {
@@ -108,6 +113,12 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
         cfg->parallel.dp = 1;
         cfg->train.batch_size = 4;
     }
+    if (g_cp > 1) { /* cp ranks share the batch, each its chunks of every sequence */
+        cfg->parallel.cp = g_cp;
+        snprintf(cfg->parallel.cp_algo, sizeof cfg->parallel.cp_algo, "ulysses");
+        cfg->parallel.dp = 1;
+        cfg->train.batch_size = 4;
+    }
     const char *rc = getenv("LOCO_DP_RECOMPUTE");
     if (rc && *rc && strcmp(backend, "self"))
         snprintf(cfg->train.recompute, sizeof cfg->train.recompute, "%s", rc);
@@ -121,8 +132,8 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     snprintf(cfg->train.dtype, sizeof cfg->train.dtype, "%s", g_dtype);
     snprintf(cfg->parallel.backend, sizeof cfg->parallel.backend, "%s", backend);
     snprintf(cfg->data.train, sizeof cfg->data.train, "%s/train_000000.bin", dir);
-    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d%s", dir, backend, zero,
-             g_dtype, g_tp, g_sp ? "-sp" : "");
+    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d%s-cp%d", dir, backend,
+             zero, g_dtype, g_tp, g_sp ? "-sp" : "", g_cp);
 }
 
 /* A learnable byte stream, as tests/gpu/test_cuda_model.c's. */
@@ -336,16 +347,23 @@ static void check_stage(const char *dir, int zero) {
     if (g_rank == 0)
         printf("%s=2 ZeRO-%d %s (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
                "resumed step rel diff %.3g\n",
-               g_sp ? "tp+sp" : g_tp > 1 ? "tp" : "dp", zero, g_dtype, worst, dmax / rmax, e);
+               g_cp > 1 ? "cp" : g_sp ? "tp+sp" : g_tp > 1 ? "tp" : "dp", zero, g_dtype, worst,
+               dmax / rmax, e);
 out:
     loco_trainer_destroy(t);
 }
 
 /* '0'..'3': dp = 2 at that ZeRO stage; 't': tp = 2 instead (both ranks
- * the whole batch); 's': tp = 2 with sequence parallelism. */
+ * the whole batch); 's': tp = 2 with sequence parallelism; 'u': cp = 2,
+ * Ulysses (both ranks the whole batch, each half of every sequence). */
 static void check_case(const char *dir, char c) {
     if (c >= '0' && c <= '3')
         check_stage(dir, c - '0');
+    if (c == 'u') {
+        g_cp = 2;
+        check_stage(dir, 0);
+        g_cp = 1;
+    }
     if (c == 't' || c == 's') {
         g_tp = 2;
         g_sp = c == 's';
@@ -358,8 +376,8 @@ static void check_case(const char *dir, char c) {
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
         fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
-                        "t (tp = 2), s (tp = 2, sp), then b and bf16 stages; "
-                        "default 0123tsb3ts)\n");
+                        "t (tp = 2), s (tp = 2, sp), u (cp = 2, Ulysses), then b and bf16 "
+                        "stages; default 0123tsub3tsu)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -376,7 +394,7 @@ int main(int argc, char **argv) {
     if (load_reference(argv[2]) < 0)
         return 1;
     /* CASES: fp32 stages, then after 'b' the bf16 ones */
-    const char *cases = argc == 4 ? argv[3] : "0123tsb3ts";
+    const char *cases = argc == 4 ? argv[3] : "0123tsub3tsu";
     const char *bf = strchr(cases, 'b');
     for (const char *c = cases; *c && c != bf; c++)
         check_case(argv[2], *c);

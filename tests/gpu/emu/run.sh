@@ -142,10 +142,11 @@ run_dp() { # ARCH ORDER
 
 # gpu_cli/*: scripts/gpu-dp-check.sh (the GPU machine's multi-rank step)
 # with the emulated loco: `loco train` runs of dp = 2 (ZeRO 0-3), tp = 2
-# (GPT-2, Llama with a replicated kv head, bf16), tp = 2 + sp and, four
-# processes, dp = 2 x tp = 2 at ZeRO-3 (GPT-2 with sp, Llama) against one
-# rank; not nccl (no NCCL device here). Then `loco bench memory`'s device
-# table at tp = 2.
+# (GPT-2, Llama with a replicated kv head, bf16), tp = 2 + sp, cp = 2
+# (Ulysses) and, four processes, dp = 2 x tp = 2 at ZeRO-3 (GPT-2 with
+# sp, Llama), dp = 2 x cp = 2 at ZeRO-3 (Llama) and tp = 2 x cp = 2 + sp
+# against one rank; not nccl (no NCCL device here). Then `loco bench
+# memory`'s device table at tp = 2.
 run_cli() { # ORDER
   command -v mpirun >/dev/null || { echo "gpu_cli: SKIPPED (no mpirun)"; return 0; }
   local rc=0

@@ -73,11 +73,21 @@ Test(device_dp, pipeline_parallel_refused) {
     expect_refused(&cfg, "parallel.pp = 2 with train.device = cuda: pipeline parallelism");
 }
 
-Test(device_dp, context_parallel_refused) {
+Test(device_dp, context_parallel_ring_refused) {
     loco_config cfg;
     config(&cfg);
     cfg.parallel.cp = 2;
-    expect_refused(&cfg, "parallel.cp = 2 with train.device = cuda: context parallelism");
+    snprintf(cfg.parallel.cp_algo, sizeof cfg.parallel.cp_algo, "ring");
+    expect_refused(&cfg, "parallel.cp = 2 with parallel.cp_algo = ring on the device");
+}
+
+Test(device_dp, context_parallel_over_nccl_refused) {
+    loco_config cfg;
+    config(&cfg);
+    cfg.parallel.cp = 2;
+    snprintf(cfg.parallel.cp_algo, sizeof cfg.parallel.cp_algo, "ulysses");
+    snprintf(cfg.parallel.backend, sizeof cfg.parallel.backend, "nccl");
+    expect_refused(&cfg, "parallel.cp = 2 with parallel.backend = nccl");
 }
 
 Test(device_dp, expert_parallel_refused) {

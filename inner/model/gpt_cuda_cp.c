@@ -1,0 +1,270 @@
+/* Context parallelism on the device model, Ulysses (model_cp.c's layout
+ * and order): every sequence of Tw tokens is cut into 2 cp chunks and this
+ * rank holds chunks r and 2 cp - 1 - r (zig-zag: the same causal work on
+ * every rank). Outside attention the passes run on those T = Tw / cp rows
+ * as on any others, at their global positions (wpe's rows or RoPE's
+ * angles); around the attention an all-to-all turns this rank's rows of
+ * every head into every row of 1/cp of the heads, the device attention
+ * runs on those, and an all-to-all turns its output back (and the
+ * conjugates in the backward, key/value heads replicated over ranks
+ * summed). The loss is the mean over the whole sequences.
+ *
+ * The all-to-alls are staged through pinned host buffers (the host waits
+ * for the kernels before each), which is where the heads are packed and
+ * the rows placed; the forward moves the passes' elements as they are,
+ * the backward's sums are fp32. The ring algorithm has no device kernels
+ * (its blockwise attention merges partial results by log-sum-exp): it is
+ * refused. Compiled only in a CUDA build. */
+#include "inner/model/internal.h"
+
+#if defined(LOCO_HAVE_CUDA)
+
+#include <string.h>
+
+int loco__gpt_cuda_cp_check(const loco_gpt_config *cfg, int B, int T,
+                            const loco_gpt_cuda_opts *o) {
+    const int c = o->cp ? loco_comm_size(o->cp) : 1;
+    if (c < 2)
+        return 0;
+    if (o->cp_algo != LOCO_CP_ULYSSES)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.cp = %d with cp_algo = ring on the device: the ring's "
+                        "blockwise attention has no CUDA kernels yet; use parallel.cp_algo = "
+                        "ulysses (or train.device = cpu)",
+                        c);
+    const loco_gpt_parallel par = {.cp = o->cp, .cp_algo = o->cp_algo, .sp = o->sp};
+    return loco__gpt_cp_check(cfg, B, T, &par);
+}
+
+int loco__gpt_cuda_cp_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int T) {
+    const int c = o->cp ? loco_comm_size(o->cp) : 1;
+    g->cp = c;
+    if (c < 2)
+        return 0;
+    const int hs = loco_gpt_head_size(&g->cfg);
+    g->cpc = o->cp;
+    g->cp_rank = loco_comm_rank(o->cp);
+    g->Tw = T;
+    g->Tc = T / (2 * c);
+    g->hq = g->NHl / c * hs;
+    g->hk = (g->NKVl >= c ? g->NKVl / c : 1) * hs;
+    g->wu = g->hq + 2 * g->hk;
+    return 0;
+}
+
+/* Position of local row i of rank x. */
+static int row_pos(const loco_gpt_cuda *g, int x, int i) {
+    const int j = i / g->Tc;
+    return (j == 0 ? x : 2 * g->cp - 1 - x) * g->Tc + i % g->Tc;
+}
+
+int loco__gpt_cuda_cp_host_init(loco_gpt_cuda *g) {
+    if (!g->cpc)
+        return 0;
+    const size_t rows = (size_t)g->B * g->T, whole = (size_t)g->B * g->Tw * g->wu * 4;
+    const size_t ld = (size_t)(g->Wl > g->Cl ? g->Wl : g->Cl);
+    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_send, whole));
+    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_recv, whole));
+    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_whole, whole));
+    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_rows, rows * ld * 4));
+    g->h_cp_tok = loco_alloc(2 * rows * sizeof(int32_t));
+    int *pos = loco_alloc((size_t)g->T * sizeof(int));
+    if (!g->h_cp_tok || !pos) {
+        loco_free(pos);
+        return LOCO_ERR(LOCO_ENOMEM, "context-parallel tables");
+    }
+    for (int i = 0; i < g->T; i++)
+        pos[i] = row_pos(g, g->cp_rank, i);
+    int rc = loco_cuda_copy(g->cp_pos, pos, (size_t)g->T * sizeof(int), g->stream);
+    if (!rc)
+        rc = loco_cuda_sync(g->stream);
+    loco_free(pos);
+    return rc;
+}
+
+void loco__gpt_cuda_cp_fini(loco_gpt_cuda *g) {
+    loco_cuda_host_free(g->h_cp_send);
+    loco_cuda_host_free(g->h_cp_recv);
+    loco_cuda_host_free(g->h_cp_whole);
+    loco_cuda_host_free(g->h_cp_rows);
+    loco_free(g->h_cp_tok);
+}
+
+int loco__gpt_cuda_cp_localize(loco_gpt_cuda *g, const int32_t **inputs, const int32_t **targets,
+                               int B, int *T) {
+    if (!g->cpc)
+        return 0;
+    if (*T != g->Tw)
+        return LOCO_ERR(LOCO_EINVAL,
+                        "context parallelism splits sequences of %d tokens; this pass has %d",
+                        g->Tw, *T);
+    if (B < 1 || B > g->B)
+        return LOCO_ERR(LOCO_EINVAL, "batch of %d sequences exceeds the device model's "
+                        "capacity %d", B, g->B);
+    const size_t rows = (size_t)g->B * g->T;
+    int32_t *dst[2] = {g->h_cp_tok, g->h_cp_tok + rows};
+    const int32_t **src[2] = {inputs, targets};
+    for (int k = 0; k < 2; k++) {
+        if (!*src[k])
+            continue;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < g->T; i++)
+                dst[k][(size_t)b * g->T + i] =
+                    (*src[k])[(size_t)b * g->Tw + row_pos(g, g->cp_rank, i)];
+        *src[k] = dst[k];
+    }
+    *T = g->T;
+    return 0;
+}
+
+/* wpe's rows at this rank's positions: its two chunks, each Tc rows. */
+int loco__gpt_cuda_cp_wpe(loco_gpt_cuda *g, const void *wpe, const void **local) {
+    const size_t C = (size_t)g->cfg.n_embd, es = g->es, Tc = (size_t)g->Tc;
+    for (int j = 0; j < 2; j++)
+        LOCO_CHECK(loco_cuda_copy((char *)g->cp_wpe + j * Tc * C * es,
+                                  (const char *)wpe + (size_t)row_pos(g, g->cp_rank, j * g->Tc) *
+                                                          C * es,
+                                  Tc * C * es, g->stream));
+    *local = g->cp_wpe;
+    return 0;
+}
+
+/* The local rows' wpe gradient (cp_dwpe) added at their positions; it
+ * leaves cleared for the next pass. */
+int loco__gpt_cuda_cp_dwpe_done(loco_gpt_cuda *g, float *dwpe) {
+    const size_t C = (size_t)g->cfg.n_embd, Tc = (size_t)g->Tc;
+    for (int j = 0; j < 2; j++)
+        LOCO_CHECK(loco_cuda_add_clear(dwpe + (size_t)row_pos(g, g->cp_rank, j * g->Tc) * C,
+                                       g->cp_dwpe + j * Tc * C, Tc * C, g->stream));
+    return 0;
+}
+
+/* ------------------------------------------------- the heads' all-to-alls */
+
+/* Rank x's columns of a local row: its query heads' (parts 1: the
+ * attention output's row of Cl), or those, then its key and value heads'
+ * (parts 3: c_attn's row of Wl); model_cp.c's segments. */
+static int segments(const loco_gpt_cuda *g, int x, int parts, int *col, int *w) {
+    const int hs = loco_gpt_head_size(&g->cfg), Q = g->NHl * hs, Ckv = g->NKVl * hs;
+    col[0] = x * g->hq, w[0] = g->hq;
+    if (parts == 1)
+        return 1;
+    const int kv0 = x * g->NKVl / g->cp * hs; /* its queries' first key/value head */
+    col[1] = Q + kv0, w[1] = g->hk;
+    col[2] = Q + Ckv + kv0, w[2] = g->hk;
+    return 3;
+}
+
+/* Local rows (B T, ld elements of es bytes) -> send: for each rank x its
+ * columns of every row. */
+static void pack_heads(const loco_gpt_cuda *g, char *send, const char *src, int B, int ld,
+                       int parts, size_t es) {
+    const size_t rows = (size_t)B * g->T, wx = parts == 1 ? (size_t)g->hq : (size_t)g->wu;
+    for (int x = 0; x < g->cp; x++) {
+        int col[3], w[3];
+        const int n = segments(g, x, parts, col, w);
+        for (size_t row = 0; row < rows; row++) {
+            char *o = send + ((size_t)x * rows + row) * wx * es;
+            for (int k = 0; k < n; o += (size_t)w[k] * es, k++)
+                memcpy(o, src + (row * (size_t)ld + (size_t)col[k]) * es, (size_t)w[k] * es);
+        }
+    }
+}
+
+/* recv, from each rank x its rows of this rank's heads, <-> (B, Tw, w)
+ * whole sequences (to_whole: placed there; else picked from there). */
+static void move_rows(const loco_gpt_cuda *g, char *whole, char *ranks, int B, int w, size_t es,
+                      bool to_whole) {
+    const size_t n = (size_t)w * es;
+    for (int x = 0; x < g->cp; x++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < g->T; i++) {
+                char *a = whole + ((size_t)b * g->Tw + row_pos(g, x, i)) * n;
+                char *r = ranks + (((size_t)x * B + b) * g->T + i) * n;
+                memcpy(to_whole ? a : r, to_whole ? r : a, n);
+            }
+}
+
+static int alltoall(loco_gpt_cuda *g, size_t bytes_per_rank) {
+    return loco_comm_alltoall(g->cpc, g->h_cp_send, g->h_cp_recv, bytes_per_rank, LOCO_DT_U8);
+}
+
+int loco__gpt_cuda_cp_heads_in(loco_gpt_cuda *g, const void *qkv, void *qkvh, int B) {
+    const size_t rows = (size_t)B * g->T, es = g->es;
+    char *h = (char *)g->h_cp_rows;
+    LOCO_CHECK(loco_cuda_copy(h, qkv, rows * g->Wl * es, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    pack_heads(g, g->h_cp_send, h, B, g->Wl, 3, es);
+    LOCO_CHECK(alltoall(g, rows * g->wu * es));
+    move_rows(g, g->h_cp_whole, g->h_cp_recv, B, g->wu, es, true);
+    return loco_cuda_copy(qkvh, g->h_cp_whole, (size_t)B * g->Tw * g->wu * es, g->stream);
+}
+
+int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, int B) {
+    const size_t rows = (size_t)B * g->T, es = g->es;
+    LOCO_CHECK(loco_cuda_copy(g->h_cp_whole, outh, (size_t)B * g->Tw * g->hq * es, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    move_rows(g, g->h_cp_whole, g->h_cp_send, B, g->hq, es, false);
+    LOCO_CHECK(alltoall(g, rows * g->hq * es));
+    /* from rank x: this rank's rows of x's query heads, at x's columns */
+    char *h = (char *)g->h_cp_rows;
+    for (int x = 0; x < g->cp; x++)
+        for (size_t row = 0; row < rows; row++)
+            memcpy(h + (row * g->Cl + (size_t)x * g->hq) * es,
+                   g->h_cp_recv + ((size_t)x * rows + row) * g->hq * es, (size_t)g->hq * es);
+    return loco_cuda_copy(out, h, rows * g->Cl * es, g->stream);
+}
+
+int loco__gpt_cuda_cp_dout_in(loco_gpt_cuda *g, const void *dout, int B) {
+    const size_t rows = (size_t)B * g->T, es = g->es;
+    char *h = (char *)g->h_cp_rows;
+    LOCO_CHECK(loco_cuda_copy(h, dout, rows * g->Cl * es, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    pack_heads(g, g->h_cp_send, h, B, g->Cl, 1, es);
+    LOCO_CHECK(alltoall(g, rows * g->hq * es));
+    move_rows(g, g->h_cp_whole, g->h_cp_recv, B, g->hq, es, true);
+    return loco_cuda_copy(g->cp_dout, g->h_cp_whole, (size_t)B * g->Tw * g->hq * es, g->stream);
+}
+
+/* cp_dqkv (B, Tw, wu) -> dqkv (B T, Wl) local rows (overwritten), in
+ * fp32: a key/value head replicated to several ranks gets the sum of
+ * their gradients, rounded once in bf16. */
+int loco__gpt_cuda_cp_dqkv_out(loco_gpt_cuda *g, void *dqkv, int B) {
+    const size_t rows = (size_t)B * g->T, whole = (size_t)B * g->Tw * g->wu;
+    float *src = g->cp_dqkv;
+    if (g->bf16) {
+        RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(g->cp_f32, g->cp_dqkv, whole, g->stream));
+        src = g->cp_f32;
+    }
+    LOCO_CHECK(loco_cuda_copy(g->h_cp_whole, src, whole * 4, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    move_rows(g, g->h_cp_whole, g->h_cp_send, B, g->wu, 4, false);
+    LOCO_CHECK(alltoall(g, rows * g->wu * 4));
+    float *h = g->h_cp_rows;
+    memset(h, 0, rows * g->Wl * sizeof(float));
+    for (int x = 0; x < g->cp; x++) {
+        int col[3], w[3];
+        const int n = segments(g, x, 3, col, w);
+        for (size_t row = 0; row < rows; row++) {
+            const float *in = (const float *)g->h_cp_recv + ((size_t)x * rows + row) * g->wu;
+            for (int k = 0; k < n; in += w[k], k++) {
+                float *o = h + row * g->Wl + col[k];
+                for (int e = 0; e < w[k]; e++)
+                    o[e] += in[e];
+            }
+        }
+    }
+    if (!g->bf16)
+        return loco_cuda_copy(dqkv, h, rows * g->Wl * 4, g->stream);
+    LOCO_CHECK(loco_cuda_copy(g->cp_f32, h, rows * g->Wl * 4, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(dqkv, g->cp_f32, rows * g->Wl, g->stream));
+    return 0;
+}
+
+int loco__gpt_cuda_cp_mean(loco_gpt_cuda *g, double *v) {
+    if (!g->cpc)
+        return 0;
+    return loco_comm_allreduce(g->cpc, v, 1, LOCO_DT_F64, LOCO_OP_AVG);
+}
+
+#endif /* LOCO_HAVE_CUDA */
