@@ -23,7 +23,9 @@
  * rank's slice at the CPU model's widths, with its collectives where
  * model_pass.c has them; under sp the norms' and residuals' buffers hold
  * N / tp rows (rows_of). The collectives are staged through the host
- * (mpi) and block the host: no CUDA graph, nothing overlapped yet.
+ * (mpi); a column-parallel layer's input-gradient sum runs on the host
+ * while the device computes its weight gradient (column_parallel_bwd),
+ * the others block the host. No CUDA graph then.
  * Context parallelism, Ulysses (gpt_cuda_cp.c): the passes run on this
  * rank's zig-zag rows of each sequence (g->T = Tw / cp) at their global
  * positions, the attention on every row of 1/cp of the heads.
@@ -362,6 +364,10 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
                                              (N + (size_t)T + 4) *
                                                  (size_t)(cfg->n_embd > 3 ? cfg->n_embd : 3) * 4),
                         out_fail);
+    if (g->tpc && g->tp_staged) {
+        LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_pend, N * cfg->n_embd * 4), out_fail);
+        LOCO_CHECK_GOTO(loco_cuda_event_create(&g->pend_copied), out_fail);
+    }
     if (g->tpc && !(g->tp_counts = loco_alloc((size_t)g->tp * sizeof(size_t)))) {
         rc = LOCO_ERR(LOCO_ENOMEM, "tp counts");
         goto out_fail;
@@ -438,6 +444,8 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
     loco_cuda_host_free(g->h_out);
     loco_cuda_host_free(g->h_stage);
     loco_cuda_host_free(g->h_kv);
+    loco_cuda_host_free(g->h_pend);
+    loco_cuda_event_destroy(g->pend_copied);
     loco__gpt_cuda_cp_fini(g);
     for (int k = 0; k < 2; k++)
         loco_cuda_graph_destroy(g->graph[k].exec);
@@ -744,14 +752,38 @@ static int row_parallel_dout(loco_gpt_cuda *g, int N, const void **dout) {
     return 0;
 }
 
-/* A column-parallel layer's input gradient, in dbtc (N, C): the sum over
- * tp, all-reduced, or under sp reduce-scattered into dbtc's first rows
- * (this rank's). */
-static int column_parallel_dx(loco_gpt_cuda *g, int N) {
+/* A column-parallel layer's backward (c_attn, c_fc, the head): its input
+ * gradient dbtc (N, C) = dout @ w^T summed over tp (all-reduced, or under
+ * sp reduce-scattered into dbtc's first rows, this rank's), and dw, db
+ * from its input x (this rank's rows of a norm's output, gathered again
+ * under sp when gather_x). Under tp the input half runs first and its
+ * staged sum's collective overlaps the weight half on the device
+ * (loco__gpt_cuda_tp_sum_begin); kv: c_attn's key/value columns shared
+ * by tp ranks, summed over them. */
+static int column_parallel_bwd(loco_gpt_cuda *g, const void *dout, const void *x, bool gather_x,
+                               float *dw, float *db, const void *w, int OC, int N, bool wt,
+                               bool kv) {
     const size_t C = (size_t)g->cfg.n_embd;
-    if (g->sp)
-        return loco__gpt_cuda_tp_scatter_act(g, g->dbtc, (size_t)rows_of(g, N) * C);
-    return loco__gpt_cuda_tp_sum_act(g, g->dbtc, (size_t)N * C);
+    loco_blas *h = g->blas;
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, (size_t)N * C * g->es, g->stream));
+    if (g->tp == 1) {
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, dw, db, dout, x, w, N, (int)C, OC, wt,
+                                   g->stream));
+        return 0;
+    }
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, NULL, NULL, dout, x, w, N, (int)C, OC, wt,
+                               g->stream));
+    LOCO_CHECK(loco__gpt_cuda_tp_sum_begin(g, g->dbtc, (size_t)N * C,
+                                           (size_t)rows_of(g, N) * C));
+    if (gather_x)
+        LOCO_CHECK(column_input(g, x, N, &x));
+    if (kv)
+        LOCO_CHECK(loco__gpt_cuda_kv_begin(g, dw, db));
+    RUN(LOCO_PROF_MATMUL,
+        TWIN(matmul_bwd, h, NULL, dw, db, dout, x, w, N, (int)C, OC, wt, g->stream));
+    if (kv)
+        LOCO_CHECK(loco__gpt_cuda_kv_end(g, dw, db));
+    return loco__gpt_cuda_tp_sum_finish(g);
 }
 
 /* A row-parallel layer (attn.c_proj, mlp.c_proj): out (N, C) = in (N, K)
@@ -928,11 +960,10 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     ACQUIRE(L + 1, true);
     LOCO_CHECK(check_bound(g, 0, true));
     LOCO_CHECK(check_bound(g, L + 1, true));
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, g->dwte_pad, NULL, g->logits, g->lnf,
-                               g->wte_pad, N, C, g->Vp, true, s));
-    /* column-parallel under tp (vocabulary rows): ln_f's input gradient summed */
-    LOCO_CHECK(column_parallel_dx(g, N));
+    /* column-parallel under tp (vocabulary rows): ln_f's input gradient
+     * summed; lnf holds every row already */
+    LOCO_CHECK(column_parallel_bwd(g, g->logits, g->lnf, false, g->dwte_pad, NULL, g->wte_pad,
+                                   g->Vp, N, true, false));
     /* the head's V real rows into the flat gradient; the side buffer is
      * cleared for the next pass (its padding rows are exactly 0: their
      * dlogits are) */
@@ -960,7 +991,7 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
             LOCO_CHECK(block_fwd(g, l, B, T));
         /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
          * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
-        const void *dout, *x;
+        const void *dout;
         LOCO_CHECK(row_parallel_dout(g, N, &dout));
         int unfused = 1;
         if (g->bf16 && !swiglu)
@@ -979,12 +1010,9 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
             else
                 RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
         }
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-        LOCO_CHECK(column_input(g, a->ln2, N, &x)); /* sp: gathered again */
-        RUN(LOCO_PROF_MATMUL,
-            TWIN(matmul_bwd, h, g->dbtc, LG("mlp.c_fc.weight"), LG("mlp.c_fc.bias"), g->dfch, x,
-                 LW("mlp.c_fc.weight"), N, C, Fc, false, s));
-        LOCO_CHECK(column_parallel_dx(g, N));
+        LOCO_CHECK(column_parallel_bwd(g, g->dfch, a->ln2, true, LG("mlp.c_fc.weight"),
+                                       LG("mlp.c_fc.bias"), LW("mlp.c_fc.weight"), Fc, N, false,
+                                       false));
         float *ln2w = LG("ln_2.weight"), *ln2b = LG("ln_2.bias");
         LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b,
                             g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
@@ -997,19 +1025,10 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
         LOCO_CHECK(attention_bwd(g, a, B, T));
         LOCO_CHECK(rope(g, g->dqkv, B, T, true));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-        const bool kv_rep = g->kv_keep != NULL; /* heads shared by tp ranks: summed over them */
-        if (kv_rep)
-            LOCO_CHECK(
-                loco__gpt_cuda_kv_begin(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
-        LOCO_CHECK(column_input(g, a->ln1, N, &x));
-        RUN(LOCO_PROF_MATMUL,
-            TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_attn.weight"), LG("attn.c_attn.bias"), g->dqkv,
-                 x, LW("attn.c_attn.weight"), N, C, Wd, false, s));
-        if (kv_rep)
-            LOCO_CHECK(
-                loco__gpt_cuda_kv_end(g, LG("attn.c_attn.weight"), LG("attn.c_attn.bias")));
-        LOCO_CHECK(column_parallel_dx(g, N));
+        /* kv_keep: key/value heads shared by tp ranks, summed over them */
+        LOCO_CHECK(column_parallel_bwd(g, g->dqkv, a->ln1, true, LG("attn.c_attn.weight"),
+                                       LG("attn.c_attn.bias"), LW("attn.c_attn.weight"), Wd, N,
+                                       false, g->kv_keep != NULL));
         float *ln1w = LG("ln_1.weight"), *ln1b = LG("ln_1.bias");
         LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[0] : ln1w, g->sp && ln1b ? drep[1] : ln1b,
                             g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, R));

@@ -65,6 +65,52 @@ int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n) {
     return 0;
 }
 
+/* The sum over tp of an activation's gradient buf (n elements of the
+ * passes' type), overlapped: begin queues its copy out to the host (in
+ * fp32) and returns; the caller queues kernels that do not read buf (the
+ * weight half of the layer's backward); finish waits for the copy only,
+ * runs the collective on the host while the device runs those kernels,
+ * and queues the copy back. n_part < n: a reduce-scatter, this rank's
+ * block into buf's start (sp). Over nccl begin sums at once. */
+int loco__gpt_cuda_tp_sum_begin(loco_gpt_cuda *g, void *buf, size_t n, size_t n_part) {
+    if (g->tp <= 1 || !n)
+        return 0;
+    if (!g->tp_staged)
+        return n_part < n ? loco__gpt_cuda_tp_scatter_act(g, buf, n_part)
+                          : loco__gpt_cuda_tp_sum_act(g, buf, n);
+    float *src = g->bf16 ? g->tp_f32 : buf;
+    if (g->bf16)
+        RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(src, buf, n, g->stream));
+    LOCO_CHECK(loco_cuda_copy(g->h_pend, src, n * sizeof(float), g->stream));
+    LOCO_CHECK(loco_cuda_event_record(g->pend_copied, g->stream));
+    g->pend_buf = buf;
+    g->pend_n = n;
+    g->pend_part = n_part;
+    return 0;
+}
+
+int loco__gpt_cuda_tp_sum_finish(loco_gpt_cuda *g) {
+    void *buf = g->pend_buf;
+    if (!buf)
+        return 0;
+    g->pend_buf = NULL;
+    const size_t n = g->pend_n, part = g->pend_part;
+    LOCO_CHECK(loco_cuda_event_sync(g->pend_copied));
+    if (part < n) {
+        for (int r = 0; r < g->tp; r++)
+            g->tp_counts[r] = part;
+        LOCO_CHECK(loco_comm_reduce_scatter(g->tpc, g->h_pend, g->h_pend, g->tp_counts,
+                                            LOCO_DT_F32, LOCO_OP_SUM));
+    } else {
+        LOCO_CHECK(loco_comm_allreduce(g->tpc, g->h_pend, n, LOCO_DT_F32, LOCO_OP_SUM));
+    }
+    float *dst = g->bf16 ? g->tp_f32 : buf;
+    LOCO_CHECK(loco_cuda_copy(dst, g->h_pend, part * sizeof(float), g->stream));
+    if (g->bf16)
+        RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(buf, dst, part, g->stream));
+    return 0;
+}
+
 /* Sequence parallelism: the sum over tp of buf (tp blocks of n_part, the
  * ranks' rows in order), this rank's block into buf's start (in the
  * passes' type; bf16 summed in fp32 and rounded once). */

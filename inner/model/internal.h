@@ -425,6 +425,13 @@ struct loco_gpt_cuda {
     int Vl, v_lo, v_valid;      /* the head's rows: the slice's, its first token, real ones */
     float *h_stage;             /* pinned (N * max(C, 3)): a staged collective's buffer */
     float *tp_f32;              /* bf16: (N, C) an activation's collective in fp32 */
+    /* A staged sum begun (its copy out queued) and not yet finished: the
+     * host runs its collective while the device computes what was queued
+     * after the copy (gpt_cuda_tp.c, loco__gpt_cuda_tp_sum_begin) */
+    float *h_pend;              /* pinned (N, C) */
+    loco_event pend_copied;
+    void *pend_buf;             /* NULL when none is pending */
+    size_t pend_n, pend_part;   /* its elements; the part it keeps (reduce-scatter) */
     /* Sequence parallelism (sp): this rank's rows of a pass's N are
      * [row0, row0 + N / tp) (model.c's R and row0) */
     bool sp;
@@ -504,6 +511,8 @@ struct loco_gpt_cuda {
  * where tp = 1 is a plain call. */
 int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_comm_op op);
 int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n);
+int loco__gpt_cuda_tp_sum_begin(loco_gpt_cuda *g, void *buf, size_t n, size_t n_part);
+int loco__gpt_cuda_tp_sum_finish(loco_gpt_cuda *g);
 int loco__gpt_cuda_tp_scatter_act(loco_gpt_cuda *g, void *buf, size_t n_part);
 int loco__gpt_cuda_tp_gather_act(loco_gpt_cuda *g, const void *part, void *full, size_t n_part);
 int loco__gpt_cuda_sp_reduce(loco_gpt_cuda *g, float *const *dst, const size_t *len, int n);
