@@ -106,7 +106,7 @@ STEPS="device build versions tests multi-rank loco-gpt2 loco-recompute loco-atte
        pytorch-sdpa pytorch-eager pytorch-compile summary"
 # (tests ran 20 s of its 90 on the first H200, 2026-12-04: 20 of them went
 # to loco-recompute)
-# (multi-rank: eighteen tiny runs, process start-up most of each, five
+# (multi-rank: twenty tiny runs, process start-up most of each, seven
 # of them four processes on the one GPU; 65 s, taken from tests, whose
 # 20 s leave room under 40, loco-recompute and pytorch-eager)
 declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=40 [multi-rank]=65 [loco-gpt2]=35

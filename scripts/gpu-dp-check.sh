@@ -22,6 +22,8 @@
 #            key/value head replicated over the cp ranks)
 #   tp2-cp2-sp  four heads at tp = 2 x cp = 2 with sp, against their own
 #            one-rank run (ref-h4)
+#   cp4-ring, cp4-ring-llama  cp = 4, ring attention (fp32): K|V blocks
+#            and their gradients' accumulators three hops around the ring
 #   tp2-sp   tp = 2 with sequence parallelism (norms and residuals on half
 #            the rows each; all-gathers and reduce-scatters, staged)
 #   dp2-tp2-sp-z3  mpirun -np 4 on the one GPU: dp = 2 x tp = 2 with sp,
@@ -153,6 +155,14 @@ run tp2-cp2-sp mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TI
   "${H4[@]}" "${ULY[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set parallel.sp=true \
   --set train.batch_size=4 --set run.dir="$d/tp2-cp2-sp"
 compare tp2-cp2-sp ref-h4 || fail=1
+RING=(--set parallel.cp=4 --set parallel.cp_algo=ring)
+run cp4-ring mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${RING[@]}" --set parallel.backend=mpi --set train.batch_size=4 --set run.dir="$d/cp4-ring"
+compare cp4-ring || fail=1
+run cp4-ring-llama mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${LLAMA[@]}" "${RING[@]}" --set parallel.backend=mpi --set train.batch_size=4 \
+  --set run.dir="$d/cp4-ring-llama"
+compare cp4-ring-llama ref-llama || fail=1
 BF16=(--set train.dtype=bf16)
 run ref-bf16 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${BF16[@]}" \
   --set parallel.backend=self --set train.batch_size=4 --set run.dir="$d/ref-bf16"

@@ -26,9 +26,10 @@
  * (mpi); a column-parallel layer's input-gradient sum runs on the host
  * while the device computes its weight gradient (column_parallel_bwd),
  * the others block the host. No CUDA graph then.
- * Context parallelism, Ulysses (gpt_cuda_cp.c): the passes run on this
- * rank's zig-zag rows of each sequence (g->T = Tw / cp) at their global
- * positions, the attention on every row of 1/cp of the heads.
+ * Context parallelism (gpt_cuda_cp.c): the passes run on this rank's
+ * zig-zag rows of each sequence (g->T = Tw / cp) at their global
+ * positions; Ulysses attends on every row of 1/cp of the heads, the ring
+ * (fp32) on every rank's K|V block in turn.
  *
  * Streams: every kernel goes on loco_cuda_compute_stream (g->stream); the
  * tokens go host -> pinned buffer -> device on loco_cuda_copy_stream in
@@ -70,7 +71,7 @@ const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N] = {
 /* Context parallelism's device buffers (gpt_cuda_cp.c), per block
  * (perblock) or all of them. */
 static size_t cp_block_bytes(const loco_gpt_cuda *g) {
-    if (!g->cpc)
+    if (!g->cpc || g->ring) /* the ring attends on the local rows */
         return 0;
     return (size_t)g->B * g->Tw * (size_t)(g->wu + g->hq) * g->es;
 }
@@ -79,9 +80,12 @@ static size_t cp_bytes(const loco_gpt_cuda *g) {
     if (!g->cpc)
         return 0;
     const size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->T, whole = (size_t)g->B * g->Tw;
-    const size_t L = (size_t)g->cfg.n_layer;
-    return T * 4 + T * C * (g->es + 4) + whole * (g->hq + g->wu) * g->es +
-           (g->bf16 ? whole * g->wu * 4 : 0) + (L + 1) * cp_block_bytes(g);
+    const size_t L = (size_t)g->cfg.n_layer, kv = (size_t)g->B * g->T * 2 * g->Ckv;
+    const size_t ring = 5 * kv + (size_t)g->Tc * g->Cl + (size_t)g->NHl * g->Tc * (1 + 2 * g->B);
+    return T * 4 + T * C * (g->es + 4) +
+           (g->ring ? ring * 4
+                    : whole * (g->hq + g->wu) * g->es + (g->bf16 ? whole * g->wu * 4 : 0)) +
+           (L + 1) * cp_block_bytes(g);
 }
 
 /* Slab size: the ranges carved in carve() plus alignment slack. */
@@ -148,10 +152,22 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->cp_pos, (size_t)g->T * 4, "context-parallel positions");
         SLAB(g->cp_wpe, (size_t)g->T * C * es, "wpe at the local rows");
         SLAB(g->cp_dwpe, (size_t)g->T * C * 4, "wpe gradient at the local rows");
-        SLAB(g->cp_dout, whole * g->hq * es, "the heads' output gradient");
-        SLAB(g->cp_dqkv, whole * g->wu * es, "the heads' qkv gradient");
-        if (g->bf16)
-            SLAB(g->cp_f32, whole * g->wu * 4, "the heads' qkv gradient in fp32");
+        if (g->ring) {
+            const size_t kv = N * 2 * (size_t)g->Ckv, NT = (size_t)g->NHl * g->Tc;
+            for (int k = 0; k < 2; k++) {
+                SLAB(g->cp_kv[k], kv * 4, "ring K|V block");
+                SLAB(g->cp_dacc[k], kv * 4, "ring dK|dV accumulator");
+            }
+            SLAB(g->cp_dpart, kv * 4, "ring dK|dV of a step");
+            SLAB(g->cp_blk_out, (size_t)g->Tc * g->Cl * 4, "ring block output");
+            SLAB(g->cp_blk_lse, NT * 4, "ring block lse");
+            SLAB(g->cp_delta, (size_t)g->B * 2 * NT * 4, "ring delta");
+        } else {
+            SLAB(g->cp_dout, whole * g->hq * es, "the heads' output gradient");
+            SLAB(g->cp_dqkv, whole * g->wu * es, "the heads' qkv gradient");
+            if (g->bf16)
+                SLAB(g->cp_f32, whole * g->wu * 4, "the heads' qkv gradient in fp32");
+        }
     }
     if (g->sp) {
         SLAB(g->gather, N * C * es, "gathered norm output");
@@ -202,7 +218,7 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(a->ln2m, R * 4, "ln2 mean");
         SLAB(a->ln2r, R * 4, "ln2 rstd");
         SLAB(a->lse, bnt * 4, "lse");
-        if (g->cpc) { /* Ulysses: every row of this rank's heads */
+        if (g->cpc && !g->ring) { /* Ulysses: every row of this rank's heads */
             const size_t whole = (size_t)g->B * g->Tw;
             g->act_bytes += cp_block_bytes(g);
             SLAB(a->qkvh, whole * g->wu * es, "qkv of the rank's heads");
@@ -698,6 +714,8 @@ static int cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
 static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
+    if (g->cpc && g->ring) /* fp32 (loco__gpt_cuda_cp_check) */
+        return loco__gpt_cuda_ring_fwd(g, a->qkv, a->atty, a->lse, B);
     if (g->cpc)
         return cp_attention_fwd(g, a, B);
     if (NKV == NH)
@@ -711,6 +729,8 @@ static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
 static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
+    if (g->cpc && g->ring)
+        return loco__gpt_cuda_ring_bwd(g, g->dqkv, g->dbtc, a->qkv, a->atty, a->lse, B);
     if (g->cpc)
         return cp_attention_bwd(g, a, B);
     if (NKV == NH)

@@ -1,20 +1,24 @@
-/* Context parallelism on the device model, Ulysses (model_cp.c's layout
- * and order): every sequence of Tw tokens is cut into 2 cp chunks and this
+/* Context parallelism on the device model (model_cp.c's layout and
+ * order): every sequence of Tw tokens is cut into 2 cp chunks and this
  * rank holds chunks r and 2 cp - 1 - r (zig-zag: the same causal work on
  * every rank). Outside attention the passes run on those T = Tw / cp rows
  * as on any others, at their global positions (wpe's rows or RoPE's
- * angles); around the attention an all-to-all turns this rank's rows of
- * every head into every row of 1/cp of the heads, the device attention
- * runs on those, and an all-to-all turns its output back (and the
- * conjugates in the backward, key/value heads replicated over ranks
- * summed). The loss is the mean over the whole sequences.
- *
- * The all-to-alls are staged through pinned host buffers (the host waits
- * for the kernels before each), which is where the heads are packed and
- * the rows placed; the forward moves the passes' elements as they are,
- * the backward's sums are fp32. The ring algorithm has no device kernels
- * (its blockwise attention merges partial results by log-sum-exp): it is
- * refused. Compiled only in a CUDA build. */
+ * angles). The loss is the mean over the whole sequences. Attention:
+ * - Ulysses: an all-to-all turns this rank's rows of every head into
+ *   every row of 1/cp of the heads, the device attention runs on those,
+ *   and an all-to-all turns its output back (and the conjugates in the
+ *   backward, key/value heads replicated over ranks summed). The
+ *   all-to-alls are staged through pinned host buffers (the host waits
+ *   for the kernels before each), where the heads are packed and the rows
+ *   placed; the forward moves the passes' elements as they are, the
+ *   backward's sums are fp32.
+ * - ring (fp32: the block kernels have no bf16 twins): the ranks' K|V
+ *   blocks travel around the ring through pinned host buffers, the next
+ *   hop posted before this block's attention is queued, so the transfer
+ *   runs while the device computes; the blocks' results merge by
+ *   log-sum-exp on the device; the backward passes K|V the same way with
+ *   the blocks' dK|dV accumulators following them home.
+ * Compiled only in a CUDA build. */
 #include "inner/model/internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
@@ -26,11 +30,11 @@ int loco__gpt_cuda_cp_check(const loco_gpt_config *cfg, int B, int T,
     const int c = o->cp ? loco_comm_size(o->cp) : 1;
     if (c < 2)
         return 0;
-    if (o->cp_algo != LOCO_CP_ULYSSES)
+    if (o->cp_algo == LOCO_CP_RING && o->bf16)
         return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.cp = %d with cp_algo = ring on the device: the ring's "
-                        "blockwise attention has no CUDA kernels yet; use parallel.cp_algo = "
-                        "ulysses (or train.device = cpu)",
+                        "parallel.cp = %d with cp_algo = ring in bf16 on the device: the ring's "
+                        "block attention kernels are fp32; use train.dtype = fp32 or "
+                        "parallel.cp_algo = ulysses",
                         c);
     const loco_gpt_parallel par = {.cp = o->cp, .cp_algo = o->cp_algo, .sp = o->sp};
     return loco__gpt_cp_check(cfg, B, T, &par);
@@ -46,6 +50,8 @@ int loco__gpt_cuda_cp_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int T)
     g->cp_rank = loco_comm_rank(o->cp);
     g->Tw = T;
     g->Tc = T / (2 * c);
+    g->ring = o->cp_algo == LOCO_CP_RING;
+    g->Ckv = g->NKVl * hs;
     g->hq = g->NHl / c * hs;
     g->hk = (g->NKVl >= c ? g->NKVl / c : 1) * hs;
     g->wu = g->hq + 2 * g->hk;
@@ -63,10 +69,21 @@ int loco__gpt_cuda_cp_host_init(loco_gpt_cuda *g) {
         return 0;
     const size_t rows = (size_t)g->B * g->T, whole = (size_t)g->B * g->Tw * g->wu * 4;
     const size_t ld = (size_t)(g->Wl > g->Cl ? g->Wl : g->Cl);
-    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_send, whole));
-    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_recv, whole));
-    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_whole, whole));
     LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_rows, rows * ld * 4));
+    if (g->ring) {
+        const size_t kv = rows * 2 * (size_t)g->Ckv * 4;
+        for (int k = 0; k < 2; k++) {
+            LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_kv_hop[k], kv));
+            LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_acc_send[k], kv));
+            LOCO_CHECK(loco_cuda_event_create(&g->kv_in[k]));
+        }
+        LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_acc_recv, kv));
+        LOCO_CHECK(loco_cuda_event_create(&g->acc_in));
+    } else {
+        LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_send, whole));
+        LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_recv, whole));
+        LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_cp_whole, whole));
+    }
     g->h_cp_tok = loco_alloc(2 * rows * sizeof(int32_t));
     int *pos = loco_alloc((size_t)g->T * sizeof(int));
     if (!g->h_cp_tok || !pos) {
@@ -87,6 +104,13 @@ void loco__gpt_cuda_cp_fini(loco_gpt_cuda *g) {
     loco_cuda_host_free(g->h_cp_recv);
     loco_cuda_host_free(g->h_cp_whole);
     loco_cuda_host_free(g->h_cp_rows);
+    for (int k = 0; k < 2; k++) {
+        loco_cuda_host_free(g->h_kv_hop[k]);
+        loco_cuda_host_free(g->h_acc_send[k]);
+        loco_cuda_event_destroy(g->kv_in[k]);
+    }
+    loco_cuda_host_free(g->h_acc_recv);
+    loco_cuda_event_destroy(g->acc_in);
     loco_free(g->h_cp_tok);
 }
 
@@ -265,6 +289,193 @@ int loco__gpt_cuda_cp_mean(loco_gpt_cuda *g, double *v) {
     if (!g->cpc)
         return 0;
     return loco_comm_allreduce(g->cpc, v, 1, LOCO_DT_F64, LOCO_OP_AVG);
+}
+
+/* ------------------------------------------------------------------ ring */
+
+enum { TAG_KV = 11, TAG_DKV = 12 }; /* model_cp.c's */
+
+/* Position of the first token of local chunk j (0 or 1) of rank x. */
+static int chunk_pos(const loco_gpt_cuda *g, int x, int j) {
+    return (j == 0 ? x : 2 * g->cp - 1 - x) * g->Tc;
+}
+
+/* This rank's K|V rows side by side, (B T, 2 Ckv), into the host buffer
+ * h, from qkv's local rows (the key and value heads follow the query
+ * heads' columns). */
+static int pack_kv(loco_gpt_cuda *g, const float *qkv, float *h, size_t rows) {
+    const size_t W = (size_t)g->Wl, Q = (size_t)g->NHl * loco_gpt_head_size(&g->cfg);
+    const size_t kv = 2 * (size_t)g->Ckv;
+    LOCO_CHECK(loco_cuda_copy(g->h_cp_rows, qkv, rows * W * 4, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    for (size_t i = 0; i < rows; i++)
+        memcpy(h + i * kv, g->h_cp_rows + i * W + Q, kv * sizeof(float));
+    return 0;
+}
+
+/* Posts a hop: the block in host buffer `cur` to the next rank, the
+ * previous rank's into the other, once its last copy in is done. */
+static int hop_post(loco_gpt_cuda *g, int cur, size_t n, loco_comm_req **rq) {
+    const int nx = (g->cp_rank + 1) % g->cp, pv = (g->cp_rank + g->cp - 1) % g->cp;
+    LOCO_CHECK(loco_cuda_event_sync(g->kv_in[1 - cur]));
+    LOCO_CHECK(
+        loco_comm_irecv(g->cpc, g->h_kv_hop[1 - cur], n, LOCO_DT_F32, pv, TAG_KV, &rq[0]));
+    return loco_comm_isend(g->cpc, g->h_kv_hop[cur], n, LOCO_DT_F32, nx, TAG_KV, &rq[1]);
+}
+
+/* Waits for the hop, then queues the received block's copy to the device
+ * (behind the kernels of this step, which read the other slot). */
+static int hop_land(loco_gpt_cuda *g, int cur, size_t n, loco_comm_req **rq) {
+    const int rc = loco_comm_wait(rq[0]), rc2 = loco_comm_wait(rq[1]);
+    LOCO_CHECK(rc < 0 ? rc : rc2);
+    LOCO_CHECK(loco_cuda_copy(g->cp_kv[1 - cur], g->h_kv_hop[1 - cur], n * 4, g->stream));
+    return loco_cuda_event_record(g->kv_in[1 - cur], g->stream);
+}
+
+/* out (B T, Cl) and lse (B, 2, NH, Tc) of this rank's query chunks
+ * against every rank's K|V: model_cp.c's ring_fwd on the device. */
+int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, float *lse, int B) {
+    const int c = g->cp, r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
+    const int hs = loco_gpt_head_size(&g->cfg), Cl = NH * hs, Ckv = g->Ckv;
+    const size_t rows = (size_t)B * Tl, n = rows * 2 * (size_t)Ckv;
+    LOCO_CHECK(pack_kv(g, qkv, g->h_kv_hop[0], rows));
+    int cur = 0;
+    for (int s = 0; s < c; s++) {
+        loco_comm_req *rq[2] = {NULL, NULL};
+        if (s < c - 1)
+            LOCO_CHECK(hop_post(g, cur, n, rq));
+        const int src = (r - s + c) % c, ld = s == 0 ? W : 2 * Ckv;
+        const float *kv = s == 0 ? qkv + Cl : g->cp_kv[cur]; /* its own block: in place */
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < 2; j++)
+                for (int i = 0; i < 2; i++) {
+                    const int qp = chunk_pos(g, r, j), kp = chunk_pos(g, src, i);
+                    if (kp > qp + Tc - 1)
+                        continue; /* every key is in the future */
+                    const float *q = qkv + ((size_t)b * Tl + (size_t)j * Tc) * W;
+                    const float *k = kv + ((size_t)b * Tl + (size_t)i * Tc) * ld;
+                    float *o = out + ((size_t)b * Tl + (size_t)j * Tc) * Cl;
+                    float *l = lse + ((size_t)b * 2 + j) * NH * Tc;
+                    /* the first block a chunk sees (its own, s = 0, i = 0)
+                     * is the running result: merging it into an empty one
+                     * would take it as it is */
+                    const bool first = s == 0 && i == 0;
+                    RUN(LOCO_PROF_ATTN,
+                        loco_cuda_attention_block_gqa_fwd(
+                            first ? o : g->cp_blk_out, first ? l : g->cp_blk_lse, q, W, k,
+                            k + Ckv, ld, 1, Tc, Tc, NH, g->NKVl, hs, qp, kp, true, g->stream));
+                    if (!first)
+                        RUN(LOCO_PROF_ATTN,
+                            loco_cuda_attention_merge(o, l, g->cp_blk_out, g->cp_blk_lse, 1, Tc,
+                                                      Cl, NH, g->stream));
+                }
+        if (s < c - 1) {
+            LOCO_CHECK(hop_land(g, cur, n, rq));
+            cur = 1 - cur;
+        }
+    }
+    return 0;
+}
+
+/* One step's backward: this rank's query chunks against the K|V block
+ * of rank src (kv, row stride ld), dQ into dqkv, dK|dV into dkv. */
+static int ring_bwd_block(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
+                          const float *lse, int B, const float *kv, int ld, float *dkv, int src) {
+    const int c = g->cp, r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
+    const int hs = loco_gpt_head_size(&g->cfg), Cl = NH * hs, Ckv = g->Ckv;
+    (void)c;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < 2; j++)
+            for (int i = 0; i < 2; i++) {
+                const int qp = chunk_pos(g, r, j), kp = chunk_pos(g, src, i);
+                if (kp > qp + Tc - 1)
+                    continue;
+                const size_t qrow = (size_t)b * Tl + (size_t)j * Tc;
+                const size_t krow = (size_t)b * Tl + (size_t)i * Tc;
+                const float *k = kv + krow * ld;
+                float *dk = dkv + krow * 2 * Ckv;
+                const size_t stat = ((size_t)b * 2 + j) * NH * Tc;
+                RUN(LOCO_PROF_ATTN,
+                    loco_cuda_attention_block_gqa_bwd(
+                        dqkv + qrow * W, W, dk, dk + Ckv, 2 * Ckv, dout + qrow * Cl, lse + stat,
+                        g->cp_delta + stat, qkv + qrow * W, W, k, k + Ckv, ld, 1, Tc, Tc, NH,
+                        g->NKVl, hs, qp, kp, true, g->stream));
+            }
+    return 0;
+}
+
+/* dqkv (B T, Wl) accumulates dQ and this rank's own K|V gradient; K|V
+ * travel as in the forward, each block's dK|dV accumulator following it
+ * (model_cp.c's ring_bwd). */
+int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
+                            const float *out, const float *lse, int B) {
+    const int c = g->cp, r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
+    const int hs = loco_gpt_head_size(&g->cfg), Cl = NH * hs, Ckv = g->Ckv;
+    const size_t rows = (size_t)B * Tl, n = rows * 2 * (size_t)Ckv;
+    const int nx = (r + 1) % c, pv = (r + c - 1) % c;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < 2; j++) {
+            const size_t at = ((size_t)b * Tl + (size_t)j * Tc) * Cl;
+            RUN(LOCO_PROF_ATTN,
+                loco_cuda_attention_delta(g->cp_delta + ((size_t)b * 2 + j) * NH * Tc, dout + at,
+                                          out + at, 1, Tc, Cl, NH, g->stream));
+        }
+    LOCO_CHECK(pack_kv(g, qkv, g->h_kv_hop[0], rows));
+    loco_comm_req *sreq[2] = {NULL, NULL}, *rreq = NULL;
+    int cur = 0, rc = 0;
+    for (int s = 0; s < c && rc == 0; s++) {
+        loco_comm_req *rq[2] = {NULL, NULL};
+        if (s < c - 1)
+            LOCO_CHECK(hop_post(g, cur, n, rq));
+        float *acc = g->cp_dacc[s % 2], *dst = s == 0 ? acc : g->cp_dpart;
+        if (s > 0) { /* the accumulator of the block this step computes on */
+            LOCO_CHECK(loco_comm_wait(sreq[s % 2])); /* that host buffer left at step s - 2 */
+            sreq[s % 2] = NULL;
+            LOCO_CHECK(loco_cuda_event_sync(g->acc_in));
+            LOCO_CHECK(
+                loco_comm_irecv(g->cpc, g->h_acc_recv, n, LOCO_DT_F32, pv, TAG_DKV, &rreq));
+        }
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(dst, n * 4, g->stream));
+        const int src = (r - s + c) % c, ld = s == 0 ? W : 2 * Ckv;
+        const float *kv = s == 0 ? qkv + Cl : g->cp_kv[cur];
+        LOCO_CHECK(ring_bwd_block(g, dqkv, dout, qkv, lse, B, kv, ld, dst, src));
+        if (s < c - 1)
+            LOCO_CHECK(hop_land(g, cur, n, rq));
+        if (s > 0) { /* acc = what came + this rank's part */
+            rc = loco_comm_wait(rreq);
+            rreq = NULL;
+            LOCO_CHECK(rc);
+            LOCO_CHECK(loco_cuda_copy(acc, g->h_acc_recv, n * 4, g->stream));
+            LOCO_CHECK(loco_cuda_event_record(g->acc_in, g->stream));
+            RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(acc, g->cp_dpart, n, g->stream));
+        }
+        LOCO_CHECK(loco_cuda_copy(g->h_acc_send[s % 2], acc, n * 4, g->stream));
+        LOCO_CHECK(loco_cuda_sync(g->stream));
+        rc = loco_comm_isend(g->cpc, g->h_acc_send[s % 2], n, LOCO_DT_F32, nx, TAG_DKV,
+                             &sreq[s % 2]);
+        if (s < c - 1)
+            cur = 1 - cur;
+    }
+    /* after c hops this rank's own block's accumulator comes home; it is
+     * added to dqkv's key and value columns on the host */
+    if (rc == 0)
+        rc = loco_comm_irecv(g->cpc, g->h_acc_recv, n, LOCO_DT_F32, pv, TAG_DKV, &rreq);
+    if (rc == 0)
+        rc = loco_comm_wait(rreq);
+    for (int k = 0; k < 2; k++) {
+        const int rk = loco_comm_wait(sreq[k]);
+        rc = rc < 0 ? rc : rk;
+    }
+    LOCO_CHECK(rc);
+    LOCO_CHECK(loco_cuda_copy(g->h_cp_rows, dqkv, rows * W * 4, g->stream));
+    LOCO_CHECK(loco_cuda_sync(g->stream));
+    for (size_t i = 0; i < rows; i++) {
+        float *o = g->h_cp_rows + i * W + Cl;
+        const float *in = g->h_acc_recv + i * 2 * Ckv;
+        for (int x = 0; x < 2 * Ckv; x++)
+            o[x] += in[x];
+    }
+    return loco_cuda_copy(dqkv, g->h_cp_rows, rows * W * 4, g->stream);
 }
 
 #endif /* LOCO_HAVE_CUDA */

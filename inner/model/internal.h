@@ -451,6 +451,16 @@ struct loco_gpt_cuda {
     float *cp_f32;              /* bf16: (B, Tw, wu) cp_dqkv in fp32 */
     char *h_cp_send, *h_cp_recv, *h_cp_whole; /* pinned, (B, Tw, wu) elements each */
     float *h_cp_rows;           /* pinned, (B T, max(Wl, Cl)) local rows in fp32 */
+    /* ring (fp32): K|V blocks (B T, 2 Ckv) travelling around the ring and
+     * their dK|dV accumulators following them; on the device two K|V
+     * slots, two accumulators and a step's part, one block's output and
+     * lse, delta (B, 2, NH, Tc); on the host the hops' buffers, and an
+     * event after each copy in from one (before it is received into again) */
+    bool ring;
+    int Ckv;
+    float *cp_kv[2], *cp_dacc[2], *cp_dpart, *cp_blk_out, *cp_blk_lse, *cp_delta;
+    float *h_kv_hop[2], *h_acc_send[2], *h_acc_recv;
+    loco_event kv_in[2], acc_in;
     int32_t *h_cp_tok;          /* (2, B, T) local tokens and targets */
     float *xent;                /* (3N) vocabulary-parallel row max, sum of exp, target logit */
     float *kv_keep;             /* kv_rep > 1: (C + 1, Wl) c_attn's gradient set aside */
@@ -537,6 +547,9 @@ int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, i
 int loco__gpt_cuda_cp_dout_in(loco_gpt_cuda *g, const void *dout, int B);
 int loco__gpt_cuda_cp_dqkv_out(loco_gpt_cuda *g, void *dqkv, int B);
 int loco__gpt_cuda_cp_mean(loco_gpt_cuda *g, double *v);
+int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, float *lse, int B);
+int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
+                            const float *out, const float *lse, int B);
 
 #define TWIN(k, ...)                                                                              \
     (g->bf16 ? loco_cuda_##k##_bf16(__VA_ARGS__) : loco_cuda_##k(__VA_ARGS__))

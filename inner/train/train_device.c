@@ -42,7 +42,7 @@ int loco__train_check_device(const loco_config *cfg) {
                                   "was built); use train.device = cpu");
 #else
     /* Data parallel (ZeRO 0-3), tensor and sequence parallel
-     * (gpt_cuda_tp.c) and context parallel, Ulysses (gpt_cuda_cp.c). */
+     * (gpt_cuda_tp.c) and context parallel, ring and Ulysses (gpt_cuda_cp.c). */
     static const struct {
         const char *key, *what;
     } dims[] = {{"pp", "pipeline"}, {"ep", "expert"}};
@@ -52,19 +52,20 @@ int loco__train_check_device(const loco_config *cfg) {
             return LOCO_ERR(LOCO_ENOTSUP,
                             "parallel.%s = %lld with train.device = cuda: %s parallelism runs on "
                             "the CPU path only (on the GPU data parallelism, ZeRO 0-3, tensor, "
-                            "sequence and context (Ulysses) parallelism are wired); use "
+                            "sequence and context parallelism are wired); use "
                             "parallel.%s = 1 or train.device = cpu",
                             dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
-    if (cfg->parallel.cp > 1 && strcmp(cfg->parallel.cp_algo, "ulysses"))
+    if (cfg->parallel.cp > 1 && strcmp(cfg->parallel.cp_algo, "ulysses") &&
+        !strcmp(cfg->train.dtype, "bf16"))
         return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.cp = %lld with parallel.cp_algo = %s on the device: the ring's "
-                        "blockwise attention has no CUDA kernels yet; use parallel.cp_algo = "
-                        "ulysses (or train.device = cpu)",
+                        "parallel.cp = %lld with parallel.cp_algo = %s in bf16 on the device: "
+                        "the ring's block attention kernels are fp32; use train.dtype = fp32 or "
+                        "parallel.cp_algo = ulysses",
                         (long long)cfg->parallel.cp, cfg->parallel.cp_algo);
     if (cfg->parallel.cp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.cp = %lld with parallel.backend = nccl: the device's Ulysses "
-                        "all-to-alls run over mpi (staged through pinned host buffers) for now; "
+                        "parallel.cp = %lld with parallel.backend = nccl: the device's cp "
+                        "collectives run over mpi (staged through pinned host buffers) for now; "
                         "use parallel.backend = mpi",
                         (long long)cfg->parallel.cp);
     if (cfg->parallel.tp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
@@ -278,9 +279,9 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
         o.tp_staged = true;
         o.sp = cfg->parallel.sp;
     }
-    if (cfg->parallel.cp > 1) { /* Ulysses, its all-to-alls staged over mpi */
+    if (cfg->parallel.cp > 1) { /* its all-to-alls or ring hops staged over mpi */
         o.cp = t->mesh.group[LOCO_DIM_CP];
-        o.cp_algo = LOCO_CP_ULYSSES;
+        o.cp_algo = strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_RING : LOCO_CP_ULYSSES;
     }
     if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */

@@ -12,10 +12,10 @@
  *                           device model, weights gathered per unit) and
  *                           bf16 ZeRO-3; 't': tp = 2 (dp = 1, batch_size 4
  *                           on both ranks: inner/model/gpt_cuda_tp.c) and
- *                           's': tp = 2 with sequence parallelism and 'u':
+ *                           's': tp = 2 with sequence parallelism, 'u':
  *                           cp = 2 Ulysses (inner/model/gpt_cuda_cp.c),
- *                           fp32 and bf16 (CASES "0123tsub3tsu" by
- *                           default): every
+ *                           fp32 and bf16, and 'r': cp = 2 ring, fp32
+ *                           (CASES "0123tsurb3tsu" by default): every
  *                           step's loss and the final parameters (ZeRO-3:
  *                           the owned range; tp: each slice element against
  *                           its whole-model one) within 1e-5 relative of the
@@ -65,7 +65,8 @@
 static const char *g_dtype = "fp32"; /* of the run being checked */
 static int g_tp = 1;                 /* parallel.tp of the run being checked */
 static bool g_sp;                    /* and parallel.sp */
-static int g_cp = 1;                 /* parallel.cp (Ulysses) */
+static int g_cp = 1;                 /* parallel.cp */
+static bool g_ring;                  /* its cp_algo: ring, else Ulysses */
 static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
 /* bf16: how far one rank's bf16 run is from its fp32 run (losses, and
  * parameters relative to max |param|; load_reference). bf16 tp rounds in
@@ -115,7 +116,8 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     }
     if (g_cp > 1) { /* cp ranks share the batch, each its chunks of every sequence */
         cfg->parallel.cp = g_cp;
-        snprintf(cfg->parallel.cp_algo, sizeof cfg->parallel.cp_algo, "ulysses");
+        snprintf(cfg->parallel.cp_algo, sizeof cfg->parallel.cp_algo, "%s",
+                 g_ring ? "ring" : "ulysses");
         cfg->parallel.dp = 1;
         cfg->train.batch_size = 4;
     }
@@ -281,6 +283,11 @@ static void compare_slice(const loco_gpt *m, const float *p, double *dmax, doubl
     loco_ttable_fini(&whole);
 }
 
+/* The dimension the run being checked splits over two ranks. */
+static const char *dim_name(void) {
+    return g_ring ? "cp ring" : g_cp > 1 ? "cp" : g_sp ? "tp+sp" : g_tp > 1 ? "tp" : "dp";
+}
+
 static void check_stage(const char *dir, int zero) {
     loco_config cfg;
     config(&cfg, dir, "mpi", 2, zero);
@@ -347,22 +354,24 @@ static void check_stage(const char *dir, int zero) {
     if (g_rank == 0)
         printf("%s=2 ZeRO-%d %s (mpi, staged): worst loss rel diff %.3g, parameters %.3g, "
                "resumed step rel diff %.3g\n",
-               g_cp > 1 ? "cp" : g_sp ? "tp+sp" : g_tp > 1 ? "tp" : "dp", zero, g_dtype, worst,
-               dmax / rmax, e);
+               dim_name(), zero, g_dtype, worst, dmax / rmax, e);
 out:
     loco_trainer_destroy(t);
 }
 
 /* '0'..'3': dp = 2 at that ZeRO stage; 't': tp = 2 instead (both ranks
  * the whole batch); 's': tp = 2 with sequence parallelism; 'u': cp = 2,
- * Ulysses (both ranks the whole batch, each half of every sequence). */
+ * Ulysses (both ranks the whole batch, each half of every sequence); 'r':
+ * cp = 2, ring (fp32). */
 static void check_case(const char *dir, char c) {
     if (c >= '0' && c <= '3')
         check_stage(dir, c - '0');
-    if (c == 'u') {
+    if (c == 'u' || c == 'r') {
         g_cp = 2;
+        g_ring = c == 'r';
         check_stage(dir, 0);
         g_cp = 1;
+        g_ring = false;
     }
     if (c == 't' || c == 's') {
         g_tp = 2;
@@ -376,8 +385,8 @@ static void check_case(const char *dir, char c) {
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
         fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
-                        "t (tp = 2), s (tp = 2, sp), u (cp = 2, Ulysses), then b and bf16 "
-                        "stages; default 0123tsub3tsu)\n");
+                        "t (tp = 2), s (tp = 2, sp), u (cp = 2, Ulysses), r (cp = 2, ring), "
+                        "then b and bf16 stages; default 0123tsurb3tsu)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -394,7 +403,7 @@ int main(int argc, char **argv) {
     if (load_reference(argv[2]) < 0)
         return 1;
     /* CASES: fp32 stages, then after 'b' the bf16 ones */
-    const char *cases = argc == 4 ? argv[3] : "0123tsub3tsu";
+    const char *cases = argc == 4 ? argv[3] : "0123tsurb3tsu";
     const char *bf = strchr(cases, 'b');
     for (const char *c = cases; *c && c != bf; c++)
         check_case(argv[2], *c);

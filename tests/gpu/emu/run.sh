@@ -14,8 +14,9 @@
 #   3. dp_check.c: train.device = cuda over 2 ranks (mpirun, mpi backend,
 #      host-staged collectives), dp = 2 with ZeRO 0-3 (and ZeRO-3 in bf16) against one rank on
 #      the same global batch (1e-5), a sharded checkpoint resumed; tp = 2 (the
-#      device model's tp slice), tp = 2 with sp and cp = 2 (Ulysses) likewise,
-#      fp32 and bf16; GPT-2 (gpu_dp) and the Llama block (gpu_dp_llama);
+#      device model's tp slice), tp = 2 with sp and cp = 2 (Ulysses, and
+#      ring in fp32) likewise, fp32 and bf16; GPT-2 (gpu_dp) and the Llama
+#      block (gpu_dp_llama);
 #   4. scripts/gpu-dp-check.sh with the loco command linked over the twins
 #      (gpu_cli): `loco train` runs of every dimension and their
 #      compositions (four processes for dp x tp, dp x cp, tp x cp) against
@@ -145,9 +146,9 @@ run_dp() { # ARCH ORDER
 # with the emulated loco: `loco train` runs of dp = 2 (ZeRO 0-3), tp = 2
 # (GPT-2, Llama with a replicated kv head, bf16), tp = 2 + sp, cp = 2
 # (Ulysses) and, four processes, dp = 2 x tp = 2 at ZeRO-3 (GPT-2 with
-# sp, Llama), dp = 2 x cp = 2 at ZeRO-3 (Llama) and tp = 2 x cp = 2 + sp
-# against one rank; not nccl (no NCCL device here). Then `loco bench
-# memory`'s device table at tp = 2.
+# sp, Llama), dp = 2 x cp = 2 at ZeRO-3 (Llama), tp = 2 x cp = 2 + sp and
+# cp = 4 ring (GPT-2, Llama) against one rank; not nccl (no NCCL device
+# here). Then `loco bench memory`'s device table at tp = 2.
 run_cli() { # ORDER
   command -v mpirun >/dev/null || { echo "gpu_cli: SKIPPED (no mpirun)"; return 0; }
   local rc=0
