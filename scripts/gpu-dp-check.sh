@@ -22,7 +22,7 @@
 #            key/value head replicated over the cp ranks)
 #   tp2-cp2-sp  four heads at tp = 2 x cp = 2 with sp, against their own
 #            one-rank run (ref-h4)
-#   cp4-ring, cp4-ring-llama  cp = 4, ring attention (fp32): K|V blocks
+#   cp4-ring, cp4-ring-llama  cp = 4, ring attention: K|V blocks
 #            and their gradients' accumulators three hops around the ring
 #   tp2-sp   tp = 2 with sequence parallelism (norms and residuals on half
 #            the rows each; all-gathers and reduce-scatters, staged)

@@ -29,7 +29,7 @@
  * Context parallelism (gpt_cuda_cp.c): the passes run on this rank's
  * zig-zag rows of each sequence (g->T = Tw / cp) at their global
  * positions; Ulysses attends on every row of 1/cp of the heads, the ring
- * (fp32) on every rank's K|V block in turn.
+ * on every rank's K|V block in turn (fp32 kernels; bf16 cast around).
  *
  * Streams: every kernel goes on loco_cuda_compute_stream (g->stream); the
  * tokens go host -> pinned buffer -> device on loco_cuda_copy_stream in
@@ -81,7 +81,8 @@ static size_t cp_bytes(const loco_gpt_cuda *g) {
         return 0;
     const size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->T, whole = (size_t)g->B * g->Tw;
     const size_t L = (size_t)g->cfg.n_layer, kv = (size_t)g->B * g->T * 2 * g->Ckv;
-    const size_t ring = 5 * kv + (size_t)g->Tc * g->Cl + (size_t)g->NHl * g->Tc * (1 + 2 * g->B);
+    const size_t ring = 5 * kv + (size_t)g->Tc * g->Cl + (size_t)g->NHl * g->Tc * (1 + 2 * g->B) +
+                        (g->bf16 ? 2 * (size_t)g->B * g->T * (g->Wl + g->Cl) : 0);
     return T * 4 + T * C * (g->es + 4) +
            (g->ring ? ring * 4
                     : whole * (g->hq + g->wu) * g->es + (g->bf16 ? whole * g->wu * 4 : 0)) +
@@ -162,6 +163,10 @@ static int carve(loco_gpt_cuda *g) {
             SLAB(g->cp_blk_out, (size_t)g->Tc * g->Cl * 4, "ring block output");
             SLAB(g->cp_blk_lse, NT * 4, "ring block lse");
             SLAB(g->cp_delta, (size_t)g->B * 2 * NT * 4, "ring delta");
+            if (g->bf16) {
+                SLAB(g->cp_q32, 2 * N * (size_t)g->Wl * 4, "ring qkv and its gradient in fp32");
+                SLAB(g->cp_o32, 2 * N * (size_t)g->Cl * 4, "ring output and its gradient in fp32");
+            }
         } else {
             SLAB(g->cp_dout, whole * g->hq * es, "the heads' output gradient");
             SLAB(g->cp_dqkv, whole * g->wu * es, "the heads' qkv gradient");
@@ -711,11 +716,41 @@ static int cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
     return loco__gpt_cuda_cp_dqkv_out(g, g->dqkv, B);
 }
 
+/* The ring (gpt_cuda_cp.c) runs fp32 kernels: in bf16 its operands are
+ * cast to fp32 around it (exactly, the qkv it reads again in the
+ * backward), its output rounded once; the backward's delta reads the
+ * rounded output, as FlashAttention-2 in bf16 does. */
+static int ring_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
+    if (!g->bf16)
+        return loco__gpt_cuda_ring_fwd(g, a->qkv, a->atty, a->lse, B);
+    const size_t rows = (size_t)B * g->T;
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(g->cp_q32, a->qkv, rows * g->Wl, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_ring_fwd(g, g->cp_q32, g->cp_o32, a->lse, B));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(a->atty, g->cp_o32, rows * g->Cl, g->stream));
+    return 0;
+}
+
+static int ring_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
+    if (!g->bf16)
+        return loco__gpt_cuda_ring_bwd(g, g->dqkv, g->dbtc, a->qkv, a->atty, a->lse, B);
+    /* cp_q32: qkv | dqkv, cp_o32: out | dout, each (B T) rows */
+    const size_t rows = (size_t)B * g->T, W = (size_t)g->Wl, Cl = (size_t)g->Cl;
+    float *q32 = g->cp_q32, *dq32 = g->cp_q32 + rows * W;
+    float *o32 = g->cp_o32, *do32 = g->cp_o32 + rows * Cl;
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(q32, a->qkv, rows * W, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(o32, a->atty, rows * Cl, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(do32, g->dbtc, rows * Cl, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(dq32, rows * W * 4, g->stream));
+    LOCO_CHECK(loco__gpt_cuda_ring_bwd(g, dq32, do32, q32, o32, a->lse, B));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(g->dqkv, dq32, rows * W, g->stream));
+    return 0;
+}
+
 static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
-    if (g->cpc && g->ring) /* fp32 (loco__gpt_cuda_cp_check) */
-        return loco__gpt_cuda_ring_fwd(g, a->qkv, a->atty, a->lse, B);
+    if (g->cpc && g->ring)
+        return ring_attention_fwd(g, a, B);
     if (g->cpc)
         return cp_attention_fwd(g, a, B);
     if (NKV == NH)
@@ -730,7 +765,7 @@ static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
     if (g->cpc && g->ring)
-        return loco__gpt_cuda_ring_bwd(g, g->dqkv, g->dbtc, a->qkv, a->atty, a->lse, B);
+        return ring_attention_bwd(g, a, B);
     if (g->cpc)
         return cp_attention_bwd(g, a, B);
     if (NKV == NH)

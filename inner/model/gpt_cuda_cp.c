@@ -12,7 +12,8 @@
  *   for the kernels before each), where the heads are packed and the rows
  *   placed; the forward moves the passes' elements as they are, the
  *   backward's sums are fp32.
- * - ring (fp32: the block kernels have no bf16 twins): the ranks' K|V
+ * - ring (its block kernels are fp32: gpt_cuda.c casts bf16 operands
+ *   around it): the ranks' K|V
  *   blocks travel around the ring through pinned host buffers, the next
  *   hop posted before this block's attention is queued, so the transfer
  *   runs while the device computes; the blocks' results merge by
@@ -30,12 +31,6 @@ int loco__gpt_cuda_cp_check(const loco_gpt_config *cfg, int B, int T,
     const int c = o->cp ? loco_comm_size(o->cp) : 1;
     if (c < 2)
         return 0;
-    if (o->cp_algo == LOCO_CP_RING && o->bf16)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.cp = %d with cp_algo = ring in bf16 on the device: the ring's "
-                        "block attention kernels are fp32; use train.dtype = fp32 or "
-                        "parallel.cp_algo = ulysses",
-                        c);
     const loco_gpt_parallel par = {.cp = o->cp, .cp_algo = o->cp_algo, .sp = o->sp};
     return loco__gpt_cp_check(cfg, B, T, &par);
 }

@@ -459,6 +459,8 @@ struct loco_gpt_cuda {
     bool ring;
     int Ckv;
     float *cp_kv[2], *cp_dacc[2], *cp_dpart, *cp_blk_out, *cp_blk_lse, *cp_delta;
+    float *cp_q32, *cp_o32;     /* bf16: (2, B T, Wl) qkv | dqkv, (2, B T, Cl) out |
+                                 * dout in fp32 for the ring's kernels */
     float *h_kv_hop[2], *h_acc_send[2], *h_acc_recv;
     loco_event kv_in[2], acc_in;
     int32_t *h_cp_tok;          /* (2, B, T) local tokens and targets */

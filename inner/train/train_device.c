@@ -55,13 +55,6 @@ int loco__train_check_device(const loco_config *cfg) {
                             "sequence and context parallelism are wired); use "
                             "parallel.%s = 1 or train.device = cpu",
                             dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
-    if (cfg->parallel.cp > 1 && strcmp(cfg->parallel.cp_algo, "ulysses") &&
-        !strcmp(cfg->train.dtype, "bf16"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.cp = %lld with parallel.cp_algo = %s in bf16 on the device: "
-                        "the ring's block attention kernels are fp32; use train.dtype = fp32 or "
-                        "parallel.cp_algo = ulysses",
-                        (long long)cfg->parallel.cp, cfg->parallel.cp_algo);
     if (cfg->parallel.cp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.cp = %lld with parallel.backend = nccl: the device's cp "

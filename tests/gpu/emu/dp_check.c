@@ -14,8 +14,8 @@
  *                           on both ranks: inner/model/gpt_cuda_tp.c) and
  *                           's': tp = 2 with sequence parallelism, 'u':
  *                           cp = 2 Ulysses (inner/model/gpt_cuda_cp.c),
- *                           fp32 and bf16, and 'r': cp = 2 ring, fp32
- *                           (CASES "0123tsurb3tsu" by default): every
+ *                           and 'r': cp = 2 ring, fp32 and bf16 (CASES
+ *                           "0123tsurb3tsur" by default): every
  *                           step's loss and the final parameters (ZeRO-3:
  *                           the owned range; tp: each slice element against
  *                           its whole-model one) within 1e-5 relative of the
@@ -362,7 +362,7 @@ out:
 /* '0'..'3': dp = 2 at that ZeRO stage; 't': tp = 2 instead (both ranks
  * the whole batch); 's': tp = 2 with sequence parallelism; 'u': cp = 2,
  * Ulysses (both ranks the whole batch, each half of every sequence); 'r':
- * cp = 2, ring (fp32). */
+ * cp = 2, ring. */
 static void check_case(const char *dir, char c) {
     if (c >= '0' && c <= '3')
         check_stage(dir, c - '0');
@@ -386,7 +386,7 @@ int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
         fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
                         "t (tp = 2), s (tp = 2, sp), u (cp = 2, Ulysses), r (cp = 2, ring), "
-                        "then b and bf16 stages; default 0123tsurb3tsu)\n");
+                        "then b and bf16 stages; default 0123tsurb3tsur)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -403,7 +403,7 @@ int main(int argc, char **argv) {
     if (load_reference(argv[2]) < 0)
         return 1;
     /* CASES: fp32 stages, then after 'b' the bf16 ones */
-    const char *cases = argc == 4 ? argv[3] : "0123tsurb3tsu";
+    const char *cases = argc == 4 ? argv[3] : "0123tsurb3tsur";
     const char *bf = strchr(cases, 'b');
     for (const char *c = cases; *c && c != bf; c++)
         check_case(argv[2], *c);

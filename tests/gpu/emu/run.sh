@@ -14,9 +14,9 @@
 #   3. dp_check.c: train.device = cuda over 2 ranks (mpirun, mpi backend,
 #      host-staged collectives), dp = 2 with ZeRO 0-3 (and ZeRO-3 in bf16) against one rank on
 #      the same global batch (1e-5), a sharded checkpoint resumed; tp = 2 (the
-#      device model's tp slice), tp = 2 with sp and cp = 2 (Ulysses, and
-#      ring in fp32) likewise, fp32 and bf16; GPT-2 (gpu_dp) and the Llama
-#      block (gpu_dp_llama);
+#      device model's tp slice), tp = 2 with sp and cp = 2 (Ulysses and
+#      ring) likewise, fp32 and bf16; GPT-2 (gpu_dp) and the Llama block
+#      (gpu_dp_llama);
 #   4. scripts/gpu-dp-check.sh with the loco command linked over the twins
 #      (gpu_cli): `loco train` runs of every dimension and their
 #      compositions (four processes for dp x tp, dp x cp, tp x cp) against

@@ -73,15 +73,6 @@ Test(device_dp, pipeline_parallel_refused) {
     expect_refused(&cfg, "parallel.pp = 2 with train.device = cuda: pipeline parallelism");
 }
 
-Test(device_dp, context_parallel_ring_bf16_refused) {
-    loco_config cfg;
-    config(&cfg);
-    cfg.parallel.cp = 2;
-    snprintf(cfg.parallel.cp_algo, sizeof cfg.parallel.cp_algo, "ring");
-    snprintf(cfg.train.dtype, sizeof cfg.train.dtype, "bf16");
-    expect_refused(&cfg, "parallel.cp = 2 with parallel.cp_algo = ring in bf16 on the device");
-}
-
 Test(device_dp, context_parallel_over_nccl_refused) {
     loco_config cfg;
     config(&cfg);
