@@ -376,9 +376,8 @@ int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, floa
  * of rank src (kv, row stride ld), dQ into dqkv, dK|dV into dkv. */
 static int ring_bwd_block(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
                           const float *lse, int B, const float *kv, int ld, float *dkv, int src) {
-    const int c = g->cp, r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
+    const int r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
     const int hs = loco_gpt_head_size(&g->cfg), Cl = NH * hs, Ckv = g->Ckv;
-    (void)c;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < 2; j++)
             for (int i = 0; i < 2; i++) {
