@@ -68,8 +68,8 @@ const char *const loco_gpt_cuda_prof_names[LOCO_PROF_N] = {
 #define SLAB(ptr, bytes, what)                                                                    \
     LOCO_CHECK(loco_cuda_slab_alloc(g->slab, (void **)&(ptr), (size_t)(bytes), what))
 
-/* Context parallelism's device buffers (gpt_cuda_cp.c), per block
- * (perblock) or all of them. */
+/* Context parallelism's device buffers (gpt_cuda_cp.c): one block's
+ * (Ulysses' heads), and all of them. */
 static size_t cp_block_bytes(const loco_gpt_cuda *g) {
     if (!g->cpc || g->ring) /* the ring attends on the local rows */
         return 0;
@@ -380,12 +380,11 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
         LOCO_CHECK_GOTO(loco_cuda_event_create(&g->consumed[k]), out_fail);
     }
     LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_out, 4 * sizeof(double)), out_fail);
-    if (g->tpc && g->tp_staged) /* (N, C), or sp's replicated gradients ((T + 4), C) */
+    if (g->tpc && g->tp_staged) { /* h_stage: (N, C), or sp's replicated gradients */
         LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_stage,
                                              (N + (size_t)T + 4) *
                                                  (size_t)(cfg->n_embd > 3 ? cfg->n_embd : 3) * 4),
                         out_fail);
-    if (g->tpc && g->tp_staged) {
         LOCO_CHECK_GOTO(loco_cuda_host_alloc((void **)&g->h_pend, N * cfg->n_embd * 4), out_fail);
         LOCO_CHECK_GOTO(loco_cuda_event_create(&g->pend_copied), out_fail);
     }
@@ -701,7 +700,7 @@ static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
  * back to the local rows in atty. */
 static int cp_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
     const int hs = loco_gpt_head_size(&g->cfg);
-    LOCO_CHECK(loco__gpt_cuda_cp_heads_in(g, a->qkv, a->qkvh, B));
+    LOCO_CHECK(loco__gpt_cuda_cp_to_heads(g, a->qkv, g->Wl, 3, a->qkvh, B));
     RUN(LOCO_PROF_ATTN, ATTN_GQA(fwd, a->outh, a->lse, a->qkvh, B, g->Tw, g->hq / hs,
                                  g->hk / hs, hs, g->stream));
     return loco__gpt_cuda_cp_heads_out(g, a->outh, a->atty, B);
@@ -709,7 +708,7 @@ static int cp_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
 
 static int cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
     const int hs = loco_gpt_head_size(&g->cfg);
-    LOCO_CHECK(loco__gpt_cuda_cp_dout_in(g, g->dbtc, B));
+    LOCO_CHECK(loco__gpt_cuda_cp_to_heads(g, g->dbtc, g->Cl, 1, g->cp_dout, B));
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->cp_dqkv, (size_t)B * g->Tw * g->wu * g->es, g->stream));
     RUN(LOCO_PROF_ATTN, ATTN_GQA(bwd, g->cp_dqkv, g->attn_scratch, g->cp_dout, a->outh, a->qkvh,
                                  a->lse, B, g->Tw, g->hq / hs, g->hk / hs, hs, g->stream));
@@ -940,7 +939,7 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
     /* under sp this rank's rows of ln_f land in place in the whole (N, C)
      * buffer, which the all-gather then completes */
     const int R = rows_of(g, N);
-    void *lnf_rows = (char *)g->lnf + (size_t)R * g->tp_rank * C * g->es * (g->sp ? 1 : 0);
+    void *lnf_rows = g->sp ? (char *)g->lnf + (size_t)R * g->tp_rank * C * g->es : g->lnf;
     LOCO_CHECK(norm_fwd(g, lnf_rows, g->lnfm, g->lnfr, g->la[L - 1].res3,
                         W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), R));
     if (g->sp)

@@ -208,15 +208,20 @@ static int alltoall(loco_gpt_cuda *g, size_t bytes_per_rank) {
     return loco_comm_alltoall(g->cpc, g->h_cp_send, g->h_cp_recv, bytes_per_rank, LOCO_DT_U8);
 }
 
-int loco__gpt_cuda_cp_heads_in(loco_gpt_cuda *g, const void *qkv, void *qkvh, int B) {
-    const size_t rows = (size_t)B * g->T, es = g->es;
+/* Local rows (B T, ld elements) of src on the device -> every row of this
+ * rank's heads, (B, Tw, w), into dst: parts 3, qkv's query, key and value
+ * heads (w = wu), or parts 1, the attention output's query heads
+ * (w = hq). */
+int loco__gpt_cuda_cp_to_heads(loco_gpt_cuda *g, const void *src, int ld, int parts, void *dst,
+                               int B) {
+    const size_t rows = (size_t)B * g->T, es = g->es, w = parts == 1 ? g->hq : g->wu;
     char *h = (char *)g->h_cp_rows;
-    LOCO_CHECK(loco_cuda_copy(h, qkv, rows * g->Wl * es, g->stream));
+    LOCO_CHECK(loco_cuda_copy(h, src, rows * ld * es, g->stream));
     LOCO_CHECK(loco_cuda_sync(g->stream));
-    pack_heads(g, g->h_cp_send, h, B, g->Wl, 3, es);
-    LOCO_CHECK(alltoall(g, rows * g->wu * es));
-    move_rows(g, g->h_cp_whole, g->h_cp_recv, B, g->wu, es, true);
-    return loco_cuda_copy(qkvh, g->h_cp_whole, (size_t)B * g->Tw * g->wu * es, g->stream);
+    pack_heads(g, g->h_cp_send, h, B, ld, parts, es);
+    LOCO_CHECK(alltoall(g, rows * w * es));
+    move_rows(g, g->h_cp_whole, g->h_cp_recv, B, (int)w, es, true);
+    return loco_cuda_copy(dst, g->h_cp_whole, (size_t)B * g->Tw * w * es, g->stream);
 }
 
 int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, int B) {
@@ -232,17 +237,6 @@ int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, i
             memcpy(h + (row * g->Cl + (size_t)x * g->hq) * es,
                    g->h_cp_recv + ((size_t)x * rows + row) * g->hq * es, (size_t)g->hq * es);
     return loco_cuda_copy(out, h, rows * g->Cl * es, g->stream);
-}
-
-int loco__gpt_cuda_cp_dout_in(loco_gpt_cuda *g, const void *dout, int B) {
-    const size_t rows = (size_t)B * g->T, es = g->es;
-    char *h = (char *)g->h_cp_rows;
-    LOCO_CHECK(loco_cuda_copy(h, dout, rows * g->Cl * es, g->stream));
-    LOCO_CHECK(loco_cuda_sync(g->stream));
-    pack_heads(g, g->h_cp_send, h, B, g->Cl, 1, es);
-    LOCO_CHECK(alltoall(g, rows * g->hq * es));
-    move_rows(g, g->h_cp_whole, g->h_cp_recv, B, g->hq, es, true);
-    return loco_cuda_copy(g->cp_dout, g->h_cp_whole, (size_t)B * g->Tw * g->hq * es, g->stream);
 }
 
 /* cp_dqkv (B, Tw, wu) -> dqkv (B T, Wl) local rows (overwritten), in

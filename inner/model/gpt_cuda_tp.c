@@ -51,36 +51,33 @@ int loco__gpt_cuda_tp_allreduce(loco_gpt_cuda *g, float *buf, size_t n, loco_com
     return loco_cuda_copy(buf, g->h_stage, n * sizeof(float), g->stream);
 }
 
-/* The sum over tp of an activation (N, C) or its gradient, in the passes'
- * type. bf16: summed in fp32 (tp_f32) and rounded once, so a rank's share
- * is rounded where its GEMM stored it and the sum where it is stored. */
-int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n) {
-    if (g->tp <= 1 || !n)
-        return 0;
-    if (!g->bf16)
-        return loco__gpt_cuda_tp_allreduce(g, buf, n, LOCO_OP_SUM);
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(g->tp_f32, buf, n, g->stream));
-    LOCO_CHECK(loco__gpt_cuda_tp_allreduce(g, g->tp_f32, n, LOCO_OP_SUM));
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(buf, g->tp_f32, n, g->stream));
-    return 0;
-}
-
-/* The sum over tp of an activation's gradient buf (n elements of the
- * passes' type), overlapped: begin queues its copy out to the host (in
- * fp32) and returns; the caller queues kernels that do not read buf (the
- * weight half of the layer's backward); finish waits for the copy only,
- * runs the collective on the host while the device runs those kernels,
- * and queues the copy back. n_part < n: a reduce-scatter, this rank's
- * block into buf's start (sp). Over nccl begin sums at once. */
+/* The sum over tp of buf (n elements of the passes' type: an activation
+ * or its gradient). bf16: summed in fp32 (tp_f32) and rounded once, so a
+ * rank's share is rounded where its GEMM stored it and the sum where it
+ * is stored. n_part < n: a reduce-scatter (sp), this rank's block of
+ * n_part into buf's start.
+ *
+ * Staged, it can overlap: begin queues the copy out to the host and
+ * returns; the caller queues kernels that do not read buf (the weight
+ * half of a layer's backward); finish waits for the copy only, runs the
+ * collective on the host while the device runs those kernels, and
+ * queues the copy back. Over nccl begin sums at once. */
 int loco__gpt_cuda_tp_sum_begin(loco_gpt_cuda *g, void *buf, size_t n, size_t n_part) {
     if (g->tp <= 1 || !n)
         return 0;
-    if (!g->tp_staged)
-        return n_part < n ? loco__gpt_cuda_tp_scatter_act(g, buf, n_part)
-                          : loco__gpt_cuda_tp_sum_act(g, buf, n);
     float *src = g->bf16 ? g->tp_f32 : buf;
     if (g->bf16)
         RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(src, buf, n, g->stream));
+    if (!g->tp_staged) {
+        for (int r = 0; r < g->tp; r++)
+            g->tp_counts[r] = n_part;
+        LOCO_CHECK(n_part < n ? loco_comm_reduce_scatter(g->tpc, src, src, g->tp_counts,
+                                                         LOCO_DT_F32, LOCO_OP_SUM)
+                              : loco_comm_allreduce(g->tpc, src, n, LOCO_DT_F32, LOCO_OP_SUM));
+        if (g->bf16)
+            RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(buf, src, n_part, g->stream));
+        return 0;
+    }
     LOCO_CHECK(loco_cuda_copy(g->h_pend, src, n * sizeof(float), g->stream));
     LOCO_CHECK(loco_cuda_event_record(g->pend_copied, g->stream));
     g->pend_buf = buf;
@@ -111,29 +108,17 @@ int loco__gpt_cuda_tp_sum_finish(loco_gpt_cuda *g) {
     return 0;
 }
 
-/* Sequence parallelism: the sum over tp of buf (tp blocks of n_part, the
- * ranks' rows in order), this rank's block into buf's start (in the
- * passes' type; bf16 summed in fp32 and rounded once). */
+/* The sum without overlap: all-reduced ... */
+int loco__gpt_cuda_tp_sum_act(loco_gpt_cuda *g, void *buf, size_t n) {
+    LOCO_CHECK(loco__gpt_cuda_tp_sum_begin(g, buf, n, n));
+    return loco__gpt_cuda_tp_sum_finish(g);
+}
+
+/* ... or reduce-scattered (sp): buf holds tp blocks of n_part, the
+ * ranks' rows in order. */
 int loco__gpt_cuda_tp_scatter_act(loco_gpt_cuda *g, void *buf, size_t n_part) {
-    const size_t n = n_part * (size_t)g->tp;
-    float *src = g->bf16 ? g->tp_f32 : buf;
-    for (int r = 0; r < g->tp; r++)
-        g->tp_counts[r] = n_part;
-    if (g->bf16)
-        RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(src, buf, n, g->stream));
-    if (g->tp_staged) {
-        LOCO_CHECK(loco_cuda_copy(g->h_stage, src, n * sizeof(float), g->stream));
-        LOCO_CHECK(loco_cuda_sync(g->stream));
-        LOCO_CHECK(loco_comm_reduce_scatter(g->tpc, g->h_stage, g->h_stage, g->tp_counts,
-                                            LOCO_DT_F32, LOCO_OP_SUM));
-        LOCO_CHECK(loco_cuda_copy(src, g->h_stage, n_part * sizeof(float), g->stream));
-    } else {
-        LOCO_CHECK(loco_comm_reduce_scatter(g->tpc, src, src, g->tp_counts, LOCO_DT_F32,
-                                            LOCO_OP_SUM));
-    }
-    if (g->bf16)
-        RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(buf, src, n_part, g->stream));
-    return 0;
+    LOCO_CHECK(loco__gpt_cuda_tp_sum_begin(g, buf, n_part * (size_t)g->tp, n_part));
+    return loco__gpt_cuda_tp_sum_finish(g);
 }
 
 /* Every rank's part (n_part elements of the passes' type) into full, in

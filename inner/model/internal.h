@@ -425,9 +425,10 @@ struct loco_gpt_cuda {
     int Vl, v_lo, v_valid;      /* the head's rows: the slice's, its first token, real ones */
     float *h_stage;             /* pinned (N * max(C, 3)): a staged collective's buffer */
     float *tp_f32;              /* bf16: (N, C) an activation's collective in fp32 */
-    /* A staged sum begun (its copy out queued) and not yet finished: the
-     * host runs its collective while the device computes what was queued
-     * after the copy (gpt_cuda_tp.c, loco__gpt_cuda_tp_sum_begin) */
+    /* A staged sum over tp begun (its copy out queued) and not yet
+     * finished: the host runs its collective while the device computes
+     * what was queued after the copy (gpt_cuda_tp.c, every sum of an
+     * activation goes this way, loco__gpt_cuda_tp_sum_begin) */
     float *h_pend;              /* pinned (N, C) */
     loco_event pend_copied;
     void *pend_buf;             /* NULL when none is pending */
@@ -544,9 +545,9 @@ int loco__gpt_cuda_cp_localize(loco_gpt_cuda *g, const int32_t **inputs, const i
                                int B, int *T);
 int loco__gpt_cuda_cp_wpe(loco_gpt_cuda *g, const void *wpe, const void **local);
 int loco__gpt_cuda_cp_dwpe_done(loco_gpt_cuda *g, float *dwpe);
-int loco__gpt_cuda_cp_heads_in(loco_gpt_cuda *g, const void *qkv, void *qkvh, int B);
+int loco__gpt_cuda_cp_to_heads(loco_gpt_cuda *g, const void *src, int ld, int parts, void *dst,
+                               int B);
 int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, int B);
-int loco__gpt_cuda_cp_dout_in(loco_gpt_cuda *g, const void *dout, int B);
 int loco__gpt_cuda_cp_dqkv_out(loco_gpt_cuda *g, void *dqkv, int B);
 int loco__gpt_cuda_cp_mean(loco_gpt_cuda *g, double *v);
 int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, float *lse, int B);

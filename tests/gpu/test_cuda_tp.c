@@ -94,6 +94,17 @@ Test(gpu_tp, pos_bias_many_rows) { check_pos_bias(300, 64, 48, 0, 213); }
 
 /* --------------------------------------- vocabulary-parallel cross-entropy */
 
+/* N rows of a slice's Vl logits, the first v_valid real, the padding
+ * GARBAGE (malloc'd). */
+static float *slice_logits(uint64_t *s, int N, int Vl, int v_valid)
+{
+    float *x = rand_f(s, (size_t)N * Vl, 8.0);
+    for (int i = 0; i < N; i++)
+        for (int j = v_valid; j < Vl; j++)
+            x[(size_t)i * Vl + j] = GARBAGE;
+    return x;
+}
+
 /* One slice of Vl columns at v_lo, v_valid of them real, of a vocabulary V.
  * Each step runs on both twins from the same inputs (the CPU's results of
  * the step before, shifted as another rank's share would shift them). */
@@ -104,10 +115,7 @@ static void check_xent_vp(int N, int V, int v_lo, int Vl, int v_valid, bool in_p
     gpu_env_init(&e, SLAB);
     uint64_t s = seed;
     const size_t n = (size_t)N * Vl;
-    float *x = rand_f(&s, n, 8.0);
-    for (int i = 0; i < N; i++)
-        for (int j = v_valid; j < Vl; j++)
-            x[(size_t)i * Vl + j] = GARBAGE;
+    float *x = slice_logits(&s, N, Vl, v_valid);
     int32_t *y = malloc((size_t)N * sizeof *y);
     for (int i = 0; i < N; i++)
         y[i] = i % 7 == 3 ? -1
@@ -230,10 +238,7 @@ static void check_xent_vp_bf16(int N, int V, int v_lo, int Vl, int v_valid, uint
     gpu_env_init(&e, SLAB);
     uint64_t s = seed;
     const size_t n = (size_t)N * Vl;
-    float *x = rand_f(&s, n, 8.0);
-    for (int i = 0; i < N; i++)
-        for (int j = v_valid; j < Vl; j++)
-            x[(size_t)i * Vl + j] = GARBAGE;
+    float *x = slice_logits(&s, N, Vl, v_valid);
     loco_bf16 *hx = round_bf(x, n);
     int32_t *y = malloc((size_t)N * sizeof *y);
     for (int i = 0; i < N; i++)

@@ -364,22 +364,18 @@ out:
  * Ulysses (both ranks the whole batch, each half of every sequence); 'r':
  * cp = 2, ring. */
 static void check_case(const char *dir, char c) {
-    if (c >= '0' && c <= '3')
+    if (c >= '0' && c <= '3') {
         check_stage(dir, c - '0');
-    if (c == 'u' || c == 'r') {
-        g_cp = 2;
-        g_ring = c == 'r';
-        check_stage(dir, 0);
-        g_cp = 1;
-        g_ring = false;
+        return;
     }
-    if (c == 't' || c == 's') {
-        g_tp = 2;
-        g_sp = c == 's';
+    g_tp = c == 't' || c == 's' ? 2 : 1;
+    g_sp = c == 's';
+    g_cp = c == 'u' || c == 'r' ? 2 : 1;
+    g_ring = c == 'r';
+    if (g_tp > 1 || g_cp > 1)
         check_stage(dir, 0);
-        g_tp = 1;
-        g_sp = false;
-    }
+    g_tp = g_cp = 1;
+    g_sp = g_ring = false;
 }
 
 int main(int argc, char **argv) {
