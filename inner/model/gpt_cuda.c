@@ -1,5 +1,7 @@
 /* One file past 600 lines: the slab, the token slots, the passes and the
- * graphs are one state machine over struct loco_gpt_cuda.
+ * graphs are one state machine over struct loco_gpt_cuda (the tp and sp
+ * collectives live in gpt_cuda_tp.c, context parallelism in
+ * gpt_cuda_cp.c, the data-parallel accessors in gpt_cuda_dp.c).
  *
  * The dense block description (GPT-2, Llama, or any mix model_desc.c
  * allows) on one GPU through the kernels/cuda twins (model.h, "model on a
@@ -690,68 +692,11 @@ static int rope(loco_gpt_cuda *g, void *qkv, int B, int T, bool backward) {
     return 0;
 }
 
-/* The attention's kernels: multi-head (GPT-2's) or grouped-query. */
-#define ATTN_GQA(k, ...)                                                                           \
-    (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_gqa_##k##_bf16(__VA_ARGS__)              \
-                                 : TWIN(attention_gqa_##k, __VA_ARGS__))
-
-/* Ulysses (cp): qkv's local rows become every row of this rank's 1/cp of
- * the heads (qkvh), the attention runs on those, and its output comes
- * back to the local rows in atty. */
-static int cp_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
-    const int hs = loco_gpt_head_size(&g->cfg);
-    LOCO_CHECK(loco__gpt_cuda_cp_to_heads(g, a->qkv, g->Wl, 3, a->qkvh, B));
-    RUN(LOCO_PROF_ATTN, ATTN_GQA(fwd, a->outh, a->lse, a->qkvh, B, g->Tw, g->hq / hs,
-                                 g->hk / hs, hs, g->stream));
-    return loco__gpt_cuda_cp_heads_out(g, a->outh, a->atty, B);
-}
-
-static int cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
-    const int hs = loco_gpt_head_size(&g->cfg);
-    LOCO_CHECK(loco__gpt_cuda_cp_to_heads(g, g->dbtc, g->Cl, 1, g->cp_dout, B));
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->cp_dqkv, (size_t)B * g->Tw * g->wu * g->es, g->stream));
-    RUN(LOCO_PROF_ATTN, ATTN_GQA(bwd, g->cp_dqkv, g->attn_scratch, g->cp_dout, a->outh, a->qkvh,
-                                 a->lse, B, g->Tw, g->hq / hs, g->hk / hs, hs, g->stream));
-    return loco__gpt_cuda_cp_dqkv_out(g, g->dqkv, B);
-}
-
-/* The ring (gpt_cuda_cp.c) runs fp32 kernels: in bf16 its operands are
- * cast to fp32 around it (exactly, the qkv it reads again in the
- * backward), its output rounded once; the backward's delta reads the
- * rounded output, as FlashAttention-2 in bf16 does. */
-static int ring_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
-    if (!g->bf16)
-        return loco__gpt_cuda_ring_fwd(g, a->qkv, a->atty, a->lse, B);
-    const size_t rows = (size_t)B * g->T;
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(g->cp_q32, a->qkv, rows * g->Wl, g->stream));
-    LOCO_CHECK(loco__gpt_cuda_ring_fwd(g, g->cp_q32, g->cp_o32, a->lse, B));
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(a->atty, g->cp_o32, rows * g->Cl, g->stream));
-    return 0;
-}
-
-static int ring_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
-    if (!g->bf16)
-        return loco__gpt_cuda_ring_bwd(g, g->dqkv, g->dbtc, a->qkv, a->atty, a->lse, B);
-    /* cp_q32: qkv | dqkv, cp_o32: out | dout, each (B T) rows */
-    const size_t rows = (size_t)B * g->T, W = (size_t)g->Wl, Cl = (size_t)g->Cl;
-    float *q32 = g->cp_q32, *dq32 = g->cp_q32 + rows * W;
-    float *o32 = g->cp_o32, *do32 = g->cp_o32 + rows * Cl;
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(q32, a->qkv, rows * W, g->stream));
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(o32, a->atty, rows * Cl, g->stream));
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(do32, g->dbtc, rows * Cl, g->stream));
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(dq32, rows * W * 4, g->stream));
-    LOCO_CHECK(loco__gpt_cuda_ring_bwd(g, dq32, do32, q32, o32, a->lse, B));
-    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(g->dqkv, dq32, rows * W, g->stream));
-    return 0;
-}
-
 static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
-    if (g->cpc && g->ring)
-        return ring_attention_fwd(g, a, B);
-    if (g->cpc)
-        return cp_attention_fwd(g, a, B);
+    if (g->cpc) /* the sequence split over cp ranks */
+        return loco__gpt_cuda_cp_attention_fwd(g, a, B);
     if (NKV == NH)
         RUN(LOCO_PROF_ATTN, ATTN(fwd, a->atty, a->lse, a->qkv, B, T, C, NH, s));
     else
@@ -763,10 +708,8 @@ static int attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B, int T) {
 static int attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B, int T) {
     const int C = g->Cl, NH = g->NHl, NKV = g->NKVl; /* this tp slice's heads */
     loco_stream s = g->stream;
-    if (g->cpc && g->ring)
-        return ring_attention_bwd(g, a, B);
     if (g->cpc)
-        return cp_attention_bwd(g, a, B);
+        return loco__gpt_cuda_cp_attention_bwd(g, a, B);
     if (NKV == NH)
         RUN(LOCO_PROF_ATTN,
             ATTN(bwd, g->dqkv, g->attn_scratch, g->dbtc, a->atty, a->qkv, a->lse, B, T, C, NH, s));

@@ -26,8 +26,7 @@
 
 #include <string.h>
 
-int loco__gpt_cuda_cp_check(const loco_gpt_config *cfg, int B, int T,
-                            const loco_gpt_cuda_opts *o) {
+int loco__gpt_cuda_cp_check(const loco_gpt_config *cfg, int B, int T, const loco_gpt_cuda_opts *o) {
     const int c = o->cp ? loco_comm_size(o->cp) : 1;
     if (c < 2)
         return 0;
@@ -118,8 +117,10 @@ int loco__gpt_cuda_cp_localize(loco_gpt_cuda *g, const int32_t **inputs, const i
                         "context parallelism splits sequences of %d tokens; this pass has %d",
                         g->Tw, *T);
     if (B < 1 || B > g->B)
-        return LOCO_ERR(LOCO_EINVAL, "batch of %d sequences exceeds the device model's "
-                        "capacity %d", B, g->B);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "batch of %d sequences exceeds the device model's "
+                        "capacity %d",
+                        B, g->B);
     const size_t rows = (size_t)g->B * g->T;
     int32_t *dst[2] = {g->h_cp_tok, g->h_cp_tok + rows};
     const int32_t **src[2] = {inputs, targets};
@@ -140,10 +141,10 @@ int loco__gpt_cuda_cp_localize(loco_gpt_cuda *g, const int32_t **inputs, const i
 int loco__gpt_cuda_cp_wpe(loco_gpt_cuda *g, const void *wpe, const void **local) {
     const size_t C = (size_t)g->cfg.n_embd, es = g->es, Tc = (size_t)g->Tc;
     for (int j = 0; j < 2; j++)
-        LOCO_CHECK(loco_cuda_copy((char *)g->cp_wpe + j * Tc * C * es,
-                                  (const char *)wpe + (size_t)row_pos(g, g->cp_rank, j * g->Tc) *
-                                                          C * es,
-                                  Tc * C * es, g->stream));
+        LOCO_CHECK(
+            loco_cuda_copy((char *)g->cp_wpe + j * Tc * C * es,
+                           (const char *)wpe + (size_t)row_pos(g, g->cp_rank, j * g->Tc) * C * es,
+                           Tc * C * es, g->stream));
     *local = g->cp_wpe;
     return 0;
 }
@@ -212,8 +213,7 @@ static int alltoall(loco_gpt_cuda *g, size_t bytes_per_rank) {
  * rank's heads, (B, Tw, w), into dst: parts 3, qkv's query, key and value
  * heads (w = wu), or parts 1, the attention output's query heads
  * (w = hq). */
-int loco__gpt_cuda_cp_to_heads(loco_gpt_cuda *g, const void *src, int ld, int parts, void *dst,
-                               int B) {
+static int to_heads(loco_gpt_cuda *g, const void *src, int ld, int parts, void *dst, int B) {
     const size_t rows = (size_t)B * g->T, es = g->es, w = parts == 1 ? g->hq : g->wu;
     char *h = (char *)g->h_cp_rows;
     LOCO_CHECK(loco_cuda_copy(h, src, rows * ld * es, g->stream));
@@ -224,7 +224,7 @@ int loco__gpt_cuda_cp_to_heads(loco_gpt_cuda *g, const void *src, int ld, int pa
     return loco_cuda_copy(dst, g->h_cp_whole, (size_t)B * g->Tw * w * es, g->stream);
 }
 
-int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, int B) {
+static int from_heads(loco_gpt_cuda *g, const void *outh, void *out, int B) {
     const size_t rows = (size_t)B * g->T, es = g->es;
     LOCO_CHECK(loco_cuda_copy(g->h_cp_whole, outh, (size_t)B * g->Tw * g->hq * es, g->stream));
     LOCO_CHECK(loco_cuda_sync(g->stream));
@@ -242,7 +242,7 @@ int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, i
 /* cp_dqkv (B, Tw, wu) -> dqkv (B T, Wl) local rows (overwritten), in
  * fp32: a key/value head replicated to several ranks gets the sum of
  * their gradients, rounded once in bf16. */
-int loco__gpt_cuda_cp_dqkv_out(loco_gpt_cuda *g, void *dqkv, int B) {
+static int dqkv_from_heads(loco_gpt_cuda *g, void *dqkv, int B) {
     const size_t rows = (size_t)B * g->T, whole = (size_t)B * g->Tw * g->wu;
     float *src = g->cp_dqkv;
     if (g->bf16) {
@@ -307,8 +307,7 @@ static int pack_kv(loco_gpt_cuda *g, const float *qkv, float *h, size_t rows) {
 static int hop_post(loco_gpt_cuda *g, int cur, size_t n, loco_comm_req **rq) {
     const int nx = (g->cp_rank + 1) % g->cp, pv = (g->cp_rank + g->cp - 1) % g->cp;
     LOCO_CHECK(loco_cuda_event_sync(g->kv_in[1 - cur]));
-    LOCO_CHECK(
-        loco_comm_irecv(g->cpc, g->h_kv_hop[1 - cur], n, LOCO_DT_F32, pv, TAG_KV, &rq[0]));
+    LOCO_CHECK(loco_comm_irecv(g->cpc, g->h_kv_hop[1 - cur], n, LOCO_DT_F32, pv, TAG_KV, &rq[0]));
     return loco_comm_isend(g->cpc, g->h_kv_hop[cur], n, LOCO_DT_F32, nx, TAG_KV, &rq[1]);
 }
 
@@ -323,7 +322,7 @@ static int hop_land(loco_gpt_cuda *g, int cur, size_t n, loco_comm_req **rq) {
 
 /* out (B T, Cl) and lse (B, 2, NH, Tc) of this rank's query chunks
  * against every rank's K|V: model_cp.c's ring_fwd on the device. */
-int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, float *lse, int B) {
+static int ring_blocks_fwd(loco_gpt_cuda *g, const float *qkv, float *out, float *lse, int B) {
     const int c = g->cp, r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
     const int hs = loco_gpt_head_size(&g->cfg), Cl = NH * hs, Ckv = g->Ckv;
     const size_t rows = (size_t)B * Tl, n = rows * 2 * (size_t)Ckv;
@@ -351,12 +350,12 @@ int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, floa
                     const bool first = s == 0 && i == 0;
                     RUN(LOCO_PROF_ATTN,
                         loco_cuda_attention_block_gqa_fwd(
-                            first ? o : g->cp_blk_out, first ? l : g->cp_blk_lse, q, W, k,
-                            k + Ckv, ld, 1, Tc, Tc, NH, g->NKVl, hs, qp, kp, true, g->stream));
+                            first ? o : g->cp_blk_out, first ? l : g->cp_blk_lse, q, W, k, k + Ckv,
+                            ld, 1, Tc, Tc, NH, g->NKVl, hs, qp, kp, true, g->stream));
                     if (!first)
                         RUN(LOCO_PROF_ATTN,
-                            loco_cuda_attention_merge(o, l, g->cp_blk_out, g->cp_blk_lse, 1, Tc,
-                                                      Cl, NH, g->stream));
+                            loco_cuda_attention_merge(o, l, g->cp_blk_out, g->cp_blk_lse, 1, Tc, Cl,
+                                                      NH, g->stream));
                 }
         if (s < c - 1) {
             LOCO_CHECK(hop_land(g, cur, n, rq));
@@ -395,8 +394,8 @@ static int ring_bwd_block(loco_gpt_cuda *g, float *dqkv, const float *dout, cons
 /* dqkv (B T, Wl) accumulates dQ and this rank's own K|V gradient; K|V
  * travel as in the forward, each block's dK|dV accumulator following it
  * (model_cp.c's ring_bwd). */
-int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
-                            const float *out, const float *lse, int B) {
+static int ring_blocks_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
+                           const float *out, const float *lse, int B) {
     const int c = g->cp, r = g->cp_rank, Tc = g->Tc, Tl = g->T, NH = g->NHl, W = g->Wl;
     const int hs = loco_gpt_head_size(&g->cfg), Cl = NH * hs, Ckv = g->Ckv;
     const size_t rows = (size_t)B * Tl, n = rows * 2 * (size_t)Ckv;
@@ -420,8 +419,7 @@ int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, co
             LOCO_CHECK(loco_comm_wait(sreq[s % 2])); /* that host buffer left at step s - 2 */
             sreq[s % 2] = NULL;
             LOCO_CHECK(loco_cuda_event_sync(g->acc_in));
-            LOCO_CHECK(
-                loco_comm_irecv(g->cpc, g->h_acc_recv, n, LOCO_DT_F32, pv, TAG_DKV, &rreq));
+            LOCO_CHECK(loco_comm_irecv(g->cpc, g->h_acc_recv, n, LOCO_DT_F32, pv, TAG_DKV, &rreq));
         }
         RUN(LOCO_PROF_ELEM, loco_cuda_zero(dst, n * 4, g->stream));
         const int src = (r - s + c) % c, ld = s == 0 ? W : 2 * Ckv;
@@ -464,6 +462,66 @@ int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, co
             o[x] += in[x];
     }
     return loco_cuda_copy(dqkv, g->h_cp_rows, rows * W * 4, g->stream);
+}
+
+/* ------------------------------------------- the attention, either way */
+
+/* Ulysses (cp): qkv's local rows become every row of this rank's 1/cp of
+ * the heads (qkvh), the attention runs on those, and its output comes
+ * back to the local rows in atty. */
+static int ulysses_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
+    const int hs = loco_gpt_head_size(&g->cfg);
+    LOCO_CHECK(to_heads(g, a->qkv, g->Wl, 3, a->qkvh, B));
+    RUN(LOCO_PROF_ATTN,
+        ATTN_GQA(fwd, a->outh, a->lse, a->qkvh, B, g->Tw, g->hq / hs, g->hk / hs, hs, g->stream));
+    return from_heads(g, a->outh, a->atty, B);
+}
+
+static int ulysses_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
+    const int hs = loco_gpt_head_size(&g->cfg);
+    LOCO_CHECK(to_heads(g, g->dbtc, g->Cl, 1, g->cp_dout, B));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->cp_dqkv, (size_t)B * g->Tw * g->wu * g->es, g->stream));
+    RUN(LOCO_PROF_ATTN, ATTN_GQA(bwd, g->cp_dqkv, g->attn_scratch, g->cp_dout, a->outh, a->qkvh,
+                                 a->lse, B, g->Tw, g->hq / hs, g->hk / hs, hs, g->stream));
+    return dqkv_from_heads(g, g->dqkv, B);
+}
+
+/* The ring (gpt_cuda_cp.c) runs fp32 kernels: in bf16 its operands are
+ * cast to fp32 around it (exactly, the qkv it reads again in the
+ * backward), its output rounded once; the backward's delta reads the
+ * rounded output, as FlashAttention-2 in bf16 does. */
+static int ring_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
+    if (!g->bf16)
+        return ring_blocks_fwd(g, a->qkv, a->atty, a->lse, B);
+    const size_t rows = (size_t)B * g->T;
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(g->cp_q32, a->qkv, rows * g->Wl, g->stream));
+    LOCO_CHECK(ring_blocks_fwd(g, g->cp_q32, g->cp_o32, a->lse, B));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(a->atty, g->cp_o32, rows * g->Cl, g->stream));
+    return 0;
+}
+
+static int ring_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
+    if (!g->bf16)
+        return ring_blocks_bwd(g, g->dqkv, g->dbtc, a->qkv, a->atty, a->lse, B);
+    /* cp_q32: qkv | dqkv, cp_o32: out | dout, each (B T) rows */
+    const size_t rows = (size_t)B * g->T, W = (size_t)g->Wl, Cl = (size_t)g->Cl;
+    float *q32 = g->cp_q32, *dq32 = g->cp_q32 + rows * W;
+    float *o32 = g->cp_o32, *do32 = g->cp_o32 + rows * Cl;
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(q32, a->qkv, rows * W, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(o32, a->atty, rows * Cl, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_f32(do32, g->dbtc, rows * Cl, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(dq32, rows * W * 4, g->stream));
+    LOCO_CHECK(ring_blocks_bwd(g, dq32, do32, q32, o32, a->lse, B));
+    RUN(LOCO_PROF_ELEM, loco_cuda_cast_bf16(g->dqkv, dq32, rows * W, g->stream));
+    return 0;
+}
+
+int loco__gpt_cuda_cp_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B) {
+    return g->ring ? ring_fwd(g, a, B) : ulysses_fwd(g, a, B);
+}
+
+int loco__gpt_cuda_cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B) {
+    return g->ring ? ring_bwd(g, a, B) : ulysses_bwd(g, a, B);
 }
 
 #endif /* LOCO_HAVE_CUDA */

@@ -545,14 +545,11 @@ int loco__gpt_cuda_cp_localize(loco_gpt_cuda *g, const int32_t **inputs, const i
                                int B, int *T);
 int loco__gpt_cuda_cp_wpe(loco_gpt_cuda *g, const void *wpe, const void **local);
 int loco__gpt_cuda_cp_dwpe_done(loco_gpt_cuda *g, float *dwpe);
-int loco__gpt_cuda_cp_to_heads(loco_gpt_cuda *g, const void *src, int ld, int parts, void *dst,
-                               int B);
-int loco__gpt_cuda_cp_heads_out(loco_gpt_cuda *g, const void *outh, void *out, int B);
-int loco__gpt_cuda_cp_dqkv_out(loco_gpt_cuda *g, void *dqkv, int B);
 int loco__gpt_cuda_cp_mean(loco_gpt_cuda *g, double *v);
-int loco__gpt_cuda_ring_fwd(loco_gpt_cuda *g, const float *qkv, float *out, float *lse, int B);
-int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, const float *qkv,
-                            const float *out, const float *lse, int B);
+/* Block l's attention under cp (a's qkv, atty, lse; the backward from
+ * dbtc into dqkv): Ulysses or the ring. */
+int loco__gpt_cuda_cp_attention_fwd(loco_gpt_cuda *g, layer_acts *a, int B);
+int loco__gpt_cuda_cp_attention_bwd(loco_gpt_cuda *g, const layer_acts *a, int B);
 
 #define TWIN(k, ...)                                                                              \
     (g->bf16 ? loco_cuda_##k##_bf16(__VA_ARGS__) : loco_cuda_##k(__VA_ARGS__))
@@ -560,6 +557,10 @@ int loco__gpt_cuda_ring_bwd(loco_gpt_cuda *g, float *dqkv, const float *dout, co
 #define ATTN(k, ...)                                                                              \
     (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_##k##_bf16(__VA_ARGS__)                 \
                                  : TWIN(attention_##k, __VA_ARGS__))
+/* The same of grouped-query attention. */
+#define ATTN_GQA(k, ...)                                                                          \
+    (g->attn == LOCO_ATTN_TENSOR ? loco_cuda_attention_tc_gqa_##k##_bf16(__VA_ARGS__)             \
+                                 : TWIN(attention_gqa_##k, __VA_ARGS__))
 
 /* Runs one kernel call; when profiling, waits around it and adds its time
  * to its kind. */
