@@ -146,7 +146,7 @@ LOCO_KEY_STR(faults, kill, "", "SIGKILL islands at inner steps: SITE@STEP[,SITE@
 LOCO_KEY_STR(faults, freeze, "", "freeze islands (SIGSTOP, silent but connected) at inner steps for a while: SITE@STEP+MS[,...]")
 LOCO_KEY_INT(faults, restart_ms, 1000, -1, 3600000, "`loco launch` restarts a killed island after this delay (-1 = never; see restart_after_steps)")
 LOCO_KEY_INT(faults, restart_after_steps, 0, 0, 100000000, "timed by the run: `loco launch` restarts a killed island once the others committed the outer step at or after this many inner steps past the kill (0 = use restart_ms)")
-LOCO_KEY_INT(faults, thaw_after_steps, 0, 0, 100000000, "timed by the run: a frozen island is woken once the others committed the outer step at or after this many inner steps past the freeze, or the run ended; the freeze's MS is then only an upper bound (0 = thaw after MS)")
+LOCO_KEY_INT(faults, thaw_after_steps, 0, 0, 100000000, "timed by the run: a frozen island is woken once the others committed the outer step at or after this many inner steps past the freeze, and as many steps' outer steps past the run's last commit at the freeze (islands' inner steps differ under outer.sync = time), or the run ended; the freeze's MS is then only an upper bound (0 = thaw after MS)")
 LOCO_KEY_STR(faults, partition, "", "cut the links between two sites: SITEA-SITEB@STEP+MS (from inner step STEP for MS ms)")
 LOCO_KEY_INT(faults, heal_after_steps, 0, 0, 100000000, "timed by the run: the partition heals once the run committed the outer step at or after this many inner steps past the cut, or the run ended; MS is then only an upper bound (0 = heal after MS)")
 LOCO_KEY_STR(faults, link, "", "change a link's emulation: SITEA-SITEB@STEP:DELAY_MS/JITTER_MS/GBPS")

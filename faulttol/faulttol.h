@@ -275,6 +275,7 @@ typedef struct {
     bool link_done;
     loco_link_faults frames; /* on every island-to-island link */
     int64_t thaw_commit;     /* faults.thaw_after_steps: thaw once this outer step committed */
+    int64_t thaw_span;       /* and at least this many outer steps past the freeze's */
     int64_t heal_commit;     /* faults.heal_after_steps: heal once this outer step committed */
     loco_run_progress prog;  /* the run's progress, from the timeline (LOCO_EVENTS) */
     int64_t poison_step;     /* the first outer step at or after it sends Δ × poison_factor */

@@ -72,8 +72,10 @@ int loco_faults_parse(loco_faults *f, const loco_config *c, const char *site, in
         if (!strcmp(tok, f->site) && !getenv("LOCO_RESTARTED")) {
             f->freeze_step = atoll(at + 1);
             f->freeze_ms = atoll(plus + 1);
-            if (c->faults.thaw_after_steps > 0)
+            if (c->faults.thaw_after_steps > 0) {
                 f->thaw_commit = loco_faults_commit_at(c, f->freeze_step + c->faults.thaw_after_steps);
+                f->thaw_span = loco_faults_commit_at(c, c->faults.thaw_after_steps);
+            }
         }
     }
     /* poison = SITE@STEP*FACTOR: first incarnation only, like kill. */
@@ -205,6 +207,14 @@ void loco_faults_inject(loco_faults *f, int64_t step, double step_s, loco_link *
         /* Every thread stops (heartbeats too) while the sockets stay open:
          * only the failure detector can tell. A child wakes us up. */
         f->freeze_step = 0;
+        /* Counted from the run's last commit too: under outer.sync = time
+         * the islands' inner steps differ, and a slow island's step 40 may
+         * come after the outer step the others' step 70 closes. */
+        if (f->thaw_commit > 0) {
+            run_reached(f, f->thaw_commit); /* reads the timeline so far */
+            if (f->prog.committed + f->thaw_span > f->thaw_commit)
+                f->thaw_commit = f->prog.committed + f->thaw_span;
+        }
         loco_warn("faults: %s freezes (SIGSTOP) for %lld ms at step %lld", f->site,
                   (long long)f->freeze_ms, (long long)step);
         if (f->thaw_commit > 0)

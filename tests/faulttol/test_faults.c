@@ -462,10 +462,17 @@ Test(faults, differing_islands_under_time_sync_survive_a_partition) {
     differing_islands("partition", "partition", "");
 }
 
+/* siteB (batch 4, two tp ranks) takes about 80 inner steps over the
+ * run's 12 outer steps: frozen at its step 20 (outer step 3 or so), it
+ * sleeps at least 6 outer steps (thaw_after_steps 60 at H = 10, counted
+ * from the run's commit at the freeze: the others' inner steps run
+ * ahead), long enough to be suspected, and rejoins before the end. At
+ * its step 40 with 30 steps the freeze could come too late to be
+ * noticed (2026-12-06, a loaded CI machine). */
 Test(faults, differing_islands_under_time_sync_survive_a_freeze) {
     differing_islands("kill", "freeze siteB",
-                      "--set faults.kill= --set faults.freeze=siteB@40+60000 "
-                      "--set faults.thaw_after_steps=30");
+                      "--set faults.kill= --set faults.freeze=siteB@20+60000 "
+                      "--set faults.thaw_after_steps=60");
 }
 
 /* outer.algorithm = auto choosing reduce-scatter + all-gather (links as
