@@ -56,7 +56,7 @@
  * for a sharded model (ZeRO-3, loco_gpt_cuda_create_sharded), at buffers
  * the caller binds from its hooks: the fp32 state then holds the owned
  * range only, the weights a pass reads are gathered unit by unit. */
-#include "inner/model/internal.h"
+#include "inner/model/gpt_cuda_internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
 
@@ -104,15 +104,58 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t rope = g->cfg.pos == LOCO_POS_ROPE
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
-    const size_t per_layer = N * wide * es + N * 4 * 4 + bnt * 4;
+    const size_t per_layer = loco__gpt_cuda_block_bytes(g);
     const size_t n_ranges = 55 + 15 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
-    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + Vp * C * (es + 4) + N * 4 * 4 + N * wide * es +
-           N * Vp * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
-           LOCO_CUDA_SUMSQ_OUT * 8 + rope + (kept + shared) * per_layer +
-           (size_t)g->n_rerun * N * C * es + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
+    /* the activations: the whole model's blocks, tokens and logits, or a
+     * pipeline stage's slots */
+    const size_t acts = g->slots ? loco__gpt_cuda_pp_bytes(g)
+                                 : (kept + shared) * per_layer + (size_t)g->n_rerun * N * C * es +
+                                       N * 4 * 4 + N * Vp * es;
+    return P * 4 * 4 + (g->bf16 ? P * 2 : 0) + (g->has_head ? Vp * C * (es + 4) : 0) +
+           N * wide * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
+           LOCO_CUDA_SUMSQ_OUT * 8 + rope + acts + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
            (g->sp ? 2 * N * C * es + ((size_t)g->T + 4) * C * 4 : 0) + cp_bytes(g) +
            n_ranges * 256;
+}
+
+/* The bytes of one block's set of activations (carve_block's). */
+size_t loco__gpt_cuda_block_bytes(const loco_gpt_cuda *g) {
+    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd;
+    const size_t R = g->sp ? N / (size_t)g->tp : N;
+    const size_t bnt = (size_t)g->B * g->NHl * g->T;
+    const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl, Cl = (size_t)g->Cl;
+    /* this rank's rows of the norms and residuals (all under tp alone),
+     * every row of the tp region's */
+    return (4 * R * C + N * (Cl + W + Fc + F)) * g->es + R * 4 * 4 + bnt * 4 + cp_block_bytes(g);
+}
+
+/* One block's set of activations (every buffer), counted in act_bytes. */
+int loco__gpt_cuda_carve_block(loco_gpt_cuda *g, layer_acts *a) {
+    const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
+    const size_t R = g->sp ? N / (size_t)g->tp : N;
+    const size_t bnt = (size_t)g->B * g->NHl * g->T;
+    const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl, Cl = (size_t)g->Cl;
+    g->act_bytes += loco__gpt_cuda_block_bytes(g);
+    SLAB(a->ln1, R * C * es, "ln1");
+    SLAB(a->qkv, N * W * es, "qkv");
+    SLAB(a->atty, N * Cl * es, "atty");
+    SLAB(a->res2, R * C * es, "residual2");
+    SLAB(a->ln2, R * C * es, "ln2");
+    SLAB(a->fch, N * Fc * es, "fch");
+    SLAB(a->fchg, N * F * es, "fch_gelu");
+    SLAB(a->res3, R * C * es, "residual3");
+    SLAB(a->ln1m, R * 4, "ln1 mean");
+    SLAB(a->ln1r, R * 4, "ln1 rstd");
+    SLAB(a->ln2m, R * 4, "ln2 mean");
+    SLAB(a->ln2r, R * 4, "ln2 rstd");
+    SLAB(a->lse, bnt * 4, "lse");
+    if (g->cpc && !g->ring) { /* Ulysses: every row of this rank's heads */
+        const size_t whole = (size_t)g->B * g->Tw;
+        SLAB(a->qkvh, whole * g->wu * es, "qkv of the rank's heads");
+        SLAB(a->outh, whole * g->hq * es, "attention output of the rank's heads");
+    }
+    return 0;
 }
 
 static int carve(loco_gpt_cuda *g) {
@@ -133,17 +176,21 @@ static int carve(loco_gpt_cuda *g) {
         g->wshard = g->w;
         g->w = NULL;
     }
-    SLAB(g->wte_pad, (size_t)g->Vp * C * es, "padded head weights");
-    SLAB(g->dwte_pad, (size_t)g->Vp * C * 4, "padded head gradient");
-    for (int k = 0; k < 2; k++)
-        SLAB(g->d_tok[k], N * 4 * 2, "tokens");
-    g->inputs = g->d_tok[0];
-    g->targets = g->d_tok[0] + N;
-    SLAB(g->encoded, R * C * es, "encoded");
-    SLAB(g->lnf, N * C * es, "ln_f");
-    SLAB(g->lnfm, R * 4, "ln_f mean");
-    SLAB(g->lnfr, R * 4, "ln_f rstd");
-    SLAB(g->logits, N * (size_t)g->Vp * es, "logits");
+    if (g->has_head) {
+        SLAB(g->wte_pad, (size_t)g->Vp * C * es, "padded head weights");
+        SLAB(g->dwte_pad, (size_t)g->Vp * C * 4, "padded head gradient");
+    }
+    if (!g->slots) { /* a pipeline stage's are its slots' (gpt_cuda_pp.c) */
+        for (int k = 0; k < 2; k++)
+            SLAB(g->d_tok[k], N * 4 * 2, "tokens");
+        g->inputs = g->d_tok[0];
+        g->targets = g->d_tok[0] + N;
+        SLAB(g->encoded, R * C * es, "encoded");
+        SLAB(g->lnf, N * C * es, "ln_f");
+        SLAB(g->lnfm, R * 4, "ln_f mean");
+        SLAB(g->lnfr, R * 4, "ln_f rstd");
+        SLAB(g->logits, N * (size_t)g->Vp * es, "logits");
+    }
     SLAB(g->losses, N * 4, "losses");
     SLAB(g->xent, N * 4 * 3, "vocabulary-parallel sums");
     if (g->tp > 1 && loco__gpt_kv_rep(&g->cfg) > 1)
@@ -196,10 +243,12 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->rope_cos, n * 4, "RoPE cos");
         SLAB(g->rope_sin, n * 4, "RoPE sin");
     }
+    g->act_bytes = 0;
+    if (g->slots)
+        return loco__gpt_cuda_pp_carve(g);
     /* blocks [0, n_rerun) share one set (carved last, as block -1) and
      * keep only res3, the next block's input */
     layer_acts shared = {0};
-    g->act_bytes = 0;
     for (int l = g->n_rerun ? -1 : 0; l < g->cfg.n_layer; l++) {
         layer_acts *a = l < 0 ? &shared : &g->la[l];
         if (l >= 0 && l < g->n_rerun) {
@@ -208,29 +257,7 @@ static int carve(loco_gpt_cuda *g) {
             g->act_bytes += R * C * es;
             continue;
         }
-        /* this rank's rows of the norms and residuals (all under tp alone),
-         * every row of the tp region's */
-        const size_t Cl = (size_t)g->Cl;
-        g->act_bytes += (4 * R * C + N * (Cl + W + Fc + F)) * es + R * 4 * 4 + bnt * 4;
-        SLAB(a->ln1, R * C * es, "ln1");
-        SLAB(a->qkv, N * W * es, "qkv");
-        SLAB(a->atty, N * Cl * es, "atty");
-        SLAB(a->res2, R * C * es, "residual2");
-        SLAB(a->ln2, R * C * es, "ln2");
-        SLAB(a->fch, N * Fc * es, "fch");
-        SLAB(a->fchg, N * F * es, "fch_gelu");
-        SLAB(a->res3, R * C * es, "residual3");
-        SLAB(a->ln1m, R * 4, "ln1 mean");
-        SLAB(a->ln1r, R * 4, "ln1 rstd");
-        SLAB(a->ln2m, R * 4, "ln2 mean");
-        SLAB(a->ln2r, R * 4, "ln2 rstd");
-        SLAB(a->lse, bnt * 4, "lse");
-        if (g->cpc && !g->ring) { /* Ulysses: every row of this rank's heads */
-            const size_t whole = (size_t)g->B * g->Tw;
-            g->act_bytes += cp_block_bytes(g);
-            SLAB(a->qkvh, whole * g->wu * es, "qkv of the rank's heads");
-            SLAB(a->outh, whole * g->hq * es, "attention output of the rank's heads");
-        }
+        LOCO_CHECK(loco__gpt_cuda_carve_block(g, a));
     }
     return 0;
 }
@@ -251,7 +278,8 @@ static int index_units(loco_gpt_cuda *g) {
     for (int i = 0; i < g->tt.n; i++) {
         const int u = loco__gpt_unit_of(&g->tt.t[i], L, after_lnf);
         after_lnf |= u == L + 1;
-        if (u < prev || u > prev + 1)
+        /* a pipeline stage holds some units: the others are empty ranges */
+        if (u < prev || (u > prev + 1 && !g->slots))
             return LOCO_ERR(LOCO_EINVAL, "device model: tensor %s (unit %d) after unit %d: the "
                             "units are not contiguous in the flat layout", g->tt.t[i].name, u,
                             prev);
@@ -260,9 +288,10 @@ static int index_units(loco_gpt_cuda *g) {
         prev = u;
         g->tunit[i] = u;
     }
-    if (prev != L + 1)
+    if (prev != L + 1 && !g->slots)
         return LOCO_ERR(LOCO_EINVAL, "device model: the table ends in unit %d, not ln_f", prev);
-    g->unit_lo[L + 2] = g->P;
+    for (int k = prev + 1; k <= L + 2; k++)
+        g->unit_lo[k] = g->P;
     for (int u = 0; u < L + 2; u++) {
         g->uw[u] = g->sharded ? NULL : (char *)g->w + g->unit_lo[u] * g->es;
         g->ug[u] = g->sharded ? NULL : g->grads + g->unit_lo[u];
@@ -350,16 +379,19 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
         g->T = T / g->cp;
     g->stream = loco_cuda_compute_stream();
     g->copy = loco_cuda_copy_stream();
-    LOCO_CHECK_GOTO(loco_gpt_build_table(&g->tt, cfg), out_fail);
+    LOCO_CHECK_GOTO(loco__gpt_cuda_pp_init(g, o), out_fail);
+    LOCO_CHECK_GOTO(o->stage ? loco_gpt_build_stage_table(&g->tt, cfg, o->stage)
+                             : loco_gpt_build_table(&g->tt, cfg),
+                    out_fail);
     g->P = g->tt.numel;
     g->head = cfg->untied ? "lm_head.weight" : "transformer.wte.weight";
-    const int head = loco_ttable_find(&g->tt, g->head);
-    if (head < 0 || g->tt.t[head].numel != (size_t)g->Vl * cfg->n_embd) {
+    const int head = g->has_head ? loco_ttable_find(&g->tt, g->head) : -2;
+    if (head == -1 || (head >= 0 && g->tt.t[head].numel != (size_t)g->Vl * cfg->n_embd)) {
         rc = LOCO_ERR(LOCO_EINVAL, "device model: no %s of %d rows in the table", g->head,
                       g->Vl);
         goto out_fail;
     }
-    g->head_off = g->tt.t[head].offset;
+    g->head_off = head >= 0 ? g->tt.t[head].offset : 0;
     if (hi == SIZE_MAX)
         hi = g->P;
     if (lo > hi || hi > g->P) {
@@ -405,7 +437,7 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     LOCO_CHECK_GOTO(carve(g), out_fail);
     LOCO_CHECK_GOTO(loco__gpt_cuda_cp_host_init(g), out_fail);
     LOCO_CHECK_GOTO(index_units(g), out_fail);
-    g->head_unit = g->tunit[head];
+    g->head_unit = head >= 0 ? g->tunit[head] : -1;
     if (g->rope_cos) { /* the CPU model's tables (model.c), computed once on the host */
         const int half = loco_gpt_head_size(cfg) / 2;
         const size_t n = (size_t)cfg->seq_len * half;
@@ -432,8 +464,10 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     LOCO_CHECK_GOTO(loco_cuda_zero(g->grads, own4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->m, own4, g->stream), out_fail);
     LOCO_CHECK_GOTO(loco_cuda_zero(g->v, own4, g->stream), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
-    LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
+    if (g->has_head) {
+        LOCO_CHECK_GOTO(loco_cuda_zero(g->wte_pad, vpc * g->es, g->stream), out_fail);
+        LOCO_CHECK_GOTO(loco_cuda_zero(g->dwte_pad, vpc * 4, g->stream), out_fail);
+    }
     if (g->cp_dwpe)
         LOCO_CHECK_GOTO(loco_cuda_zero(g->cp_dwpe, (size_t)g->T * cfg->n_embd * 4, g->stream),
                         out_fail);
@@ -469,6 +503,7 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
     loco_cuda_host_free(g->h_pend);
     loco_cuda_event_destroy(g->pend_copied);
     loco__gpt_cuda_cp_fini(g);
+    loco__gpt_cuda_pp_fini(g);
     for (int k = 0; k < 2; k++)
         loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
@@ -502,10 +537,12 @@ static int refresh_weights(loco_gpt_cuda *g) {
                                                    g->stream));
         return 0;
     }
-    if (g->bf16) {
+    if (g->bf16)
         RUN(LOCO_PROF_OPT, loco_cuda_cast_bf16(g->w, g->params, g->P, g->stream));
+    if (!g->has_head) /* a pipeline stage without the head */
+        return 0;
+    if (g->bf16)
         return loco_cuda_copy(g->wte_pad, (loco_bf16 *)g->w + g->head_off, vc * 2, g->stream);
-    }
     return loco_cuda_copy(g->wte_pad, g->params + g->head_off, vc * 4, g->stream);
 }
 
@@ -598,13 +635,13 @@ static int check_bound(const loco_gpt_cuda *g, int unit, bool grads) {
     return 0;
 }
 
-/* Checks the batch and queues its copy to the device: host -> pinned slot
- * -> device slot on the copy stream; the compute stream waits for it. */
-static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
-                       int *Tp) {
-    /* context parallelism: this rank's rows of each sequence (*Tp becomes
-     * the local length) */
-    LOCO_CHECK(loco__gpt_cuda_cp_localize(g, &inputs, &targets, B, Tp));
+/* Checks a batch against the capacity and the vocabulary; under context
+ * parallelism *inputs, *targets and *Tp become this rank's rows of each
+ * sequence. */
+int loco__gpt_cuda_check_tokens(loco_gpt_cuda *g, const int32_t **inputs_p,
+                                const int32_t **targets_p, int B, int *Tp) {
+    LOCO_CHECK(loco__gpt_cuda_cp_localize(g, inputs_p, targets_p, B, Tp));
+    const int32_t *inputs = *inputs_p, *targets = *targets_p;
     const int T = *Tp;
     if (B < 1 || T < 1 || B > g->B || T > g->T)
         return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the device model's capacity %dx%d", B,
@@ -617,6 +654,18 @@ static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *t
         if (targets && (targets[i] < 0 || targets[i] >= V))
             return LOCO_ERR(LOCO_EINVAL, "target %d at %d outside the vocabulary", targets[i], i);
     }
+    return 0;
+}
+
+/* Checks the batch and queues its copy to the device: host -> pinned slot
+ * -> device slot on the copy stream; the compute stream waits for it. */
+static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
+                       int *Tp) {
+    if (g->slots)
+        return LOCO_ERR(LOCO_EINVAL, "device model: a pipeline stage runs chunk passes "
+                                     "(loco_gpt_cuda_chunk_*), not the whole model's");
+    LOCO_CHECK(loco__gpt_cuda_check_tokens(g, &inputs, &targets, B, Tp));
+    const int T = *Tp, N = B * T;
     const int k = g->slot ^= 1;
     const size_t cap = (size_t)g->B * g->T, bytes = (size_t)N * 4;
     int32_t *h = g->h_tok[k], *d = g->d_tok[k];
@@ -640,8 +689,10 @@ static int tokens_consumed(loco_gpt_cuda *g) {
     return loco_cuda_event_record(g->consumed[g->slot], g->stream);
 }
 
+/* Block l's input: the embeddings' output, or (a pipeline stage) the
+ * chunk's input at its first block. */
 static const void *residual_in(const loco_gpt_cuda *g, int l) {
-    return l == 0 ? g->encoded : g->la[l - 1].res3;
+    return l == g->pass_first ? g->encoded : g->la[l - 1].res3;
 }
 
 /* The description's pieces (model_pass.c's norm_fwd, rope, attention,
@@ -756,7 +807,22 @@ static int row_parallel_dout(loco_gpt_cuda *g, int N, const void **dout) {
  * under sp when gather_x). Under tp the input half runs first and its
  * staged sum's collective overlaps the weight half on the device
  * (loco__gpt_cuda_tp_sum_begin); kv: c_attn's key/value columns shared
- * by tp ranks, summed over them. */
+ * by tp ranks, summed over them. dw and db NULL: the input half only (a
+ * split B; column_parallel_wgrad is its W). */
+static int column_parallel_wgrad(loco_gpt_cuda *g, const void *dout, const void *x,
+                                 bool gather_x, float *dw, float *db, const void *w, int OC, int N,
+                                 bool wt, bool kv) {
+    if (gather_x)
+        LOCO_CHECK(column_input(g, x, N, &x));
+    if (kv)
+        LOCO_CHECK(loco__gpt_cuda_kv_begin(g, dw, db));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, g->blas, NULL, dw, db, dout, x, w, N, g->cfg.n_embd,
+                               OC, wt, g->stream));
+    if (kv)
+        LOCO_CHECK(loco__gpt_cuda_kv_end(g, dw, db));
+    return 0;
+}
+
 static int column_parallel_bwd(loco_gpt_cuda *g, const void *dout, const void *x, bool gather_x,
                                float *dw, float *db, const void *w, int OC, int N, bool wt,
                                bool kv) {
@@ -772,14 +838,8 @@ static int column_parallel_bwd(loco_gpt_cuda *g, const void *dout, const void *x
                                g->stream));
     LOCO_CHECK(loco__gpt_cuda_tp_sum_begin(g, g->dbtc, (size_t)N * C,
                                            (size_t)rows_of(g, N) * C));
-    if (gather_x)
-        LOCO_CHECK(column_input(g, x, N, &x));
-    if (kv)
-        LOCO_CHECK(loco__gpt_cuda_kv_begin(g, dw, db));
-    RUN(LOCO_PROF_MATMUL,
-        TWIN(matmul_bwd, h, NULL, dw, db, dout, x, w, N, (int)C, OC, wt, g->stream));
-    if (kv)
-        LOCO_CHECK(loco__gpt_cuda_kv_end(g, dw, db));
+    if (dw || db)
+        LOCO_CHECK(column_parallel_wgrad(g, dout, x, gather_x, dw, db, w, OC, N, wt, kv));
     return loco__gpt_cuda_tp_sum_finish(g);
 }
 
@@ -846,11 +906,42 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     return 0;
 }
 
+/* The embeddings' forward into g->encoded (unit 0's weights bound). */
+int loco__gpt_cuda_embed_fwd(loco_gpt_cuda *g, int B, int T) {
+    const int C = g->cfg.n_embd;
+    const void *wpe = W("transformer.wpe.weight"); /* NULL with RoPE */
+    if (wpe && g->cpc) /* the rows at this rank's positions */
+        LOCO_CHECK(loco__gpt_cuda_cp_wpe(g, wpe, &wpe));
+    if (g->tp > 1) /* vocabulary-parallel: this rank's rows, summed over tp */
+        return loco__gpt_cuda_tp_embed_fwd(g, W("transformer.wte.weight"), wpe, B, T);
+    RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"), wpe,
+                             B, T, C, g->stream));
+    return 0;
+}
+
+int loco__gpt_cuda_block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
+    return block_fwd(g, l, B, T);
+}
+
+/* ln_f and the head on the last block's output: logits (N, Vp). */
+int loco__gpt_cuda_head_fwd(loco_gpt_cuda *g, int N) {
+    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
+    /* under sp this rank's rows of ln_f land in place in the whole (N, C)
+     * buffer, which the all-gather then completes */
+    const int R = rows_of(g, N);
+    void *lnf_rows = g->sp ? (char *)g->lnf + (size_t)R * g->tp_rank * C * g->es : g->lnf;
+    LOCO_CHECK(norm_fwd(g, lnf_rows, g->lnfm, g->lnfr, g->la[L - 1].res3,
+                        W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), R));
+    if (g->sp)
+        LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, lnf_rows, g->lnf, (size_t)R * C));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, g->blas, g->logits, g->lnf, g->wte_pad, NULL, N, C,
+                               g->Vp, true, g->stream));
+    return 0;
+}
+
 /* Blocks, ln_f and the head: logits (N,Vp). */
 static int forward_body(loco_gpt_cuda *g, int B, int T) {
     const int C = g->cfg.n_embd, L = g->cfg.n_layer;
-    const int N = B * T;
-    loco_blas *h = g->blas;
     loco_stream s = g->stream;
     ACQUIRE(0, false);
     LOCO_CHECK(check_bound(g, 0, false));
@@ -860,14 +951,7 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
         LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
         g->head_stale = false;
     }
-    const void *wpe = W("transformer.wpe.weight"); /* NULL with RoPE */
-    if (wpe && g->cpc) /* the rows at this rank's positions */
-        LOCO_CHECK(loco__gpt_cuda_cp_wpe(g, wpe, &wpe));
-    if (g->tp > 1) /* vocabulary-parallel: this rank's rows, summed over tp */
-        LOCO_CHECK(loco__gpt_cuda_tp_embed_fwd(g, W("transformer.wte.weight"), wpe, B, T));
-    else
-        RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs,
-                                 W("transformer.wte.weight"), wpe, B, T, C, s));
+    LOCO_CHECK(loco__gpt_cuda_embed_fwd(g, B, T));
     for (int l = 0; l < L; l++) {
         ACQUIRE(l + 1, false);
         LOCO_CHECK(check_bound(g, l + 1, false));
@@ -879,17 +963,7 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
         LOCO_CHECK(loco_cuda_copy(g->wte_pad, W(g->head), vce, s));
         g->head_stale = false;
     }
-    /* under sp this rank's rows of ln_f land in place in the whole (N, C)
-     * buffer, which the all-gather then completes */
-    const int R = rows_of(g, N);
-    void *lnf_rows = g->sp ? (char *)g->lnf + (size_t)R * g->tp_rank * C * g->es : g->lnf;
-    LOCO_CHECK(norm_fwd(g, lnf_rows, g->lnfm, g->lnfr, g->la[L - 1].res3,
-                        W("transformer.ln_f.weight"), W("transformer.ln_f.bias"), R));
-    if (g->sp)
-        LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, lnf_rows, g->lnf, (size_t)R * C));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, g->logits, g->lnf, g->wte_pad, NULL, N, C, g->Vp,
-                               true, s));
-    return 0;
+    return loco__gpt_cuda_head_fwd(g, B * T);
 }
 
 /* Cross-entropy over the V real columns of the Vp (dlogits in place,
@@ -907,6 +981,10 @@ static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
     return 0;
 }
 
+int loco__gpt_cuda_loss(loco_gpt_cuda *g, int N, float dscale, bool acc) {
+    return loss_and_dlogits(g, N, dscale, acc);
+}
+
 /* Waits for the compute stream and reads the last pass's mean loss (over
  * the whole sequences under cp: every rank holds as many tokens, the mean
  * of the ranks' means; collective over cp). */
@@ -918,6 +996,10 @@ static int read_mean(loco_gpt_cuda *g, float *mean_loss) {
     LOCO_CHECK(loco__gpt_cuda_cp_mean(g, &v));
     *mean_loss = (float)v;
     return 0;
+}
+
+int loco__gpt_cuda_read_mean(loco_gpt_cuda *g, float *mean_loss) {
+    return read_mean(g, mean_loss);
 }
 
 int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
@@ -932,121 +1014,190 @@ int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t
     return loco_cuda_sync(g->stream);
 }
 
-/* The forward and backward of the current token slot, enqueued. */
-static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
-    LOCO_CHECK(forward_body(g, B, T));
+/* Copies an output gradient a split B keeps for its W (n elements). */
+static int keep(loco_gpt_cuda *g, void *dst, const void *src, size_t n) {
+    RUN(LOCO_PROF_ELEM, loco_cuda_copy(dst, src, n * g->es, g->stream));
+    return 0;
+}
+
+/* The head's backward from dlogits (in g->logits) through ln_f into
+ * g->dres (this rank's rows): ln_f's gradients, and (unless split) the
+ * head's weight gradient. */
+int loco__gpt_cuda_head_bwd(loco_gpt_cuda *g, int N, bool split) {
+    const int C = g->cfg.n_embd, L = g->cfg.n_layer, R = rows_of(g, N);
+    /* column-parallel under tp (vocabulary rows): ln_f's input gradient
+     * summed; lnf holds every row already */
+    LOCO_CHECK(column_parallel_bwd(g, g->logits, g->lnf, false, split ? NULL : g->dwte_pad, NULL,
+                                   g->wte_pad, g->Vp, N, true, false));
+    /* the head's V real rows into the flat gradient; the side buffer is
+     * cleared for the next pass (its padding rows are exactly 0: their
+     * dlogits are) */
+    if (!split)
+        RUN(LOCO_PROF_ELEM,
+            loco_cuda_add_clear(G(g->head), g->dwte_pad, (size_t)g->Vl * C, g->stream));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, (size_t)R * C * g->es, g->stream));
+    /* under sp the norm's weight gradients from this rank's rows collect
+     * in drep (w | b), summed over tp after its backward */
+    float *gw = G("transformer.ln_f.weight"), *gb = G("transformer.ln_f.bias");
+    float *rw = g->sp ? g->drep : gw, *rb = g->sp && gb ? g->drep + C : gb;
+    LOCO_CHECK(norm_bwd(g, g->dres, rw, rb, g->dbtc, g->la[L - 1].res3,
+                        W("transformer.ln_f.weight"), g->lnfm, g->lnfr, R));
+    float *dst[2] = {gw, gb};
+    const size_t len[2] = {(size_t)C, (size_t)C};
+    return g->sp ? loco__gpt_cuda_sp_reduce(g, dst, len, 2) : 0;
+}
+
+/* A split B's W of the head: its weight gradient from the slot's dlogits. */
+int loco__gpt_cuda_head_bwd_weight(loco_gpt_cuda *g, int N) {
+    LOCO_CHECK(column_parallel_wgrad(g, g->logits, g->lnf, false, g->dwte_pad, NULL, g->wte_pad,
+                                     g->Vp, N, true, false));
+    RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G(g->head), g->dwte_pad,
+                                            (size_t)g->Vl * g->cfg.n_embd, g->stream));
+    return 0;
+}
+
+/* Block l's backward from g->dres (its output's gradient, this rank's
+ * rows) to its input's, in place; its norms' gradients, and unless split
+ * its GEMMs' weight and bias gradients (split: their output gradients
+ * kept in the block's k* buffers for loco__gpt_cuda_block_bwd_weight). */
+int loco__gpt_cuda_block_bwd(loco_gpt_cuda *g, int l, int B, int T, bool split) {
     /* V: the head's rows (this tp rank's); widths of its slice */
-    const int C = g->cfg.n_embd, V = g->Vl, L = g->cfg.n_layer;
-    const int Wd = g->Wl, Fc = g->Fl, F = g->Hl;
+    const int C = g->cfg.n_embd, Wd = g->Wl, Fc = g->Fl, F = g->Hl;
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
     const int N = B * T, R = rows_of(g, N);
-    const size_t nc = (size_t)N * C, rc = (size_t)R * C, es = g->es;
+    const size_t nc = (size_t)N * C, es = g->es;
     loco_blas *h = g->blas;
     loco_stream s = g->stream;
-    LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));
     /* under sp the norms' weight gradients from this rank's rows collect
-     * in drep (ln_f: w | b; a block: ln_1 w | b | ln_2 w | b), summed over
-     * tp after the norm's backward */
+     * in drep (ln_1 w | b | ln_2 w | b), summed over tp after the block */
     float *drep[4] = {0};
     for (int k = 0; g->sp && k < 4; k++)
         drep[k] = g->drep + (size_t)k * C;
     char n[LOCO_TENSOR_NAME_MAX];
 #define LW(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), W(n))
 #define LG(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), G(n))
-    ACQUIRE(0, true);
-    ACQUIRE(L + 1, true);
-    LOCO_CHECK(check_bound(g, 0, true));
-    LOCO_CHECK(check_bound(g, L + 1, true));
-    /* column-parallel under tp (vocabulary rows): ln_f's input gradient
-     * summed; lnf holds every row already */
-    LOCO_CHECK(column_parallel_bwd(g, g->logits, g->lnf, false, g->dwte_pad, NULL, g->wte_pad,
-                                   g->Vp, N, true, false));
-    /* the head's V real rows into the flat gradient; the side buffer is
-     * cleared for the next pass (its padding rows are exactly 0: their
-     * dlogits are) */
-    RUN(LOCO_PROF_ELEM, loco_cuda_add_clear(G(g->head), g->dwte_pad, (size_t)V * C, s));
-    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dres, rc * es, s));
-    {
-        float *gw = G("transformer.ln_f.weight"), *gb = G("transformer.ln_f.bias");
-        LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[0] : gw, g->sp && gb ? drep[1] : gb, g->dbtc,
-                            g->la[L - 1].res3, W("transformer.ln_f.weight"), g->lnfm, g->lnfr,
-                            R));
-        float *dst[2] = {gw, gb};
-        const size_t len[2] = {(size_t)C, (size_t)C};
-        if (g->sp)
-            LOCO_CHECK(loco__gpt_cuda_sp_reduce(g, dst, len, 2));
+#define SPLIT(p) (split ? NULL : (p))
+    layer_acts *a = &g->la[l];
+    const void *res = residual_in(g, l);
+    /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
+     * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
+    const void *dout;
+    LOCO_CHECK(row_parallel_dout(g, N, &dout));
+    if (split)
+        LOCO_CHECK(keep(g, a->kmlp, dout, nc));
+    int unfused = 1;
+    if (g->bf16 && !swiglu)
+        RUN(LOCO_PROF_MATMUL, unfused = loco_cuda_matmul_bwd_dgelu_bf16(
+                                  h, g->dfch, SPLIT(LG("mlp.c_proj.weight")),
+                                  SPLIT(LG("mlp.c_proj.bias")), dout, a->fchg,
+                                  LW("mlp.c_proj.weight"), a->fch, N, F, C, s));
+    if (unfused) {
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, (size_t)N * F * es, s));
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, SPLIT(LG("mlp.c_proj.weight")),
+                                   SPLIT(LG("mlp.c_proj.bias")), dout, a->fchg,
+                                   LW("mlp.c_proj.weight"), N, F, C, false, s));
+        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, (size_t)N * Fc * es, s));
+        if (swiglu)
+            RUN(LOCO_PROF_ELEM, TWIN(swiglu_bwd, g->dfch, a->fch, g->dfchg, N, F, s));
+        else
+            RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
     }
-    GRADS_READY(L + 1);
-    for (int l = L - 1; l >= 0; l--) {
-        layer_acts *a = &g->la[l];
-        const void *res = residual_in(g, l);
-        ACQUIRE(l + 1, true);
-        LOCO_CHECK(check_bound(g, l + 1, true));
-        /* a recomputed block's activations, from its kept input (the
-         * shared set still holds the last one the forward ran) */
-        if (l < g->n_rerun && l != g->n_rerun - 1)
-            LOCO_CHECK(block_fwd(g, l, B, T));
-        /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
-         * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
-        const void *dout;
-        LOCO_CHECK(row_parallel_dout(g, N, &dout));
-        int unfused = 1;
-        if (g->bf16 && !swiglu)
-            RUN(LOCO_PROF_MATMUL,
-                unfused = loco_cuda_matmul_bwd_dgelu_bf16(
-                    h, g->dfch, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"), dout, a->fchg,
-                    LW("mlp.c_proj.weight"), a->fch, N, F, C, s));
-        if (unfused) {
-            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, (size_t)N * F * es, s));
-            RUN(LOCO_PROF_MATMUL,
-                TWIN(matmul_bwd, h, g->dfchg, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"),
-                     dout, a->fchg, LW("mlp.c_proj.weight"), N, F, C, false, s));
-            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, (size_t)N * Fc * es, s));
-            if (swiglu)
-                RUN(LOCO_PROF_ELEM, TWIN(swiglu_bwd, g->dfch, a->fch, g->dfchg, N, F, s));
-            else
-                RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
-        }
-        LOCO_CHECK(column_parallel_bwd(g, g->dfch, a->ln2, true, LG("mlp.c_fc.weight"),
-                                       LG("mlp.c_fc.bias"), LW("mlp.c_fc.weight"), Fc, N, false,
-                                       false));
-        float *ln2w = LG("ln_2.weight"), *ln2b = LG("ln_2.bias");
-        LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b,
-                            g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
-        /* residual2 = res + attproj: dres flows to both. */
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-        LOCO_CHECK(row_parallel_dout(g, N, &dout));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, LG("attn.c_proj.weight"),
-                                   LG("attn.c_proj.bias"), dout, a->atty,
-                                   LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
-        LOCO_CHECK(attention_bwd(g, a, B, T));
-        LOCO_CHECK(rope(g, g->dqkv, B, T, true));
-        /* kv_keep: key/value heads shared by tp ranks, summed over them */
-        LOCO_CHECK(column_parallel_bwd(g, g->dqkv, a->ln1, true, LG("attn.c_attn.weight"),
-                                       LG("attn.c_attn.bias"), LW("attn.c_attn.weight"), Wd, N,
-                                       false, g->kv_keep != NULL));
-        float *ln1w = LG("ln_1.weight"), *ln1b = LG("ln_1.bias");
-        LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[0] : ln1w, g->sp && ln1b ? drep[1] : ln1b,
-                            g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, R));
-        if (g->sp) {
-            float *dst[4] = {ln1w, ln1b, ln2w, ln2b};
-            const size_t len[4] = {(size_t)C, (size_t)C, (size_t)C, (size_t)C};
-            LOCO_CHECK(loco__gpt_cuda_sp_reduce(g, dst, len, 4));
-        }
-        GRADS_READY(l + 1);
+    if (split)
+        LOCO_CHECK(keep(g, a->kfch, g->dfch, (size_t)N * Fc));
+    LOCO_CHECK(column_parallel_bwd(g, g->dfch, a->ln2, true, SPLIT(LG("mlp.c_fc.weight")),
+                                   SPLIT(LG("mlp.c_fc.bias")), LW("mlp.c_fc.weight"), Fc, N, false,
+                                   false));
+    float *ln2w = LG("ln_2.weight"), *ln2b = LG("ln_2.bias");
+    LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b,
+                        g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
+    /* residual2 = res + attproj: dres flows to both. */
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
+    LOCO_CHECK(row_parallel_dout(g, N, &dout));
+    if (split)
+        LOCO_CHECK(keep(g, a->kattn, dout, nc));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, SPLIT(LG("attn.c_proj.weight")),
+                               SPLIT(LG("attn.c_proj.bias")), dout, a->atty,
+                               LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
+    RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
+    LOCO_CHECK(attention_bwd(g, a, B, T));
+    LOCO_CHECK(rope(g, g->dqkv, B, T, true));
+    if (split)
+        LOCO_CHECK(keep(g, a->kqkv, g->dqkv, (size_t)N * Wd));
+    /* kv_keep: key/value heads shared by tp ranks, summed over them */
+    LOCO_CHECK(column_parallel_bwd(g, g->dqkv, a->ln1, true, SPLIT(LG("attn.c_attn.weight")),
+                                   SPLIT(LG("attn.c_attn.bias")), LW("attn.c_attn.weight"), Wd, N,
+                                   false, g->kv_keep != NULL));
+    float *ln1w = LG("ln_1.weight"), *ln1b = LG("ln_1.bias");
+    LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[0] : ln1w, g->sp && ln1b ? drep[1] : ln1b,
+                        g->dbtc, res, LW("ln_1.weight"), a->ln1m, a->ln1r, R));
+    if (g->sp) {
+        float *dst[4] = {ln1w, ln1b, ln2w, ln2b};
+        const size_t len[4] = {(size_t)C, (size_t)C, (size_t)C, (size_t)C};
+        LOCO_CHECK(loco__gpt_cuda_sp_reduce(g, dst, len, 4));
     }
+    return 0;
+}
+
+/* A split B's W of block l: the four GEMMs' weight and bias gradients
+ * from the output gradients it kept and the slot's activations. */
+int loco__gpt_cuda_block_bwd_weight(loco_gpt_cuda *g, int l, int B, int T) {
+    const int C = g->cfg.n_embd, N = B * T;
+    loco_blas *h = g->blas;
+    loco_stream s = g->stream;
+    char n[LOCO_TENSOR_NAME_MAX];
+    const layer_acts *a = &g->la[l];
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, NULL, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"),
+                               a->kmlp, a->fchg, LW("mlp.c_proj.weight"), N, g->Hl, C, false, s));
+    LOCO_CHECK(column_parallel_wgrad(g, a->kfch, a->ln2, true, LG("mlp.c_fc.weight"),
+                                     LG("mlp.c_fc.bias"), LW("mlp.c_fc.weight"), g->Fl, N, false,
+                                     false));
+    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, NULL, LG("attn.c_proj.weight"),
+                               LG("attn.c_proj.bias"), a->kattn, a->atty,
+                               LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
+    return column_parallel_wgrad(g, a->kqkv, a->ln1, true, LG("attn.c_attn.weight"),
+                                 LG("attn.c_attn.bias"), LW("attn.c_attn.weight"), g->Wl, N, false,
+                                 g->kv_keep != NULL);
 #undef LW
 #undef LG
+#undef SPLIT
+}
+
+/* The embeddings' backward from g->dres (block 0's input gradient). */
+int loco__gpt_cuda_embed_bwd(loco_gpt_cuda *g, int B, int T) {
     float *dwpe = G("transformer.wpe.weight");
     float *dwpe_rows = dwpe && g->cpc ? g->cp_dwpe : dwpe; /* cp: the local rows' */
     if (g->tp > 1)
         LOCO_CHECK(loco__gpt_cuda_tp_embed_bwd(g, G("transformer.wte.weight"), dwpe_rows, B, T));
     else
         RUN(LOCO_PROF_ELEM, TWIN(encoder_bwd, G("transformer.wte.weight"), dwpe_rows, g->dres,
-                                 g->inputs, B, T, C, s));
+                                 g->inputs, B, T, g->cfg.n_embd, g->stream));
     if (dwpe && g->cpc)
         LOCO_CHECK(loco__gpt_cuda_cp_dwpe_done(g, dwpe));
+    return 0;
+}
+
+/* The forward and backward of the current token slot, enqueued. */
+static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
+    LOCO_CHECK(forward_body(g, B, T));
+    const int L = g->cfg.n_layer, N = B * T;
+    LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));
+    ACQUIRE(0, true);
+    ACQUIRE(L + 1, true);
+    LOCO_CHECK(check_bound(g, 0, true));
+    LOCO_CHECK(check_bound(g, L + 1, true));
+    LOCO_CHECK(loco__gpt_cuda_head_bwd(g, N, false));
+    GRADS_READY(L + 1);
+    for (int l = L - 1; l >= 0; l--) {
+        ACQUIRE(l + 1, true);
+        LOCO_CHECK(check_bound(g, l + 1, true));
+        /* a recomputed block's activations, from its kept input (the
+         * shared set still holds the last one the forward ran) */
+        if (l < g->n_rerun && l != g->n_rerun - 1)
+            LOCO_CHECK(block_fwd(g, l, B, T));
+        LOCO_CHECK(loco__gpt_cuda_block_bwd(g, l, B, T, false));
+        GRADS_READY(l + 1);
+    }
+    LOCO_CHECK(loco__gpt_cuda_embed_bwd(g, B, T));
     GRADS_READY(0);
     return 0;
 }

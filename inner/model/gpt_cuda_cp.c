@@ -20,7 +20,7 @@
  *   log-sum-exp on the device; the backward passes K|V the same way with
  *   the blocks' dK|dV accumulators following them home.
  * Compiled only in a CUDA build. */
-#include "inner/model/internal.h"
+#include "inner/model/gpt_cuda_internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
 

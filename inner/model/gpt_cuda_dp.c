@@ -1,7 +1,7 @@
 /* The device model as data parallelism sees it (model.h, "model on a
  * GPU"; the trainer's train_device.c): the units and their hooks, a
  * sharded model's bindings, and the ranged calls over the held state. */
-#include "inner/model/internal.h"
+#include "inner/model/gpt_cuda_internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
 #include <string.h>

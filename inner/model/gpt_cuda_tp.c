@@ -16,7 +16,7 @@
  * host waits for the kernels before it), the collective, and back on the
  * compute stream. Over nccl it runs on the device buffer, ordered on the
  * compute stream. Compiled only in a CUDA build. */
-#include "inner/model/internal.h"
+#include "inner/model/gpt_cuda_internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
 

@@ -581,11 +581,34 @@ typedef struct {
      * sequences, each rank computes its zig-zag chunks' rows) */
     struct loco_comm *cp;
     loco_cp_algo cp_algo;
+    /* parallel.pp > 1: this rank's pipeline stage (its chunks and
+     * activation slots, loco_gpt_build_stage_table's layout; copied); NULL:
+     * the whole model. split_w: its schedule runs W apart from B (the
+     * zero-bubble ones), so B keeps the GEMMs' output gradients for W. */
+    const loco_gpt_stage *stage;
+    bool split_w;
 } loco_gpt_cuda_opts;
 int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                               const loco_gpt_cuda_opts *o);
-/* Bytes of the blocks' activations it carved (what recompute saves). */
+/* Bytes of the blocks' activations it carved (what recompute saves; a
+ * pipeline stage: over its slots). */
 size_t loco_gpt_cuda_act_bytes(const loco_gpt_cuda *g);
+/* A pipeline stage's passes on the device, as loco_gpt_chunk_* (model.c):
+ * one (micro-batch, chunk) at a time in activation slot `slot`, chunk
+ * indexing the stage's chunks. The activations and gradients between
+ * chunks are host arrays of this rank's rows (R, C) in fp32 (in bf16 the
+ * model's values, exactly); each pass waits for its result. The chunk
+ * with block 0 reads inputs (and keeps them in the slot for its B); the
+ * one with the head reads targets and gives *loss, the micro-batch's
+ * mean loss, its logits' gradient for loss_scale * loss kept in the slot.
+ * Collective over the tp and cp groups. LOCO_EINVAL for a model that is
+ * not a stage, a slot or chunk out of range, a pass out of order. */
+int loco_gpt_cuda_chunk_forward(loco_gpt_cuda *g, int slot, int chunk, const int32_t *inputs,
+                                const int32_t *targets, int B, int T, const float *in,
+                                float *out, float loss_scale, float *loss);
+int loco_gpt_cuda_chunk_backward_input(loco_gpt_cuda *g, int slot, int chunk, int B, int T,
+                                       const float *dout, float *din);
+int loco_gpt_cuda_chunk_backward_weight(loco_gpt_cuda *g, int slot, int chunk, int B, int T);
 /* Called on the host between the launches of a pass, as loco_gpt_hooks
  * (units 0, 1..L, L+1; the kernels before the call are queued, not
  * finished: work on loco_cuda_compute_stream is ordered after them).

@@ -26,6 +26,13 @@ int loco__pp_plan(loco__pp **out, const loco_config *cfg, const loco_mesh *mesh,
                   loco_gpt_stage *stage);
 /* Every pp rank's stage (p entries), for checkpoints. */
 const loco_gpt_stage *loco__pp_stages(const loco__pp *pp);
+/* Whether this rank's list runs W apart from B (zero bubble, DualPipe). */
+bool loco__pp_split_w(const loco__pp *pp);
+#if defined(LOCO_HAVE_CUDA)
+/* The device model runs the stage's passes from now (the CPU model keeps
+ * the tables, the host copies and the tied wte's staging). */
+void loco__pp_set_device(loco__pp *pp, loco_gpt_cuda *dev);
+#endif
 /* After the stage's model and its ZeRO are made: the executor (messages of
  * one micro-batch's activation rows), the tied-embedding group, and the
  * chunks' flat ranges, which the step reports to zero as their gradients

@@ -42,19 +42,21 @@ int loco__train_check_device(const loco_config *cfg) {
                                   "was built); use train.device = cpu");
 #else
     /* Data parallel (ZeRO 0-3), tensor and sequence parallel
-     * (gpt_cuda_tp.c) and context parallel, ring and Ulysses (gpt_cuda_cp.c). */
-    static const struct {
-        const char *key, *what;
-    } dims[] = {{"pp", "pipeline"}, {"ep", "expert"}};
-    const int64_t sizes[] = {cfg->parallel.pp, cfg->parallel.ep};
-    for (int i = 0; i < 2; i++)
-        if (sizes[i] > 1)
-            return LOCO_ERR(LOCO_ENOTSUP,
-                            "parallel.%s = %lld with train.device = cuda: %s parallelism runs on "
-                            "the CPU path only (on the GPU data parallelism, ZeRO 0-3, tensor, "
-                            "sequence and context parallelism are wired); use "
-                            "parallel.%s = 1 or train.device = cpu",
-                            dims[i].key, (long long)sizes[i], dims[i].what, dims[i].key);
+     * (gpt_cuda_tp.c), context parallel, ring and Ulysses (gpt_cuda_cp.c),
+     * pipeline stages (gpt_cuda_pp.c). */
+    if (cfg->parallel.ep > 1)
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.ep = %lld with train.device = cuda: expert parallelism runs on "
+                        "the CPU path only (on the GPU data parallelism, ZeRO 0-3, tensor, "
+                        "sequence, context and pipeline parallelism are wired); use "
+                        "parallel.ep = 1 or train.device = cpu",
+                        (long long)cfg->parallel.ep);
+    if (cfg->parallel.pp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
+        return LOCO_ERR(LOCO_ENOTSUP,
+                        "parallel.pp = %lld with parallel.backend = nccl: the device's pipeline "
+                        "sends and receives run over mpi (staged through pinned host buffers) "
+                        "for now; use parallel.backend = mpi",
+                        (long long)cfg->parallel.pp);
     if (cfg->parallel.cp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.cp = %lld with parallel.backend = nccl: the device's cp "
@@ -276,7 +278,16 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
         o.cp = t->mesh.group[LOCO_DIM_CP];
         o.cp_algo = strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_RING : LOCO_CP_ULYSSES;
     }
-    if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
+    if (t->pp) { /* the stage's chunks and slots, as the CPU stage's */
+        if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1)
+            return LOCO_ERR(LOCO_ENOTSUP,
+                            "parallel.zero_stage = 3 with parallel.pp = %lld on the device: a "
+                            "device pipeline stage holds its whole state (ZeRO 0-2 shard the "
+                            "optimizer there; ZeRO-3 over a stage runs on the CPU path)",
+                            (long long)cfg->parallel.pp);
+        o.stage = loco_gpt_stage_of(t->model);
+        o.split_w = loco__pp_split_w(t->pp);
+    } else if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
         size_t lo, hi; /* the owned range zero.c will give this rank */
         loco_zero_owned(loco_gpt_num_params(t->model), loco_comm_rank(dp), loco_comm_size(dp), &lo,
                         &hi);
@@ -291,6 +302,8 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
         o.rerun = n > 0 && n < L ? n : L;
     }
     LOCO_CHECK(loco_gpt_cuda_create_with(&t->dev, mc, t->B, t->T, &o));
+    if (t->pp)
+        loco__pp_set_device(t->pp, t->dev);
     /* train.attention: the tensor-core kernel or the reference */
     LOCO_CHECK(loco_gpt_cuda_set_attention(t->dev, cfg->train.attention));
     loco_gpt_cuda_set_graph(t->dev, !strcmp(cfg->train.cuda_graph, "on"));
@@ -352,7 +365,8 @@ static int plan(loco__train_dp *d) {
     LOCO_CHECK(rc);
     /* where both keep the same buffers, the host's plan is this one */
     const loco_zero_plan *host = loco_zero_plan_of(d->t->zero);
-    if (d->stage != 2 && d->stage == host->stage && !loco_zero_plan_equal(&d->plan, host))
+    if (d->stage != 2 && d->stage == host->stage && !d->t->pp &&
+        !loco_zero_plan_equal(&d->plan, host))
         return LOCO_ERR(LOCO_EINVAL, "device ZeRO-%d plan differs from the host's (units or "
                         "sizes of the device model)", d->stage);
     return 0;
@@ -414,6 +428,8 @@ int loco__train_device_dp_init(loco_trainer *t) {
     }
     /* staged gathers block: a prefetch would not overlap anything */
     LOCO_CHECK(loco_zero_exec_create(&d->exec, &d->plan, &device_ops, d, !d->staged));
+    if (t->pp) /* a stage's reductions run after its schedule (pipeline_step) */
+        return 0;
     loco_gpt_cuda_hooks h = {.ctx = d, .acquire = hook_acquire, .grads_ready = hook_grads_ready};
     loco_gpt_cuda_set_hooks(t->dev, &h);
     return 0;
@@ -458,9 +474,9 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
     float *params;
     loco_gpt_cuda_state(d->g, &params, NULL, NULL, NULL, NULL);
     const size_t own = d->hi - d->lo;
-    if (d->stage < 2 && loco_gpt_cfg(t->model)->tp <= 1) /* the whole gradient, on every rank */
+    if (d->stage < 2 && loco_gpt_cfg(t->model)->tp <= 1 && !t->pp) /* the whole gradient */
         LOCO_CHECK(loco_gpt_cuda_clip(d->g, clip, norm));
-    else if (d->stage < 2) /* the slice's, summed over tp */
+    else if (d->stage < 2) /* the slice's or the stage's, summed over tp and pp */
         LOCO_CHECK(loco__train_device_clip(t, NULL, 0, d->P, norm));
     else /* the owned parts' sums */
         LOCO_CHECK(loco__train_device_clip(t, d->host, d->lo, d->hi, norm));
@@ -487,9 +503,43 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
     return loco_gpt_cuda_upload(d->g, d->hstage, NULL, NULL);
 }
 
+/* A pipeline stage's step: the schedule runs the chunk passes (train_pp.c,
+ * the tied wte's copies summed at its end), then the stage's gradients
+ * are reduced over dp in the plan's buckets (ZeRO 0-2: all-reduced or
+ * reduce-scattered, in the order a backward makes them ready), then the
+ * norm over the stages and AdamW. */
+static int pipeline_step(loco_trainer *t, double *loss_sum, float lr, double *norm) {
+    const int accum = (int)t->cfg.train.grad_accum;
+    const size_t n = (size_t)t->B * t->T;
+    for (int micro = 0; micro < accum; micro++)
+        LOCO_CHECK(loco_data_next(t->train, t->mb_inputs + micro * n, t->mb_targets + micro * n));
+    LOCO_CHECK(loco_gpt_cuda_zero_grad(t->dev));
+    double loss;
+    LOCO_CHECK(loco__pp_step(t->pp, t->mb_inputs, t->mb_targets, &loss));
+    *loss_sum = loss * accum;
+    loco__train_dp *d = t->ddp;
+    if (d) {
+        loco_zero_exec_micro(d->exec, true);
+        for (int k = 0; k < d->plan.n_units; k++)
+            LOCO_CHECK(loco_zero_exec_grads_ready(d->exec, d->plan.order[k]));
+        LOCO_CHECK(loco_zero_exec_finish(d->exec));
+        LOCO_CHECK(copy_back(d));
+        return finish_dp(d, lr, norm);
+    }
+    size_t P;
+    loco_gpt_cuda_state(t->dev, NULL, NULL, NULL, NULL, &P);
+    LOCO_CHECK(loco__train_device_clip(t, NULL, 0, P, norm));
+    if (!isfinite(*norm))
+        return 0; /* as loco_zero_step: the caller reports divergence */
+    t->host_stale = true;
+    return loco_gpt_cuda_adamw(t->dev, loco_zero_optimizer(t->zero, NULL, NULL), lr);
+}
+
 int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double *norm) {
     const int accum = (int)t->cfg.train.grad_accum;
     loco__train_dp *d = t->ddp;
+    if (t->pp)
+        return pipeline_step(t, loss_sum, lr, norm);
     LOCO_CHECK(loco_gpt_cuda_zero_grad(t->dev));
     for (int micro = 0; micro < accum; micro++) {
         LOCO_CHECK(loco_data_next(t->train, t->inputs, t->targets));

@@ -2,7 +2,9 @@
  * (train.device = cuda), as zero.c's loco_zero_step counts it: each
  * element once over the island. Under tp a tensor replicated over the tp
  * ranks counts on tp rank 0 only and a key/value column replicated over
- * ranks on the first of its holders; the slices' sums add up over tp. */
+ * ranks on the first of its holders; the slices' sums add up over tp, the
+ * pipeline stages' over pp (the head stage's copy of a tied wte counts on
+ * the embedding stage). */
 #include "inner/train/internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
@@ -50,16 +52,24 @@ static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
     const loco_gpt_config *mc = loco_gpt_cfg(m);
     const int tp = mc->tp > 1 ? mc->tp : 1, kv = loco_gpt_kv_heads(mc);
     const bool replica = kv < tp && loco_gpt_tp_rank(m) % (tp / kv) != 0;
-    *sumsq = 0;
-    if (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica))
-        return loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, sumsq);
     const loco_ttable *tt = loco_gpt_table(m);
+    /* a pipeline stage with the tied head but not the embeddings: its copy
+     * of wte has the embedding stage's (summed) gradient, counted there */
+    const int L = mc->n_layer;
+    const int tied = loco_gpt_stage_of(m) && !mc->untied && loco_gpt_holds_unit(m, L + 1) &&
+                             !loco_gpt_holds_unit(m, 0)
+                         ? loco_ttable_find(tt, "transformer.wte.weight")
+                         : -1;
+    *sumsq = 0;
+    if (tied < 0 && (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica)))
+        return loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, sumsq);
     size_t a = lo, b = lo; /* a run of sliced tensors, summed in one call */
     for (int i = 0; i < tt->n; i++) {
         const loco_tensor *x = &tt->t[i];
         const size_t xa = x->offset > lo ? x->offset : lo;
         const size_t xb = x->offset + x->numel < hi ? x->offset + x->numel : hi;
-        if (xa >= xb || (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0))
+        if (xa >= xb || i == tied ||
+            (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0))
             continue;
         if (replica && x->part_len[0]) { /* c_attn of GQA: strided columns */
             LOCO_CHECK(add_sumsq(t, a, b, sumsq));
@@ -83,6 +93,9 @@ int loco__train_device_clip(loco_trainer *t, loco_comm *over, size_t lo, size_t 
         LOCO_CHECK(loco_comm_allreduce(over, &s, 1, LOCO_DT_F64, LOCO_OP_SUM));
     if (loco_gpt_cfg(t->model)->tp > 1)
         LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_TP], &s, 1, LOCO_DT_F64,
+                                       LOCO_OP_SUM));
+    if (t->pp) /* and the stages' */
+        LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_PP], &s, 1, LOCO_DT_F64,
                                        LOCO_OP_SUM));
     *norm = sqrt(s);
     const double clip = t->cfg.train.grad_clip;

@@ -1,6 +1,12 @@
 /* The trainer's pipeline stage: plans the chunks from the schedule, then
- * drives the model's chunk passes through the one executor. */
+ * drives the model's chunk passes through the one executor: the CPU
+ * model's, or under train.device = cuda the device model's (its
+ * data-parallel reductions then run after the schedule, train_device.c). */
 #include "inner/train/internal.h"
+
+#if defined(LOCO_HAVE_CUDA)
+#include "kernels/kernels.h"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +33,19 @@ struct loco__pp {
     const int32_t *inputs, *targets; /* of the step (m x B x T) */
     double loss_sum;
     float scale;    /* of each micro-batch's loss */
+    bool split_w;   /* this rank's list runs W apart from B */
+#if defined(LOCO_HAVE_CUDA)
+    loco_gpt_cuda *dev; /* the device model that runs the passes, or NULL */
+#endif
 };
+
+/* The chunk passes on the device model when there is one, else on the
+ * CPU model (the CPU passes' inputs are the same either way). */
+#if defined(LOCO_HAVE_CUDA)
+#define ON_DEVICE(pp) ((pp)->dev != NULL)
+#else
+#define ON_DEVICE(pp) false
+#endif
 
 void loco__pp_destroy(loco__pp *pp) {
     if (!pp)
@@ -48,6 +66,24 @@ void loco__pp_destroy(loco__pp *pp) {
 }
 
 const loco_gpt_stage *loco__pp_stages(const loco__pp *pp) { return pp->stages; }
+bool loco__pp_split_w(const loco__pp *pp) { return pp->split_w; }
+
+#if defined(LOCO_HAVE_CUDA)
+void loco__pp_set_device(loco__pp *pp, loco_gpt_cuda *dev) { pp->dev = dev; }
+
+/* The device's wte gradient [off, off + n) summed with the other stage's
+ * copy over `tied`, staged through the CPU model's gradient buffer. */
+static int device_tied_sum(loco__pp *pp, size_t off, size_t n) {
+    float *grads, *host = loco_gpt_grads(pp->model) + off;
+    loco_gpt_cuda_state(pp->dev, NULL, &grads, NULL, NULL, NULL);
+    loco_stream s = loco_cuda_compute_stream();
+    LOCO_CHECK(loco_cuda_copy(host, grads + off, n * sizeof(float), s));
+    LOCO_CHECK(loco_cuda_sync(s));
+    LOCO_CHECK(loco_comm_allreduce(pp->tied, host, n, LOCO_DT_F32, LOCO_OP_SUM));
+    LOCO_CHECK(loco_cuda_copy(grads + off, host, n * sizeof(float), s));
+    return loco_cuda_sync(s);
+}
+#endif
 
 /* The blocks of every chunk: parallel.pp_layers' counts, or equal ones.
  * first[c] is chunk c's first block; first[n] = model.n_layer. */
@@ -149,6 +185,10 @@ int loco__pp_plan(loco__pp **out, const loco_config *cfg, const loco_mesh *mesh,
             }
     }
     loco_pp_sim_fini(&sim);
+    int n_actions;
+    const loco_pp_action *acts = loco_pp_rank_actions(pp->sched, pp->rank, &n_actions);
+    for (int i = 0; i < n_actions; i++)
+        pp->split_w |= acts[i].op == LOCO_PP_W;
     *stage = pp->stages[pp->rank];
     pp->busy = loco_alloc((size_t)stage->slots * sizeof(bool));
     if (!pp->busy) {
@@ -267,14 +307,20 @@ static const int32_t *tokens(const loco__pp *pp, const int32_t *all, int mb) {
 static int on_forward(void *ctx, int mb, int chunk, const float *in, float *out) {
     loco__pp *pp = ctx;
     const int lc = pp->local[chunk];
-    if (pp->fwd_done[lc]++ == 0) /* ZeRO-3: the chunk's gathered parameters */
+    if (pp->fwd_done[lc]++ == 0 && !ON_DEVICE(pp)) /* ZeRO-3: the chunk's gathered parameters */
         LOCO_CHECK(loco_zero_params_wait(pp->zero, pp->chunk_lo[lc], pp->chunk_hi[lc]));
     const int slot = slot_take(pp, mb, chunk);
     LOCO_CHECK(slot);
     float loss = 0;
-    LOCO_CHECK(loco_gpt_chunk_forward(pp->model, slot, pp->local[chunk], tokens(pp, pp->inputs, mb),
-                                      tokens(pp, pp->targets, mb), pp->B, pp->T, in, out, pp->scale,
-                                      &loss));
+    const int32_t *inputs = tokens(pp, pp->inputs, mb), *targets = tokens(pp, pp->targets, mb);
+#if defined(LOCO_HAVE_CUDA)
+    if (pp->dev)
+        LOCO_CHECK(loco_gpt_cuda_chunk_forward(pp->dev, slot, lc, inputs, targets, pp->B, pp->T,
+                                               in, out, pp->scale, &loss));
+    else
+#endif
+        LOCO_CHECK(loco_gpt_chunk_forward(pp->model, slot, lc, inputs, targets, pp->B, pp->T, in,
+                                          out, pp->scale, &loss));
     if (chunk == pp->n_chunks - 1)
         pp->loss_sum += loss;
     return 0;
@@ -284,6 +330,11 @@ static int on_backward_input(void *ctx, int mb, int chunk, const float *dout, fl
     loco__pp *pp = ctx;
     const int slot = slot_in_use(pp, mb, chunk);
     LOCO_CHECK(slot);
+#if defined(LOCO_HAVE_CUDA)
+    if (pp->dev)
+        return loco_gpt_cuda_chunk_backward_input(pp->dev, slot, pp->local[chunk], pp->B, pp->T,
+                                                  dout, din);
+#endif
     return loco_gpt_chunk_backward_input(pp->model, slot, pp->local[chunk],
                                          tokens(pp, pp->inputs, mb), pp->B, pp->T, dout, din);
 }
@@ -292,11 +343,18 @@ static int on_backward_weight(void *ctx, int mb, int chunk) {
     loco__pp *pp = ctx;
     const int slot = slot_in_use(pp, mb, chunk);
     LOCO_CHECK(slot);
-    LOCO_CHECK(loco_gpt_chunk_backward_weight(pp->model, slot, pp->local[chunk], pp->B, pp->T));
+#if defined(LOCO_HAVE_CUDA)
+    if (pp->dev)
+        LOCO_CHECK(loco_gpt_cuda_chunk_backward_weight(pp->dev, slot, pp->local[chunk], pp->B,
+                                                       pp->T));
+    else
+#endif
+        LOCO_CHECK(
+            loco_gpt_chunk_backward_weight(pp->model, slot, pp->local[chunk], pp->B, pp->T));
     pp->busy[slot] = false;
     pp->slot_of[mb * pp->n_chunks + chunk] = -1;
     const int lc = pp->local[chunk];
-    if (++pp->w_done[lc] == pp->m)
+    if (++pp->w_done[lc] == pp->m && !ON_DEVICE(pp))
         LOCO_CHECK(chunk_grads_ready(pp, lc));
     return 0;
 }
@@ -315,12 +373,17 @@ int loco__pp_step(loco__pp *pp, const int32_t *inputs, const int32_t *targets, d
     memset(pp->fwd_done, 0, (size_t)n * sizeof(int));
     memset(pp->w_done, 0, (size_t)n * sizeof(int));
     pp->wte_chunks_left = wte_writers(pp->model);
-    for (int c = 0; c < n; c++) /* ZeRO-3: every chunk's gather starts now */
+    for (int c = 0; c < n && !ON_DEVICE(pp); c++) /* ZeRO-3: every chunk's gather starts now */
         LOCO_CHECK(loco_zero_params_prefetch(pp->zero, pp->chunk_lo[c], pp->chunk_hi[c]));
     const loco_pp_stage_ops ops = {.ctx = pp, .forward = on_forward,
                                    .backward_input = on_backward_input,
                                    .backward_weight = on_backward_weight};
     LOCO_CHECK(loco_pp_execute(pp->exec, &ops, NULL));
+#if defined(LOCO_HAVE_CUDA)
+    if (pp->tied && pp->dev) /* the device's copies; its dp reduction follows */
+        LOCO_CHECK(device_tied_sum(pp, pp->wte->offset, pp->wte->numel));
+    else
+#endif
     if (pp->tied) {
         LOCO_CHECK(loco_comm_allreduce(pp->tied, loco_gpt_grads(pp->model) + pp->wte->offset,
                                        pp->wte->numel, LOCO_DT_F32, LOCO_OP_SUM));
@@ -338,7 +401,8 @@ int loco__pp_eval(loco__pp *pp, const int32_t *inputs, const int32_t *targets, d
     /* The chunks in model order, each rank passing its output on with a
      * blocking send: evaluation needs no overlap. */
     loco_gpt *m = pp->model;
-    LOCO_CHECK(loco_zero_gather_params(pp->zero));
+    if (!ON_DEVICE(pp))
+        LOCO_CHECK(loco_zero_gather_params(pp->zero));
     const loco_gpt_config *mc = loco_gpt_cfg(m);
     int cap_B, cap_T;
     loco_gpt_capacity(m, &cap_B, &cap_T);
@@ -357,6 +421,12 @@ int loco__pp_eval(loco__pp *pp, const int32_t *inputs, const int32_t *targets, d
         const int prev = c > 0 ? loco_pp_chunk_rank(pp->sched, c - 1) : owner;
         if (prev != owner)
             rc = loco_comm_recv(pp->pp, in, n, LOCO_DT_F32, prev, c % LOCO_COMM_TAG_MAX);
+#if defined(LOCO_HAVE_CUDA)
+        if (rc == 0 && pp->dev)
+            rc = loco_gpt_cuda_chunk_forward(pp->dev, 0, pp->local[c], inputs, targets, pp->B,
+                                             pp->T, in, out, 1.0f, &l);
+        else
+#endif
         if (rc == 0)
             rc = loco_gpt_chunk_forward(m, 0, pp->local[c], inputs, targets, pp->B, pp->T, in, out,
                                         1.0f, &l);

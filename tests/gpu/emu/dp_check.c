@@ -14,11 +14,15 @@
  *                           on both ranks: inner/model/gpt_cuda_tp.c) and
  *                           's': tp = 2 with sequence parallelism, 'u':
  *                           cp = 2 Ulysses (inner/model/gpt_cuda_cp.c),
- *                           and 'r': cp = 2 ring, fp32 and bf16 (CASES
- *                           "0123tsurb3tsur" by default): every
+ *                           'r': cp = 2 ring, 'p': pp = 2 (1F1B: each
+ *                           rank a device pipeline stage of one block,
+ *                           inner/model/gpt_cuda_pp.c; the tied wte's
+ *                           two copies) and 'z': pp = 2 zero bubble
+ *                           (zb-h1: W split from B), fp32 and bf16 (CASES
+ *                           "0123tsurpzb3tsurpz" by default): every
  *                           step's loss and the final parameters (ZeRO-3:
- *                           the owned range; tp: each slice element against
- *                           its whole-model one) within 1e-5 relative of the
+ *                           the owned range; tp and pp: each slice or stage
+ *                           element against its whole-model one) within 1e-5 relative of the
  *                           reference (bf16 parameters 2e-2, see
  *                           TOL_BF16_PARAMS; max |diff| / max |ref|,
  *                           as tests/parallel/test_zero.c); then a sharded
@@ -67,6 +71,8 @@ static int g_tp = 1;                 /* parallel.tp of the run being checked */
 static bool g_sp;                    /* and parallel.sp */
 static int g_cp = 1;                 /* parallel.cp */
 static bool g_ring;                  /* its cp_algo: ring, else Ulysses */
+static int g_pp = 1;                 /* parallel.pp */
+static const char *g_sched = "1f1b"; /* and its schedule */
 static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
 /* bf16: how far one rank's bf16 run is from its fp32 run (losses, and
  * parameters relative to max |param|; load_reference). bf16 tp rounds in
@@ -77,7 +83,8 @@ static bool bf16(void) { return !strcmp(g_dtype, "bf16"); }
  * (seen 2026-12-06: losses 1.3e-4 of a 3.1e-4 gap, parameters 2.7e-2
  * of 2.0e-2). */
 static double bf16_gap_loss, bf16_gap_params;
-/* tp or cp: the run sums over ranks what one rank sums in one place */
+/* tp or cp: the run sums over ranks what one rank sums in one place (pp
+ * does not: each stage computes what one rank does, in bf16 too) */
 static bool split(void) { return g_tp > 1 || g_cp > 1; }
 static double tol(void) {
     return !bf16() ? TOL_F32 : split() ? fmax(TOL_BF16_LOSS, 2 * bf16_gap_loss) : TOL_BF16_LOSS;
@@ -121,6 +128,12 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
         cfg->parallel.dp = 1;
         cfg->train.batch_size = 4;
     }
+    if (g_pp > 1) { /* one block a stage; the 2 micro-steps are the pipeline's micro-batches */
+        cfg->parallel.pp = g_pp;
+        snprintf(cfg->parallel.pp_schedule, sizeof cfg->parallel.pp_schedule, "%s", g_sched);
+        cfg->parallel.dp = 1;
+        cfg->train.batch_size = 4;
+    }
     const char *rc = getenv("LOCO_DP_RECOMPUTE");
     if (rc && *rc && strcmp(backend, "self"))
         snprintf(cfg->train.recompute, sizeof cfg->train.recompute, "%s", rc);
@@ -134,8 +147,9 @@ static void config(loco_config *cfg, const char *dir, const char *backend, int b
     snprintf(cfg->train.dtype, sizeof cfg->train.dtype, "%s", g_dtype);
     snprintf(cfg->parallel.backend, sizeof cfg->parallel.backend, "%s", backend);
     snprintf(cfg->data.train, sizeof cfg->data.train, "%s/train_000000.bin", dir);
-    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d%s-cp%d", dir, backend,
-             zero, g_dtype, g_tp, g_sp ? "-sp" : "", g_cp);
+    snprintf(cfg->run.dir, sizeof cfg->run.dir, "%s/run-%s-%d-%s-tp%d%s-cp%d-pp%d%s", dir,
+             backend, zero, g_dtype, g_tp, g_sp ? "-sp" : "", g_cp, g_pp,
+             g_pp > 1 ? g_sched : "");
 }
 
 /* A learnable byte stream, as tests/gpu/test_cuda_model.c's. */
@@ -271,7 +285,7 @@ static void compare_slice(const loco_gpt *m, const float *p, double *dmax, doubl
         CHECK(w >= 0, "%s not in the whole table", tt->t[i].name);
         for (size_t j = 0; w >= 0 && j < tt->t[i].numel; j++) {
             size_t gi;
-            if (!loco_gpt_tp_global(&whole.t[w], g_tp, loco_gpt_tp_rank(m), j, &gi))
+            if (!loco_gpt_tp_global(&whole.t[w], g_tp > 1 ? g_tp : 1, loco_gpt_tp_rank(m), j, &gi))
                 continue; /* vocabulary padding */
             const double r = ref_params[whole.t[w].offset + gi];
             *dmax = fmax(*dmax, fabs((double)p[tt->t[i].offset + j] - r));
@@ -279,12 +293,15 @@ static void compare_slice(const loco_gpt *m, const float *p, double *dmax, doubl
             seen++;
         }
     }
-    CHECK(seen > 0 && seen < ref_n, "tp slice: %zu elements compared of %zu", seen, ref_n);
+    CHECK(seen > 0 && seen < ref_n, "tp slice or pp stage: %zu elements compared of %zu", seen,
+          ref_n);
     loco_ttable_fini(&whole);
 }
 
 /* The dimension the run being checked splits over two ranks. */
 static const char *dim_name(void) {
+    if (g_pp > 1)
+        return strcmp(g_sched, "1f1b") ? "pp zb-h1" : "pp 1f1b";
     return g_ring ? "cp ring" : g_cp > 1 ? "cp" : g_sp ? "tp+sp" : g_tp > 1 ? "tp" : "dp";
 }
 
@@ -314,14 +331,16 @@ static void check_stage(const char *dir, int zero) {
     const loco_gpt *m = loco_trainer_model(t);
     CHECK(loco_gpt_cfg(m)->tp == (g_tp > 1 ? g_tp : 0) || (g_tp == 1 && loco_gpt_cfg(m)->tp == 1),
           "the model's tp is %d, the run's %d", loco_gpt_cfg(m)->tp, g_tp);
-    CHECK(g_tp > 1 || loco_gpt_num_params(m) == ref_n, "ZeRO-%d: %zu parameters, reference %zu",
+    CHECK(g_tp > 1 || g_pp > 1 || loco_gpt_num_params(m) == ref_n,
+          "ZeRO-%d: %zu parameters, reference %zu",
           zero, loco_gpt_num_params(m), ref_n);
     size_t lo = 0, hi = loco_gpt_num_params(m);
     const float *p = zero >= 3 ? loco_trainer_owned_params(t, &lo, &hi) : loco_gpt_params(m);
     CHECK(p != NULL && hi <= ref_n && (zero < 3 || hi - lo < ref_n),
           "ZeRO-%d: parameters [%zu, %zu) of %zu", zero, lo, hi, ref_n);
     double dmax = 0, rmax = 0;
-    if (g_tp > 1) { /* this rank's slice, each element against its whole-model one */
+    if (g_tp > 1 || g_pp > 1) { /* this rank's slice or stage, each element against its
+                                 * whole-model one */
         compare_slice(m, p, &dmax, &rmax);
     } else {
         for (size_t i = lo; p && i < hi && hi <= ref_n; i++) {
@@ -362,7 +381,7 @@ out:
 /* '0'..'3': dp = 2 at that ZeRO stage; 't': tp = 2 instead (both ranks
  * the whole batch); 's': tp = 2 with sequence parallelism; 'u': cp = 2,
  * Ulysses (both ranks the whole batch, each half of every sequence); 'r':
- * cp = 2, ring. */
+ * cp = 2, ring; 'p': pp = 2, 1F1B; 'z': pp = 2, zb-h1. */
 static void check_case(const char *dir, char c) {
     if (c >= '0' && c <= '3') {
         check_stage(dir, c - '0');
@@ -372,9 +391,11 @@ static void check_case(const char *dir, char c) {
     g_sp = c == 's';
     g_cp = c == 'u' || c == 'r' ? 2 : 1;
     g_ring = c == 'r';
-    if (g_tp > 1 || g_cp > 1)
+    g_pp = c == 'p' || c == 'z' ? 2 : 1;
+    g_sched = c == 'z' ? "zb-h1" : "1f1b";
+    if (g_tp > 1 || g_cp > 1 || g_pp > 1)
         check_stage(dir, 0);
-    g_tp = g_cp = 1;
+    g_tp = g_cp = g_pp = 1;
     g_sp = g_ring = false;
 }
 
@@ -382,7 +403,8 @@ int main(int argc, char **argv) {
     if (argc < 3 || argc > 4 || (strcmp(argv[1], "ref") && strcmp(argv[1], "dp"))) {
         fprintf(stderr, "usage: dp_check ref DIR | dp DIR [CASES]  (CASES: fp32 stages, "
                         "t (tp = 2), s (tp = 2, sp), u (cp = 2, Ulysses), r (cp = 2, ring), "
-                        "then b and bf16 stages; default 0123tsurb3tsur)\n");
+                        "p (pp = 2, 1f1b), z (pp = 2, zb-h1), then b and bf16 stages; default "
+                        "0123tsurpzb3tsurpz)\n");
         return 2;
     }
     if (!strcmp(argv[1], "ref"))
@@ -399,7 +421,7 @@ int main(int argc, char **argv) {
     if (load_reference(argv[2]) < 0)
         return 1;
     /* CASES: fp32 stages, then after 'b' the bf16 ones */
-    const char *cases = argc == 4 ? argv[3] : "0123tsurb3tsur";
+    const char *cases = argc == 4 ? argv[3] : "0123tsurpzb3tsurpz";
     const char *bf = strchr(cases, 'b');
     for (const char *c = cases; *c && c != bf; c++)
         check_case(argv[2], *c);
