@@ -28,6 +28,19 @@
 #            the rows each; all-gathers and reduce-scatters, staged)
 #   dp2-tp2-sp-z3  mpirun -np 4 on the one GPU: dp = 2 x tp = 2 with sp,
 #            ZeRO-3 (each tp slice sharded over dp, gathered unit by unit)
+#   pp2, pp2-zb  pp = 2 (inner/model/gpt_cuda_pp.c: each process a device
+#            pipeline stage of one block, activations and gradients between
+#            them staged; the tied wte summed over the two stages), 1F1B
+#            and zb-h1 (W apart from B), two micro-batches of 2
+#   pp2-zb-recompute  zb-h1 with train.recompute = full
+#   dp2-pp2-z2  mpirun -np 4: dp = 2 x pp = 2, ZeRO-2 (each stage's
+#            gradients reduce-scattered after its schedule)
+#   tp2-pp2-sp, cp2-pp2-llama  pp = 2 with tp = 2 + sp, with cp = 2
+#            (Ulysses, the Llama block)
+#   pp2-interleaved, pp2-zbv, pp2-dualpipev  four blocks in four chunks,
+#            two per process, four micro-batches of 1, against their own
+#            one-rank run (ref-l4)
+#   pp2-bf16 1F1B in bf16 against the one-rank bf16 run
 #   tp2-bf16 tp = 2 in bf16 against the one-rank bf16 run, 1e-3 relative:
 #            bf16 tp rounds each rank's share of a sum before adding it,
 #            one rank the sum (the emulator's dp_check measures the gap;
@@ -170,4 +183,40 @@ run tp2-bf16 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY
   "${BF16[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set train.batch_size=4 \
   --set run.dir="$d/tp2-bf16"
 compare tp2-bf16 ref-bf16 1e-3 || fail=1
+# pipeline stages: the same global batch as micro-batches (batch_size x
+# grad_accum sequences, read in the order one rank reads its 4)
+PP=(--set parallel.backend=mpi --set parallel.pp=2)
+M2=(--set train.batch_size=2 --set train.grad_accum=2)
+run pp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${PP[@]}" \
+  "${M2[@]}" --set run.dir="$d/pp2"
+compare pp2 || fail=1
+run pp2-zb mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${PP[@]}" \
+  "${M2[@]}" --set parallel.pp_schedule=zb-h1 --set run.dir="$d/pp2-zb"
+compare pp2-zb || fail=1
+run pp2-zb-recompute mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${PP[@]}" "${M2[@]}" --set parallel.pp_schedule=zb-h1 --set train.recompute=full \
+  --set run.dir="$d/pp2-zb-recompute"
+compare pp2-zb-recompute || fail=1
+run dp2-pp2-z2 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${PP[@]}" --set parallel.dp=2 --set parallel.zero_stage=2 --set train.batch_size=1 \
+  --set train.grad_accum=2 --set run.dir="$d/dp2-pp2-z2"
+compare dp2-pp2-z2 || fail=1
+run tp2-pp2-sp mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${PP[@]}" "${M2[@]}" --set parallel.tp=2 --set parallel.sp=true --set run.dir="$d/tp2-pp2-sp"
+compare tp2-pp2-sp || fail=1
+run cp2-pp2-llama mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${LLAMA[@]}" "${ULY[@]}" "${PP[@]}" "${M2[@]}" --set run.dir="$d/cp2-pp2-llama"
+compare cp2-pp2-llama ref-llama || fail=1
+L4=(--set model.n_layer=4)
+run ref-l4 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${L4[@]}" --set parallel.backend=self \
+  --set train.batch_size=4 --set run.dir="$d/ref-l4"
+for sched in interleaved zbv dualpipev; do
+  run "pp2-$sched" mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+    "${L4[@]}" "${PP[@]}" --set parallel.pp_schedule="$sched" --set parallel.virtual_stages=2 \
+    --set train.batch_size=1 --set train.grad_accum=4 --set run.dir="$d/pp2-$sched"
+  compare "pp2-$sched" ref-l4 || fail=1
+done
+run pp2-bf16 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${BF16[@]}" "${PP[@]}" "${M2[@]}" --set run.dir="$d/pp2-bf16"
+compare pp2-bf16 ref-bf16 || fail=1
 exit $fail

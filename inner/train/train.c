@@ -411,6 +411,12 @@ int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *t
     for (int b = 0; b < batches; b++) {
         float loss;
         LOCO_CHECK(loco_data_next(t->val, t->inputs, t->targets));
+        if (t->pp) { /* the stage's chunks, on the device model where it runs them */
+            double l;
+            LOCO_CHECK(loco__pp_eval(t->pp, t->inputs, t->targets, &l));
+            sum += l;
+            continue;
+        }
 #if defined(LOCO_HAVE_CUDA)
         if (t->dev) {
             LOCO_CHECK(loco_gpt_cuda_forward(t->dev, t->inputs, t->targets, t->B, t->T, &loss));
@@ -418,12 +424,6 @@ int loco_trainer_eval(loco_trainer *t, int batches, double *val_loss, int64_t *t
             continue;
         }
 #endif
-        if (t->pp) {
-            double l;
-            LOCO_CHECK(loco__pp_eval(t->pp, t->inputs, t->targets, &l));
-            sum += l;
-            continue;
-        }
         LOCO_CHECK(loco_gpt_forward(t->model, t->inputs, t->targets, t->B, t->T, &loss));
         sum += loss;
     }

@@ -5,7 +5,8 @@
 #      test_cuda_attention_tc.c, test_cuda_attention_gqa.c, test_cuda_moe.c, test_cuda_codecs.c and test_cuda_outer.c
 #      (the outer loop's device mode against its host path), test_cuda_device.c
 #      (device selection, on LOCO_EMU_DEVICES emulated devices) and test_cuda_sharded.c
-#      (the ZeRO-3 device model against the whole one), test_cuda_llama_kernels.c
+#      (the ZeRO-3 device model against the whole one), test_cuda_pp.c (pipeline
+#      stages of the device model against the whole one), test_cuda_llama_kernels.c
 #      (RMSNorm, RoPE, SwiGLU), unchanged, against the
 #      translated twins (the same assertions as on a GPU);
 #   2. tests/gpu/test_cuda_model.c, the device model
@@ -94,7 +95,8 @@ LIBS="$LIBS -L$CUDA_LIB -Wl,-rpath,$CUDA_LIB $nccl -lcublasLt -lcudart -lstdc++"
 python3 tests/gpu/emu/translate.py . "$out/twins.cpp"
 g++ $CXXFLAGS -c "$out/twins.cpp" -o "$out/twins.o"
 for t in test_cuda_kernels test_cuda_tp test_cuda_attention_block test_cuda_attention_tc \
-  test_cuda_attention_gqa test_cuda_moe test_cuda_codecs test_cuda_outer test_cuda_device test_cuda_sharded; do
+  test_cuda_attention_gqa test_cuda_moe test_cuda_codecs test_cuda_outer test_cuda_device test_cuda_sharded \
+  test_cuda_pp; do
   gcc $CFLAGS -c "tests/gpu/$t.c" -o "$out/$t.o"
 done
 # the Llama-family twins (gpu_llama/*)
@@ -104,7 +106,8 @@ gcc $CFLAGS -DTRAIN_STEPS="$train_steps" -DTRAIN_TIMEOUT=600 \
   -c tests/gpu/test_cuda_model.c -o "$out/test_cuda_model.o"
 g++ -o "$out/emu_tests" "$out/test_cuda_kernels.o" "$out/test_cuda_tp.o" \
   "$out/test_cuda_attention_block.o" "$out/test_cuda_attention_tc.o" "$out/test_cuda_attention_gqa.o" "$out/test_cuda_moe.o" "$out/test_cuda_codecs.o" \
-  "$out/test_cuda_outer.o" "$out/test_cuda_device.o" "$out/test_cuda_sharded.o" "$out/test_cuda_model.o" "$out/twins.o" \
+  "$out/test_cuda_outer.o" "$out/test_cuda_device.o" "$out/test_cuda_sharded.o" "$out/test_cuda_pp.o" \
+  "$out/test_cuda_model.o" "$out/twins.o" \
   "$out/test_cuda_llama_kernels.o" \
   $LIBS -lcriterion
 gcc $CFLAGS -DSTEPS="$dp_steps" -c tests/gpu/emu/dp_check.c -o "$out/dp_check.o"
