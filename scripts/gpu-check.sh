@@ -13,9 +13,11 @@
 #             20 trainer steps with train.device = cuda against cpu)
 #   multi-rank  train.device = cuda over one rank of nccl and over two
 #             processes sharing the GPU (mpirun, mpi backend), dp = 2 and
-#             ZeRO 0-3, tp = 2 (GPT-2 and Llama), and four processes of
-#             dp = 2 x tp = 2, against the one-rank device run (each run's
-#             worst loss difference and tokens/s in the table)
+#             ZeRO 0-3, tp (GPT-2 and Llama, sp, bf16), cp (Ulysses,
+#             ring), pp (every schedule, recompute, bf16) and four
+#             processes of their compositions, against the one-rank
+#             device run (each run's worst loss difference and tokens/s in
+#             the table)
 #             (scripts/gpu-dp-check.sh; needs mpirun and a loco built with
 #             CUDA and MPI, GPU_CHECK_LOCO, default $BUILD/loco: skipped
 #             with the reason where either is missing)
@@ -97,8 +99,8 @@ fi
 
 # ----------------------------------------------------------------- budget
 # Seconds per step (the timeout it runs under; a step that overruns is
-# killed 2 s later). They add up to 475 s, the summary's 10 s included: the
-# others' 465 s are under the 469 s deadline; a step
+# killed 2 s later). They add up to 474 s, the summary's 10 s included: the
+# others' 464 s are under the 469 s deadline; a step
 # starts only if its timeout and grace fit before the deadline, and the
 # summary (10 s at most) runs last whatever is left: under 8 minutes, the
 # most one device call may take, build included.
@@ -106,12 +108,14 @@ STEPS="device build versions tests multi-rank loco-gpt2 loco-recompute loco-atte
        pytorch-sdpa pytorch-eager pytorch-compile summary"
 # (tests ran 20 s of its 90 on the first H200, 2026-12-04: 20 of them went
 # to loco-recompute)
-# (multi-rank: twenty tiny runs, process start-up most of each, seven
-# of them four processes on the one GPU; 65 s, taken from tests, whose
-# 20 s leave room under 40, loco-recompute and pytorch-eager)
-declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=40 [multi-rank]=65 [loco-gpt2]=35
-                   [loco-recompute]=15 [loco-attention]=15 [loco-codecs]=15 [pytorch-sdpa]=20
-                   [pytorch-eager]=25 [pytorch-compile]=65 [summary]=10)
+# (multi-rank: thirty-one tiny runs, process start-up most of each, ten
+# of them four processes on the one GPU; 100 s, taken from tests, whose
+# 20 s leave room under 40, loco-recompute and pytorch-eager, then (the
+# pipeline's eleven runs, 2026-12-06) from pytorch-compile (36 s of 65
+# on the first H200), loco-gpt2 (11 of 35) and pytorch-sdpa (8 of 20))
+declare -A BUDGET=([device]=10 [build]=140 [versions]=20 [tests]=40 [multi-rank]=100
+                   [loco-gpt2]=25 [loco-recompute]=15 [loco-attention]=15 [loco-codecs]=15
+                   [pytorch-sdpa]=12 [pytorch-eager]=25 [pytorch-compile]=47 [summary]=10)
 for s in $STEPS; do
   v=GPU_CHECK_T_$(tr 'a-z-' 'A-Z_' <<<"$s")
   BUDGET[$s]=${!v:-${BUDGET[$s]}}

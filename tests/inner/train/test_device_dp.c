@@ -1,8 +1,7 @@
 /* train.device = cuda with more than one rank, what can be checked without
  * a device (docs/DECISIONS.md, "GPU data parallel"): the meshes the device
- * trainer refuses (pipeline, context and expert parallelism; sequence
- * parallelism, bf16 and nccl with tp; parallel.backend = nccl on the
- * CPU), each with its
+ * trainer refuses (expert parallelism; tp, cp and pp over nccl;
+ * parallel.backend = nccl on the CPU), each with its
  * message, and a two-rank cuda run under mpirun that, on a machine without
  * a device, stops with a clear error on every rank instead of hanging.
  * The run itself (dp = 2, ZeRO 0-2 against one rank) is tests/gpu/emu/
@@ -66,11 +65,14 @@ Test(device_dp, tensor_parallel_over_nccl_refused) {
     expect_refused(&cfg, "parallel.tp = 2 with parallel.backend = nccl");
 }
 
-Test(device_dp, pipeline_parallel_refused) {
+/* Pipeline stages run on the device (tests/gpu/test_cuda_pp.c,
+ * dp_check's cases p and z); their sends and receives over nccl do not. */
+Test(device_dp, pipeline_parallel_over_nccl_refused) {
     loco_config cfg;
     config(&cfg);
     cfg.parallel.pp = 2;
-    expect_refused(&cfg, "parallel.pp = 2 with train.device = cuda: pipeline parallelism");
+    snprintf(cfg.parallel.backend, sizeof cfg.parallel.backend, "nccl");
+    expect_refused(&cfg, "parallel.pp = 2 with parallel.backend = nccl: the device's pipeline");
 }
 
 Test(device_dp, context_parallel_over_nccl_refused) {
