@@ -33,14 +33,25 @@
 #            them staged; the tied wte summed over the two stages), 1F1B
 #            and zb-h1 (W apart from B), two micro-batches of 2
 #   pp2-zb-recompute  zb-h1 with train.recompute = full
-#   dp2-pp2-z2  mpirun -np 4: dp = 2 x pp = 2, ZeRO-2 (each stage's
-#            gradients reduce-scattered after its schedule)
+#   dp2-pp2-z2, dp2-pp2-z3  mpirun -np 4: dp = 2 x pp = 2, ZeRO-2 and
+#            ZeRO-3 (each stage's gradients reduce-scattered after its
+#            schedule; the stage keeps its whole parameters, as on the CPU)
 #   tp2-pp2-sp, cp2-pp2-llama  pp = 2 with tp = 2 + sp, with cp = 2
 #            (Ulysses, the Llama block)
 #   pp2-interleaved, pp2-zbv, pp2-dualpipev  four blocks in four chunks,
 #            two per process, four micro-batches of 1, against their own
 #            one-rank run (ref-l4)
 #   pp2-bf16 1F1B in bf16 against the one-rank bf16 run
+#   moe-ep2, moe-tp2-sp, moe-pp2  a mixture of experts (4, top-2;
+#            inner/model/gpt_cuda_moe.c) over ep = 2 (rows staged through
+#            the host), tp = 2 + sp, pp = 2 (zb-h1), against its one-rank
+#            run (ref-moe)
+#   moe-dp4-ep2-z1, moe-dp4-ep2-z3  four processes, ep = 2 folded out of
+#            dp = 4: the ep pre-reduction, then ZeRO-1 buckets or ZeRO-3
+#            units over the expert-dp group (against ref-moe-m1)
+#   mixtral-ep2-tp2  mpirun -np 4: Mixtral's kind (SwiGLU experts, a
+#            shared expert, dropping at capacity 1.25) in bf16 over ep = 2 x
+#            tp = 2, against its one-rank bf16 run, 1e-3 (tp's rounding)
 #   tp2-bf16 tp = 2 in bf16 against the one-rank bf16 run, 1e-3 relative:
 #            bf16 tp rounds each rank's share of a sum before adding it,
 #            one rank the sum (the emulator's dp_check measures the gap;
@@ -201,6 +212,10 @@ run dp2-pp2-z2 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TI
   "${PP[@]}" --set parallel.dp=2 --set parallel.zero_stage=2 --set train.batch_size=1 \
   --set train.grad_accum=2 --set run.dir="$d/dp2-pp2-z2"
 compare dp2-pp2-z2 || fail=1
+run dp2-pp2-z3 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${PP[@]}" --set parallel.dp=2 --set parallel.zero_stage=3 --set train.batch_size=1 \
+  --set train.grad_accum=2 --set run.dir="$d/dp2-pp2-z3"
+compare dp2-pp2-z3 || fail=1
 run tp2-pp2-sp mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
   "${PP[@]}" "${M2[@]}" --set parallel.tp=2 --set parallel.sp=true --set run.dir="$d/tp2-pp2-sp"
 compare tp2-pp2-sp || fail=1
@@ -219,4 +234,42 @@ done
 run pp2-bf16 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
   "${BF16[@]}" "${PP[@]}" "${M2[@]}" --set run.dir="$d/pp2-bf16"
 compare pp2-bf16 ref-bf16 || fail=1
+# mixture of experts (inner/model/gpt_cuda_moe.c): four experts, top-2, in
+# micro-batches of 2 (the capacity plan's group), against one rank
+MOE=(--set model.n_experts=4 --set model.top_k=2 --set train.batch_size=2)
+run ref-moe "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" --set parallel.backend=self \
+  --set train.grad_accum=2 --set run.dir="$d/ref-moe"
+run moe-ep2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${MOE[@]}" --set parallel.backend=mpi --set parallel.dp=2 --set parallel.ep=2 \
+  --set run.dir="$d/moe-ep2"
+compare moe-ep2 ref-moe || fail=1
+# dp = 4 folds ep = 2 out of it: the expert-dp group of 2 reduces (ZeRO-1
+# in buckets, ZeRO-3 unit by unit) after the ep pre-reduction
+run ref-moe-m1 "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" \
+  --set parallel.backend=self --set train.batch_size=1 --set train.grad_accum=4 \
+  --set run.dir="$d/ref-moe-m1"
+for z in 1 3; do
+  run "moe-dp4-ep2-z$z" mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini \
+    "${TINY[@]}" "${MOE[@]}" --set parallel.backend=mpi --set parallel.dp=4 --set parallel.ep=2 \
+    --set parallel.zero_stage="$z" --set train.batch_size=1 --set run.dir="$d/moe-dp4-ep2-z$z"
+  compare "moe-dp4-ep2-z$z" ref-moe-m1 || fail=1
+done
+run moe-tp2-sp mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${MOE[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set parallel.sp=true \
+  --set train.grad_accum=2 --set run.dir="$d/moe-tp2-sp"
+compare moe-tp2-sp ref-moe || fail=1
+run moe-pp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${MOE[@]}" --set parallel.backend=mpi --set parallel.pp=2 --set parallel.pp_schedule=zb-h1 \
+  --set train.grad_accum=2 --set run.dir="$d/moe-pp2"
+compare moe-pp2 ref-moe || fail=1
+# Mixtral's kind: the Llama block's experts (SwiGLU), a shared expert,
+# dropping at capacity 1.25, in bf16, experts over ep = 2 with tp = 2
+MIX=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden=48
+     --set model.n_shared_experts=1 --set model.capacity_factor=1.25 --set train.dtype=bf16)
+run ref-mixtral "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" "${MIX[@]}" \
+  --set parallel.backend=self --set train.grad_accum=2 --set run.dir="$d/ref-mixtral"
+run mixtral-ep2-tp2 mpirun --oversubscribe -np 4 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${MOE[@]}" "${MIX[@]}" --set parallel.backend=mpi --set parallel.dp=2 --set parallel.ep=2 \
+  --set parallel.tp=2 --set run.dir="$d/mixtral-ep2-tp2"
+compare mixtral-ep2-tp2 ref-mixtral 1e-3 || fail=1
 exit $fail

@@ -91,6 +91,24 @@ static size_t cp_bytes(const loco_gpt_cuda *g) {
            (L + 1) * cp_block_bytes(g);
 }
 
+/* The MoE block sets carve() makes: one per kept MoE block, and the
+ * recomputed blocks' shared set when one of them is MoE (a pipeline
+ * stage: its slots', gpt_cuda_pp.c). */
+static int moe_sets(const loco_gpt_cuda *g) {
+    if (g->cfg.n_experts <= 0)
+        return 0;
+    if (g->slots)
+        return loco__gpt_cuda_pp_moe_sets(g);
+    int n = 0;
+    bool rerun = false;
+    for (int l = 0; l < g->cfg.n_layer; l++)
+        if (l < g->n_rerun)
+            rerun |= loco__gpt_cuda_is_moe(g, l);
+        else
+            n += loco__gpt_cuda_is_moe(g, l);
+    return n + rerun;
+}
+
 /* Slab size: the ranges carved in carve() plus alignment slack. */
 static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
@@ -116,6 +134,7 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
            N * wide * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
            LOCO_CUDA_SUMSQ_OUT * 8 + rope + acts + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
            (g->sp ? 2 * N * C * es + ((size_t)g->T + 4) * C * 4 : 0) + cp_bytes(g) +
+           (size_t)moe_sets(g) * loco__gpt_cuda_moe_block_bytes(g) + loco__gpt_cuda_moe_bytes(g) +
            n_ranges * 256;
 }
 
@@ -244,11 +263,15 @@ static int carve(loco_gpt_cuda *g) {
         SLAB(g->rope_sin, n * 4, "RoPE sin");
     }
     g->act_bytes = 0;
+    LOCO_CHECK(loco__gpt_cuda_moe_carve(g));
     if (g->slots)
         return loco__gpt_cuda_pp_carve(g);
     /* blocks [0, n_rerun) share one set (carved last, as block -1) and
      * keep only res3, the next block's input */
     layer_acts shared = {0};
+    bool rerun_moe = false;
+    for (int l = 0; l < g->n_rerun; l++)
+        rerun_moe |= loco__gpt_cuda_is_moe(g, l);
     for (int l = g->n_rerun ? -1 : 0; l < g->cfg.n_layer; l++) {
         layer_acts *a = l < 0 ? &shared : &g->la[l];
         if (l >= 0 && l < g->n_rerun) {
@@ -258,6 +281,8 @@ static int carve(loco_gpt_cuda *g) {
             continue;
         }
         LOCO_CHECK(loco__gpt_cuda_carve_block(g, a));
+        if (l < 0 ? rerun_moe : loco__gpt_cuda_is_moe(g, l))
+            LOCO_CHECK(loco__gpt_cuda_moe_carve_block(g, a));
     }
     return 0;
 }
@@ -323,14 +348,6 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     if (o->rerun < 0 || o->rerun > cfg->n_layer)
         return LOCO_ERR(LOCO_EINVAL, "device model: recompute %d of %d blocks", o->rerun,
                         cfg->n_layer);
-    if (cfg->n_experts > 0)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "train.device = cuda runs dense blocks only: mixture of "
-                        "experts (model.n_experts = %d) runs on the CPU path",
-                        cfg->n_experts);
-    if (cfg->ep > 1)
-        return LOCO_ERR(LOCO_ENOTSUP, "the device model holds every expert (ep = %d: expert "
-                        "parallelism runs on the CPU path)", cfg->ep);
     LOCO_CHECK(loco__gpt_cuda_tp_check(cfg, o));
     LOCO_CHECK(loco__gpt_cuda_cp_check(cfg, B, T, o));
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
@@ -380,6 +397,7 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
     g->stream = loco_cuda_compute_stream();
     g->copy = loco_cuda_copy_stream();
     LOCO_CHECK_GOTO(loco__gpt_cuda_pp_init(g, o), out_fail);
+    LOCO_CHECK_GOTO(loco__gpt_cuda_moe_init(g, o, moe_sets(g)), out_fail);
     LOCO_CHECK_GOTO(o->stage ? loco_gpt_build_stage_table(&g->tt, cfg, o->stage)
                              : loco_gpt_build_table(&g->tt, cfg),
                     out_fail);
@@ -504,6 +522,7 @@ void loco_gpt_cuda_destroy(loco_gpt_cuda *g) {
     loco_cuda_event_destroy(g->pend_copied);
     loco__gpt_cuda_cp_fini(g);
     loco__gpt_cuda_pp_fini(g);
+    loco__gpt_cuda_moe_fini(g);
     for (int k = 0; k < 2; k++)
         loco_cuda_graph_destroy(g->graph[k].exec);
     loco_ttable_fini(&g->tt);
@@ -616,6 +635,10 @@ static void *tensor(const loco_gpt_cuda *g, void *const *units, size_t es, const
         return NULL;
     const int u = g->tunit[i];
     return (char *)units[u] + (g->tt.t[i].offset - g->unit_lo[u]) * es;
+}
+
+void *loco__gpt_cuda_tensor(const loco_gpt_cuda *g, bool grads, const char *name) {
+    return grads ? tensor(g, (void *const *)g->ug, 4, name) : tensor(g, g->uw, g->es, name);
 }
 
 #define W(name) tensor(g, g->uw, g->es, name)
@@ -800,6 +823,14 @@ static int row_parallel_dout(loco_gpt_cuda *g, int N, const void **dout) {
     return 0;
 }
 
+int loco__gpt_cuda_column_input(loco_gpt_cuda *g, const void *x, int N, const void **full) {
+    return column_input(g, x, N, full);
+}
+
+int loco__gpt_cuda_row_dout(loco_gpt_cuda *g, int N, const void **dout) {
+    return row_parallel_dout(g, N, dout);
+}
+
 /* A column-parallel layer's backward (c_attn, c_fc, the head): its input
  * gradient dbtc (N, C) = dout @ w^T summed over tp (all-reduced, or under
  * sp reduce-scattered into dbtc's first rows, this rank's), and dw, db
@@ -890,6 +921,11 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res2, res, g->scratch, nc, s));
     LOCO_CHECK(
         norm_fwd(g, a->ln2, a->ln2m, a->ln2r, a->res2, LW("ln_2.weight"), LW("ln_2.bias"), R));
+    if (loco__gpt_cuda_is_moe(g, l)) { /* the experts' MLP, into scratch (gpt_cuda_moe.c) */
+        LOCO_CHECK(loco__gpt_cuda_moe_fwd(g, l, B, T));
+        RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
+        return 0;
+    }
     LOCO_CHECK(column_input(g, a->ln2, N, &x));
     if (swiglu) {
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, x, LW("mlp.c_fc.weight"),
@@ -1082,31 +1118,35 @@ int loco__gpt_cuda_block_bwd(loco_gpt_cuda *g, int l, int B, int T, bool split) 
     /* residual3 = residual2 + fcproj: dres flows to both. bf16: GELU's
      * gradient in the GEMM's epilogue writes dfch (no dfchg pass). */
     const void *dout;
-    LOCO_CHECK(row_parallel_dout(g, N, &dout));
-    if (split)
-        LOCO_CHECK(keep(g, a->kmlp, dout, nc));
-    int unfused = 1;
-    if (g->bf16 && !swiglu)
-        RUN(LOCO_PROF_MATMUL, unfused = loco_cuda_matmul_bwd_dgelu_bf16(
-                                  h, g->dfch, SPLIT(LG("mlp.c_proj.weight")),
-                                  SPLIT(LG("mlp.c_proj.bias")), dout, a->fchg,
-                                  LW("mlp.c_proj.weight"), a->fch, N, F, C, s));
-    if (unfused) {
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, (size_t)N * F * es, s));
-        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, SPLIT(LG("mlp.c_proj.weight")),
-                                   SPLIT(LG("mlp.c_proj.bias")), dout, a->fchg,
-                                   LW("mlp.c_proj.weight"), N, F, C, false, s));
-        RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, (size_t)N * Fc * es, s));
-        if (swiglu)
-            RUN(LOCO_PROF_ELEM, TWIN(swiglu_bwd, g->dfch, a->fch, g->dfchg, N, F, s));
-        else
-            RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
+    if (loco__gpt_cuda_is_moe(g, l)) { /* the experts' MLP, B and W at once (gpt_cuda_moe.c) */
+        LOCO_CHECK(loco__gpt_cuda_moe_bwd(g, l, B, T));
+    } else {
+        LOCO_CHECK(row_parallel_dout(g, N, &dout));
+        if (split)
+            LOCO_CHECK(keep(g, a->kmlp, dout, nc));
+        int unfused = 1;
+        if (g->bf16 && !swiglu)
+            RUN(LOCO_PROF_MATMUL, unfused = loco_cuda_matmul_bwd_dgelu_bf16(
+                                      h, g->dfch, SPLIT(LG("mlp.c_proj.weight")),
+                                      SPLIT(LG("mlp.c_proj.bias")), dout, a->fchg,
+                                      LW("mlp.c_proj.weight"), a->fch, N, F, C, s));
+        if (unfused) {
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfchg, (size_t)N * F * es, s));
+            RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dfchg, SPLIT(LG("mlp.c_proj.weight")),
+                                       SPLIT(LG("mlp.c_proj.bias")), dout, a->fchg,
+                                       LW("mlp.c_proj.weight"), N, F, C, false, s));
+            RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dfch, (size_t)N * Fc * es, s));
+            if (swiglu)
+                RUN(LOCO_PROF_ELEM, TWIN(swiglu_bwd, g->dfch, a->fch, g->dfchg, N, F, s));
+            else
+                RUN(LOCO_PROF_ELEM, TWIN(gelu_bwd, g->dfch, a->fch, g->dfchg, (size_t)N * F, s));
+        }
+        if (split)
+            LOCO_CHECK(keep(g, a->kfch, g->dfch, (size_t)N * Fc));
+        LOCO_CHECK(column_parallel_bwd(g, g->dfch, a->ln2, true, SPLIT(LG("mlp.c_fc.weight")),
+                                       SPLIT(LG("mlp.c_fc.bias")), LW("mlp.c_fc.weight"), Fc, N, false,
+                                       false));
     }
-    if (split)
-        LOCO_CHECK(keep(g, a->kfch, g->dfch, (size_t)N * Fc));
-    LOCO_CHECK(column_parallel_bwd(g, g->dfch, a->ln2, true, SPLIT(LG("mlp.c_fc.weight")),
-                                   SPLIT(LG("mlp.c_fc.bias")), LW("mlp.c_fc.weight"), Fc, N, false,
-                                   false));
     float *ln2w = LG("ln_2.weight"), *ln2b = LG("ln_2.bias");
     LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b,
                         g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
@@ -1146,11 +1186,14 @@ int loco__gpt_cuda_block_bwd_weight(loco_gpt_cuda *g, int l, int B, int T) {
     loco_stream s = g->stream;
     char n[LOCO_TENSOR_NAME_MAX];
     const layer_acts *a = &g->la[l];
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, NULL, LG("mlp.c_proj.weight"), LG("mlp.c_proj.bias"),
-                               a->kmlp, a->fchg, LW("mlp.c_proj.weight"), N, g->Hl, C, false, s));
-    LOCO_CHECK(column_parallel_wgrad(g, a->kfch, a->ln2, true, LG("mlp.c_fc.weight"),
-                                     LG("mlp.c_fc.bias"), LW("mlp.c_fc.weight"), g->Fl, N, false,
-                                     false));
+    if (!loco__gpt_cuda_is_moe(g, l)) { /* an MoE block's B did its experts' W */
+        RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, NULL, LG("mlp.c_proj.weight"),
+                                   LG("mlp.c_proj.bias"), a->kmlp, a->fchg,
+                                   LW("mlp.c_proj.weight"), N, g->Hl, C, false, s));
+        LOCO_CHECK(column_parallel_wgrad(g, a->kfch, a->ln2, true, LG("mlp.c_fc.weight"),
+                                         LG("mlp.c_fc.bias"), LW("mlp.c_fc.weight"), g->Fl, N,
+                                         false, false));
+    }
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, NULL, LG("attn.c_proj.weight"),
                                LG("attn.c_proj.bias"), a->kattn, a->atty,
                                LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
@@ -1178,6 +1221,7 @@ int loco__gpt_cuda_embed_bwd(loco_gpt_cuda *g, int B, int T) {
 
 /* The forward and backward of the current token slot, enqueued. */
 static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
+    g->loss_scale = loss_scale; /* the MoE blocks' losses are scaled alike */
     LOCO_CHECK(forward_body(g, B, T));
     const int L = g->cfg.n_layer, N = B * T;
     LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));

@@ -30,6 +30,16 @@ typedef struct {
      * mlp.c_proj's and attn.c_proj's (N, C, every row), c_fc's (N, Fc),
      * c_attn's (N, W). NULL otherwise. */
     void *kmlp, *kfch, *kattn, *kqkv;
+    /* An MoE block (gpt_cuda_moe.c), fp32 whatever the model's type: the
+     * router's probabilities (N, E), lse (N), choices (N, k) and their
+     * weights, the plan (slot (N, k), rows (N k), count and routed (E) on
+     * the device, count and ep's received counts on the host: h_count (2E)),
+     * the packed rows (N k, C) and, on the experts' side (ep: up to ep N k
+     * rows), their c_fc output, activation and output; the shared experts'
+     * (S N, Fc) and (S N, F). NULL in a dense block. */
+    float *moe_probs, *moe_lse, *moe_weight, *moe_x, *moe_xo, *moe_h, *moe_hg, *moe_y;
+    float *moe_sh, *moe_shg;
+    int32_t *moe_expert, *moe_slot, *moe_rows, *moe_count, *moe_routed, *h_count;
 } layer_acts;
 
 /* One activation slot of a pipeline stage (gpt_cuda_pp.c): a (micro-batch,
@@ -168,6 +178,20 @@ struct loco_gpt_cuda {
     bool split_w, has_embed, has_head;
     int pass_first, max_chunk;
     layer_acts rerun_set;          /* the set full recompute's blocks share */
+    /* Mixture of experts (gpt_cuda_moe.c): the scratch of a block's
+     * passes, fp32; in bf16 the MoE weights cast (w32) and the ln_2
+     * output (x32) in fp32; on the host ep's staged rows and counts, and
+     * the h_count arrays of the carved blocks. */
+    struct loco_comm *epc;         /* the ep group; NULL when ep = 1 */
+    int ep, El;                    /* ranks, experts held */
+    float loss_scale;              /* of the pass: the aux and z losses' */
+    float *moe_w32, *moe_x32, *moe_out, *moe_dout, *moe_dx, *moe_dy, *moe_dxe, *moe_dweight;
+    float *moe_dlogits, *moe_dh, *moe_dhg, *moe_yo;
+    void *moe_plan;                /* loco_cuda_moe_plan's scratch */
+    float *h_moe_send, *h_moe_recv; /* pinned (ep N k, C) */
+    int32_t *h_moe_arena;          /* the carved blocks' h_count */
+    size_t h_moe_used, h_moe_cap;
+    size_t *moe_sendc, *moe_recvc; /* (ep) floats of the all-to-all-v */
     float *pp_f32;                 /* bf16: (R, C) a chunk's input or output in fp32 */
     float *h_pp;                   /* pinned (R, C): the same on the host */
 };
@@ -186,11 +210,28 @@ int loco__gpt_cuda_head_bwd_weight(loco_gpt_cuda *g, int N);
 int loco__gpt_cuda_block_bwd(loco_gpt_cuda *g, int l, int B, int T, bool split);
 int loco__gpt_cuda_block_bwd_weight(loco_gpt_cuda *g, int l, int B, int T);
 int loco__gpt_cuda_embed_bwd(loco_gpt_cuda *g, int B, int T);
+void *loco__gpt_cuda_tensor(const loco_gpt_cuda *g, bool grads, const char *name);
+int loco__gpt_cuda_column_input(loco_gpt_cuda *g, const void *x, int N, const void **full);
+int loco__gpt_cuda_row_dout(loco_gpt_cuda *g, int N, const void **dout);
 int loco__gpt_cuda_check_tokens(loco_gpt_cuda *g, const int32_t **inputs,
                                 const int32_t **targets, int B, int *T);
 int loco__gpt_cuda_read_mean(loco_gpt_cuda *g, float *mean_loss);
-/* gpt_cuda_pp.c: a pipeline stage's activation slots (bytes, carve). */
+/* gpt_cuda_moe.c: an MoE block's MLP in place of the dense one (forward:
+ * ln_2's output a->ln2 -> g->scratch, summed over tp as a row-parallel
+ * output; backward: g->dres -> g->dbtc, this rank's rows). */
+bool loco__gpt_cuda_is_moe(const loco_gpt_cuda *g, int l);
+size_t loco__gpt_cuda_moe_block_bytes(const loco_gpt_cuda *g);
+size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g);
+int loco__gpt_cuda_moe_carve_block(loco_gpt_cuda *g, layer_acts *a);
+int loco__gpt_cuda_moe_carve(loco_gpt_cuda *g);
+int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n_sets);
+void loco__gpt_cuda_moe_fini(loco_gpt_cuda *g);
+int loco__gpt_cuda_moe_fwd(loco_gpt_cuda *g, int l, int B, int T);
+int loco__gpt_cuda_moe_bwd(loco_gpt_cuda *g, int l, int B, int T);
+/* gpt_cuda_pp.c: a pipeline stage's activation slots (bytes, carve; the
+ * MoE block sets its slots carve). */
 size_t loco__gpt_cuda_pp_bytes(const loco_gpt_cuda *g);
+int loco__gpt_cuda_pp_moe_sets(const loco_gpt_cuda *g);
 int loco__gpt_cuda_pp_carve(loco_gpt_cuda *g);
 int loco__gpt_cuda_pp_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o);
 void loco__gpt_cuda_pp_fini(loco_gpt_cuda *g);

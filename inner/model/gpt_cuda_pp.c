@@ -53,6 +53,32 @@ static bool holds_rerun(const loco_gpt_cuda *g) {
     return g->n_rerun > 0 && g->stage.first[0] < g->n_rerun;
 }
 
+/* Slot position j holds an MoE block in some chunk (kept, not rerun). */
+static bool moe_at(const loco_gpt_cuda *g, int j) {
+    for (int c = 0; c < g->stage.n; c++) {
+        const int l = g->stage.first[c] + j;
+        if (l < g->stage.end[c] && l >= g->n_rerun && loco__gpt_cuda_is_moe(g, l))
+            return true;
+    }
+    return false;
+}
+
+/* Some recomputed block of the stage is MoE: the shared set carries it. */
+static bool rerun_moe(const loco_gpt_cuda *g) {
+    for (int c = 0; c < g->stage.n; c++)
+        for (int l = g->stage.first[c]; l < g->stage.end[c] && l < g->n_rerun; l++)
+            if (loco__gpt_cuda_is_moe(g, l))
+                return true;
+    return false;
+}
+
+int loco__gpt_cuda_pp_moe_sets(const loco_gpt_cuda *g) {
+    int n = rerun_moe(g);
+    for (int j = 0; j < g->max_chunk; j++)
+        n += g->stage.slots * moe_at(g, j);
+    return n;
+}
+
 /* A split B's kept output gradients of one block. */
 static size_t keep_bytes(const loco_gpt_cuda *g) {
     size_t N;
@@ -126,6 +152,8 @@ int loco__gpt_cuda_pp_carve(loco_gpt_cuda *g) {
         SLAB(g->pp_f32, R * C * 4, "a chunk's input or output in fp32");
     if (holds_rerun(g))
         LOCO_CHECK(loco__gpt_cuda_carve_block(g, &g->rerun_set));
+    if (holds_rerun(g) && rerun_moe(g))
+        LOCO_CHECK(loco__gpt_cuda_moe_carve_block(g, &g->rerun_set));
     for (int k = 0; k < g->stage.slots; k++) {
         stage_slot *sl = &g->slots[k];
         SLAB(sl->in, R * C * es, "a slot's chunk input");
@@ -144,6 +172,8 @@ int loco__gpt_cuda_pp_carve(loco_gpt_cuda *g) {
                 continue;
             }
             LOCO_CHECK(loco__gpt_cuda_carve_block(g, a));
+            if (moe_at(g, j))
+                LOCO_CHECK(loco__gpt_cuda_moe_carve_block(g, a));
             if (!g->split_w)
                 continue;
             SLAB(a->kmlp, N * C * es, "mlp.c_proj's output gradient, kept for W");
@@ -252,6 +282,7 @@ int loco_gpt_cuda_chunk_forward(loco_gpt_cuda *g, int slot, int chunk, const int
     if (!head && !out)
         return LOCO_ERR(LOCO_EINVAL, "device model: chunk %d ends at block %d: it needs a place "
                         "for its output", chunk, end);
+    g->loss_scale = loss_scale; /* the MoE blocks' losses are scaled alike */
     if (embed || head)
         LOCO_CHECK(load_tokens(g, inputs, head ? targets : NULL, B, Tw));
     if (embed)

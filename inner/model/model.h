@@ -587,6 +587,10 @@ typedef struct {
      * zero-bubble ones), so B keeps the GEMMs' output gradients for W. */
     const loco_gpt_stage *stage;
     bool split_w;
+    /* cfg->ep > 1: the ep group the MoE blocks' rows travel over (staged
+     * through pinned host buffers, mpi); this rank holds experts
+     * [ep_rank E / ep, (ep_rank + 1) E / ep). */
+    struct loco_comm *ep;
 } loco_gpt_cuda_opts;
 int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, int B, int T,
                               const loco_gpt_cuda_opts *o);

@@ -99,6 +99,10 @@ int loco__train_device_load(loco_trainer *t, bool moments);
 int loco__train_device_clip(loco_trainer *t, struct loco_comm *over, size_t lo, size_t hi,
                             double *norm);
 #if defined(LOCO_HAVE_CUDA)
+/* train_device_ep.c: the device gradients of flat [a, b) (at grads)
+ * before they join the expert-dp reduction: the dense tensors averaged
+ * over ep, the routed experts' scaled by 1/ep (no-op without ep). */
+int loco__train_device_ep_prereduce(loco_trainer *t, float *grads, size_t a, size_t b);
 /* The device model (sharded at ZeRO-3 over dp > 1), its attention kernel
  * and graph setting; before loco_zero_create. */
 int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc);

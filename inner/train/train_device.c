@@ -17,6 +17,11 @@
  *   slots before its pass, the next block's gather started at once; the
  *   embeddings and ln_f keep their slots for the step; every micro-step
  *   reduce-scatters each unit's gradients into the owned ones.
+ * A pipeline stage keeps its whole parameters at every ZeRO stage, as
+ * the CPU stage does (micro-batches interleave: no unit is done with its
+ * weights before the schedule ends); its gradients are reduced after the
+ * schedule, in the plan's buckets, and ZeRO-3 runs ZeRO-2's path there
+ * (owned gradients and moments, the parameters all-gathered after AdamW).
  * Over nccl the collectives run on device buffers, ordered after the
  * kernels queued before them by events (no host wait); over mpi they are
  * staged through pinned host buffers (the host waits for each copy: the
@@ -43,14 +48,8 @@ int loco__train_check_device(const loco_config *cfg) {
 #else
     /* Data parallel (ZeRO 0-3), tensor and sequence parallel
      * (gpt_cuda_tp.c), context parallel, ring and Ulysses (gpt_cuda_cp.c),
-     * pipeline stages (gpt_cuda_pp.c). */
-    if (cfg->parallel.ep > 1)
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.ep = %lld with train.device = cuda: expert parallelism runs on "
-                        "the CPU path only (on the GPU data parallelism, ZeRO 0-3, tensor, "
-                        "sequence, context and pipeline parallelism are wired); use "
-                        "parallel.ep = 1 or train.device = cpu",
-                        (long long)cfg->parallel.ep);
+     * pipeline stages (gpt_cuda_pp.c), mixture of experts and expert
+     * parallelism (gpt_cuda_moe.c): over mpi. */
     if (cfg->parallel.pp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
                         "parallel.pp = %lld with parallel.backend = nccl: the device's pipeline "
@@ -69,13 +68,12 @@ int loco__train_check_device(const loco_config *cfg) {
                         "collectives run over mpi (staged through pinned host buffers) for "
                         "now; use parallel.backend = mpi",
                         (long long)cfg->parallel.tp);
-
-    if (cfg->model.n_experts > 0)
+    if (cfg->parallel.ep > 1 && !strcmp(cfg->parallel.backend, "nccl"))
         return LOCO_ERR(LOCO_ENOTSUP,
-                        "model.n_experts = %lld: the mixture of experts trains on the CPU path; "
-                        "the GPU model is dense (the MoE kernels' CUDA twins exist, the device "
-                        "model does not use them yet)",
-                        (long long)cfg->model.n_experts);
+                        "parallel.ep = %lld with parallel.backend = nccl: the device's expert "
+                        "all-to-alls run over mpi (staged through pinned host buffers) for now; "
+                        "use parallel.backend = mpi",
+                        (long long)cfg->parallel.ep);
     return 0;
 #endif
 }
@@ -228,6 +226,19 @@ static uint64_t op_params_version(void *ctx) {
     return version;
 }
 
+/* Expert parallelism: a unit's gradients pre-reduced over ep before they
+ * join their bucket (the whole buffer's range, or ZeRO-3's unit buffer). */
+static int op_prepare_unit(void *ctx, int unit) {
+    loco__train_dp *d = ctx;
+    size_t a, b;
+    loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
+    if (d->plan.per_unit)
+        return loco__train_device_ep_prereduce(d->t, d->slot[loco_zero_plan_slot(&d->plan, unit)].grads, a, b);
+    float *grads;
+    loco_gpt_cuda_state(d->g, NULL, &grads, NULL, NULL, NULL);
+    return loco__train_device_ep_prereduce(d->t, grads + a, a, b);
+}
+
 static const loco_zero_exec_ops device_ops = {
     .reduce_bucket = op_reduce_bucket,
     .reduced = op_reduced,
@@ -235,6 +246,7 @@ static const loco_zero_exec_ops device_ops = {
     .all_gather_unit = op_all_gather_unit,
     .bind_params = op_bind_params,
     .params_version = op_params_version,
+    .prepare_unit = op_prepare_unit,
 };
 
 /* The bucketed reductions done (loco_zero_exec_finish): the reduced
@@ -274,17 +286,14 @@ int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc) {
         o.tp_staged = true;
         o.sp = cfg->parallel.sp;
     }
+    if (mc->ep > 1) /* the experts' rows travel staged over mpi */
+        o.ep = t->mesh.group[LOCO_DIM_EP];
     if (cfg->parallel.cp > 1) { /* its all-to-alls or ring hops staged over mpi */
         o.cp = t->mesh.group[LOCO_DIM_CP];
         o.cp_algo = strcmp(cfg->parallel.cp_algo, "ulysses") ? LOCO_CP_RING : LOCO_CP_ULYSSES;
     }
-    if (t->pp) { /* the stage's chunks and slots, as the CPU stage's */
-        if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1)
-            return LOCO_ERR(LOCO_ENOTSUP,
-                            "parallel.zero_stage = 3 with parallel.pp = %lld on the device: a "
-                            "device pipeline stage holds its whole state (ZeRO 0-2 shard the "
-                            "optimizer there; ZeRO-3 over a stage runs on the CPU path)",
-                            (long long)cfg->parallel.pp);
+    if (t->pp) { /* the stage's chunks and slots, as the CPU stage's; its whole
+                  * parameters at every ZeRO stage (as the CPU stage's) */
         o.stage = loco_gpt_stage_of(t->model);
         o.split_w = loco__pp_split_w(t->pp);
     } else if (cfg->parallel.zero_stage >= 3 && loco_comm_size(dp) > 1) {
@@ -474,9 +483,10 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
     float *params;
     loco_gpt_cuda_state(d->g, &params, NULL, NULL, NULL, NULL);
     const size_t own = d->hi - d->lo;
-    if (d->stage < 2 && loco_gpt_cfg(t->model)->tp <= 1 && !t->pp) /* the whole gradient */
+    if (d->stage < 2 && loco_gpt_cfg(t->model)->tp <= 1 && !t->pp &&
+        t->mesh.size[LOCO_DIM_EP] <= 1) /* the whole gradient */
         LOCO_CHECK(loco_gpt_cuda_clip(d->g, clip, norm));
-    else if (d->stage < 2) /* the slice's or the stage's, summed over tp and pp */
+    else if (d->stage < 2) /* the slice's or the stage's, summed over tp, pp and ep */
         LOCO_CHECK(loco__train_device_clip(t, NULL, 0, d->P, norm));
     else /* the owned parts' sums */
         LOCO_CHECK(loco__train_device_clip(t, d->host, d->lo, d->hi, norm));
@@ -503,6 +513,20 @@ static int finish_dp(loco__train_dp *d, float lr, double *norm) {
     return loco_gpt_cuda_upload(d->g, d->hstage, NULL, NULL);
 }
 
+/* The step's end without a dp group: the ep pre-reduction, the norm over
+ * the tp, pp and ep groups, AdamW. */
+static int finish_one(loco_trainer *t, float lr, double *norm) {
+    size_t P;
+    float *grads;
+    loco_gpt_cuda_state(t->dev, NULL, &grads, NULL, NULL, &P);
+    LOCO_CHECK(loco__train_device_ep_prereduce(t, grads, 0, P));
+    LOCO_CHECK(loco__train_device_clip(t, NULL, 0, P, norm));
+    if (!isfinite(*norm))
+        return 0; /* as loco_zero_step: the caller reports divergence */
+    t->host_stale = true;
+    return loco_gpt_cuda_adamw(t->dev, loco_zero_optimizer(t->zero, NULL, NULL), lr);
+}
+
 /* A pipeline stage's step: the schedule runs the chunk passes (train_pp.c,
  * the tied wte's copies summed at its end), then the stage's gradients
  * are reduced over dp in the plan's buckets (ZeRO 0-2: all-reduced or
@@ -526,13 +550,7 @@ static int pipeline_step(loco_trainer *t, double *loss_sum, float lr, double *no
         LOCO_CHECK(copy_back(d));
         return finish_dp(d, lr, norm);
     }
-    size_t P;
-    loco_gpt_cuda_state(t->dev, NULL, NULL, NULL, NULL, &P);
-    LOCO_CHECK(loco__train_device_clip(t, NULL, 0, P, norm));
-    if (!isfinite(*norm))
-        return 0; /* as loco_zero_step: the caller reports divergence */
-    t->host_stale = true;
-    return loco_gpt_cuda_adamw(t->dev, loco_zero_optimizer(t->zero, NULL, NULL), lr);
+    return finish_one(t, lr, norm);
 }
 
 int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double *norm) {
@@ -558,15 +576,10 @@ int loco__train_device_step(loco_trainer *t, double *loss_sum, float lr, double 
         return finish_dp(d, lr, norm);
     }
     loco_adamw *opt = loco_zero_optimizer(t->zero, NULL, NULL);
-    if (loco_gpt_cfg(t->model)->tp > 1) { /* the norm sums over the tp group */
-        size_t P;
-        loco_gpt_cuda_state(t->dev, NULL, NULL, NULL, NULL, &P);
+    if (loco_gpt_cfg(t->model)->tp > 1 || t->mesh.size[LOCO_DIM_EP] > 1) {
+        /* the norm sums over the tp and ep groups */
         LOCO_CHECK(loco_gpt_cuda_loss_sum(t->dev, loss_sum));
-        LOCO_CHECK(loco__train_device_clip(t, NULL, 0, P, norm));
-        if (!isfinite(*norm))
-            return 0; /* as loco_zero_step: the caller reports divergence */
-        t->host_stale = true;
-        return loco_gpt_cuda_adamw(t->dev, opt, lr);
+        return finish_one(t, lr, norm);
     }
     /* clip and AdamW queued, one wait; AdamW skipped on the device when the
      * norm is not finite (the caller reports divergence) */

@@ -72,11 +72,47 @@ int loco__train_host_sync(loco_trainer *t) {
     return 0;
 }
 
+/* ZeRO-3 over a pipeline stage: the host holds its owned parameters, the
+ * device the stage's whole ones (train_device.c): every dp rank's owned
+ * part gathered into the host model's whole buffer, then uploaded. */
+static int load_stage_zero3(loco_trainer *t) {
+    size_t lo, hi;
+    float *own;
+    loco_zero_held_params(t->zero, &lo, &hi, &own);
+    loco_comm *dp = t->mesh.dp_cp;
+    const int n = loco_comm_size(dp);
+    const size_t P = loco_gpt_num_params(t->model);
+    size_t *counts = loco_alloc((size_t)n * sizeof(size_t));
+    if (!counts)
+        return LOCO_ERR(LOCO_ENOMEM, "dp counts");
+    for (int r = 0; r < n; r++) {
+        size_t a, b;
+        loco_zero_owned(P, r, n, &a, &b);
+        counts[r] = b - a;
+    }
+    float *whole = loco_gpt_params(t->model), *dp_params;
+    int rc = loco_comm_allgather(dp, own, whole, counts, LOCO_DT_F32);
+    loco_free(counts);
+    LOCO_CHECK(rc);
+    loco_gpt_cuda_state(t->dev, &dp_params, NULL, NULL, NULL, NULL);
+    t->pcie += P * sizeof(float);
+    return loco_cuda_copy(dp_params, whole, P * sizeof(float), STREAM);
+}
+
 int loco__train_device_load(loco_trainer *t, bool moments) {
     if (!t->dev)
         return 0;
     host_dev x;
     LOCO_CHECK(pair_up(t, &x));
+    if (t->pp && loco_zero_stage(t->zero) >= 3 && loco_comm_size(t->mesh.dp_cp) > 1) {
+        if (moments) {
+            LOCO_CHECK(loco_cuda_copy(x.dm, x.m, x.on * sizeof(float), STREAM));
+            LOCO_CHECK(loco_cuda_copy(x.dv, x.v, x.on * sizeof(float), STREAM));
+            t->pcie += 2 * x.on * sizeof(float);
+        }
+        LOCO_CHECK(load_stage_zero3(t));
+        return loco_gpt_cuda_upload(t->dev, NULL, NULL, NULL);
+    }
     if (moments) {
         LOCO_CHECK(loco_cuda_copy(x.dm, x.m, x.on * sizeof(float), STREAM));
         LOCO_CHECK(loco_cuda_copy(x.dv, x.v, x.on * sizeof(float), STREAM));

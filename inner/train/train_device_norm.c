@@ -4,7 +4,8 @@
  * ranks counts on tp rank 0 only and a key/value column replicated over
  * ranks on the first of its holders; the slices' sums add up over tp, the
  * pipeline stages' over pp (the head stage's copy of a tied wte counts on
- * the embedding stage). */
+ * the embedding stage), the routed experts' over ep (each ep rank holds
+ * its own; the rest is the same on every ep rank). */
 #include "inner/train/internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
@@ -12,6 +13,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <string.h>
 
 #define STREAM loco_cuda_compute_stream()
 
@@ -47,7 +49,12 @@ static int replica_sumsq(loco_trainer *t, int i, size_t a, size_t b, double *sum
  * gradients as zero.c counts it: under tp a tensor replicated over the tp
  * ranks counts on tp rank 0 only, a replicated key/value column on the
  * first of its holders (the caller sums the slices over tp). */
-static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
+static bool is_expert(const loco_tensor *x) { return strstr(x->name, ".mlp.experts.") != NULL; }
+
+/* experts: under ep, the routed experts' tensors only (each ep rank holds
+ * its own), else the rest (the same on every ep rank). */
+static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, bool experts, double *sumsq) {
+    const bool ep = t->mesh.size[LOCO_DIM_EP] > 1;
     const loco_gpt *m = t->model;
     const loco_gpt_config *mc = loco_gpt_cfg(m);
     const int tp = mc->tp > 1 ? mc->tp : 1, kv = loco_gpt_kv_heads(mc);
@@ -61,14 +68,14 @@ static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
                          ? loco_ttable_find(tt, "transformer.wte.weight")
                          : -1;
     *sumsq = 0;
-    if (tied < 0 && (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica)))
+    if (!ep && tied < 0 && (tp == 1 || (loco_gpt_tp_rank(m) == 0 && !replica)))
         return loco_gpt_cuda_grad_sumsq(t->dev, lo, hi, sumsq);
     size_t a = lo, b = lo; /* a run of sliced tensors, summed in one call */
     for (int i = 0; i < tt->n; i++) {
         const loco_tensor *x = &tt->t[i];
         const size_t xa = x->offset > lo ? x->offset : lo;
         const size_t xb = x->offset + x->numel < hi ? x->offset + x->numel : hi;
-        if (xa >= xb || i == tied ||
+        if (xa >= xb || i == tied || (ep && is_expert(x) != experts) ||
             (loco_gpt_tensor_replicated(m, i) && loco_gpt_tp_rank(m) != 0))
             continue;
         if (replica && x->part_len[0]) { /* c_attn of GQA: strided columns */
@@ -87,10 +94,20 @@ static int device_sumsq(loco_trainer *t, size_t lo, size_t hi, double *sumsq) {
 }
 
 int loco__train_device_clip(loco_trainer *t, loco_comm *over, size_t lo, size_t hi, double *norm) {
-    double s;
-    LOCO_CHECK(device_sumsq(t, lo, hi, &s));
-    if (over)
-        LOCO_CHECK(loco_comm_allreduce(over, &s, 1, LOCO_DT_F64, LOCO_OP_SUM));
+    double s, e = 0;
+    LOCO_CHECK(device_sumsq(t, lo, hi, false, &s));
+    if (t->mesh.size[LOCO_DIM_EP] > 1) /* each ep rank's experts */
+        LOCO_CHECK(device_sumsq(t, lo, hi, true, &e));
+    if (over) {
+        double v[2] = {s, e};
+        LOCO_CHECK(loco_comm_allreduce(over, v, 2, LOCO_DT_F64, LOCO_OP_SUM));
+        s = v[0], e = v[1];
+    }
+    if (t->mesh.size[LOCO_DIM_EP] > 1) {
+        LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_EP], &e, 1, LOCO_DT_F64,
+                                       LOCO_OP_SUM));
+        s += e;
+    }
     if (loco_gpt_cfg(t->model)->tp > 1)
         LOCO_CHECK(loco_comm_allreduce(t->mesh.group[LOCO_DIM_TP], &s, 1, LOCO_DT_F64,
                                        LOCO_OP_SUM));

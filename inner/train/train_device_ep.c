@@ -1,0 +1,57 @@
+/* Expert parallelism over the device gradients (train.device = cuda,
+ * parallel.ep > 1): what zero.c does to a unit's gradients before they
+ * join the expert-dp reduction, on the device. */
+#include "inner/train/internal.h"
+
+#if defined(LOCO_HAVE_CUDA)
+
+#include "kernels/kernels.h"
+
+#include <string.h>
+
+#define STREAM loco_cuda_compute_stream()
+
+/* Before the gradients of flat [a, b) (device, at grads) join the
+ * expert-dp reduction, zero.c's ep_prereduce_range on the device: the
+ * dense tensors averaged over ep (staged through the host), the routed
+ * experts' scaled by 1/ep (an expert's rank summed its whole ep group's
+ * tokens; the expert-dp average then makes the mean over every rank's). */
+int loco__train_device_ep_prereduce(loco_trainer *t, float *grads, size_t a, size_t b) {
+    loco_comm *ep = t->mesh.group[LOCO_DIM_EP];
+    if (t->mesh.size[LOCO_DIM_EP] <= 1 || a >= b)
+        return 0;
+    const loco_ttable *tt = loco_gpt_table(t->model);
+    const float inv = 1.0f / (float)loco_comm_size(ep);
+    float *h = loco_alloc((b - a) * sizeof(float));
+    if (!h)
+        return LOCO_ERR(LOCO_ENOMEM, "expert-parallel staging of %zu floats", b - a);
+    int rc = 0;
+    for (int i = 0, end; i < tt->n && rc == 0; i = end) {
+        const bool expert = strstr(tt->t[i].name, ".mlp.experts.") != NULL;
+        for (end = i + 1;
+             end < tt->n && (strstr(tt->t[end].name, ".mlp.experts.") != NULL) == expert;)
+            end++;
+        size_t lo = tt->t[i].offset, hi = tt->t[end - 1].offset + tt->t[end - 1].numel;
+        lo = lo > a ? lo : a, hi = hi < b ? hi : b;
+        if (lo >= hi)
+            continue;
+        float *g = grads + (lo - a);
+        if (expert) {
+            rc = loco_cuda_scale(g, inv, hi - lo, STREAM);
+            continue;
+        }
+        rc = loco_cuda_copy(h, g, (hi - lo) * sizeof(float), STREAM);
+        if (!rc)
+            rc = loco_cuda_sync(STREAM);
+        if (!rc)
+            rc = loco_comm_allreduce(ep, h, hi - lo, LOCO_DT_F32, LOCO_OP_AVG);
+        if (!rc)
+            rc = loco_cuda_copy(g, h, (hi - lo) * sizeof(float), STREAM);
+        if (!rc)
+            rc = loco_cuda_sync(STREAM); /* h is freed */
+    }
+    loco_free(h);
+    return rc;
+}
+
+#endif /* LOCO_HAVE_CUDA */
