@@ -350,6 +350,7 @@ int loco_gpt_cuda_create_with(loco_gpt_cuda **out, const loco_gpt_config *cfg, i
                         cfg->n_layer);
     LOCO_CHECK(loco__gpt_cuda_tp_check(cfg, o));
     LOCO_CHECK(loco__gpt_cuda_cp_check(cfg, B, T, o));
+    LOCO_CHECK(loco__gpt_cuda_moe_check(cfg, o));
     const int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd % cfg->n_head || hs > 128 ||
         cfg->vocab_size < 2 || cfg->vocab_size > INT32_MAX - VOCAB_ALIGN || T < 1 ||

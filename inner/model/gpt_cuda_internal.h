@@ -224,6 +224,7 @@ size_t loco__gpt_cuda_moe_block_bytes(const loco_gpt_cuda *g);
 size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g);
 int loco__gpt_cuda_moe_carve_block(loco_gpt_cuda *g, layer_acts *a);
 int loco__gpt_cuda_moe_carve(loco_gpt_cuda *g);
+int loco__gpt_cuda_moe_check(const loco_gpt_config *cfg, const loco_gpt_cuda_opts *o);
 int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n_sets);
 void loco__gpt_cuda_moe_fini(loco_gpt_cuda *g);
 int loco__gpt_cuda_moe_fwd(loco_gpt_cuda *g, int l, int B, int T);

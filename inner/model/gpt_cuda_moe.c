@@ -69,26 +69,32 @@ size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g) {
            side(g) * (3 * C + Fc + F) * 4 + LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) + 16 * 256;
 }
 
-int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n_sets) {
-    const loco_gpt_config *c = &g->cfg;
-    g->ep = 1;
-    g->El = c->n_experts;
+int loco__gpt_cuda_moe_check(const loco_gpt_config *c, const loco_gpt_cuda_opts *o) {
     if (c->n_experts <= 0)
         return 0;
     if (c->router_bias_rate > 0)
         return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: model.router_bias_rate = %g (the "
                         "auxiliary-loss-free routing bias) moves on the CPU path only for now",
                         (double)c->router_bias_rate);
-    if (g->cpc)
+    if (o->cp && loco_comm_size(o->cp) > 1)
         return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: a mixture of experts under context "
                         "parallelism (its capacity plan over the cp group) runs on the CPU path "
                         "only for now");
     if (c->ep > 64)
         return LOCO_ERR(LOCO_EINVAL, "device model: ep = %d ranks, at most 64", c->ep);
+    if (c->ep > 1 && (!o->ep || loco_comm_size(o->ep) != c->ep))
+        return LOCO_ERR(LOCO_EINVAL, "device model: experts split over ep = %d ranks need a "
+                        "group of %d ranks", c->ep, c->ep);
+    return 0;
+}
+
+int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n_sets) {
+    const loco_gpt_config *c = &g->cfg;
+    g->ep = 1;
+    g->El = c->n_experts;
+    if (c->n_experts <= 0)
+        return 0;
     if (c->ep > 1) {
-        if (!o->ep || loco_comm_size(o->ep) != c->ep)
-            return LOCO_ERR(LOCO_EINVAL, "device model: experts split over ep = %d ranks need a "
-                            "group of %d ranks", c->ep, c->ep);
         g->epc = o->ep;
         g->ep = c->ep;
         g->El = c->n_experts / c->ep;

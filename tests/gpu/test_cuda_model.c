@@ -1,5 +1,7 @@
 /* The whole GPT-2 on the GPU (inner/model/gpt_cuda.c) against the CPU model, and
  * training through the trainer with train.device = cuda against cpu.
+ * One file past 600 lines: every block description (GPT-2, Llama, MoE)
+ * and recompute share its CPU reference and its bounds.
  *
  *   model: the tiny fixture model (tests/fixtures/gpt2_tiny.safetensors):
  *     loss and every parameter gradient, fp32 within 1e-5 relative (per
@@ -8,6 +10,8 @@
  *     1e-3, gradients within 2e-2 (the worst tensor, the last c_proj
  *     weight, is at 1.04e-2 on tests/gpu/emu: bf16 activations' rounding
  *     of 2^-9 compounds through two blocks).
+ *   descriptions: Llama, a mixed GPT-2, recompute and mixture of experts
+ *     (below, each with its bounds).
  *   train: 20 optimizer steps (warm-up, cosine schedule, clipping, AdamW)
  *     on a synthetic shard, every step's loss: fp32 within 1e-4 relative;
  *     bf16 within 2e-2 relative (bf16 activations move each step's loss by
@@ -318,15 +322,94 @@ Test(gpu_model, gpt2_first_block_recomputed_bf16, .timeout = 120) {
     check_recompute(&fx_cfg, true, 1);
 }
 
-/* Refused before any device is touched, so it runs without one too. */
-Test(gpu_model, moe_is_refused) {
+/* Mixture of experts on the device (inner/model/gpt_cuda_moe.c) against
+ * the CPU model: GPT-2's kind (GELU experts with biases, dropping at
+ * capacity 1.25, the load-balancing and z losses) and Mixtral's (the
+ * Llama block's SwiGLU experts, a shared expert, dropless), fp32 within
+ * 1e-5; two micro-steps (the losses' scale), and with every block
+ * recomputed the bits of the model that keeps everything. In bf16 the
+ * block computes in fp32 on the bf16 weights, but its input is bf16: a
+ * near tie may route a token elsewhere than the CPU does, so bf16 holds
+ * the loss only (test_cuda_pp.c and the emulator's runs hold its
+ * gradients against one rank's bf16). */
+static const loco_gpt_config moe_gpt2_cfg = {.n_layer = 2,
+                                             .n_head = 4,
+                                             .n_embd = 32,
+                                             .seq_len = 8,
+                                             .vocab_size = 97,
+                                             .n_experts = 4,
+                                             .top_k = 2,
+                                             .moe_every = 1,
+                                             .capacity_factor = 1.25f,
+                                             .aux_loss = 0.01f,
+                                             .z_loss = 0.001f};
+
+static loco_gpt_config mixtral_cfg(void) {
     loco_gpt_config mc = llama_cfg;
     mc.n_experts = 4;
     mc.top_k = 2;
     mc.moe_every = 1;
+    mc.n_shared_experts = 1;
+    mc.aux_loss = 0.01f;
+    return mc;
+}
+
+static void check_moe(const loco_gpt_config *mc, bool bf16) {
+    enum { B = DESC_B, T = DESC_T, N = DESC_N };
+    int32_t in[N], tg[N];
+    loco_gpt *cpu = random_cpu_model(mc, 13, 6, in, tg);
+    const size_t P = loco_gpt_num_params(cpu);
+    loco_gpt_cuda *dev[2];
+    float loss[2], *grads[2];
+    for (int k = 0; k < 2; k++) { /* keeping everything; recomputing every block */
+        const loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX,
+                                      .rerun = k ? mc->n_layer : 0};
+        GPU_OK(loco_gpt_cuda_create_with(&dev[k], mc, B, T, &o));
+        GPU_OK(loco_gpt_cuda_upload(dev[k], loco_gpt_params(cpu), NULL, NULL));
+        GPU_OK(loco_gpt_cuda_zero_grad(dev[k]));
+        for (int pass = 0; pass < 2; pass++)
+            GPU_OK(loco_gpt_cuda_forward_backward(dev[k], in, tg, B, T, 0.5f, &loss[k]));
+        grads[k] = malloc(P * sizeof(float));
+        cr_assert_not_null(grads[k]);
+        GPU_OK(loco_gpt_cuda_download(dev[k], NULL, grads[k], NULL, NULL));
+    }
+    cr_expect_eq(loss[1], loss[0], "loss: recompute %.9g, none %.9g", loss[1], loss[0]);
+    cr_expect(!memcmp(grads[0], grads[1], P * sizeof(float)),
+              "the recomputed MoE model's gradients differ from the one that kept everything");
+    if (bf16)
+        for (size_t i = 0; i < P; i++)
+            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
+    float want = 0;
+    loco_gpt_zero_grad(cpu);
+    for (int pass = 0; pass < 2; pass++)
+        cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, B, T, 0.5f, &want), 0);
+    if (bf16)
+        cr_expect_leq(fabs((double)loss[0] - want), TOL_MODEL_LOSS_BF16 * want,
+                      "loss: gpu %.7f cpu %.7f", loss[0], want);
+    else
+        expect_like_cpu(cpu, grads[0], loss[0], want, false, "moe");
+    for (int k = 0; k < 2; k++) {
+        free(grads[k]);
+        loco_gpt_cuda_destroy(dev[k]);
+    }
+    loco_gpt_destroy(cpu);
+}
+
+Test(gpu_model, moe_gpt2_dropping_f32, .timeout = 120) { check_moe(&moe_gpt2_cfg, false); }
+Test(gpu_model, moe_gpt2_bf16, .timeout = 120) { check_moe(&moe_gpt2_cfg, true); }
+Test(gpu_model, moe_mixtral_shared_f32, .timeout = 120) {
+    const loco_gpt_config mc = mixtral_cfg();
+    check_moe(&mc, false);
+}
+
+/* What the device's MoE does not do yet is refused by name, before any
+ * device is touched (so this runs without one too). */
+Test(gpu_model, moe_routing_bias_is_refused) {
+    loco_gpt_config mc = mixtral_cfg();
+    mc.router_bias_rate = 0.001f;
     loco_gpt_cuda *dev = NULL;
     cr_assert_eq(loco_gpt_cuda_create(&dev, &mc, 2, 8, false), LOCO_ENOTSUP);
-    cr_expect(strstr(loco_errmsg(), "dense blocks only: mixture of experts"), "%s", loco_errmsg());
+    cr_expect(strstr(loco_errmsg(), "router_bias_rate"), "%s", loco_errmsg());
     cr_assert_null(dev);
 }
 

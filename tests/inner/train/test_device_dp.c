@@ -1,7 +1,7 @@
 /* train.device = cuda with more than one rank, what can be checked without
  * a device (docs/DECISIONS.md, "GPU data parallel"): the meshes the device
- * trainer refuses (expert parallelism; tp, cp and pp over nccl;
- * parallel.backend = nccl on the CPU), each with its
+ * trainer refuses (tp, cp, pp and ep over nccl; parallel.backend = nccl
+ * on the CPU), each with its
  * message, and a two-rank cuda run under mpirun that, on a machine without
  * a device, stops with a clear error on every rank instead of hanging.
  * The run itself (dp = 2, ZeRO 0-2 against one rank) is tests/gpu/emu/
@@ -84,12 +84,15 @@ Test(device_dp, context_parallel_over_nccl_refused) {
     expect_refused(&cfg, "parallel.cp = 2 with parallel.backend = nccl");
 }
 
-Test(device_dp, expert_parallel_refused) {
+/* Experts run on the device (tests/gpu/test_cuda_model.c, gpu-dp-check's
+ * moe runs); their all-to-alls over nccl do not. */
+Test(device_dp, expert_parallel_over_nccl_refused) {
     loco_config cfg;
     config(&cfg);
     cfg.parallel.ep = 2;
     cfg.model.n_experts = 2; /* ep must divide it */
-    expect_refused(&cfg, "parallel.ep = 2 with train.device = cuda: expert parallelism");
+    snprintf(cfg.parallel.backend, sizeof cfg.parallel.backend, "nccl");
+    expect_refused(&cfg, "parallel.ep = 2 with parallel.backend = nccl: the device's expert");
 }
 
 Test(device_dp, nccl_backend_needs_cuda) {
