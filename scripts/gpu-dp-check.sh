@@ -49,6 +49,9 @@
 #   moe-dp4-ep2-z1, moe-dp4-ep2-z3  four processes, ep = 2 folded out of
 #            dp = 4: the ep pre-reduction, then ZeRO-1 buckets or ZeRO-3
 #            units over the expert-dp group (against ref-moe-m1)
+#   moe-bias one rank with DeepSeek-V3's routing biases against the CPU
+#            path's run (ref-moe-bias-cpu): the device's routing counts
+#            move the host's biases, which go back to the device
 #   mixtral-ep2-tp2  mpirun -np 4: Mixtral's kind (SwiGLU experts, a
 #            shared expert, dropping at capacity 1.25) in bf16 over ep = 2 x
 #            tp = 2, against its one-rank bf16 run, 1e-3 (tp's rounding)
@@ -262,6 +265,14 @@ run moe-pp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[
   "${MOE[@]}" --set parallel.backend=mpi --set parallel.pp=2 --set parallel.pp_schedule=zb-h1 \
   --set train.grad_accum=2 --set run.dir="$d/moe-pp2"
 compare moe-pp2 ref-moe || fail=1
+# DeepSeek-V3's routing biases, moved after every step from what the
+# device routed (dropping at capacity 1.0), against the CPU path's run
+BIAS=(--set model.router_bias_rate=0.01 --set model.capacity_factor=1.0 --set train.grad_accum=2)
+run ref-moe-bias-cpu "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" "${BIAS[@]}" \
+  --set train.device=cpu --set run.dir="$d/ref-moe-bias-cpu"
+run moe-bias "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" "${BIAS[@]}" \
+  --set parallel.backend=self --set run.dir="$d/moe-bias"
+compare moe-bias ref-moe-bias-cpu || fail=1
 # Mixtral's kind: the Llama block's experts (SwiGLU), a shared expert,
 # dropping at capacity 1.25, in bf16, experts over ep = 2 with tp = 2
 MIX=(--set model.arch=llama --set model.n_kv_head=1 --set model.ffn_hidden=48

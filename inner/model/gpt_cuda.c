@@ -1237,8 +1237,12 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
         LOCO_CHECK(check_bound(g, l + 1, true));
         /* a recomputed block's activations, from its kept input (the
          * shared set still holds the last one the forward ran) */
-        if (l < g->n_rerun && l != g->n_rerun - 1)
-            LOCO_CHECK(block_fwd(g, l, B, T));
+        if (l < g->n_rerun && l != g->n_rerun - 1) {
+            g->rerunning = true;
+            const int rc = block_fwd(g, l, B, T);
+            g->rerunning = false;
+            LOCO_CHECK(rc);
+        }
         LOCO_CHECK(loco__gpt_cuda_block_bwd(g, l, B, T, false));
         GRADS_READY(l + 1);
     }

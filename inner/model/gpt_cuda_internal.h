@@ -192,6 +192,15 @@ struct loco_gpt_cuda {
     int32_t *h_moe_arena;          /* the carved blocks' h_count */
     size_t h_moe_used, h_moe_cap;
     size_t *moe_sendc, *moe_recvc; /* (ep) floats of the all-to-all-v */
+    /* what the forwards routed since moe_reset, per block (L): micro-
+     * batches, assignments, dropped, aux and z sums, routed (L, E); the
+     * device's aux | z and routed (E) of a pass and their host copy */
+    int *st_micro;
+    int64_t *st_assign, *st_dropped, *st_routed;
+    double *st_aux, *st_z, *moe_lossd, *h_lossd;
+    int32_t *h_routed;
+    float *moe_bias;               /* (MoE layers, E) DeepSeek's biases; NULL at rate 0 */
+    bool rerunning;                /* a recomputed forward: not counted */
     float *pp_f32;                 /* bf16: (R, C) a chunk's input or output in fp32 */
     float *h_pp;                   /* pinned (R, C): the same on the host */
 };

@@ -51,6 +51,21 @@ static size_t moe_weights(const loco_gpt_cuda *g) {
            (size_t)(c->n_shared_experts + g->El) * loco_gpt_expert_size(c);
 }
 
+/* MoE blocks of the whole model, and block l's index among them. */
+static int moe_layers(const loco_gpt_cuda *g) {
+    int n = 0;
+    for (int l = 0; l < g->cfg.n_layer; l++)
+        n += loco__gpt_cuda_is_moe(g, l);
+    return n;
+}
+
+static int moe_index(const loco_gpt_cuda *g, int l) {
+    int i = 0;
+    for (int b = 0; b < l; b++)
+        i += loco__gpt_cuda_is_moe(g, b);
+    return i;
+}
+
 size_t loco__gpt_cuda_moe_block_bytes(const loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, E = (size_t)g->cfg.n_experts, k = (size_t)g->cfg.top_k;
     const size_t C = (size_t)g->cfg.n_embd, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
@@ -66,16 +81,13 @@ size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g) {
     const size_t N = (size_t)g->B * g->T, E = (size_t)g->cfg.n_experts, k = (size_t)g->cfg.top_k;
     const size_t C = (size_t)g->cfg.n_embd, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
     return (g->bf16 ? (moe_weights(g) + N * C) * 4 : 0) + 3 * N * C * 4 + N * k * 4 + N * E * 4 +
-           side(g) * (3 * C + Fc + F) * 4 + LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) + 16 * 256;
+           side(g) * (3 * C + Fc + F) * 4 + LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) + 16 +
+           (g->cfg.router_bias_rate > 0 ? (size_t)moe_layers(g) * E * 4 : 0) + 18 * 256;
 }
 
 int loco__gpt_cuda_moe_check(const loco_gpt_config *c, const loco_gpt_cuda_opts *o) {
     if (c->n_experts <= 0)
         return 0;
-    if (c->router_bias_rate > 0)
-        return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: model.router_bias_rate = %g (the "
-                        "auxiliary-loss-free routing bias) moves on the CPU path only for now",
-                        (double)c->router_bias_rate);
     if (o->cp && loco_comm_size(o->cp) > 1)
         return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: a mixture of experts under context "
                         "parallelism (its capacity plan over the cp group) runs on the CPU path "
@@ -105,6 +117,18 @@ int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n
     if (!g->h_moe_arena || !g->moe_sendc)
         return LOCO_ERR(LOCO_ENOMEM, "MoE host tables");
     g->moe_recvc = g->moe_sendc + g->ep;
+    const size_t L = (size_t)c->n_layer, E = (size_t)c->n_experts;
+    g->st_micro = loco_alloc(L * sizeof(int));
+    g->st_assign = loco_alloc((3 + E) * L * sizeof(int64_t));
+    g->st_aux = loco_alloc(2 * L * sizeof(double));
+    g->h_routed = loco_alloc(E * sizeof(int32_t));
+    if (!g->st_micro || !g->st_assign || !g->st_aux || !g->h_routed)
+        return LOCO_ERR(LOCO_ENOMEM, "MoE statistics");
+    g->st_dropped = g->st_assign + L;
+    g->st_routed = g->st_dropped + L;
+    g->st_z = g->st_aux + L;
+    loco_gpt_cuda_moe_reset(g);
+    LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_lossd, 2 * sizeof(double)));
     if (g->ep > 1) {
         const size_t bytes = side(g) * c->n_embd * 4;
         LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_moe_send, bytes));
@@ -114,6 +138,11 @@ int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n
 }
 
 void loco__gpt_cuda_moe_fini(loco_gpt_cuda *g) {
+    loco_free(g->st_micro);
+    loco_free(g->st_assign);
+    loco_free(g->st_aux);
+    loco_free(g->h_routed);
+    loco_cuda_host_free(g->h_lossd);
     loco_free(g->h_moe_arena);
     loco_free(g->moe_sendc);
     loco_cuda_host_free(g->h_moe_send);
@@ -140,6 +169,12 @@ int loco__gpt_cuda_moe_carve(loco_gpt_cuda *g) {
     SLAB(g->moe_dh, side(g) * Fc * 4, "experts' c_fc gradient");
     SLAB(g->moe_dhg, side(g) * F * 4, "experts' activation gradient");
     SLAB(g->moe_plan, LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k), "MoE plan scratch");
+    SLAB(g->moe_lossd, 2 * sizeof(double), "MoE aux and z losses");
+    if (g->cfg.router_bias_rate > 0) {
+        const size_t n = (size_t)moe_layers(g) * E * 4;
+        SLAB(g->moe_bias, n, "routing biases");
+        LOCO_CHECK(loco_cuda_zero(g->moe_bias, n, S));
+    }
     return 0;
 }
 
@@ -388,17 +423,34 @@ int loco__gpt_cuda_moe_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     LOCO_CHECK(input32(g, a, N, &x));
     RUN(LOCO_PROF_MATMUL, loco_cuda_matmul_fwd(g->blas, a->moe_probs, x, w.router, NULL, N, C, E,
                                                true, S));
+    const float *bias = g->moe_bias ? g->moe_bias + (size_t)moe_index(g, l) * E : NULL;
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_route(a->moe_probs, a->moe_lse, a->moe_expert,
-                                            a->moe_weight, a->moe_probs, NULL, N, E, k, S));
+                                            a->moe_weight, a->moe_probs, bias, N, E, k, S));
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_plan(a->moe_slot, a->moe_rows, a->moe_count,
                                            a->moe_routed, a->moe_expert, a->moe_probs, N, E, k,
                                            loco__gpt_moe_capacity(c, N), g->moe_plan, S));
+    const bool count = !g->rerunning; /* a recomputed forward routed nothing new */
+    if (count) {
+        RUN(LOCO_PROF_ELEM, loco_cuda_moe_losses(g->moe_lossd, g->moe_lossd + 1, a->moe_probs,
+                                                 a->moe_lse, a->moe_routed, N, E, k, S));
+        LOCO_CHECK(loco_cuda_copy(g->h_lossd, g->moe_lossd, 2 * sizeof(double), S));
+        LOCO_CHECK(loco_cuda_copy(g->h_routed, a->moe_routed, (size_t)E * 4, S));
+    }
     /* the counts size the experts' GEMMs and the all-to-alls: one wait */
     LOCO_CHECK(loco_cuda_copy(a->h_count, a->moe_count, (size_t)E * 4, S));
     LOCO_CHECK(loco_cuda_sync(S));
     int n = 0;
     for (int e = 0; e < E; e++)
         n += a->h_count[e];
+    if (count) { /* for metrics and the routing biases, as model_moe.c counts */
+        for (int e = 0; e < E; e++)
+            g->st_routed[(size_t)l * E + e] += g->h_routed[e];
+        g->st_assign[l] += (int64_t)N * k;
+        g->st_dropped[l] += (int64_t)N * k - n;
+        g->st_aux[l] += g->h_lossd[0];
+        g->st_z[l] += g->h_lossd[1];
+        g->st_micro[l]++;
+    }
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_gather(a->moe_x, x, a->moe_rows, n, C, S));
     if (g->ep == 1) {
         LOCO_CHECK(experts_fwd(g, a, &w, a->moe_x, a->moe_y));
@@ -480,6 +532,41 @@ int loco__gpt_cuda_moe_bwd(loco_gpt_cuda *g, int l, int B, int T) {
     const size_t R = (size_t)(g->sp ? N / g->tp : N);
     LOCO_CHECK(loco__gpt_cuda_tp_sum_begin(g, g->dbtc, (size_t)N * C, R * C));
     return loco__gpt_cuda_tp_sum_finish(g);
+}
+
+/* ------------------------------------------------------------ statistics */
+
+int loco_gpt_cuda_moe_stats(const loco_gpt_cuda *g, int block, int *micro, const int64_t **routed,
+                            int64_t *assignments, int64_t *dropped, double *aux_sum,
+                            double *z_sum) {
+    if (block < 0 || block >= g->cfg.n_layer || !loco__gpt_cuda_is_moe(g, block) || !g->st_micro)
+        return LOCO_ERR(LOCO_EINVAL, "device model: block %d is not a mixture of experts", block);
+    *micro = g->st_micro[block];
+    *routed = g->st_routed + (size_t)block * g->cfg.n_experts;
+    *assignments = g->st_assign[block];
+    *dropped = g->st_dropped[block];
+    *aux_sum = g->st_aux[block];
+    *z_sum = g->st_z[block];
+    return 0;
+}
+
+void loco_gpt_cuda_moe_reset(loco_gpt_cuda *g) {
+    if (!g->st_micro)
+        return;
+    const size_t L = (size_t)g->cfg.n_layer, E = (size_t)g->cfg.n_experts;
+    memset(g->st_micro, 0, L * sizeof(int));
+    memset(g->st_assign, 0, (3 + E) * L * sizeof(int64_t));
+    memset(g->st_aux, 0, 2 * L * sizeof(double));
+}
+
+int loco_gpt_cuda_set_router_bias(loco_gpt_cuda *g, const float *bias, size_t n) {
+    const size_t want = g->moe_bias ? (size_t)moe_layers(g) * g->cfg.n_experts : 0;
+    if (n != want)
+        return LOCO_ERR(LOCO_EINVAL, "device model: %zu routing biases for %zu", n, want);
+    if (!n)
+        return 0;
+    LOCO_CHECK(loco_cuda_copy(g->moe_bias, bias, n * sizeof(float), S));
+    return loco_cuda_sync(S);
 }
 
 #endif /* LOCO_HAVE_CUDA */

@@ -323,8 +323,12 @@ int loco_gpt_cuda_chunk_backward_input(loco_gpt_cuda *g, int slot, int chunk, in
     else
         LOCO_CHECK(rows_in(g, g->dres, dout, rc));
     for (int l = end - 1; l >= first; l--) {
-        if (l < g->n_rerun) /* rerun into the shared set, then its whole backward */
-            LOCO_CHECK(loco__gpt_cuda_block_fwd(g, l, B, T));
+        if (l < g->n_rerun) { /* rerun into the shared set, then its whole backward */
+            g->rerunning = true;
+            const int rc = loco__gpt_cuda_block_fwd(g, l, B, T);
+            g->rerunning = false;
+            LOCO_CHECK(rc);
+        }
         LOCO_CHECK(loco__gpt_cuda_block_bwd(g, l, B, T, g->split_w && l >= g->n_rerun));
     }
     g->slots[slot].phase = 2;

@@ -255,6 +255,13 @@ typedef struct {
 int loco_gpt_moe_layers(const loco_gpt *m);
 void loco_gpt_moe_layer(const loco_gpt *m, int i, loco_gpt_moe_stats *out);
 void loco_gpt_moe_reset(loco_gpt *m);
+/* Adds what a pass of another model of m's config (the device model,
+ * loco_gpt_cuda_moe_stats) routed through MoE block `block` since its
+ * reset: micro micro-batches, routed (n_experts) assignments per expert,
+ * their total and dropped ones, and the sums of their aux and z losses.
+ * LOCO_EINVAL for a block that is not MoE. */
+int loco_gpt_moe_add(loco_gpt *m, int block, int micro, const int64_t *routed,
+                     int64_t assignments, int64_t dropped, double aux_sum, double z_sum);
 /* DeepSeek-V3's routing biases (cfg.router_bias_rate > 0): (MoE layers,
  * n_experts) floats, zero at first, added to the probabilities only to
  * choose the top-k. Model state, not a parameter (no gradient, optimizer
@@ -613,6 +620,18 @@ int loco_gpt_cuda_chunk_forward(loco_gpt_cuda *g, int slot, int chunk, const int
 int loco_gpt_cuda_chunk_backward_input(loco_gpt_cuda *g, int slot, int chunk, int B, int T,
                                        const float *dout, float *din);
 int loco_gpt_cuda_chunk_backward_weight(loco_gpt_cuda *g, int slot, int chunk, int B, int T);
+/* What MoE block `block` routed in the forwards since the last
+ * loco_gpt_cuda_moe_reset (recomputed forwards not counted), as
+ * loco_gpt_moe_add takes it; routed: n_experts values. LOCO_EINVAL for a
+ * block this model does not run as MoE. */
+int loco_gpt_cuda_moe_stats(const loco_gpt_cuda *g, int block, int *micro, const int64_t **routed,
+                            int64_t *assignments, int64_t *dropped, double *aux_sum,
+                            double *z_sum);
+void loco_gpt_cuda_moe_reset(loco_gpt_cuda *g);
+/* DeepSeek-V3's routing biases for the device's routing: (MoE layers of
+ * the whole model, n_experts) floats, loco_gpt_router_bias's layout
+ * (copied to the device; waits). */
+int loco_gpt_cuda_set_router_bias(loco_gpt_cuda *g, const float *bias, size_t n);
 /* Called on the host between the launches of a pass, as loco_gpt_hooks
  * (units 0, 1..L, L+1; the kernels before the call are queued, not
  * finished: work on loco_cuda_compute_stream is ordered after them).

@@ -204,6 +204,22 @@ void loco_gpt_moe_reset(loco_gpt *m) {
     memset(s->aux, 0, 2 * n * sizeof(double));
 }
 
+int loco_gpt_moe_add(loco_gpt *m, int block, int micro, const int64_t *routed,
+                     int64_t assignments, int64_t dropped, double aux_sum, double z_sum) {
+    struct loco_gpt_moe *s = m->moe;
+    if (!s || block < 0 || block >= m->cfg.n_layer || s->index[block] < 0)
+        return LOCO_ERR(LOCO_EINVAL, "block %d is not a mixture of experts", block);
+    const int i = s->index[block], E = m->cfg.n_experts;
+    for (int e = 0; e < E; e++)
+        s->routed[(size_t)i * E + e] += routed[e];
+    s->assignments[i] += assignments;
+    s->dropped[i] += dropped;
+    s->aux[i] += aux_sum;
+    s->z[i] += z_sum;
+    s->micro[i] += micro;
+    return 0;
+}
+
 /* Rows each expert may keep of a micro-batch of N tokens. */
 int loco__gpt_moe_capacity(const loco_gpt_config *cfg, int N) {
     if (cfg->capacity_factor <= 0)

@@ -103,6 +103,11 @@ int loco__train_device_clip(loco_trainer *t, struct loco_comm *over, size_t lo, 
  * before they join the expert-dp reduction: the dense tensors averaged
  * over ep, the routed experts' scaled by 1/ep (no-op without ep). */
 int loco__train_device_ep_prereduce(loco_trainer *t, float *grads, size_t a, size_t b);
+/* The device's MoE statistics since its last reset into the host model
+ * (stats: else dropped), then the host's routing biases to the device: after
+ * a step, before the host moves the biases and after it. No-op without
+ * a device or experts. */
+int loco__train_device_moe_sync(loco_trainer *t, bool stats);
 /* The device model (sharded at ZeRO-3 over dp > 1), its attention kernel
  * and graph setting; before loco_zero_create. */
 int loco__train_device_create(loco_trainer *t, const loco_gpt_config *mc);

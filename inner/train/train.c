@@ -354,6 +354,10 @@ static int pipeline_step(loco_trainer *t, double *loss_sum, float lr, double *no
 int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
     double t0 = loco_now();
     loco_gpt_moe_reset(t->model); /* the step's routing, for metrics */
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev)
+        loco_gpt_cuda_moe_reset(t->dev);
+#endif
     const int accum = (int)t->cfg.train.grad_accum;
     double loss_sum = 0;
     float lr = loco_lr_at(&t->cfg, t->sched_step >= 0 ? t->sched_step : t->step);
@@ -361,6 +365,7 @@ int loco_trainer_step(loco_trainer *t, loco_step_stats *stats) {
 #if defined(LOCO_HAVE_CUDA)
     if (t->dev) {
         LOCO_CHECK(loco__train_device_step(t, &loss_sum, lr, &norm));
+        LOCO_CHECK(loco__train_device_moe_sync(t, true)); /* what it routed, for the host */
         goto stepped;
     }
 #endif
@@ -386,6 +391,10 @@ stepped:
      * island (pp stages count 0 for the blocks they do not hold, so every
      * rank ends with every layer's biases). */
     LOCO_CHECK(loco_gpt_router_bias_step(t->model, t->world));
+#if defined(LOCO_HAVE_CUDA)
+    if (t->dev && loco_gpt_cfg(t->model)->router_bias_rate > 0) /* the moved biases */
+        LOCO_CHECK(loco__train_device_moe_sync(t, false));
+#endif
     double loss = loss_sum / accum;
     if (loco_comm_size(t->dp) > 1)
         LOCO_CHECK(loco_comm_allreduce(t->dp, &loss, 1, LOCO_DT_F64, LOCO_OP_AVG));

@@ -102,6 +102,7 @@ static int load_stage_zero3(loco_trainer *t) {
 int loco__train_device_load(loco_trainer *t, bool moments) {
     if (!t->dev)
         return 0;
+    LOCO_CHECK(loco__train_device_moe_sync(t, false)); /* the routing biases */
     host_dev x;
     LOCO_CHECK(pair_up(t, &x));
     if (t->pp && loco_zero_stage(t->zero) >= 3 && loco_comm_size(t->mesh.dp_cp) > 1) {

@@ -1,6 +1,8 @@
-/* Expert parallelism over the device gradients (train.device = cuda,
- * parallel.ep > 1): what zero.c does to a unit's gradients before they
- * join the expert-dp reduction, on the device. */
+/* The mixture of experts on the device (train.device = cuda): what zero.c
+ * does to a unit's gradients under expert parallelism before they join
+ * the expert-dp reduction, on the device; the device's routing statistics
+ * into the host model (metrics, DeepSeek's routing biases) and the biases
+ * back. */
 #include "inner/train/internal.h"
 
 #if defined(LOCO_HAVE_CUDA)
@@ -52,6 +54,29 @@ int loco__train_device_ep_prereduce(loco_trainer *t, float *grads, size_t a, siz
     }
     loco_free(h);
     return rc;
+}
+
+int loco__train_device_moe_sync(loco_trainer *t, bool stats) {
+    if (!t->dev || loco_gpt_moe_layers(t->model) == 0)
+        return 0;
+    const loco_gpt_config *mc = loco_gpt_cfg(t->model);
+    for (int l = 0; stats && l < mc->n_layer; l++) {
+        int micro;
+        const int64_t *routed;
+        int64_t assignments, dropped;
+        double aux, z;
+        if (!loco_gpt_is_moe(mc, l) ||
+            loco_gpt_cuda_moe_stats(t->dev, l, &micro, &routed, &assignments, &dropped, &aux,
+                                    &z) < 0) {
+            loco_err_clear(); /* a block this stage does not hold */
+            continue;
+        }
+        LOCO_CHECK(loco_gpt_moe_add(t->model, l, micro, routed, assignments, dropped, aux, z));
+    }
+    loco_gpt_cuda_moe_reset(t->dev);
+    size_t n;
+    const float *bias = loco_gpt_router_bias(t->model, &n);
+    return n ? loco_gpt_cuda_set_router_bias(t->dev, bias, n) : 0;
 }
 
 #endif /* LOCO_HAVE_CUDA */

@@ -402,15 +402,52 @@ Test(gpu_model, moe_mixtral_shared_f32, .timeout = 120) {
     check_moe(&mc, false);
 }
 
-/* What the device's MoE does not do yet is refused by name, before any
- * device is touched (so this runs without one too). */
-Test(gpu_model, moe_routing_bias_is_refused) {
+/* The device's routing statistics and biases (the trainer moves them
+ * to and from the host model): the biases' count is checked, a dense
+ * block has no statistics, and a forward counts what it routed as the
+ * CPU model counts it (two micro-batches of N tokens, top-2). */
+Test(gpu_model, moe_statistics_and_biases, .timeout = 120) {
     loco_gpt_config mc = mixtral_cfg();
     mc.router_bias_rate = 0.001f;
-    loco_gpt_cuda *dev = NULL;
-    cr_assert_eq(loco_gpt_cuda_create(&dev, &mc, 2, 8, false), LOCO_ENOTSUP);
-    cr_expect(strstr(loco_errmsg(), "router_bias_rate"), "%s", loco_errmsg());
-    cr_assert_null(dev);
+    mc.moe_every = 2; /* block 1 is MoE, block 0 dense */
+    int32_t in[DESC_N], tg[DESC_N];
+    loco_gpt *cpu = random_cpu_model(&mc, 3, 2, in, tg);
+    loco_gpt_cuda *dev;
+    GPU_OK(loco_gpt_cuda_create(&dev, &mc, DESC_B, DESC_T, false));
+    GPU_OK(loco_gpt_cuda_upload(dev, loco_gpt_params(cpu), NULL, NULL));
+    size_t n;
+    float *bias = loco_gpt_router_bias(cpu, &n);
+    cr_assert(bias && n == (size_t)mc.n_experts, "%zu biases", n);
+    cr_expect_lt(loco_gpt_cuda_set_router_bias(dev, bias, n + 1), 0, "a bias too many");
+    bias[1] = 0.5f; /* expert 1 chosen more often */
+    GPU_OK(loco_gpt_cuda_set_router_bias(dev, bias, n));
+    for (int pass = 0; pass < 2; pass++) {
+        GPU_OK(loco_gpt_cuda_forward_backward(dev, in, tg, DESC_B, DESC_T, 0.5f, NULL));
+        float l;
+        cr_assert_eq(loco_gpt_forward(cpu, in, tg, DESC_B, DESC_T, &l), 0);
+    }
+    int micro;
+    const int64_t *routed;
+    int64_t assignments, dropped;
+    double aux, z;
+    cr_expect_lt(loco_gpt_cuda_moe_stats(dev, 0, &micro, &routed, &assignments, &dropped, &aux,
+                                         &z), 0, "a dense block's statistics");
+    GPU_OK(loco_gpt_cuda_moe_stats(dev, 1, &micro, &routed, &assignments, &dropped, &aux, &z));
+    loco_gpt_moe_stats want;
+    loco_gpt_moe_layer(cpu, 0, &want);
+    cr_expect_eq(micro, 2);
+    cr_expect_eq(assignments, want.assignments);
+    cr_expect_eq(dropped, want.dropped);
+    for (int e = 0; e < mc.n_experts; e++)
+        cr_expect_eq(routed[e], want.routed[e], "expert %d: %lld routed, the CPU %lld", e,
+                     (long long)routed[e], (long long)want.routed[e]);
+    cr_expect_leq(fabs(aux / micro - want.aux), 1e-5 * fabs(want.aux), "aux %.8g, cpu %.8g",
+                  aux / micro, want.aux);
+    loco_gpt_cuda_moe_reset(dev);
+    GPU_OK(loco_gpt_cuda_moe_stats(dev, 1, &micro, &routed, &assignments, &dropped, &aux, &z));
+    cr_expect(micro == 0 && assignments == 0 && routed[1] == 0, "after the reset");
+    loco_gpt_cuda_destroy(dev);
+    loco_gpt_destroy(cpu);
 }
 
 /* The padded vocabulary and the step without host waits: V = 257 (the
