@@ -46,6 +46,8 @@
 #            inner/model/gpt_cuda_moe.c) over ep = 2 (rows staged through
 #            the host), tp = 2 + sp, pp = 2 (zb-h1), against its one-rank
 #            run (ref-moe)
+#   moe-cp2  cp = 2 (Ulysses) dropping at capacity 1.0: the capacity plan
+#            of the cp group's whole sequences (against ref-moe-drop)
 #   moe-dp4-ep2-z1, moe-dp4-ep2-z3  four processes, ep = 2 folded out of
 #            dp = 4: the ep pre-reduction, then ZeRO-1 buckets or ZeRO-3
 #            units over the expert-dp group (against ref-moe-m1)
@@ -242,6 +244,9 @@ compare pp2-bf16 ref-bf16 || fail=1
 MOE=(--set model.n_experts=4 --set model.top_k=2 --set train.batch_size=2)
 run ref-moe "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" --set parallel.backend=self \
   --set train.grad_accum=2 --set run.dir="$d/ref-moe"
+run ref-moe-drop "$LOCO" train configs/tiny.ini "${TINY[@]}" "${MOE[@]}" \
+  --set parallel.backend=self --set model.capacity_factor=1.0 --set train.grad_accum=2 \
+  --set run.dir="$d/ref-moe-drop"
 run moe-ep2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
   "${MOE[@]}" --set parallel.backend=mpi --set parallel.dp=2 --set parallel.ep=2 \
   --set run.dir="$d/moe-ep2"
@@ -261,6 +266,10 @@ run moe-tp2-sp mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TI
   "${MOE[@]}" --set parallel.backend=mpi --set parallel.tp=2 --set parallel.sp=true \
   --set train.grad_accum=2 --set run.dir="$d/moe-tp2-sp"
 compare moe-tp2-sp ref-moe || fail=1
+run moe-cp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
+  "${MOE[@]}" "${ULY[@]}" --set parallel.backend=mpi --set model.capacity_factor=1.0 \
+  --set train.grad_accum=2 --set run.dir="$d/moe-cp2"
+compare moe-cp2 ref-moe-drop || fail=1
 run moe-pp2 mpirun --oversubscribe -np 2 "$LOCO" train configs/tiny.ini "${TINY[@]}" \
   "${MOE[@]}" --set parallel.backend=mpi --set parallel.pp=2 --set parallel.pp_schedule=zb-h1 \
   --set train.grad_accum=2 --set run.dir="$d/moe-pp2"

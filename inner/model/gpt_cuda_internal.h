@@ -201,6 +201,10 @@ struct loco_gpt_cuda {
     int32_t *h_routed;
     float *moe_bias;               /* (MoE layers, E) DeepSeek's biases; NULL at rate 0 */
     bool rerunning;                /* a recomputed forward: not counted */
+    int32_t *h_cp_moe;             /* cp: the plan's host arrays (gpt_cuda_moe.c, cp_plan) */
+    int *h_cp_pos;                 /* cp: (T) the local rows' global positions, host */
+    void *cp_glob;                 /* cp: the group's plan scratch */
+    size_t cp_glob_n;
     float *pp_f32;                 /* bf16: (R, C) a chunk's input or output in fp32 */
     float *h_pp;                   /* pinned (R, C): the same on the host */
 };
@@ -238,6 +242,12 @@ int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n
 void loco__gpt_cuda_moe_fini(loco_gpt_cuda *g);
 int loco__gpt_cuda_moe_fwd(loco_gpt_cuda *g, int l, int B, int T);
 int loco__gpt_cuda_moe_bwd(loco_gpt_cuda *g, int l, int B, int T);
+int loco__gpt_cuda_moe_layers(const loco_gpt_cuda *g);
+/* gpt_cuda_moe_route.c: ep's staged all-to-alls (back: from the experts'
+ * ranks), the cp group's plan. */
+int loco__gpt_cuda_moe_travel(loco_gpt_cuda *g, const layer_acts *a, float *dst,
+                              const float *src, bool back);
+int loco__gpt_cuda_moe_cp_plan(loco_gpt_cuda *g, layer_acts *a, int N, int *n, int64_t *kept);
 /* gpt_cuda_pp.c: a pipeline stage's activation slots (bytes, carve; the
  * MoE block sets its slots carve). */
 size_t loco__gpt_cuda_pp_bytes(const loco_gpt_cuda *g);

@@ -17,7 +17,9 @@
  * Under expert parallelism (ep ranks, El = E / ep experts each) the
  * packed rows travel to their experts' ranks and back staged through
  * pinned host buffers over the ep group (mpi), regrouped on the host as
- * model_moe.c regroups them. Under tensor parallelism every expert is
+ * model_moe.c regroups them. Under context parallelism the capacity plan
+ * is the cp group's micro-batch's, made on the host (model_moe_cp.c's).
+ * Under tensor parallelism every expert is
  * split as the dense MLP (c_fc by columns, c_proj by rows, its bias added
  * by tp rank 0): the outputs are partial sums, reduced as a row-parallel
  * output; the routing weights' gradient is summed over tp, and the
@@ -52,7 +54,7 @@ static size_t moe_weights(const loco_gpt_cuda *g) {
 }
 
 /* MoE blocks of the whole model, and block l's index among them. */
-static int moe_layers(const loco_gpt_cuda *g) {
+int loco__gpt_cuda_moe_layers(const loco_gpt_cuda *g) {
     int n = 0;
     for (int l = 0; l < g->cfg.n_layer; l++)
         n += loco__gpt_cuda_is_moe(g, l);
@@ -82,16 +84,12 @@ size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g) {
     const size_t C = (size_t)g->cfg.n_embd, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
     return (g->bf16 ? (moe_weights(g) + N * C) * 4 : 0) + 3 * N * C * 4 + N * k * 4 + N * E * 4 +
            side(g) * (3 * C + Fc + F) * 4 + LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) + 16 +
-           (g->cfg.router_bias_rate > 0 ? (size_t)moe_layers(g) * E * 4 : 0) + 18 * 256;
+           (g->cfg.router_bias_rate > 0 ? (size_t)loco__gpt_cuda_moe_layers(g) * E * 4 : 0) + 18 * 256;
 }
 
 int loco__gpt_cuda_moe_check(const loco_gpt_config *c, const loco_gpt_cuda_opts *o) {
     if (c->n_experts <= 0)
         return 0;
-    if (o->cp && loco_comm_size(o->cp) > 1)
-        return LOCO_ERR(LOCO_ENOTSUP, "train.device = cuda: a mixture of experts under context "
-                        "parallelism (its capacity plan over the cp group) runs on the CPU path "
-                        "only for now");
     if (c->ep > 64)
         return LOCO_ERR(LOCO_EINVAL, "device model: ep = %d ranks, at most 64", c->ep);
     if (c->ep > 1 && (!o->ep || loco_comm_size(o->ep) != c->ep))
@@ -129,6 +127,17 @@ int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n
     g->st_z = g->st_aux + L;
     loco_gpt_cuda_moe_reset(g);
     LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_lossd, 2 * sizeof(double)));
+    if (g->cpc) { /* the plan's host copies: expert, slot, rows (N k each), probs (N E);
+                   * the local rows' global positions (model_cp.c's zig-zag) */
+        const size_t N = (size_t)g->B * g->T;
+        g->h_cp_moe = loco_alloc((3 * N * c->top_k + N * E) * 4);
+        g->h_cp_pos = loco_alloc((size_t)g->T * sizeof(int));
+        if (!g->h_cp_moe || !g->h_cp_pos)
+            return LOCO_ERR(LOCO_ENOMEM, "MoE under cp: host plan");
+        for (int i = 0; i < g->T; i++)
+            g->h_cp_pos[i] = (i < g->Tc ? g->cp_rank : 2 * g->cp - 1 - g->cp_rank) * g->Tc +
+                             i % g->Tc;
+    }
     if (g->ep > 1) {
         const size_t bytes = side(g) * c->n_embd * 4;
         LOCO_CHECK(loco_cuda_host_alloc((void **)&g->h_moe_send, bytes));
@@ -143,6 +152,9 @@ void loco__gpt_cuda_moe_fini(loco_gpt_cuda *g) {
     loco_free(g->st_aux);
     loco_free(g->h_routed);
     loco_cuda_host_free(g->h_lossd);
+    loco_free(g->h_cp_moe);
+    loco_free(g->h_cp_pos);
+    loco_free(g->cp_glob);
     loco_free(g->h_moe_arena);
     loco_free(g->moe_sendc);
     loco_cuda_host_free(g->h_moe_send);
@@ -171,7 +183,7 @@ int loco__gpt_cuda_moe_carve(loco_gpt_cuda *g) {
     SLAB(g->moe_plan, LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k), "MoE plan scratch");
     SLAB(g->moe_lossd, 2 * sizeof(double), "MoE aux and z losses");
     if (g->cfg.router_bias_rate > 0) {
-        const size_t n = (size_t)moe_layers(g) * E * 4;
+        const size_t n = (size_t)loco__gpt_cuda_moe_layers(g) * E * 4;
         SLAB(g->moe_bias, n, "routing biases");
         LOCO_CHECK(loco_cuda_zero(g->moe_bias, n, S));
     }
@@ -320,67 +332,6 @@ static int expert_rows(const loco_gpt_cuda *g, const layer_acts *a, int j) {
     return r;
 }
 
-/* ------------------------------------------------- expert parallelism */
-
-/* Host rows between source-major (as they travel) and expert-major (as
- * the experts compute), model_moe.c's regroup. */
-static void regroup(const loco_gpt_cuda *g, const layer_acts *a, float *dst, const float *src,
-                    bool to_experts) {
-    const int e = g->ep, El = g->El, C = g->cfg.n_embd;
-    const int32_t *recv = a->h_count + g->cfg.n_experts;
-    size_t at_src[64], at = 0;
-    for (int x = 0; x < e; x++) {
-        at_src[x] = at;
-        for (int j = 0; j < El; j++)
-            at += (size_t)recv[x * El + j];
-    }
-    size_t at_exp = 0;
-    for (int j = 0; j < El; j++)
-        for (int x = 0; x < e; x++) {
-            const size_t rows = (size_t)recv[x * El + j], n = rows * C;
-            if (to_experts)
-                memcpy(dst + at_exp * C, src + at_src[x] * C, n * sizeof(float));
-            else
-                memcpy(dst + at_src[x] * C, src + at_exp * C, n * sizeof(float));
-            at_src[x] += rows;
-            at_exp += rows;
-        }
-}
-
-/* Packed rows at src (device) -> their experts' ranks, expert-major at
- * dst (device); back: expert-major rows at src -> their sources' packed
- * rows at dst. Staged through the host. */
-static int travel(loco_gpt_cuda *g, const layer_acts *a, float *dst, const float *src, bool back) {
-    const int e = g->ep, El = g->El, C = g->cfg.n_embd;
-    const int32_t *count = a->h_count, *recv = a->h_count + g->cfg.n_experts;
-    size_t mine = 0, theirs = 0;
-    for (int x = 0; x < e; x++) {
-        size_t m = 0, t = 0;
-        for (int j = 0; j < El; j++) {
-            m += (size_t)count[x * El + j];
-            t += (size_t)recv[x * El + j];
-        }
-        g->moe_sendc[x] = m * C;
-        g->moe_recvc[x] = t * C;
-        mine += m, theirs += t;
-    }
-    const size_t out = (back ? theirs : mine) * C, in = (back ? mine : theirs) * C;
-    LOCO_CHECK(loco_cuda_copy(g->h_moe_recv, src, out * 4, S));
-    LOCO_CHECK(loco_cuda_sync(S));
-    if (!back) {
-        LOCO_CHECK(loco_comm_alltoallv(g->epc, g->h_moe_recv, g->moe_sendc, g->h_moe_send,
-                                       g->moe_recvc, LOCO_DT_F32));
-        regroup(g, a, g->h_moe_recv, g->h_moe_send, true);
-        LOCO_CHECK(loco_cuda_copy(dst, g->h_moe_recv, in * 4, S));
-    } else {
-        regroup(g, a, g->h_moe_send, g->h_moe_recv, false);
-        LOCO_CHECK(loco_comm_alltoallv(g->epc, g->h_moe_send, g->moe_recvc, g->h_moe_recv,
-                                       g->moe_sendc, LOCO_DT_F32));
-        LOCO_CHECK(loco_cuda_copy(dst, g->h_moe_recv, in * 4, S));
-    }
-    return loco_cuda_sync(S); /* the host buffers are reused */
-}
-
 /* ---------------------------------------------------------------- passes */
 
 /* The local experts over their rows: in -> h, hg -> y. */
@@ -426,29 +377,45 @@ int loco__gpt_cuda_moe_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     const float *bias = g->moe_bias ? g->moe_bias + (size_t)moe_index(g, l) * E : NULL;
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_route(a->moe_probs, a->moe_lse, a->moe_expert,
                                             a->moe_weight, a->moe_probs, bias, N, E, k, S));
-    RUN(LOCO_PROF_ELEM, loco_cuda_moe_plan(a->moe_slot, a->moe_rows, a->moe_count,
-                                           a->moe_routed, a->moe_expert, a->moe_probs, N, E, k,
-                                           loco__gpt_moe_capacity(c, N), g->moe_plan, S));
+    int n = 0;
+    int64_t kept = 0; /* assignments kept: this rank's, or under cp the micro-batch's */
+    if (g->cpc) { /* the cp group's micro-batch plans (on the host) */
+        LOCO_CHECK(loco__gpt_cuda_moe_cp_plan(g, a, N, &n, &kept));
+    } else {
+        RUN(LOCO_PROF_ELEM, loco_cuda_moe_plan(a->moe_slot, a->moe_rows, a->moe_count,
+                                               a->moe_routed, a->moe_expert, a->moe_probs, N, E,
+                                               k, loco__gpt_moe_capacity(c, N), g->moe_plan, S));
+        /* the counts size the experts' GEMMs and the all-to-alls: one wait */
+        LOCO_CHECK(loco_cuda_copy(a->h_count, a->moe_count, (size_t)E * 4, S));
+        LOCO_CHECK(loco_cuda_copy(g->h_routed, a->moe_routed, (size_t)E * 4, S));
+    }
     const bool count = !g->rerunning; /* a recomputed forward routed nothing new */
     if (count) {
         RUN(LOCO_PROF_ELEM, loco_cuda_moe_losses(g->moe_lossd, g->moe_lossd + 1, a->moe_probs,
                                                  a->moe_lse, a->moe_routed, N, E, k, S));
         LOCO_CHECK(loco_cuda_copy(g->h_lossd, g->moe_lossd, 2 * sizeof(double), S));
-        LOCO_CHECK(loco_cuda_copy(g->h_routed, a->moe_routed, (size_t)E * 4, S));
     }
-    /* the counts size the experts' GEMMs and the all-to-alls: one wait */
-    LOCO_CHECK(loco_cuda_copy(a->h_count, a->moe_count, (size_t)E * 4, S));
     LOCO_CHECK(loco_cuda_sync(S));
-    int n = 0;
-    for (int e = 0; e < E; e++)
-        n += a->h_count[e];
+    if (!g->cpc) {
+        for (int e = 0; e < E; e++)
+            n += a->h_count[e];
+        kept = n;
+    }
     if (count) { /* for metrics and the routing biases, as model_moe.c counts */
+        double aux = g->h_lossd[0], z = g->h_lossd[1];
+        int64_t Ng = N;
+        if (g->cpc) { /* the micro-batch's: every cp rank holds N rows */
+            double v[2] = {aux, z};
+            LOCO_CHECK(loco_comm_allreduce(g->cpc, v, 2, LOCO_DT_F64, LOCO_OP_SUM));
+            aux = v[0] / ((double)g->cp * g->cp), z = v[1] / g->cp;
+            Ng = (int64_t)N * g->cp;
+        }
         for (int e = 0; e < E; e++)
             g->st_routed[(size_t)l * E + e] += g->h_routed[e];
-        g->st_assign[l] += (int64_t)N * k;
-        g->st_dropped[l] += (int64_t)N * k - n;
-        g->st_aux[l] += g->h_lossd[0];
-        g->st_z[l] += g->h_lossd[1];
+        g->st_assign[l] += Ng * k;
+        g->st_dropped[l] += Ng * k - kept;
+        g->st_aux[l] += aux;
+        g->st_z[l] += z;
         g->st_micro[l]++;
     }
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_gather(a->moe_x, x, a->moe_rows, n, C, S));
@@ -457,9 +424,9 @@ int loco__gpt_cuda_moe_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     } else {
         LOCO_CHECK(loco_comm_alltoall(g->epc, a->h_count, a->h_count + E, (size_t)g->El,
                                       LOCO_DT_I32));
-        LOCO_CHECK(travel(g, a, a->moe_xo, a->moe_x, false));
+        LOCO_CHECK(loco__gpt_cuda_moe_travel(g, a, a->moe_xo, a->moe_x, false));
         LOCO_CHECK(experts_fwd(g, a, &w, a->moe_xo, g->moe_yo));
-        LOCO_CHECK(travel(g, a, a->moe_y, g->moe_yo, true));
+        LOCO_CHECK(loco__gpt_cuda_moe_travel(g, a, a->moe_y, g->moe_yo, true));
     }
     /* the combined (partial, under tp) outputs and the shared experts' */
     float *out = g->bf16 ? g->moe_out : (float *)g->scratch;
@@ -503,9 +470,9 @@ int loco__gpt_cuda_moe_bwd(loco_gpt_cuda *g, int l, int B, int T) {
     if (g->ep == 1) {
         LOCO_CHECK(experts_bwd(g, a, &w, g->moe_dy, a->moe_x, g->moe_dxe));
     } else {
-        LOCO_CHECK(travel(g, a, g->moe_yo, g->moe_dy, false));
+        LOCO_CHECK(loco__gpt_cuda_moe_travel(g, a, g->moe_yo, g->moe_dy, false));
         LOCO_CHECK(experts_bwd(g, a, &w, g->moe_yo, a->moe_xo, g->moe_dxe));
-        LOCO_CHECK(travel(g, a, g->moe_dy, g->moe_dxe, true));
+        LOCO_CHECK(loco__gpt_cuda_moe_travel(g, a, g->moe_dy, g->moe_dxe, true));
         dxe = g->moe_dy;
     }
     /* the input's gradient over every row (a partial sum over tp) */
@@ -514,8 +481,9 @@ int loco__gpt_cuda_moe_bwd(loco_gpt_cuda *g, int l, int B, int T) {
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_gather_bwd(dx, dxe, a->moe_slot, N, k, C, S));
     RUN(LOCO_PROF_ELEM, loco_cuda_moe_route_bwd(g->moe_dlogits, g->moe_dweight, a->moe_probs,
                                                 a->moe_lse, a->moe_expert, a->moe_weight,
-                                                a->moe_routed, N, E, k, c->aux_loss, c->z_loss,
-                                                g->loss_scale, S));
+                                                a->moe_routed, N, E, k,
+                                                g->cpc ? c->aux_loss / (float)g->cp : c->aux_loss,
+                                                c->z_loss, g->loss_scale, S));
     /* the router is replicated: its input gradient counted by tp rank 0 */
     RUN(LOCO_PROF_MATMUL,
         loco_cuda_matmul_bwd(g->blas, g->tp_rank == 0 ? dx : NULL, w.grouter, NULL,
@@ -532,41 +500,6 @@ int loco__gpt_cuda_moe_bwd(loco_gpt_cuda *g, int l, int B, int T) {
     const size_t R = (size_t)(g->sp ? N / g->tp : N);
     LOCO_CHECK(loco__gpt_cuda_tp_sum_begin(g, g->dbtc, (size_t)N * C, R * C));
     return loco__gpt_cuda_tp_sum_finish(g);
-}
-
-/* ------------------------------------------------------------ statistics */
-
-int loco_gpt_cuda_moe_stats(const loco_gpt_cuda *g, int block, int *micro, const int64_t **routed,
-                            int64_t *assignments, int64_t *dropped, double *aux_sum,
-                            double *z_sum) {
-    if (block < 0 || block >= g->cfg.n_layer || !loco__gpt_cuda_is_moe(g, block) || !g->st_micro)
-        return LOCO_ERR(LOCO_EINVAL, "device model: block %d is not a mixture of experts", block);
-    *micro = g->st_micro[block];
-    *routed = g->st_routed + (size_t)block * g->cfg.n_experts;
-    *assignments = g->st_assign[block];
-    *dropped = g->st_dropped[block];
-    *aux_sum = g->st_aux[block];
-    *z_sum = g->st_z[block];
-    return 0;
-}
-
-void loco_gpt_cuda_moe_reset(loco_gpt_cuda *g) {
-    if (!g->st_micro)
-        return;
-    const size_t L = (size_t)g->cfg.n_layer, E = (size_t)g->cfg.n_experts;
-    memset(g->st_micro, 0, L * sizeof(int));
-    memset(g->st_assign, 0, (3 + E) * L * sizeof(int64_t));
-    memset(g->st_aux, 0, 2 * L * sizeof(double));
-}
-
-int loco_gpt_cuda_set_router_bias(loco_gpt_cuda *g, const float *bias, size_t n) {
-    const size_t want = g->moe_bias ? (size_t)moe_layers(g) * g->cfg.n_experts : 0;
-    if (n != want)
-        return LOCO_ERR(LOCO_EINVAL, "device model: %zu routing biases for %zu", n, want);
-    if (!n)
-        return 0;
-    LOCO_CHECK(loco_cuda_copy(g->moe_bias, bias, n * sizeof(float), S));
-    return loco_cuda_sync(S);
 }
 
 #endif /* LOCO_HAVE_CUDA */

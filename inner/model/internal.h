@@ -384,5 +384,22 @@ int loco__gpt_moe_capacity(const loco_gpt_config *cfg, int N);
  * packed rows (*n of them; *kept the micro-batch's), la->moe_routed the
  * micro-batch's expert counts (inner/model/model_moe_cp.c). */
 int loco__gpt_moe_cp_plan(loco_gpt *m, const loco_gpt_layer_acts *la, int N, int *n, int *kept);
+/* The same over host arrays, for the device model too: the cp layout
+ * (group, size, whole length, chunk, local rows and their global
+ * positions), this rank's choices (expert (N, k)) and probabilities
+ * (N, E) in; the plan (slot, rows, count, routed) out; *glob a growing
+ * scratch (glob_n words). */
+typedef struct {
+    const loco_gpt_config *cfg;
+    loco_comm *comm;
+    int c, T, Tc, Tl;
+    const int *pos;
+    const int32_t *expert;
+    const float *probs;
+    int32_t *slot, *rows, *count, *routed;
+    void **glob;
+    size_t *glob_n;
+} loco_moe_cp_args;
+int loco__moe_cp_plan(const loco_moe_cp_args *x, int N, int *n, int *kept);
 
 #endif /* LOCO_MODEL_INTERNAL_H */
