@@ -15,12 +15,14 @@
 #   3. dp_check.c: train.device = cuda over 2 ranks (mpirun, mpi backend,
 #      host-staged collectives), dp = 2 with ZeRO 0-3 (and ZeRO-3 in bf16) against one rank on
 #      the same global batch (1e-5), a sharded checkpoint resumed; tp = 2 (the
-#      device model's tp slice), tp = 2 with sp and cp = 2 (Ulysses and
-#      ring) likewise, fp32 and bf16; GPT-2 (gpu_dp) and the Llama block
-#      (gpu_dp_llama);
+#      device model's tp slice), tp = 2 with sp, cp = 2 (Ulysses and
+#      ring) and pp = 2 (1F1B and zb-h1: device pipeline stages) likewise,
+#      fp32 and bf16; GPT-2 (gpu_dp) and the Llama block (gpu_dp_llama);
 #   4. scripts/gpu-dp-check.sh with the loco command linked over the twins
 #      (gpu_cli): `loco train` runs of every dimension and their
-#      compositions (four processes for dp x tp, dp x cp, tp x cp) against
+#      compositions (four processes for dp x tp, dp x cp, tp x cp, dp x
+#      pp, tp x pp, cp x pp, dp x ep, ep x tp), every pipeline schedule,
+#      and the mixture of experts (ep, tp, cp, pp, routing biases) against
 #      the one-rank run; then `loco bench memory`'s device table.
 #
 #   run.sh --ci      what `make test` runs: the CI column of the table below
@@ -146,12 +148,9 @@ run_dp() { # ARCH ORDER
 }
 
 # gpu_cli/*: scripts/gpu-dp-check.sh (the GPU machine's multi-rank step)
-# with the emulated loco: `loco train` runs of dp = 2 (ZeRO 0-3), tp = 2
-# (GPT-2, Llama with a replicated kv head, bf16), tp = 2 + sp, cp = 2
-# (Ulysses) and, four processes, dp = 2 x tp = 2 at ZeRO-3 (GPT-2 with
-# sp, Llama), dp = 2 x cp = 2 at ZeRO-3 (Llama), tp = 2 x cp = 2 + sp and
-# cp = 4 ring (GPT-2, Llama) against one rank; not nccl (no NCCL device
-# here). Then `loco bench memory`'s device table at tp = 2.
+# with the emulated loco: `loco train` runs of every dimension and
+# composition the script lists (its header), against one rank; not nccl
+# (no NCCL device here). Then `loco bench memory`'s device table at tp = 2.
 run_cli() { # ORDER
   command -v mpirun >/dev/null || { echo "gpu_cli: SKIPPED (no mpirun)"; return 0; }
   local rc=0
