@@ -122,7 +122,7 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
     const size_t rope = g->cfg.pos == LOCO_POS_ROPE
                             ? 2 * (size_t)g->cfg.seq_len * (loco_gpt_head_size(&g->cfg) / 2) * 4
                             : 0;
-    const size_t per_layer = loco__gpt_cuda_block_bytes(g);
+    const size_t per_layer = loco__gpt_cuda_block_bytes(g, true);
     const size_t n_ranges = 55 + 15 * (L + 1);
     const size_t kept = L - (size_t)g->n_rerun, shared = g->n_rerun ? 1 : 0;
     /* the activations: the whole model's blocks, tokens and logits, or a
@@ -138,31 +138,36 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
            n_ranges * 256;
 }
 
-/* The bytes of one block's set of activations (carve_block's). */
-size_t loco__gpt_cuda_block_bytes(const loco_gpt_cuda *g) {
+/* The bytes of one block's set of activations (carve_block's; mlp: with
+ * the dense MLP's c_fc output and activation, which an MoE block keeps in
+ * its own buffers instead). */
+size_t loco__gpt_cuda_block_bytes(const loco_gpt_cuda *g, bool mlp) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd;
     const size_t R = g->sp ? N / (size_t)g->tp : N;
     const size_t bnt = (size_t)g->B * g->NHl * g->T;
     const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl, Cl = (size_t)g->Cl;
     /* this rank's rows of the norms and residuals (all under tp alone),
      * every row of the tp region's */
-    return (4 * R * C + N * (Cl + W + Fc + F)) * g->es + R * 4 * 4 + bnt * 4 + cp_block_bytes(g);
+    return (4 * R * C + N * (Cl + W + (mlp ? Fc + F : 0))) * g->es + R * 4 * 4 + bnt * 4 +
+           cp_block_bytes(g);
 }
 
 /* One block's set of activations (every buffer), counted in act_bytes. */
-int loco__gpt_cuda_carve_block(loco_gpt_cuda *g, layer_acts *a) {
+int loco__gpt_cuda_carve_block(loco_gpt_cuda *g, layer_acts *a, bool mlp) {
     const size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, es = g->es;
     const size_t R = g->sp ? N / (size_t)g->tp : N;
     const size_t bnt = (size_t)g->B * g->NHl * g->T;
     const size_t W = (size_t)g->Wl, Fc = (size_t)g->Fl, F = (size_t)g->Hl, Cl = (size_t)g->Cl;
-    g->act_bytes += loco__gpt_cuda_block_bytes(g);
+    g->act_bytes += loco__gpt_cuda_block_bytes(g, mlp);
     SLAB(a->ln1, R * C * es, "ln1");
     SLAB(a->qkv, N * W * es, "qkv");
     SLAB(a->atty, N * Cl * es, "atty");
     SLAB(a->res2, R * C * es, "residual2");
     SLAB(a->ln2, R * C * es, "ln2");
-    SLAB(a->fch, N * Fc * es, "fch");
-    SLAB(a->fchg, N * F * es, "fch_gelu");
+    if (mlp) {
+        SLAB(a->fch, N * Fc * es, "fch");
+        SLAB(a->fchg, N * F * es, "fch_gelu");
+    }
     SLAB(a->res3, R * C * es, "residual3");
     SLAB(a->ln1m, R * 4, "ln1 mean");
     SLAB(a->ln1r, R * 4, "ln1 rstd");
@@ -269,9 +274,11 @@ static int carve(loco_gpt_cuda *g) {
     /* blocks [0, n_rerun) share one set (carved last, as block -1) and
      * keep only res3, the next block's input */
     layer_acts shared = {0};
-    bool rerun_moe = false;
-    for (int l = 0; l < g->n_rerun; l++)
+    bool rerun_moe = false, rerun_mlp = false;
+    for (int l = 0; l < g->n_rerun; l++) {
         rerun_moe |= loco__gpt_cuda_is_moe(g, l);
+        rerun_mlp |= !loco__gpt_cuda_is_moe(g, l);
+    }
     for (int l = g->n_rerun ? -1 : 0; l < g->cfg.n_layer; l++) {
         layer_acts *a = l < 0 ? &shared : &g->la[l];
         if (l >= 0 && l < g->n_rerun) {
@@ -280,8 +287,9 @@ static int carve(loco_gpt_cuda *g) {
             g->act_bytes += R * C * es;
             continue;
         }
-        LOCO_CHECK(loco__gpt_cuda_carve_block(g, a));
-        if (l < 0 ? rerun_moe : loco__gpt_cuda_is_moe(g, l))
+        const bool moe = l < 0 ? rerun_moe : loco__gpt_cuda_is_moe(g, l);
+        LOCO_CHECK(loco__gpt_cuda_carve_block(g, a, l < 0 ? rerun_mlp : !moe));
+        if (moe)
             LOCO_CHECK(loco__gpt_cuda_moe_carve_block(g, a));
     }
     return 0;

@@ -212,8 +212,8 @@ struct loco_gpt_cuda {
 /* gpt_cuda.c's pieces of a pass, which the whole-model passes and a
  * pipeline stage's chunk passes (gpt_cuda_pp.c) both run. split: B only,
  * the GEMMs' output gradients kept in the block's k* buffers for W. */
-size_t loco__gpt_cuda_block_bytes(const loco_gpt_cuda *g);
-int loco__gpt_cuda_carve_block(loco_gpt_cuda *g, layer_acts *a);
+size_t loco__gpt_cuda_block_bytes(const loco_gpt_cuda *g, bool mlp);
+int loco__gpt_cuda_carve_block(loco_gpt_cuda *g, layer_acts *a, bool mlp);
 int loco__gpt_cuda_embed_fwd(loco_gpt_cuda *g, int B, int T);
 int loco__gpt_cuda_block_fwd(loco_gpt_cuda *g, int l, int B, int T);
 int loco__gpt_cuda_head_fwd(loco_gpt_cuda *g, int N);

@@ -30,7 +30,7 @@
 
 #include <string.h>
 
-#define SLAB(ptr, bytes, what)                                                                    \
+#define SLAB(ptr, bytes, what)                                                                     \
     LOCO_CHECK(loco_cuda_slab_alloc(g->slab, (void **)&(ptr), (size_t)(bytes), what))
 
 /* Rows of this rank between the tp regions (R) and of a pass (N), at
@@ -63,17 +63,28 @@ static bool moe_at(const loco_gpt_cuda *g, int j) {
     return false;
 }
 
-/* Some recomputed block of the stage is MoE: the shared set carries it. */
-static bool rerun_moe(const loco_gpt_cuda *g) {
+/* Slot position j holds a dense MLP in some chunk (kept, not rerun). */
+static bool mlp_at(const loco_gpt_cuda *g, int j) {
+    for (int c = 0; c < g->stage.n; c++) {
+        const int l = g->stage.first[c] + j;
+        if (l < g->stage.end[c] && l >= g->n_rerun && !loco__gpt_cuda_is_moe(g, l))
+            return true;
+    }
+    return false;
+}
+
+/* Some recomputed block of the stage is MoE (moe) or dense: the shared
+ * set carries it. */
+static bool rerun_has(const loco_gpt_cuda *g, bool moe) {
     for (int c = 0; c < g->stage.n; c++)
         for (int l = g->stage.first[c]; l < g->stage.end[c] && l < g->n_rerun; l++)
-            if (loco__gpt_cuda_is_moe(g, l))
+            if (loco__gpt_cuda_is_moe(g, l) == moe)
                 return true;
     return false;
 }
 
 int loco__gpt_cuda_pp_moe_sets(const loco_gpt_cuda *g) {
-    int n = rerun_moe(g);
+    int n = holds_rerun(g) && rerun_has(g, true);
     for (int j = 0; j < g->max_chunk; j++)
         n += g->stage.slots * moe_at(g, j);
     return n;
@@ -139,10 +150,12 @@ size_t loco__gpt_cuda_pp_bytes(const loco_gpt_cuda *g) {
     if (g->has_head)
         per_slot += N * C * es + R * 4 * 2 + N * (size_t)g->Vp * es + 4 * 256;
     for (int j = 0; j < g->max_chunk; j++)
-        per_slot += rerun_only(g, j) ? R * C * es + 256
-                                     : loco__gpt_cuda_block_bytes(g) + keep_bytes(g) + 21 * 256;
-    return (size_t)g->stage.slots * per_slot + (holds_rerun(g) ? loco__gpt_cuda_block_bytes(g) : 0) +
-           17 * 256 + (g->bf16 ? R * C * 4 + 256 : 0);
+        per_slot += rerun_only(g, j)
+                        ? R * C * es + 256
+                        : loco__gpt_cuda_block_bytes(g, true) + keep_bytes(g) + 21 * 256;
+    return (size_t)g->stage.slots * per_slot +
+           (holds_rerun(g) ? loco__gpt_cuda_block_bytes(g, true) : 0) + 17 * 256 +
+           (g->bf16 ? R * C * 4 + 256 : 0);
 }
 
 int loco__gpt_cuda_pp_carve(loco_gpt_cuda *g) {
@@ -151,8 +164,8 @@ int loco__gpt_cuda_pp_carve(loco_gpt_cuda *g) {
     if (g->bf16)
         SLAB(g->pp_f32, R * C * 4, "a chunk's input or output in fp32");
     if (holds_rerun(g))
-        LOCO_CHECK(loco__gpt_cuda_carve_block(g, &g->rerun_set));
-    if (holds_rerun(g) && rerun_moe(g))
+        LOCO_CHECK(loco__gpt_cuda_carve_block(g, &g->rerun_set, rerun_has(g, false)));
+    if (holds_rerun(g) && rerun_has(g, true))
         LOCO_CHECK(loco__gpt_cuda_moe_carve_block(g, &g->rerun_set));
     for (int k = 0; k < g->stage.slots; k++) {
         stage_slot *sl = &g->slots[k];
@@ -171,7 +184,7 @@ int loco__gpt_cuda_pp_carve(loco_gpt_cuda *g) {
                 g->act_bytes += R * C * es;
                 continue;
             }
-            LOCO_CHECK(loco__gpt_cuda_carve_block(g, a));
+            LOCO_CHECK(loco__gpt_cuda_carve_block(g, a, mlp_at(g, j)));
             if (moe_at(g, j))
                 LOCO_CHECK(loco__gpt_cuda_moe_carve_block(g, a));
             if (!g->split_w)
@@ -199,14 +212,19 @@ static int use_slot(loco_gpt_cuda *g, int slot, int chunk, int B, int *T, int wa
                         g->stage.slots, chunk, g->stage.n);
     stage_slot *sl = &g->slots[slot];
     if (want >= 0 && (sl->phase != want || sl->chunk != chunk))
-        return LOCO_ERR(LOCO_EINVAL, "device model: a %s of chunk %d in slot %d, which holds %s "
-                        "of chunk %d", want == 1 ? "backward" : "weight backward", chunk, slot,
-                        sl->phase == 0 ? "nothing" : sl->phase == 1 ? "the forward" : "the "
-                        "backward", sl->chunk);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "device model: a %s of chunk %d in slot %d, which holds %s "
+                        "of chunk %d",
+                        want == 1 ? "backward" : "weight backward", chunk, slot,
+                        sl->phase == 0   ? "nothing"
+                        : sl->phase == 1 ? "the forward"
+                                         : "the "
+                                           "backward",
+                        sl->chunk);
     const int Tl = g->cpc ? *T / g->cp : *T;
     if (B < 1 || Tl < 1 || B > g->B || Tl > g->T || (g->cpc && *T % (2 * g->cp)))
-        return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the device model's capacity %dx%d", B,
-                        *T, g->B, g->cpc ? g->Tw : g->T);
+        return LOCO_ERR(LOCO_EINVAL, "batch %dx%d exceeds the device model's capacity %dx%d", B, *T,
+                        g->B, g->cpc ? g->Tw : g->T);
     *T = Tl;
     const int first = g->stage.first[chunk], end = g->stage.end[chunk];
     for (int l = first; l < end; l++) {
@@ -261,11 +279,13 @@ static int load_tokens(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *t
     return loco_cuda_sync(g->stream); /* h_tok[0] is reused by the next chunk */
 }
 
-static int rows_of_pass(const loco_gpt_cuda *g, int N) { return g->sp ? N / g->tp : N; }
+static int rows_of_pass(const loco_gpt_cuda *g, int N) {
+    return g->sp ? N / g->tp : N;
+}
 
 int loco_gpt_cuda_chunk_forward(loco_gpt_cuda *g, int slot, int chunk, const int32_t *inputs,
-                                const int32_t *targets, int B, int T, const float *in,
-                                float *out, float loss_scale, float *loss) {
+                                const int32_t *targets, int B, int T, const float *in, float *out,
+                                float loss_scale, float *loss) {
     const int Tw = T;
     LOCO_CHECK(use_slot(g, slot, chunk, B, &T, -1));
     const int first = g->stage.first[chunk], end = g->stage.end[chunk];
@@ -277,11 +297,15 @@ int loco_gpt_cuda_chunk_forward(loco_gpt_cuda *g, int slot, int chunk, const int
         return LOCO_ERR(LOCO_EINVAL, "device model: chunk %d needs the micro-batch's %s", chunk,
                         inputs ? "targets" : "tokens");
     if (!embed && !in)
-        return LOCO_ERR(LOCO_EINVAL, "device model: chunk %d starts at block %d: it needs its "
-                        "input", chunk, first);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "device model: chunk %d starts at block %d: it needs its "
+                        "input",
+                        chunk, first);
     if (!head && !out)
-        return LOCO_ERR(LOCO_EINVAL, "device model: chunk %d ends at block %d: it needs a place "
-                        "for its output", chunk, end);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "device model: chunk %d ends at block %d: it needs a place "
+                        "for its output",
+                        chunk, end);
     g->loss_scale = loss_scale; /* the MoE blocks' losses are scaled alike */
     if (embed || head)
         LOCO_CHECK(load_tokens(g, inputs, head ? targets : NULL, B, Tw));
@@ -313,11 +337,15 @@ int loco_gpt_cuda_chunk_backward_input(loco_gpt_cuda *g, int slot, int chunk, in
     const int N = B * T;
     const size_t rc = (size_t)rows_of_pass(g, N) * g->cfg.n_embd;
     if (!head && !dout)
-        return LOCO_ERR(LOCO_EINVAL, "device model: chunk %d ends at block %d: it needs its "
-                        "output's gradient", chunk, end);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "device model: chunk %d ends at block %d: it needs its "
+                        "output's gradient",
+                        chunk, end);
     if (!embed && !din)
-        return LOCO_ERR(LOCO_EINVAL, "device model: chunk %d starts at block %d: it needs a "
-                        "place for its input's gradient", chunk, first);
+        return LOCO_ERR(LOCO_EINVAL,
+                        "device model: chunk %d starts at block %d: it needs a "
+                        "place for its input's gradient",
+                        chunk, first);
     if (head)
         LOCO_CHECK(loco__gpt_cuda_head_bwd(g, N, g->split_w));
     else
