@@ -47,6 +47,7 @@ cd "$(dirname "$0")/../../.."
 #   dp_check steps     3           3 (see below)
 #   dp_check archs     gpt2 llama  gpt2 llama
 #   thread order       forward     forward, then reverse (LOCO_EMU_ORDER, emu.h)
+#   gpu-dp-check runs  GPU_DP_SET=ci  all (its CI_LEAVES: what CI leaves)
 CI_FILTER='*/*'
 CI_TRAIN_STEPS=4 FULL_TRAIN_STEPS=20
 # dp_check's fp32 parameter bound (1e-5 of max |param|) holds for about 4
@@ -55,6 +56,9 @@ CI_TRAIN_STEPS=4 FULL_TRAIN_STEPS=20
 # run keeps 3 steps.
 CI_DP_STEPS=3 FULL_DP_STEPS=3
 CI_ORDERS=forward FULL_ORDERS="forward reverse"
+# gpu-dp-check.sh's runs: CI leaves those its CI_LEAVES lists (covered by
+# another run or by dp_check); a part (--filter 'gpu_cli/*') runs all
+CI_DP_SET=ci
 DP_ARCHS="gpt2 llama"
 
 mode=part
@@ -72,10 +76,11 @@ for ((i = 1; i <= $#; i++)); do
 done
 if [ "$mode" = full ]; then
   train_steps=${EMU_TRAIN_STEPS:-$FULL_TRAIN_STEPS} dp_steps=${EMU_DP_STEPS:-$FULL_DP_STEPS}
-  orders=$FULL_ORDERS
+  orders=$FULL_ORDERS dp_set=all
 else
   train_steps=${EMU_TRAIN_STEPS:-$CI_TRAIN_STEPS} dp_steps=${EMU_DP_STEPS:-$CI_DP_STEPS}
-  orders=$CI_ORDERS
+  orders=$CI_ORDERS dp_set=all
+  [ "$mode" = ci ] && dp_set=$CI_DP_SET
 fi
 
 # BUILD: the make build folder whose libloco.a to link (default build);
@@ -155,7 +160,7 @@ run_cli() { # ORDER
   command -v mpirun >/dev/null || { echo "gpu_cli: SKIPPED (no mpirun)"; return 0; }
   local rc=0
   echo "emulator: scripts/gpu-dp-check.sh over the emulated loco, thread order $1, $dp_steps steps"
-  LOCO_EMU_ORDER=$1 LOCO_EMU_DEVICES=1 GPU_DP_NCCL=0 GPU_DP_STEPS=$dp_steps \
+  LOCO_EMU_ORDER=$1 LOCO_EMU_DEVICES=1 GPU_DP_NCCL=0 GPU_DP_STEPS=$dp_steps GPU_DP_SET=$dp_set \
     bash scripts/gpu-dp-check.sh "$out/loco" || rc=$?
   n_dp=$((n_dp + 1))
   [ "$rc" -eq 0 ] || { echo "emulator: gpu-dp-check ($1) FAILED"; status=1; }
