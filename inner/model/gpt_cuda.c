@@ -134,7 +134,8 @@ static size_t slab_bytes(const loco_gpt_cuda *g) {
            N * wide * es + N * 4 * 3 + N * 4 * 3 + (C + 1) * W * 4 + 16 + bnt * 4 +
            LOCO_CUDA_SUMSQ_OUT * 8 + rope + acts + (g->tp > 1 && g->bf16 ? N * C * 4 : 0) +
            (g->sp ? 2 * N * C * es + ((size_t)g->T + 4) * C * 4 : 0) + cp_bytes(g) +
-           (size_t)moe_sets(g) * loco__gpt_cuda_moe_block_bytes(g) + loco__gpt_cuda_moe_bytes(g) +
+           (size_t)moe_sets(g) * (loco__gpt_cuda_moe_block_bytes(g) + 16 * 256) +
+           loco__gpt_cuda_moe_bytes(g) +
            n_ranges * 256;
 }
 

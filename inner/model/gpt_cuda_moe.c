@@ -73,8 +73,7 @@ size_t loco__gpt_cuda_moe_block_bytes(const loco_gpt_cuda *g) {
     const size_t C = (size_t)g->cfg.n_embd, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
     const size_t Sh = (size_t)g->cfg.n_shared_experts;
     return (N * E + N + N * k * 4 + 2 * E) * 4 + nk(g) * C * 4 * 2 +
-           (g->ep > 1 ? side(g) * C * 4 : 0) + side(g) * (Fc + F) * 4 + Sh * N * (Fc + F) * 4 +
-           16 * 256;
+           (g->ep > 1 ? side(g) * C * 4 : 0) + side(g) * (Fc + F) * 4 + Sh * N * (Fc + F) * 4;
 }
 
 size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g) {

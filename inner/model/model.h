@@ -394,8 +394,11 @@ double loco_gpt_block_act_formula_for(const loco_gpt_config *mc, int B, int T, b
 /* What one block of the device model (loco_gpt_cuda) keeps for its
  * backward, in bytes, by the same kind of formula: activations in bf16 or
  * fp32, the attention's log-sum-exp instead of its probabilities (so
- * selective is none), no attproj or fcproj copies. The device's carve
- * (loco_gpt_cuda_act_bytes) over its blocks gives this per block. */
+ * selective is none), no attproj or fcproj copies; an MoE block's router,
+ * plan and experts' buffers in fp32 (averaged over the blocks when
+ * model.moe_every mixes them; full adds the shared set's excess over an
+ * average block, per block). The device's carve (loco_gpt_cuda_act_bytes)
+ * over its blocks gives this per block. */
 double loco_gpt_device_block_act_formula(const loco_gpt_config *mc, int B, int T, bool sp,
                                          bool bf16, loco_recompute mode);
 /* Bytes this rank sent for context parallelism since the model was made

@@ -246,9 +246,38 @@ double loco_gpt_device_block_act_formula(const loco_gpt_config *mc, int B, int T
      * only. */
     const double t = mc->tp > 1 ? mc->tp : 1, es = bf16 ? 2 : 4, N = (double)B * T;
     const double rows = sp && t > 1 ? 1.0 / t : 1.0, C = mc->n_embd;
-    if (mode == LOCO_RECOMPUTE_FULL)
-        return es * C * rows * N;
-    const double slice = loco__gpt_qkv_local(mc) + C / t +
-                         (double)(loco_gpt_fc_width(mc) + loco_gpt_ffn(mc)) / t;
-    return N * (es * (4 * C * rows + slice) + 4 * (4 * rows + (double)mc->n_head / t));
+    const double out = es * C * rows * N; /* what a recomputed block keeps */
+    if (mode == LOCO_RECOMPUTE_FULL && mc->n_experts <= 0)
+        return out;
+    const double mlp = (double)(loco_gpt_fc_width(mc) + loco_gpt_ffn(mc)) / t;
+    const double attn = loco__gpt_qkv_local(mc) + C / t;
+    const double dense =
+        N * (es * (4 * C * rows + attn + mlp) + 4 * (4 * rows + (double)mc->n_head / t));
+    if (mc->n_experts <= 0)
+        return dense;
+    /* An MoE block keeps, in fp32 and in place of the dense MLP's two
+     * buffers: the router's probabilities (E) and lse; four tables of k
+     * (choices, weights, slots, packed rows); the packed rows and the
+     * experts' outputs (k C); under ep the rows received (ep k C); the
+     * experts' c_fc output and activation (ep k of this tp slice's MLP
+     * widths: the rows an expert rank may receive); the shared experts'
+     * (S of the widths); per micro-batch the plan's two counts (E each).
+     * Averaged over the model's blocks (moe_every). */
+    const double E = mc->n_experts, k = mc->top_k, ep = mc->ep > 1 ? mc->ep : 1;
+    const double moe = N * 4 *
+                           (E + 1 + 4 * k + 2 * k * C + (ep > 1 ? ep * k * C : 0) + ep * k * mlp +
+                            mc->n_shared_experts * mlp) +
+                       2 * E * 4;
+    int n_moe = 0;
+    for (int l = 0; l < mc->n_layer; l++)
+        n_moe += loco_gpt_is_moe(mc, l);
+    const double moe_block = dense - N * es * mlp + moe;
+    const double L = mc->n_layer, avg = (n_moe * moe_block + (L - n_moe) * dense) / L;
+    if (mode != LOCO_RECOMPUTE_FULL)
+        return avg;
+    /* full: the output, and the shared set the reruns use beyond one
+     * average block, spread over the blocks (it carries both kinds' buffers
+     * when the model mixes them) */
+    const double shared = n_moe == 0 ? dense : n_moe == L ? moe_block : dense + moe;
+    return out + (shared - avg) / L;
 }

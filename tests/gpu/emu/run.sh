@@ -165,18 +165,29 @@ run_cli() { # ORDER
   n_dp=$((n_dp + 1))
   [ "$rc" -eq 0 ] || { echo "emulator: gpu-dp-check ($1) FAILED"; status=1; }
   # the device model's activations per block, tp = 2 with and without sp,
-  # fp32 and bf16, every recompute mode: the carve against its formula
-  local log rows table='/device model keeps/,/^full:/p'
+  # fp32 and bf16, every recompute mode: the carve against its formula;
+  # dense GPT-2, then Llama with an MoE block every second one (the
+  # experts' buffers, the shared set of a mixed model under full)
+  bench_rows dense
+  bench_rows moe --set model.n_experts=4 --set model.top_k=2 --set model.moe_every=2 \
+    --set model.arch=llama --set model.n_kv_head=2 --set model.ffn_hidden=96
+}
+
+# `loco bench memory`'s device table for a tiny tp = 2 model (KIND, then
+# its extra keys): 12 rows, each at +0.00% of the formula.
+bench_rows() {
+  local kind=$1 log rows rc=0 table='/device model keeps/,/^full:/p'
+  shift
   log=$(mktemp)
-  rc=0
   LOCO_EMU_DEVICES=1 mpirun --allow-run-as-root --oversubscribe -np 2 "$out/loco" bench memory \
     configs/tiny.ini --set parallel.backend=mpi --set parallel.tp=2 --set model.n_layer=2 \
-    --set model.n_embd=64 --set model.n_head=4 --set train.batch_size=2 >"$log" 2>&1 || rc=$?
+    --set model.n_embd=64 --set model.n_head=4 --set train.batch_size=2 "$@" >"$log" 2>&1 ||
+    rc=$?
   sed -n "$table" "$log"
   rows=$(sed -n "$table" "$log" | grep -c '^| [fb][fp]*[0-9]* | .* | +0.00% |' || true)
   n_dp=$((n_dp + 1))
   if [ "$rc" -ne 0 ] || [ "$rows" -ne 12 ]; then
-    echo "emulator: bench memory's device table: $rows of 12 rows at the formula (exit $rc)"
+    echo "emulator: bench memory's device table ($kind): $rows of 12 rows at the formula (exit $rc)"
     tail -n 20 "$log"
     status=1
   fi
