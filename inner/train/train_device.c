@@ -50,30 +50,19 @@ int loco__train_check_device(const loco_config *cfg) {
      * (gpt_cuda_tp.c), context parallel, ring and Ulysses (gpt_cuda_cp.c),
      * pipeline stages (gpt_cuda_pp.c), mixture of experts and expert
      * parallelism (gpt_cuda_moe.c): over mpi. */
-    if (cfg->parallel.pp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.pp = %lld with parallel.backend = nccl: the device's pipeline "
-                        "sends and receives run over mpi (staged through pinned host buffers) "
-                        "for now; use parallel.backend = mpi",
-                        (long long)cfg->parallel.pp);
-    if (cfg->parallel.cp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.cp = %lld with parallel.backend = nccl: the device's cp "
-                        "collectives run over mpi (staged through pinned host buffers) for now; "
-                        "use parallel.backend = mpi",
-                        (long long)cfg->parallel.cp);
-    if (cfg->parallel.tp > 1 && !strcmp(cfg->parallel.backend, "nccl"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.tp = %lld with parallel.backend = nccl: the device's tp "
-                        "collectives run over mpi (staged through pinned host buffers) for "
-                        "now; use parallel.backend = mpi",
-                        (long long)cfg->parallel.tp);
-    if (cfg->parallel.ep > 1 && !strcmp(cfg->parallel.backend, "nccl"))
-        return LOCO_ERR(LOCO_ENOTSUP,
-                        "parallel.ep = %lld with parallel.backend = nccl: the device's expert "
-                        "all-to-alls run over mpi (staged through pinned host buffers) for now; "
-                        "use parallel.backend = mpi",
-                        (long long)cfg->parallel.ep);
+    static const struct {
+        const char *key, *what;
+    } staged[] = {{"pp", "pipeline sends and receives"}, {"cp", "cp collectives"},
+                  {"tp", "tp collectives"}, {"ep", "expert all-to-alls"}};
+    const int64_t sizes[] = {cfg->parallel.pp, cfg->parallel.cp, cfg->parallel.tp,
+                             cfg->parallel.ep};
+    for (int i = 0; i < 4 && !strcmp(cfg->parallel.backend, "nccl"); i++)
+        if (sizes[i] > 1)
+            return LOCO_ERR(LOCO_ENOTSUP,
+                            "parallel.%s = %lld with parallel.backend = nccl: the device's %s "
+                            "run over mpi (staged through pinned host buffers) for now; use "
+                            "parallel.backend = mpi",
+                            staged[i].key, (long long)sizes[i], staged[i].what);
     return 0;
 #endif
 }
