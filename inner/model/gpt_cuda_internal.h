@@ -192,6 +192,7 @@ struct loco_gpt_cuda {
     int32_t *h_moe_arena;          /* the carved blocks' h_count */
     size_t h_moe_used, h_moe_cap;
     size_t *moe_sendc, *moe_recvc; /* (ep) floats of the all-to-all-v */
+    size_t *moe_cursor;            /* (ep) the regroup's scratch */
     /* what the forwards routed since moe_reset, per block (L): micro-
      * batches, assignments, dropped, aux and z sums, routed (L, E); the
      * device's aux | z and routed (E) of a pass and their host copy */

@@ -89,8 +89,6 @@ size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g) {
 int loco__gpt_cuda_moe_check(const loco_gpt_config *c, const loco_gpt_cuda_opts *o) {
     if (c->n_experts <= 0)
         return 0;
-    if (c->ep > 64)
-        return LOCO_ERR(LOCO_EINVAL, "device model: ep = %d ranks, at most 64", c->ep);
     if (c->ep > 1 && (!o->ep || loco_comm_size(o->ep) != c->ep))
         return LOCO_ERR(LOCO_EINVAL, "device model: experts split over ep = %d ranks need a "
                         "group of %d ranks", c->ep, c->ep);
@@ -110,10 +108,11 @@ int loco__gpt_cuda_moe_init(loco_gpt_cuda *g, const loco_gpt_cuda_opts *o, int n
     }
     g->h_moe_cap = (size_t)n_sets * 2 * c->n_experts;
     g->h_moe_arena = loco_alloc((g->h_moe_cap ? g->h_moe_cap : 1) * sizeof(int32_t));
-    g->moe_sendc = loco_alloc(2 * (size_t)g->ep * sizeof(size_t));
+    g->moe_sendc = loco_alloc(3 * (size_t)g->ep * sizeof(size_t));
     if (!g->h_moe_arena || !g->moe_sendc)
         return LOCO_ERR(LOCO_ENOMEM, "MoE host tables");
     g->moe_recvc = g->moe_sendc + g->ep;
+    g->moe_cursor = g->moe_recvc + g->ep;
     const size_t L = (size_t)c->n_layer, E = (size_t)c->n_experts;
     g->st_micro = loco_alloc(L * sizeof(int));
     g->st_assign = loco_alloc((3 + E) * L * sizeof(int64_t));

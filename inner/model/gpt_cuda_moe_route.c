@@ -1,7 +1,7 @@
 /* Where an MoE block's tokens go on the device model (gpt_cuda_moe.c's
  * helpers): the capacity plan of the cp group's micro-batch (model_moe_cp.c's,
  * on host copies of the choices), the ep all-to-alls staged through pinned
- * host buffers and regrouped there as model_moe.c regroups, and what the
+ * host buffers and regrouped there by model_moe.c's regroup, and what the
  * forwards routed (statistics, DeepSeek-V3's routing biases). */
 #include "inner/model/gpt_cuda_internal.h"
 
@@ -12,31 +12,6 @@
 #define S (g->stream)
 
 /* ------------------------------------------------- expert parallelism */
-
-/* Host rows between source-major (as they travel) and expert-major (as
- * the experts compute), model_moe.c's regroup. */
-static void regroup(const loco_gpt_cuda *g, const layer_acts *a, float *dst, const float *src,
-                    bool to_experts) {
-    const int e = g->ep, El = g->El, C = g->cfg.n_embd;
-    const int32_t *recv = a->h_count + g->cfg.n_experts;
-    size_t at_src[64], at = 0;
-    for (int x = 0; x < e; x++) {
-        at_src[x] = at;
-        for (int j = 0; j < El; j++)
-            at += (size_t)recv[x * El + j];
-    }
-    size_t at_exp = 0;
-    for (int j = 0; j < El; j++)
-        for (int x = 0; x < e; x++) {
-            const size_t rows = (size_t)recv[x * El + j], n = rows * C;
-            if (to_experts)
-                memcpy(dst + at_exp * C, src + at_src[x] * C, n * sizeof(float));
-            else
-                memcpy(dst + at_src[x] * C, src + at_exp * C, n * sizeof(float));
-            at_src[x] += rows;
-            at_exp += rows;
-        }
-}
 
 /* Packed rows at src (device) -> their experts' ranks, expert-major at
  * dst (device); back: expert-major rows at src -> their sources' packed
@@ -62,10 +37,10 @@ int loco__gpt_cuda_moe_travel(loco_gpt_cuda *g, const layer_acts *a, float *dst,
     if (!back) {
         LOCO_CHECK(loco_comm_alltoallv(g->epc, g->h_moe_recv, g->moe_sendc, g->h_moe_send,
                                        g->moe_recvc, LOCO_DT_F32));
-        regroup(g, a, g->h_moe_recv, g->h_moe_send, true);
+        loco__moe_regroup(e, El, C, recv, g->moe_cursor, g->h_moe_recv, g->h_moe_send, true);
         LOCO_CHECK(loco_cuda_copy(dst, g->h_moe_recv, in * 4, S));
     } else {
-        regroup(g, a, g->h_moe_send, g->h_moe_recv, false);
+        loco__moe_regroup(e, El, C, recv, g->moe_cursor, g->h_moe_send, g->h_moe_recv, false);
         LOCO_CHECK(loco_comm_alltoallv(g->epc, g->h_moe_send, g->moe_recvc, g->h_moe_recv,
                                        g->moe_sendc, LOCO_DT_F32));
         LOCO_CHECK(loco_cuda_copy(dst, g->h_moe_recv, in * 4, S));

@@ -384,6 +384,12 @@ int loco__gpt_moe_capacity(const loco_gpt_config *cfg, int N);
  * packed rows (*n of them; *kept the micro-batch's), la->moe_routed the
  * micro-batch's expert counts (inner/model/model_moe_cp.c). */
 int loco__gpt_moe_cp_plan(loco_gpt *m, const loco_gpt_layer_acts *la, int N, int *n, int *kept);
+/* Rows between source-major (as ep's all-to-all moves them) and
+ * expert-major (as the El local experts compute them), C floats each;
+ * recv (e, El) the rows each source sends each local expert; cursor: e
+ * words of scratch. For the device model too. */
+void loco__moe_regroup(int e, int El, int C, const int32_t *recv, size_t *cursor, float *dst,
+                       const float *src, bool to_experts);
 /* The same over host arrays, for the device model too: the cp layout
  * (group, size, whole length, chunk, local rows and their global
  * positions), this rank's choices (expert (N, k)) and probabilities

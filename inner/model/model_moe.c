@@ -250,9 +250,13 @@ static int expert_rows(const loco_gpt *m, const loco_gpt_layer_acts *la, int j) 
  * expert j's rows from source 0, 1, ...). */
 static void regroup(const loco_gpt *m, const loco_gpt_layer_acts *la, float *dst, const float *src,
                     bool to_experts) {
-    const int e = ep_of(m), El = m->cfg.n_experts / e, C = m->cfg.n_embd;
-    const int32_t *recv = la->moe_recv;
-    size_t *at_src = m->moe->cursor, at = 0; /* each source's next row */
+    loco__moe_regroup(ep_of(m), m->cfg.n_experts / ep_of(m), m->cfg.n_embd, la->moe_recv,
+                      m->moe->cursor, dst, src, to_experts);
+}
+
+void loco__moe_regroup(int e, int El, int C, const int32_t *recv, size_t *at_src, float *dst,
+                       const float *src, bool to_experts) {
+    size_t at = 0; /* each source's next row */
     for (int x = 0; x < e; x++) {
         at_src[x] = at;
         for (int j = 0; j < El; j++)
