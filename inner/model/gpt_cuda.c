@@ -1154,12 +1154,12 @@ int loco__gpt_cuda_block_bwd(loco_gpt_cuda *g, int l, int B, int T, bool split) 
         if (split)
             LOCO_CHECK(keep(g, a->kfch, g->dfch, (size_t)N * Fc));
         LOCO_CHECK(column_parallel_bwd(g, g->dfch, a->ln2, true, SPLIT(LG("mlp.c_fc.weight")),
-                                       SPLIT(LG("mlp.c_fc.bias")), LW("mlp.c_fc.weight"), Fc, N, false,
-                                       false));
+                                       SPLIT(LG("mlp.c_fc.bias")), LW("mlp.c_fc.weight"), Fc, N,
+                                       false, false));
     }
     float *ln2w = LG("ln_2.weight"), *ln2b = LG("ln_2.bias");
-    LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b,
-                        g->dbtc, a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
+    LOCO_CHECK(norm_bwd(g, g->dres, g->sp ? drep[2] : ln2w, g->sp && ln2b ? drep[3] : ln2b, g->dbtc,
+                        a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
     /* residual2 = res + attproj: dres flows to both. */
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
     LOCO_CHECK(row_parallel_dout(g, N, &dout));

@@ -83,7 +83,8 @@ size_t loco__gpt_cuda_moe_bytes(const loco_gpt_cuda *g) {
     const size_t C = (size_t)g->cfg.n_embd, Fc = (size_t)g->Fl, F = (size_t)g->Hl;
     return (g->bf16 ? (moe_weights(g) + N * C) * 4 : 0) + 3 * N * C * 4 + N * k * 4 + N * E * 4 +
            side(g) * (3 * C + Fc + F) * 4 + LOCO_CUDA_MOE_PLAN_SCRATCH(N, E, k) + 16 +
-           (g->cfg.router_bias_rate > 0 ? (size_t)loco__gpt_cuda_moe_layers(g) * E * 4 : 0) + 18 * 256;
+           (g->cfg.router_bias_rate > 0 ? (size_t)loco__gpt_cuda_moe_layers(g) * E * 4 : 0) +
+           18 * 256;
 }
 
 int loco__gpt_cuda_moe_check(const loco_gpt_config *c, const loco_gpt_cuda_opts *o) {

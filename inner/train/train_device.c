@@ -222,7 +222,8 @@ static int op_prepare_unit(void *ctx, int unit) {
     size_t a, b;
     loco_gpt_cuda_unit_range(d->g, unit, &a, &b);
     if (d->plan.per_unit)
-        return loco__train_device_ep_prereduce(d->t, d->slot[loco_zero_plan_slot(&d->plan, unit)].grads, a, b);
+        return loco__train_device_ep_prereduce(
+            d->t, d->slot[loco_zero_plan_slot(&d->plan, unit)].grads, a, b);
     float *grads;
     loco_gpt_cuda_state(d->g, NULL, &grads, NULL, NULL, NULL);
     return loco__train_device_ep_prereduce(d->t, grads + a, a, b);

@@ -248,8 +248,8 @@ int loco__pp_bind(loco__pp *pp, loco_gpt *model, const loco_mesh *mesh, int B, i
     const int last = loco_pp_chunk_rank(pp->sched, pp->n_chunks - 1);
     if (first != last && !mc->untied) {
         const bool member = pp->rank == first || pp->rank == last;
-        LOCO_CHECK(loco_comm_split(pp->pp, member ? 0 : LOCO_COMM_COLOR_NONE, pp->rank == first ? 0 : 1,
-                                   &pp->tied));
+        LOCO_CHECK(loco_comm_split(pp->pp, member ? 0 : LOCO_COMM_COLOR_NONE,
+                                   pp->rank == first ? 0 : 1, &pp->tied));
         pp->tied_root = 0;
     }
     const loco_ttable *tt = loco_gpt_table(model);

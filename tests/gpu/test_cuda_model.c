@@ -258,6 +258,52 @@ Test(gpu_model, gpt2_rmsnorm_rope_gqa_f32, .timeout = 120) {
     check_description(&mixed_cfg, false);
 }
 
+/* Two device models of cpu's weights, one keeping everything and one
+ * recomputing the first `rerun` blocks, two passes each (the second finds
+ * the shared block full of the first's): their losses and gradients
+ * (caller frees with free_pair), which must be the same bits. */
+static void kept_and_recomputed(const loco_gpt_config *mc, bool bf16, int rerun, loco_gpt *cpu,
+                                const int32_t *in, const int32_t *tg, loco_gpt_cuda *dev[2],
+                                float loss[2], float *grads[2]) {
+    const size_t P = loco_gpt_num_params(cpu);
+    for (int k = 0; k < 2; k++) {
+        const loco_gpt_cuda_opts o = {
+            .bf16 = bf16, .lo = 0, .hi = SIZE_MAX, .rerun = k ? rerun : 0};
+        GPU_OK(loco_gpt_cuda_create_with(&dev[k], mc, DESC_B, DESC_T, &o));
+        GPU_OK(loco_gpt_cuda_upload(dev[k], loco_gpt_params(cpu), NULL, NULL));
+        GPU_OK(loco_gpt_cuda_zero_grad(dev[k]));
+        for (int pass = 0; pass < 2; pass++)
+            GPU_OK(loco_gpt_cuda_forward_backward(dev[k], in, tg, DESC_B, DESC_T, 0.5f, &loss[k]));
+        grads[k] = malloc(P * sizeof(float));
+        cr_assert_not_null(grads[k]);
+        GPU_OK(loco_gpt_cuda_download(dev[k], NULL, grads[k], NULL, NULL));
+    }
+    cr_expect_eq(loss[1], loss[0], "loss: recompute %.9g, none %.9g", loss[1], loss[0]);
+    cr_expect(!memcmp(grads[0], grads[1], P * sizeof(float)),
+              "the recomputed model's gradients differ from the one that kept everything");
+}
+
+static void free_pair(loco_gpt_cuda *dev[2], float *grads[2]) {
+    for (int k = 0; k < 2; k++) {
+        free(grads[k]);
+        loco_gpt_cuda_destroy(dev[k]);
+    }
+}
+
+/* The CPU model's two passes of half the loss on the device's weights
+ * (bf16: rounded as the device's copy): their last loss. */
+static float cpu_reference(loco_gpt *cpu, bool bf16, const int32_t *in, const int32_t *tg) {
+    const size_t P = loco_gpt_num_params(cpu);
+    if (bf16)
+        for (size_t i = 0; i < P; i++)
+            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
+    float want = 0;
+    loco_gpt_zero_grad(cpu);
+    for (int pass = 0; pass < 2; pass++)
+        cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, DESC_B, DESC_T, 0.5f, &want), 0);
+    return want;
+}
+
 /* Full recompute on the device (loco_gpt_cuda_opts.rerun): blocks that
  * keep only their output and rerun their forward in the backward give
  * the bits of the model that keeps everything (the same kernels on the
@@ -268,24 +314,9 @@ static void check_recompute(const loco_gpt_config *mc, bool bf16, int rerun) {
     enum { B = DESC_B, T = DESC_T, N = DESC_N };
     int32_t in[N], tg[N];
     loco_gpt *cpu = random_cpu_model(mc, 9, 4, in, tg);
-    const size_t P = loco_gpt_num_params(cpu);
     loco_gpt_cuda *dev[2];
     float loss[2], *grads[2];
-    for (int k = 0; k < 2; k++) {
-        const loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX, .rerun = k ? rerun : 0};
-        GPU_OK(loco_gpt_cuda_create_with(&dev[k], mc, B, T, &o));
-        GPU_OK(loco_gpt_cuda_upload(dev[k], loco_gpt_params(cpu), NULL, NULL));
-        GPU_OK(loco_gpt_cuda_zero_grad(dev[k]));
-        /* twice: the second pass finds the shared block full of the first's */
-        for (int pass = 0; pass < 2; pass++)
-            GPU_OK(loco_gpt_cuda_forward_backward(dev[k], in, tg, B, T, 0.5f, &loss[k]));
-        grads[k] = malloc(P * sizeof(float));
-        cr_assert_not_null(grads[k]);
-        GPU_OK(loco_gpt_cuda_download(dev[k], NULL, grads[k], NULL, NULL));
-    }
-    cr_expect_eq(loss[1], loss[0], "loss: recompute %.9g, none %.9g", loss[1], loss[0]);
-    cr_expect(!memcmp(grads[0], grads[1], P * sizeof(float)),
-              "the recomputed model's gradients differ from the one that kept everything");
+    kept_and_recomputed(mc, bf16, rerun, cpu, in, tg, dev, loss, grads);
     const size_t kept = loco_gpt_cuda_act_bytes(dev[0]), less = loco_gpt_cuda_act_bytes(dev[1]);
     const size_t out = (size_t)N * mc->n_embd * (bf16 ? 2 : 4); /* one block's output */
     const size_t per_block = kept / (size_t)mc->n_layer;
@@ -298,18 +329,9 @@ static void check_recompute(const loco_gpt_config *mc, bool bf16, int rerun) {
     cr_expect_eq(less, kept - (size_t)(rerun - 1) * per_block + (size_t)rerun * out,
                  "activations: %zu kept, %zu with %d blocks recomputed", kept, less, rerun);
     /* and the independent reference: the CPU model, as check_description */
-    if (bf16)
-        for (size_t i = 0; i < P; i++)
-            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
-    float want = 0;
-    loco_gpt_zero_grad(cpu);
-    for (int pass = 0; pass < 2; pass++)
-        cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, B, T, 0.5f, &want), 0);
+    const float want = cpu_reference(cpu, bf16, in, tg);
     expect_like_cpu(cpu, grads[1], loss[1], want, bf16, "recompute");
-    for (int k = 0; k < 2; k++) {
-        free(grads[k]);
-        loco_gpt_cuda_destroy(dev[k]);
-    }
+    free_pair(dev, grads);
     loco_gpt_destroy(cpu);
 }
 
@@ -355,43 +377,18 @@ static loco_gpt_config mixtral_cfg(void) {
 }
 
 static void check_moe(const loco_gpt_config *mc, bool bf16) {
-    enum { B = DESC_B, T = DESC_T, N = DESC_N };
-    int32_t in[N], tg[N];
+    int32_t in[DESC_N], tg[DESC_N];
     loco_gpt *cpu = random_cpu_model(mc, 13, 6, in, tg);
-    const size_t P = loco_gpt_num_params(cpu);
     loco_gpt_cuda *dev[2];
     float loss[2], *grads[2];
-    for (int k = 0; k < 2; k++) { /* keeping everything; recomputing every block */
-        const loco_gpt_cuda_opts o = {.bf16 = bf16, .lo = 0, .hi = SIZE_MAX,
-                                      .rerun = k ? mc->n_layer : 0};
-        GPU_OK(loco_gpt_cuda_create_with(&dev[k], mc, B, T, &o));
-        GPU_OK(loco_gpt_cuda_upload(dev[k], loco_gpt_params(cpu), NULL, NULL));
-        GPU_OK(loco_gpt_cuda_zero_grad(dev[k]));
-        for (int pass = 0; pass < 2; pass++)
-            GPU_OK(loco_gpt_cuda_forward_backward(dev[k], in, tg, B, T, 0.5f, &loss[k]));
-        grads[k] = malloc(P * sizeof(float));
-        cr_assert_not_null(grads[k]);
-        GPU_OK(loco_gpt_cuda_download(dev[k], NULL, grads[k], NULL, NULL));
-    }
-    cr_expect_eq(loss[1], loss[0], "loss: recompute %.9g, none %.9g", loss[1], loss[0]);
-    cr_expect(!memcmp(grads[0], grads[1], P * sizeof(float)),
-              "the recomputed MoE model's gradients differ from the one that kept everything");
-    if (bf16)
-        for (size_t i = 0; i < P; i++)
-            loco_gpt_params(cpu)[i] = bf2f(f2bf(loco_gpt_params(cpu)[i]));
-    float want = 0;
-    loco_gpt_zero_grad(cpu);
-    for (int pass = 0; pass < 2; pass++)
-        cr_assert_eq(loco_gpt_forward_backward(cpu, in, tg, B, T, 0.5f, &want), 0);
+    kept_and_recomputed(mc, bf16, mc->n_layer, cpu, in, tg, dev, loss, grads);
+    const float want = cpu_reference(cpu, bf16, in, tg);
     if (bf16)
         cr_expect_leq(fabs((double)loss[0] - want), TOL_MODEL_LOSS_BF16 * want,
                       "loss: gpu %.7f cpu %.7f", loss[0], want);
     else
         expect_like_cpu(cpu, grads[0], loss[0], want, false, "moe");
-    for (int k = 0; k < 2; k++) {
-        free(grads[k]);
-        loco_gpt_cuda_destroy(dev[k]);
-    }
+    free_pair(dev, grads);
     loco_gpt_destroy(cpu);
 }
 
