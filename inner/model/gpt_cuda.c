@@ -811,7 +811,7 @@ static int rows_of(const loco_gpt_cuda *g, int N) {
 
 /* A column-parallel layer's input: x (this rank's rows of a norm's
  * output), all-gathered over tp under sp (into g->gather). */
-static int column_input(loco_gpt_cuda *g, const void *x, int N, const void **full) {
+int loco__gpt_cuda_column_input(loco_gpt_cuda *g, const void *x, int N, const void **full) {
     *full = x;
     if (!g->sp)
         return 0;
@@ -823,7 +823,7 @@ static int column_input(loco_gpt_cuda *g, const void *x, int N, const void **ful
 
 /* The gradient of a row-parallel layer's output, every row: dres, or
  * under sp its rows all-gathered (into g->dgather). */
-static int row_parallel_dout(loco_gpt_cuda *g, int N, const void **dout) {
+int loco__gpt_cuda_row_dout(loco_gpt_cuda *g, int N, const void **dout) {
     *dout = g->dres;
     if (!g->sp)
         return 0;
@@ -831,14 +831,6 @@ static int row_parallel_dout(loco_gpt_cuda *g, int N, const void **dout) {
     LOCO_CHECK(loco__gpt_cuda_tp_gather_act(g, g->dres, g->dgather, part));
     *dout = g->dgather;
     return 0;
-}
-
-int loco__gpt_cuda_column_input(loco_gpt_cuda *g, const void *x, int N, const void **full) {
-    return column_input(g, x, N, full);
-}
-
-int loco__gpt_cuda_row_dout(loco_gpt_cuda *g, int N, const void **dout) {
-    return row_parallel_dout(g, N, dout);
 }
 
 /* A column-parallel layer's backward (c_attn, c_fc, the head): its input
@@ -854,11 +846,11 @@ static int column_parallel_wgrad(loco_gpt_cuda *g, const void *dout, const void 
                                  bool gather_x, float *dw, float *db, const void *w, int OC, int N,
                                  bool wt, bool kv) {
     if (gather_x)
-        LOCO_CHECK(column_input(g, x, N, &x));
+        LOCO_CHECK(loco__gpt_cuda_column_input(g, x, N, &x));
     if (kv)
         LOCO_CHECK(loco__gpt_cuda_kv_begin(g, dw, db));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, g->blas, NULL, dw, db, dout, x, w, N, g->cfg.n_embd,
-                               OC, wt, g->stream));
+    RUN(LOCO_PROF_MATMUL,
+        TWIN(matmul_bwd, g->blas, NULL, dw, db, dout, x, w, N, g->cfg.n_embd, OC, wt, g->stream));
     if (kv)
         LOCO_CHECK(loco__gpt_cuda_kv_end(g, dw, db));
     return 0;
@@ -909,7 +901,7 @@ static int row_parallel_fwd(loco_gpt_cuda *g, void *out, const void *in, const v
 /* Block l's forward from its input into g->la[l] (its unit's weights
  * bound): the forward pass, and again in the backward of a recomputed
  * block. Under tp: this rank's heads and MLP columns. */
-static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
+int loco__gpt_cuda_block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     const int C = g->cfg.n_embd, Wd = g->Wl, Fc = g->Fl, F = g->Hl;
     const bool swiglu = g->cfg.mlp == LOCO_MLP_SWIGLU;
     const int N = B * T, R = rows_of(g, N);
@@ -921,7 +913,7 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
     layer_acts *a = &g->la[l];
     const void *res = residual_in(g, l), *x;
     LOCO_CHECK(norm_fwd(g, a->ln1, a->ln1m, a->ln1r, res, LW("ln_1.weight"), LW("ln_1.bias"), R));
-    LOCO_CHECK(column_input(g, a->ln1, N, &x));
+    LOCO_CHECK(loco__gpt_cuda_column_input(g, a->ln1, N, &x));
     RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->qkv, x, LW("attn.c_attn.weight"),
                                LW("attn.c_attn.bias"), N, C, Wd, false, s));
     LOCO_CHECK(rope(g, a->qkv, B, T, false));
@@ -936,7 +928,7 @@ static int block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
         RUN(LOCO_PROF_ELEM, TWIN(residual_fwd, a->res3, a->res2, g->scratch, nc, s));
         return 0;
     }
-    LOCO_CHECK(column_input(g, a->ln2, N, &x));
+    LOCO_CHECK(loco__gpt_cuda_column_input(g, a->ln2, N, &x));
     if (swiglu) {
         RUN(LOCO_PROF_MATMUL, TWIN(matmul_fwd, h, a->fch, x, LW("mlp.c_fc.weight"),
                                    LW("mlp.c_fc.bias"), N, C, Fc, false, s));
@@ -963,10 +955,6 @@ int loco__gpt_cuda_embed_fwd(loco_gpt_cuda *g, int B, int T) {
     RUN(LOCO_PROF_ELEM, TWIN(encoder_fwd, g->encoded, g->inputs, W("transformer.wte.weight"), wpe,
                              B, T, C, g->stream));
     return 0;
-}
-
-int loco__gpt_cuda_block_fwd(loco_gpt_cuda *g, int l, int B, int T) {
-    return block_fwd(g, l, B, T);
 }
 
 /* ln_f and the head on the last block's output: logits (N, Vp). */
@@ -1001,7 +989,7 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
     for (int l = 0; l < L; l++) {
         ACQUIRE(l + 1, false);
         LOCO_CHECK(check_bound(g, l + 1, false));
-        LOCO_CHECK(block_fwd(g, l, B, T));
+        LOCO_CHECK(loco__gpt_cuda_block_fwd(g, l, B, T));
     }
     ACQUIRE(L + 1, false);
     LOCO_CHECK(check_bound(g, L + 1, false));
@@ -1016,7 +1004,7 @@ static int forward_body(loco_gpt_cuda *g, int B, int T) {
  * scaled by dscale, 0 on the padding; under tp vocabulary-parallel, the
  * gradient only in the backward) and the mean loss on the device, added
  * to loss_acc when acc (the backward). */
-static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
+int loco__gpt_cuda_loss(loco_gpt_cuda *g, int N, float dscale, bool acc) {
     if (g->tp > 1)
         LOCO_CHECK(loco__gpt_cuda_tp_xent(g, N, dscale, acc));
     else
@@ -1027,14 +1015,10 @@ static int loss_and_dlogits(loco_gpt_cuda *g, int N, float dscale, bool acc) {
     return 0;
 }
 
-int loco__gpt_cuda_loss(loco_gpt_cuda *g, int N, float dscale, bool acc) {
-    return loss_and_dlogits(g, N, dscale, acc);
-}
-
 /* Waits for the compute stream and reads the last pass's mean loss (over
  * the whole sequences under cp: every rank holds as many tokens, the mean
  * of the ranks' means; collective over cp). */
-static int read_mean(loco_gpt_cuda *g, float *mean_loss) {
+int loco__gpt_cuda_read_mean(loco_gpt_cuda *g, float *mean_loss) {
     LOCO_CHECK(loco_cuda_copy(g->h_out, g->mean, sizeof(float), g->stream));
     LOCO_CHECK(loco_cuda_sync(g->stream));
     memcpy(mean_loss, g->h_out, sizeof(float));
@@ -1044,19 +1028,15 @@ static int read_mean(loco_gpt_cuda *g, float *mean_loss) {
     return 0;
 }
 
-int loco__gpt_cuda_read_mean(loco_gpt_cuda *g, float *mean_loss) {
-    return read_mean(g, mean_loss);
-}
-
 int loco_gpt_cuda_forward(loco_gpt_cuda *g, const int32_t *inputs, const int32_t *targets, int B,
                           int T, float *mean_loss) {
     LOCO_CHECK(load_tokens(g, inputs, targets, B, &T));
     LOCO_CHECK(forward_body(g, B, T));
     if (targets)
-        LOCO_CHECK(loss_and_dlogits(g, B * T, 0.0f, false));
+        LOCO_CHECK(loco__gpt_cuda_loss(g, B * T, 0.0f, false));
     LOCO_CHECK(tokens_consumed(g));
     if (targets && mean_loss)
-        return read_mean(g, mean_loss);
+        return loco__gpt_cuda_read_mean(g, mean_loss);
     return loco_cuda_sync(g->stream);
 }
 
@@ -1131,7 +1111,7 @@ int loco__gpt_cuda_block_bwd(loco_gpt_cuda *g, int l, int B, int T, bool split) 
     if (loco__gpt_cuda_is_moe(g, l)) { /* the experts' MLP, B and W at once (gpt_cuda_moe.c) */
         LOCO_CHECK(loco__gpt_cuda_moe_bwd(g, l, B, T));
     } else {
-        LOCO_CHECK(row_parallel_dout(g, N, &dout));
+        LOCO_CHECK(loco__gpt_cuda_row_dout(g, N, &dout));
         if (split)
             LOCO_CHECK(keep(g, a->kmlp, dout, nc));
         int unfused = 1;
@@ -1162,12 +1142,12 @@ int loco__gpt_cuda_block_bwd(loco_gpt_cuda *g, int l, int B, int T, bool split) 
                         a->res2, LW("ln_2.weight"), a->ln2m, a->ln2r, R));
     /* residual2 = res + attproj: dres flows to both. */
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dbtc, nc * es, s));
-    LOCO_CHECK(row_parallel_dout(g, N, &dout));
+    LOCO_CHECK(loco__gpt_cuda_row_dout(g, N, &dout));
     if (split)
         LOCO_CHECK(keep(g, a->kattn, dout, nc));
-    RUN(LOCO_PROF_MATMUL, TWIN(matmul_bwd, h, g->dbtc, SPLIT(LG("attn.c_proj.weight")),
-                               SPLIT(LG("attn.c_proj.bias")), dout, a->atty,
-                               LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
+    RUN(LOCO_PROF_MATMUL,
+        TWIN(matmul_bwd, h, g->dbtc, SPLIT(LG("attn.c_proj.weight")), SPLIT(LG("attn.c_proj.bias")),
+             dout, a->atty, LW("attn.c_proj.weight"), N, g->Cl, C, false, s));
     RUN(LOCO_PROF_ELEM, loco_cuda_zero(g->dqkv, (size_t)N * Wd * es, s));
     LOCO_CHECK(attention_bwd(g, a, B, T));
     LOCO_CHECK(rope(g, g->dqkv, B, T, true));
@@ -1234,7 +1214,7 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
     g->loss_scale = loss_scale; /* the MoE blocks' losses are scaled alike */
     LOCO_CHECK(forward_body(g, B, T));
     const int L = g->cfg.n_layer, N = B * T;
-    LOCO_CHECK(loss_and_dlogits(g, N, loss_scale / (float)N, true));
+    LOCO_CHECK(loco__gpt_cuda_loss(g, N, loss_scale / (float)N, true));
     ACQUIRE(0, true);
     ACQUIRE(L + 1, true);
     LOCO_CHECK(check_bound(g, 0, true));
@@ -1248,7 +1228,7 @@ static int passes(loco_gpt_cuda *g, int B, int T, float loss_scale) {
          * shared set still holds the last one the forward ran) */
         if (l < g->n_rerun && l != g->n_rerun - 1) {
             g->rerunning = true;
-            const int rc = block_fwd(g, l, B, T);
+            const int rc = loco__gpt_cuda_block_fwd(g, l, B, T);
             g->rerunning = false;
             LOCO_CHECK(rc);
         }
@@ -1323,7 +1303,7 @@ int loco_gpt_cuda_forward_backward(loco_gpt_cuda *g, const int32_t *inputs,
         g->warm = true;
     }
     LOCO_CHECK(tokens_consumed(g));
-    return mean_loss ? read_mean(g, mean_loss) : 0;
+    return mean_loss ? loco__gpt_cuda_read_mean(g, mean_loss) : 0;
 }
 
 /* The gradient norm's sum of squares and the clip, both on the device. */
