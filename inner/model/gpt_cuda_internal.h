@@ -1,8 +1,9 @@
 /* Internals of the device model (model.h, "model on a GPU"), included by
  * gpt_cuda.c and the files of its dimensions only: its state, the pieces
- * of a pass the whole model and a pipeline stage share, and what
- * gpt_cuda_tp.c (tensor and sequence parallelism), gpt_cuda_cp.c (context
- * parallelism), gpt_cuda_pp.c (pipeline stages) and gpt_cuda_dp.c (data
+ * of a pass the whole model and a pipeline stage share (gpt_cuda_pass.c),
+ * and what gpt_cuda_tp.c (tensor and sequence parallelism), gpt_cuda_cp.c
+ * (context parallelism), gpt_cuda_pp.c (pipeline stages), gpt_cuda_moe.c
+ * and gpt_cuda_moe_route.c (experts) and gpt_cuda_dp.c (data
  * parallelism's accessors) give it. */
 #ifndef LOCO_MODEL_GPT_CUDA_INTERNAL_H
 #define LOCO_MODEL_GPT_CUDA_INTERNAL_H
@@ -210,8 +211,8 @@ struct loco_gpt_cuda {
     float *h_pp;                   /* pinned (R, C): the same on the host */
 };
 
-/* gpt_cuda.c's pieces of a pass, which the whole-model passes and a
- * pipeline stage's chunk passes (gpt_cuda_pp.c) both run. split: B only,
+/* gpt_cuda_pass.c: the pieces of a pass, which the whole-model passes and
+ * a pipeline stage's chunk passes (gpt_cuda_pp.c) both run. split: B only,
  * the GEMMs' output gradients kept in the block's k* buffers for W. */
 size_t loco__gpt_cuda_block_bytes(const loco_gpt_cuda *g, bool mlp);
 int loco__gpt_cuda_carve_block(loco_gpt_cuda *g, layer_acts *a, bool mlp);
